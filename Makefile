@@ -1,0 +1,40 @@
+# The README's two commands. Each sets up what it needs by itself: a virtual environment in
+# .venv, the build requirements, lamina built in place (editable) with its extras.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.lamina-installed
+SOURCES := $(wildcard pyx/*.pyx) setup.py pyproject.toml
+
+.PHONY: demo test test-all bench build clean
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" --timeout=600
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q --timeout=1200
+
+bench: $(STAMP)
+	$(PIP) install -q "torch==2.13.0"
+	$(PY) -m bench --json bench/results/latest.json
+
+build: $(STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24"
+
+# Build requirements go into the venv and the build runs without isolation, so the rpaths that
+# setup.py records point at the MKL and OpenBLAS this environment keeps.
+$(STAMP): $(VENV)/bin/python $(SOURCES)
+	$(PIP) install -q "setuptools>=65" wheel "Cython==3.3.1" "numpy>=2.0,<3" \
+		"mkl-devel==2026.2.1" "scipy-openblas32==0.3.34.481.3"
+	$(PIP) install -q --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+clean:
+	rm -rf build *.egg-info runtime/*.so pyx/*.c

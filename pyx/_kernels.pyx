@@ -1,0 +1,373 @@
+# cython: language_level=3
+"""lamina's CPU kernels besides GEMM: bias, activations, softmax, costs, copies, optimizer updates.
+
+Conventions (the same for every backend, see lamina.backends.base):
+- arrays are C-contiguous; element-wise kernels take flat 1-D views;
+- an output written "with beta" is out = new + beta * out, and beta == 0 never reads out (it may
+  hold garbage from an uninitialised buffer), exactly as BLAS treats C;
+- shapes and dtypes are checked by the caller (lamina.backends.cpu); here the GIL is released
+  and nothing is bounds-checked.
+"""
+from cython.parallel cimport prange
+from libc.math cimport exp, expm1, log, log1p, tanh, sqrt, fabs
+cimport openmp
+
+ctypedef fused real:
+    float
+    double
+
+# below this many elements a loop runs on one thread: starting the team costs more than it saves
+cdef enum:
+    PARALLEL_MIN = 32768
+
+# activation codes, the positions in lamina.backends.base.ACTIVATIONS
+cdef enum:
+    LINEAR = 0
+    SIGMOID = 1
+    TANH = 2
+    RELU = 3
+    LEAKY_RELU = 4
+    EXPONENTIAL = 5
+    SOFTRELU = 6
+
+
+def set_num_threads(int n):
+    openmp.omp_set_num_threads(n)
+
+
+def get_num_threads():
+    return openmp.omp_get_max_threads()
+
+
+cdef inline double _sigmoid(double x) noexcept nogil:
+    if x >= 0:
+        return 1.0 / (1.0 + exp(-x))
+    cdef double e = exp(x)
+    return e / (1.0 + e)
+
+
+cdef inline double _act(int kind, double x, double slope) noexcept nogil:
+    if kind == SIGMOID:
+        return _sigmoid(x)
+    elif kind == TANH:
+        return tanh(x)
+    elif kind == RELU:
+        return x if x > 0 else 0.0
+    elif kind == LEAKY_RELU:
+        return x if x > 0 else slope * x
+    elif kind == EXPONENTIAL:
+        return exp(x)
+    elif kind == SOFTRELU:
+        # log(1 + e^x) without overflow
+        return (x if x > 0 else 0.0) + log1p(exp(-fabs(x)))
+    return x
+
+
+cdef inline double _act_grad_from_output(int kind, double y, double slope) noexcept nogil:
+    """f'(x) written with y = f(x), so backward needs only the layer's output."""
+    if kind == SIGMOID:
+        return y * (1.0 - y)
+    elif kind == TANH:
+        return 1.0 - y * y
+    elif kind == RELU:
+        return 1.0 if y > 0 else 0.0
+    elif kind == LEAKY_RELU:
+        return 1.0 if y > 0 else slope
+    elif kind == EXPONENTIAL:
+        return y
+    elif kind == SOFTRELU:
+        # f'(x) = sigmoid(x) = 1 - e^{-y}
+        return -expm1(-y)
+    return 1.0
+
+
+def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
+    """y = f(x), element-wise (x and y may be the same buffer)."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        y[i] = <real>_act(kind, x[i], slope)
+
+
+def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, double beta, double slope):
+    """dx = dy * f'(x) + beta * dx, with f'(x) computed from y = f(x)."""
+    cdef Py_ssize_t i, n = y.shape[0]
+    if beta == 0:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope))
+    else:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope) + beta * dx[i])
+
+
+def softmax_forward(real[:, ::1] x, real[:, ::1] y):
+    """y[i] = exp(x[i] - max x[i]) / sum exp(...), one row at a time."""
+    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
+    cdef double mx, s
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        mx = x[i, 0]
+        for j in range(1, cols):
+            if x[i, j] > mx:
+                mx = x[i, j]
+        s = 0
+        for j in range(cols):
+            y[i, j] = <real>exp(x[i, j] - mx)
+            s = s + y[i, j]
+        for j in range(cols):
+            y[i, j] = <real>(y[i, j] / s)
+
+
+def softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta):
+    """dx = y * (dy - sum(dy * y)) + beta * dx, row-wise."""
+    cdef Py_ssize_t i, j, rows = y.shape[0], cols = y.shape[1]
+    cdef double d
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        d = 0
+        for j in range(cols):
+            d = d + dy[i, j] * y[i, j]
+        if beta == 0:
+            for j in range(cols):
+                dx[i, j] = <real>(y[i, j] * (dy[i, j] - d))
+        else:
+            for j in range(cols):
+                dx[i, j] = <real>(y[i, j] * (dy[i, j] - d) + beta * dx[i, j])
+
+
+def add_bias(real[:, ::1] y, real[::1] b):
+    """y[i, :] += b."""
+    cdef Py_ssize_t i, j, rows = y.shape[0], cols = y.shape[1]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        for j in range(cols):
+            y[i, j] += b[j]
+
+
+def bias_grad(real[:, ::1] dy, real[::1] db, double beta):
+    """db = sum over rows of dy + beta * db (column sums)."""
+    cdef Py_ssize_t i, j, j0, j1, c, rows = dy.shape[0], cols = dy.shape[1]
+    cdef Py_ssize_t chunk = 256
+    cdef Py_ssize_t nchunks = (cols + chunk - 1) // chunk
+    for c in prange(nchunks, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        j0 = c * chunk
+        j1 = min(j0 + chunk, cols)
+        if beta == 0:
+            for j in range(j0, j1):
+                db[j] = 0
+        else:
+            for j in range(j0, j1):
+                db[j] = <real>(beta * db[j])
+        for i in range(rows):
+            for j in range(j0, j1):
+                db[j] += dy[i, j]
+
+
+def axpby(double alpha, real[::1] x, double beta, real[::1] y):
+    """y = alpha * x + beta * y (beta == 0 never reads y)."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    if beta == 0:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            y[i] = <real>(alpha * x[i])
+    else:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            y[i] = <real>(alpha * x[i] + beta * y[i])
+
+
+def multiply(real[::1] a, real[::1] b, real[::1] out, double beta):
+    """out = a * b + beta * out, element-wise."""
+    cdef Py_ssize_t i, n = a.shape[0]
+    if beta == 0:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            out[i] = a[i] * b[i]
+    else:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            out[i] = <real>(a[i] * b[i] + beta * out[i])
+
+
+def sum_squares(real[::1] x):
+    """sum(x * x), accumulated in double."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    cdef double s = 0
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        s += <double>x[i] * x[i]
+    return s
+
+
+def copy_to_columns(real[:, ::1] src, real[:, ::1] dst, Py_ssize_t col, double beta):
+    """dst[:, col:col+k] = src + beta * dst[:, col:col+k], k = src columns."""
+    cdef Py_ssize_t i, j, rows = src.shape[0], k = src.shape[1]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * k > PARALLEL_MIN):
+        if beta == 0:
+            for j in range(k):
+                dst[i, col + j] = src[i, j]
+        else:
+            for j in range(k):
+                dst[i, col + j] = <real>(src[i, j] + beta * dst[i, col + j])
+
+
+def copy_from_columns(real[:, ::1] src, Py_ssize_t col, real[:, ::1] dst, double beta):
+    """dst = src[:, col:col+k] + beta * dst, k = dst columns."""
+    cdef Py_ssize_t i, j, rows = dst.shape[0], k = dst.shape[1]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * k > PARALLEL_MIN):
+        if beta == 0:
+            for j in range(k):
+                dst[i, j] = src[i, col + j]
+        else:
+            for j in range(k):
+                dst[i, j] = <real>(src[i, col + j] + beta * dst[i, j])
+
+
+# ---------------------------------------------------------------- costs (one value per row)
+
+cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept nogil:
+    return w[i] if weighted else 1.0
+
+
+def softmax_cross_entropy(real[:, ::1] x, int[::1] labels, real[::1] w, bint weighted,
+                          real[:, ::1] probs, real[::1] cost):
+    """probs = softmax(x) row-wise; cost[i] = -w[i] * log probs[i, labels[i]] (labels checked
+    by the caller to lie in [0, classes))."""
+    softmax_forward(x, probs)
+    cdef Py_ssize_t i, rows = x.shape[0]
+    cdef double p
+    with nogil:
+        for i in range(rows):
+            # log of the smallest positive value instead of -inf when a probability underflows
+            p = probs[i, labels[i]]
+            cost[i] = <real>(-_weight(w, weighted, i) * log(p if p > 1e-300 else 1e-300))
+
+
+def softmax_cross_entropy_backward(real[:, ::1] probs, int[::1] labels, real[::1] w, bint weighted,
+                                   real[::1] dcost, real[:, ::1] dx, double beta):
+    """dx[i] = dcost[i] * w[i] * (probs[i] - onehot(labels[i])) + beta * dx[i]."""
+    cdef Py_ssize_t i, j, rows = probs.shape[0], cols = probs.shape[1]
+    cdef double g
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        g = dcost[i] * _weight(w, weighted, i)
+        for j in range(cols):
+            if beta == 0:
+                dx[i, j] = <real>(g * probs[i, j])
+            else:
+                dx[i, j] = <real>(g * probs[i, j] + beta * dx[i, j])
+        dx[i, labels[i]] = <real>(dx[i, labels[i]] - g)
+
+
+def square_error(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
+    """cost[i] = w[i] * sum_j (x[i, j] - t[i, j])^2."""
+    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
+    cdef double s, d
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        s = 0
+        for j in range(cols):
+            d = x[i, j] - t[i, j]
+            s = s + d * d
+        cost[i] = <real>(_weight(w, weighted, i) * s)
+
+
+def square_error_backward(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
+                          real[::1] dcost, real[:, ::1] dout, double sign, double beta):
+    """dout = sign * 2 dcost[i] w[i] (x - t) + beta * dout (sign +1: d/dx, -1: d/dt)."""
+    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
+    cdef double g
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        g = 2 * sign * dcost[i] * _weight(w, weighted, i)
+        for j in range(cols):
+            if beta == 0:
+                dout[i, j] = <real>(g * (x[i, j] - t[i, j]))
+            else:
+                dout[i, j] = <real>(g * (x[i, j] - t[i, j]) + beta * dout[i, j])
+
+
+def bce_with_logits(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
+    """cost[i] = w[i] * sum_j max(x,0) - x t + log(1 + e^{-|x|})  (the stable form)."""
+    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
+    cdef double s, v
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        s = 0
+        for j in range(cols):
+            v = x[i, j]
+            s = s + (v if v > 0 else 0.0) - v * t[i, j] + log1p(exp(-fabs(v)))
+        cost[i] = <real>(_weight(w, weighted, i) * s)
+
+
+def bce_with_logits_backward(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
+                             real[::1] dcost, real[:, ::1] dout, bint wrt_target, double beta):
+    """d/dx = g (sigmoid(x) - t), d/dt = -g x, with g = dcost[i] w[i]; dout gets + beta * dout."""
+    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
+    cdef double g, d
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        g = dcost[i] * _weight(w, weighted, i)
+        for j in range(cols):
+            if wrt_target:
+                d = -g * x[i, j]
+            else:
+                d = g * (_sigmoid(x[i, j]) - t[i, j])
+            if beta == 0:
+                dout[i, j] = <real>d
+            else:
+                dout[i, j] = <real>(d + beta * dout[i, j])
+
+
+# ---------------------------------------------------------------- optimizer updates (fused)
+
+def sgd_update(real[::1] p, real[::1] g, real[::1] v, double lr, double momentum,
+               double dampening, bint nesterov, double weight_decay):
+    """PyTorch's SGD: g' = g + wd p; v = momentum v + (1 - dampening) g'; step = g' + momentum v
+    (Nesterov) or v; p -= lr step. With momentum == 0, v is not touched."""
+    cdef Py_ssize_t i, n = p.shape[0]
+    cdef double gi, vi
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        gi = g[i] + weight_decay * p[i]
+        if momentum != 0:
+            vi = momentum * v[i] + (1 - dampening) * gi
+            v[i] = <real>vi
+            gi = gi + momentum * vi if nesterov else vi
+        p[i] = <real>(p[i] - lr * gi)
+
+
+def adam_update(real[::1] p, real[::1] g, real[::1] m, real[::1] v, double lr, double beta1,
+                double beta2, double eps, double weight_decay, bint decoupled, long step):
+    """Adam (decoupled=False: L2 added to the gradient) and AdamW (decoupled=True:
+    p *= 1 - lr wd), with bias correction at `step` (1-based), as in PyTorch."""
+    cdef Py_ssize_t i, n = p.shape[0]
+    cdef double gi, mi, vi, pi
+    cdef double c1 = 1 - beta1 ** step, c2 = 1 - beta2 ** step
+    cdef double step_size = lr / c1
+    cdef double root_c2 = sqrt(c2)
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        pi = p[i]
+        gi = g[i]
+        if decoupled:
+            pi = pi * (1 - lr * weight_decay)
+        else:
+            gi = gi + weight_decay * pi
+        mi = beta1 * m[i] + (1 - beta1) * gi
+        vi = beta2 * v[i] + (1 - beta2) * gi * gi
+        m[i] = <real>mi
+        v[i] = <real>vi
+        p[i] = <real>(pi - step_size * mi / (sqrt(vi) / root_c2 + eps))
+
+
+def adagrad_update(real[::1] p, real[::1] g, real[::1] s, double lr, double eps, double weight_decay):
+    """AdaGrad: g' = g + wd p; s += g'^2; p -= lr g' / (sqrt(s) + eps)."""
+    cdef Py_ssize_t i, n = p.shape[0]
+    cdef double gi, si
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        gi = g[i] + weight_decay * p[i]
+        si = s[i] + gi * gi
+        s[i] = <real>si
+        p[i] = <real>(p[i] - lr * gi / (sqrt(si) + eps))
+
+
+def rmsprop_update(real[::1] p, real[::1] g, real[::1] s, real[::1] buf, double lr, double alpha,
+                   double eps, double weight_decay, double momentum):
+    """RMSProp as in PyTorch (not centered): s = alpha s + (1 - alpha) g'^2;
+    with momentum: buf = momentum buf + g' / (sqrt(s) + eps), p -= lr buf; else p -= lr g'/(...)."""
+    cdef Py_ssize_t i, n = p.shape[0]
+    cdef double gi, si, step
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        gi = g[i] + weight_decay * p[i]
+        si = alpha * s[i] + (1 - alpha) * gi * gi
+        s[i] = <real>si
+        step = gi / (sqrt(si) + eps)
+        if momentum != 0:
+            step = momentum * buf[i] + step
+            buf[i] = <real>step
+        p[i] = <real>(p[i] - lr * step)

@@ -1,0 +1,152 @@
+# cython: language_level=3
+"""MKL provider: GEMM (float32/float64) and packed GEMM, with the GNU OpenMP threading layer.
+
+Only this module includes mkl.h (its enums clash with OpenBLAS's cblas.h). Shapes are checked by
+the caller (lamina.backends.cpu); every entry point here releases the GIL.
+"""
+from libc.stdint cimport uintptr_t
+
+cdef extern from "mkl.h" nogil:
+    ctypedef enum CBLAS_LAYOUT:
+        CblasRowMajor
+    ctypedef enum CBLAS_TRANSPOSE:
+        CblasNoTrans
+        CblasTrans
+    ctypedef enum CBLAS_IDENTIFIER:
+        CblasAMatrix
+        CblasBMatrix
+    ctypedef enum CBLAS_STORAGE:
+        CblasPacked
+    int MKL_THREADING_GNU
+    int MKL_Set_Threading_Layer(int code)
+    void mkl_set_num_threads(int n)
+    int mkl_get_max_threads()
+    void mkl_get_version_string(char* buf, int len)
+    void* mkl_malloc(size_t size, int align)
+    void mkl_free(void* ptr)
+    void cblas_sgemm(CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int m, int n, int k,
+                     float alpha, const float* a, int lda, const float* b, int ldb,
+                     float beta, float* c, int ldc)
+    void cblas_dgemm(CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int m, int n, int k,
+                     double alpha, const double* a, int lda, const double* b, int ldb,
+                     double beta, double* c, int ldc)
+    size_t cblas_sgemm_pack_get_size(CBLAS_IDENTIFIER, int m, int n, int k)
+    size_t cblas_dgemm_pack_get_size(CBLAS_IDENTIFIER, int m, int n, int k)
+    void cblas_sgemm_pack(CBLAS_LAYOUT, CBLAS_IDENTIFIER, CBLAS_TRANSPOSE, int m, int n, int k,
+                          float alpha, const float* src, int ld, float* dest)
+    void cblas_dgemm_pack(CBLAS_LAYOUT, CBLAS_IDENTIFIER, CBLAS_TRANSPOSE, int m, int n, int k,
+                          double alpha, const double* src, int ld, double* dest)
+    void cblas_sgemm_compute(CBLAS_LAYOUT, int transa, int transb, int m, int n, int k,
+                             const float* a, int lda, const float* b, int ldb,
+                             float beta, float* c, int ldc)
+    void cblas_dgemm_compute(CBLAS_LAYOUT, int transa, int transb, int m, int n, int k,
+                             const double* a, int lda, const double* b, int ldb,
+                             double beta, double* c, int ldc)
+
+# Must run before the first MKL call: MKL then threads with gcc's libgomp, the same OpenMP
+# runtime as the Cython kernels, so the two never oversubscribe the cores.
+threading_layer = MKL_Set_Threading_Layer(MKL_THREADING_GNU)
+
+ctypedef fused real:
+    float
+    double
+
+
+def set_num_threads(int n):
+    mkl_set_num_threads(n)
+
+
+def get_num_threads():
+    return mkl_get_max_threads()
+
+
+def version():
+    cdef char buf[256]
+    mkl_get_version_string(buf, 256)
+    return buf.decode().strip()
+
+
+cdef inline CBLAS_TRANSPOSE _t(bint trans) noexcept nogil:
+    return CblasTrans if trans else CblasNoTrans
+
+
+def gemm(real[:, ::1] a, real[:, ::1] b, real[:, ::1] c, bint trans_a, bint trans_b,
+         double alpha, double beta):
+    """c = alpha * op(a) @ op(b) + beta * c  (row-major, shapes checked by the caller)."""
+    cdef int m = c.shape[0], n = c.shape[1]
+    cdef int k = a.shape[0] if trans_a else a.shape[1]
+    if m == 0 or n == 0:
+        return
+    with nogil:
+        if real is float:
+            cblas_sgemm(CblasRowMajor, _t(trans_a), _t(trans_b), m, n, k, <float>alpha,
+                        &a[0, 0] if k else NULL, a.shape[1], &b[0, 0] if k else NULL, b.shape[1],
+                        <float>beta, &c[0, 0], n)
+        else:
+            cblas_dgemm(CblasRowMajor, _t(trans_a), _t(trans_b), m, n, k, alpha,
+                        &a[0, 0] if k else NULL, a.shape[1], &b[0, 0] if k else NULL, b.shape[1],
+                        beta, &c[0, 0], n)
+
+
+cdef class PackedB:
+    """The right-hand operand op(B)·alpha of a GEMM in MKL's packed format.
+
+    The buffer comes from mkl_malloc and never moves. It is a snapshot of B's values when
+    `pack` ran: whoever owns it must repack when B changes (lamina.backends.cpu.PackCache).
+    """
+    cdef void* buf
+    cdef readonly int k, n, itemsize, max_m
+    cdef readonly bint trans
+    cdef readonly double alpha
+
+    def __cinit__(self):
+        self.buf = NULL
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            mkl_free(self.buf)
+
+    @property
+    def nbytes(self):
+        if self.itemsize == 4:
+            return cblas_sgemm_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
+        return cblas_dgemm_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
+
+
+def pack_b(real[:, ::1] b, bint trans, double alpha, int max_m):
+    """Pack op(b)·alpha (shape k×n) for products with up to max_m rows on the left."""
+    cdef PackedB p = PackedB()
+    cdef int k = b.shape[1] if trans else b.shape[0]
+    cdef int n = b.shape[0] if trans else b.shape[1]
+    cdef size_t size
+    p.k, p.n, p.trans, p.alpha, p.max_m = k, n, trans, alpha, max(max_m, 1)
+    p.itemsize = sizeof(real)
+    if real is float:
+        size = cblas_sgemm_pack_get_size(CblasBMatrix, p.max_m, n, k)
+    else:
+        size = cblas_dgemm_pack_get_size(CblasBMatrix, p.max_m, n, k)
+    p.buf = mkl_malloc(size, 64)
+    if p.buf == NULL:
+        raise MemoryError(f"mkl_malloc could not allocate {size} bytes for a packed matrix")
+    with nogil:
+        if real is float:
+            cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, _t(trans), p.max_m, n, k, <float>alpha,
+                             &b[0, 0], b.shape[1], <float*>p.buf)
+        else:
+            cblas_dgemm_pack(CblasRowMajor, CblasBMatrix, _t(trans), p.max_m, n, k, alpha,
+                             &b[0, 0], b.shape[1], <double*>p.buf)
+    return p
+
+
+def packed_gemm(real[:, ::1] a, PackedB p, real[:, ::1] c, double beta):
+    """c = a @ P + beta * c where P = alpha·op(B) was packed by pack_b; a has at most max_m rows."""
+    cdef int m = a.shape[0]
+    if m == 0:
+        return
+    with nogil:
+        if real is float:
+            cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k,
+                                &a[0, 0], a.shape[1], <float*>p.buf, p.n, <float>beta, &c[0, 0], p.n)
+        else:
+            cblas_dgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k,
+                                &a[0, 0], a.shape[1], <double*>p.buf, p.n, beta, &c[0, 0], p.n)

@@ -1,0 +1,152 @@
+"""The kernel interface every backend implements; layers call only these methods.
+
+Arrays are the backend's own (numpy on the CPU, pyopencl arrays on OpenCL), C-contiguous, of the
+network's float type (float32, or float64 for gradient checks); labels are int32.
+
+Two rules hold for every kernel:
+- "with beta": out = result + beta * out; beta == 0 overwrites and never reads out (which may hold
+  garbage), as BLAS treats C. The scheduler passes 0 to the first writer of a gradient and 1 to
+  every later one, so gradients add up without zero-fill passes.
+- kernels write into outputs the caller allocated; none allocates in the hot path.
+"""
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+# position = the activation's code in the compiled kernels
+ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu")
+# softmax normalises along each row, so it is not element-wise; it shares the activation API
+ROW_ACTIVATIONS = ("softmax",)
+ALL_ACTIVATIONS = ACTIVATIONS + ROW_ACTIVATIONS
+
+
+def check_activation(kind, where):
+    if kind not in ALL_ACTIVATIONS:
+        raise ValueError(f"{where}: unknown activation {kind!r}; expected one of {', '.join(ALL_ACTIVATIONS)}")
+    return kind
+
+
+class Backend(ABC):
+    """One device's arrays and kernels (see the module docstring for the conventions)."""
+
+    name = "abstract"
+
+    # -- arrays
+    @abstractmethod
+    def empty(self, shape, dtype): ...
+
+    def zeros(self, shape, dtype):
+        a = self.empty(shape, dtype)
+        self.fill(a, 0)
+        return a
+
+    @abstractmethod
+    def fill(self, a, value): ...
+
+    @abstractmethod
+    def from_host(self, array): ...
+
+    @abstractmethod
+    def to_host(self, a): ...
+
+    @abstractmethod
+    def copy(self, src, dst): ...
+
+    # -- products
+    @abstractmethod
+    def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        """c = alpha * op(a) @ op(b) + beta * c."""
+
+    @abstractmethod
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
+        """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values."""
+
+    @abstractmethod
+    def packed_gemm(self, a, packed, c, beta=0.0):
+        """c = a @ packed + beta * c."""
+
+    # -- bias, element-wise, rows
+    @abstractmethod
+    def add_bias(self, y, b):
+        """y[i, :] += b."""
+
+    @abstractmethod
+    def bias_grad(self, dy, db, beta=0.0):
+        """db = column sums of dy (with beta)."""
+
+    @abstractmethod
+    def activation(self, kind, x, y, slope=0.01):
+        """y = f(x) (may be in place); softmax along the last axis."""
+
+    @abstractmethod
+    def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
+        """dx = dy * f'(x) (with beta), f' written in terms of y = f(x)."""
+
+    @abstractmethod
+    def axpby(self, alpha, x, beta, y):
+        """y = alpha * x + beta * y."""
+
+    @abstractmethod
+    def multiply(self, a, b, out, beta=0.0):
+        """out = a * b (with beta), element-wise."""
+
+    @abstractmethod
+    def sum_squares(self, x):
+        """sum of x**2 as a host float."""
+
+    @abstractmethod
+    def copy_to_columns(self, src, dst, col, beta=0.0):
+        """dst[:, col:col + src.shape[1]] = src (with beta)."""
+
+    @abstractmethod
+    def copy_from_columns(self, src, col, dst, beta=0.0):
+        """dst = src[:, col:col + dst.shape[1]] (with beta)."""
+
+    @abstractmethod
+    def bernoulli_mask(self, mask, keep, rng):
+        """mask = 1/keep with probability keep, else 0 (inverted dropout)."""
+
+    # -- costs: one value per row, optional per-row weights w (None = 1)
+    @abstractmethod
+    def softmax_cross_entropy(self, x, labels, w, probs, cost):
+        """probs = softmax(x); cost[i] = -w[i] log probs[i, labels[i]]."""
+
+    @abstractmethod
+    def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
+        """dx[i] = dcost[i] w[i] (probs[i] - onehot(labels[i])) (with beta)."""
+
+    @abstractmethod
+    def square_error(self, x, t, w, cost):
+        """cost[i] = w[i] sum_j (x - t)^2."""
+
+    @abstractmethod
+    def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        """d/dx = 2 dcost w (x - t); d/dt = -d/dx (with beta)."""
+
+    @abstractmethod
+    def bce_with_logits(self, x, t, w, cost):
+        """cost[i] = w[i] sum_j max(x,0) - x t + log(1 + exp(-|x|))."""
+
+    @abstractmethod
+    def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        """d/dx = dcost w (sigmoid(x) - t); d/dt = -dcost w x (with beta)."""
+
+    # -- optimizer updates, fused, in place on the parameter and its state
+    @abstractmethod
+    def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay): ...
+
+    @abstractmethod
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step): ...
+
+    @abstractmethod
+    def adagrad_update(self, p, g, s, lr, eps, weight_decay): ...
+
+    @abstractmethod
+    def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum): ...
+
+
+def float_dtype(dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"expected float32 or float64, found {dtype}")
+    return dtype

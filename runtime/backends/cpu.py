@@ -1,0 +1,272 @@
+"""The CPU backend: numpy arrays, Cython kernels (lamina._kernels) and GEMM from MKL or OpenBLAS.
+
+Every public method checks shapes, dtypes and contiguity here, at the Python boundary, and says
+which kernel and which argument is wrong; the compiled kernels then run without bounds checks and
+with the GIL released.
+"""
+import numpy as np
+
+from .. import _kernels as K
+from .. import _mkl
+from .base import ACTIVATIONS, Backend, check_activation
+from .blas import default_provider, provider
+
+_ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
+
+
+def check_array(where, name, a, dtype=None, shape=None, ndim=None):
+    """Raise a clear error unless a is a C-contiguous numpy array of that dtype and shape."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{where}: {name} must be a numpy array, found {type(a).__name__}")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{where}: {name} must be {np.dtype(dtype)}, found {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{where}: {name} must be C-contiguous, found a strided view "
+                         f"(shape {a.shape}, strides {a.strides}); pass np.ascontiguousarray(...)")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{where}: {name} must have {ndim} dimensions, found shape {a.shape}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{where}: {name} must have shape {tuple(shape)}, found {a.shape}")
+    return a
+
+
+def _float(where, name, a, **kw):
+    check_array(where, name, a, **kw)
+    if a.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{where}: {name} must be float32 or float64, found {a.dtype}")
+    return a
+
+
+def _same(where, ref_name, ref, **others):
+    """Every array in others has ref's dtype and shape."""
+    for name, a in others.items():
+        check_array(where, name, a, dtype=ref.dtype, shape=ref.shape)
+
+
+def _flat(a):
+    return a.reshape(-1)
+
+
+def _rows(a):
+    """View an array with a leading batch axis as 2-D [rows, features]."""
+    return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
+
+
+class PackedMatrix:
+    """alpha * op(B) in MKL's packed format, for up to max_rows rows on the left."""
+
+    def __init__(self, handle, k, n, dtype, max_rows):
+        self.handle, self.k, self.n, self.dtype, self.max_rows = handle, k, n, dtype, max_rows
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, blas=None):
+        self.blas_name = blas or default_provider()
+        self.blas = provider(self.blas_name)
+
+    def __repr__(self):
+        return f"CPUBackend(blas={self.blas_name!r})"
+
+    # -- arrays
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    def fill(self, a, value):
+        a.fill(value)
+
+    def from_host(self, array):
+        return np.ascontiguousarray(array)
+
+    def to_host(self, a):
+        return a
+
+    def copy(self, src, dst):
+        check_array("copy", "dst", dst, dtype=src.dtype, shape=src.shape)
+        np.copyto(dst, src)
+
+    # -- products
+    def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        _float("gemm", "a", a, ndim=2)
+        check_array("gemm", "b", b, dtype=a.dtype, ndim=2)
+        check_array("gemm", "c", c, dtype=a.dtype, ndim=2)
+        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+        if k != kb or c.shape != (m, n):
+            raise ValueError(
+                f"gemm: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n} with equal inner "
+                f"sizes; found a {a.shape}{' transposed' if trans_a else ''}, "
+                f"b {b.shape}{' transposed' if trans_b else ''}, c {c.shape}")
+        if k == 0:  # BLAS rejects a zero leading dimension; the product is empty
+            if beta == 0:
+                c.fill(0)
+            else:
+                c *= beta
+            return
+        self.blas.gemm(a, b, c, trans_a, trans_b, alpha, beta)
+
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
+        _float("pack", "b", b, ndim=2)
+        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
+        if k == 0 or n == 0:
+            raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
+        handle = _mkl.pack_b(b, trans, alpha, max_rows)
+        return PackedMatrix(handle, k, n, b.dtype, max(max_rows, 1))
+
+    def packed_gemm(self, a, packed, c, beta=0.0):
+        check_array("packed_gemm", "a", a, dtype=packed.dtype, ndim=2)
+        check_array("packed_gemm", "c", c, dtype=packed.dtype, shape=(a.shape[0], packed.n))
+        if a.shape[1] != packed.k:
+            raise ValueError(f"packed_gemm: a must have {packed.k} columns (the packed matrix is "
+                             f"{packed.k}x{packed.n}), found {a.shape[1]}")
+        if a.shape[0] > packed.max_rows:
+            raise ValueError(f"packed_gemm: a has {a.shape[0]} rows, the pack was made for at most "
+                             f"{packed.max_rows}")
+        _mkl.packed_gemm(a, packed.handle, c, beta)
+
+    # -- bias, element-wise, rows
+    def add_bias(self, y, b):
+        y2 = _rows(_float("add_bias", "y", y))
+        check_array("add_bias", "b", b, dtype=y.dtype, shape=(y2.shape[1],))
+        K.add_bias(y2, b)
+
+    def bias_grad(self, dy, db, beta=0.0):
+        dy2 = _rows(_float("bias_grad", "dy", dy))
+        check_array("bias_grad", "db", db, dtype=dy.dtype, shape=(dy2.shape[1],))
+        K.bias_grad(dy2, db, beta)
+
+    def activation(self, kind, x, y, slope=0.01):
+        check_activation(kind, "activation")
+        _float("activation", "x", x)
+        _same("activation", "x", x, y=y)
+        if kind == "softmax":
+            K.softmax_forward(_rows(x), _rows(y))
+        else:
+            K.activation_forward(_ACT_CODE[kind], _flat(x), _flat(y), slope)
+
+    def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
+        check_activation(kind, "activation_backward")
+        _float("activation_backward", "y", y)
+        _same("activation_backward", "y", y, dy=dy, dx=dx)
+        if kind == "softmax":
+            K.softmax_backward(_rows(y), _rows(dy), _rows(dx), beta)
+        else:
+            K.activation_backward(_ACT_CODE[kind], _flat(y), _flat(dy), _flat(dx), beta, slope)
+
+    def axpby(self, alpha, x, beta, y):
+        _float("axpby", "x", x)
+        _same("axpby", "x", x, y=y)
+        K.axpby(alpha, _flat(x), beta, _flat(y))
+
+    def multiply(self, a, b, out, beta=0.0):
+        _float("multiply", "a", a)
+        _same("multiply", "a", a, b=b, out=out)
+        K.multiply(_flat(a), _flat(b), _flat(out), beta)
+
+    def sum_squares(self, x):
+        return float(K.sum_squares(_flat(_float("sum_squares", "x", x))))
+
+    def copy_to_columns(self, src, dst, col, beta=0.0):
+        _float("copy_to_columns", "src", src, ndim=2)
+        check_array("copy_to_columns", "dst", dst, dtype=src.dtype, ndim=2)
+        if dst.shape[0] != src.shape[0] or not 0 <= col <= dst.shape[1] - src.shape[1]:
+            raise ValueError(f"copy_to_columns: src {src.shape} does not fit into dst {dst.shape} "
+                             f"at column {col}")
+        K.copy_to_columns(src, dst, col, beta)
+
+    def copy_from_columns(self, src, col, dst, beta=0.0):
+        _float("copy_from_columns", "src", src, ndim=2)
+        check_array("copy_from_columns", "dst", dst, dtype=src.dtype, ndim=2)
+        if dst.shape[0] != src.shape[0] or not 0 <= col <= src.shape[1] - dst.shape[1]:
+            raise ValueError(f"copy_from_columns: dst {dst.shape} does not fit into src {src.shape} "
+                             f"at column {col}")
+        K.copy_from_columns(src, col, dst, beta)
+
+    def bernoulli_mask(self, mask, keep, rng):
+        _float("bernoulli_mask", "mask", mask)
+        if not 0 < keep <= 1:
+            raise ValueError(f"bernoulli_mask: keep must be in (0, 1], found {keep}")
+        rng.random(dtype=mask.dtype, out=mask)
+        # u in [0, 1): floor(u + keep) is 1 with probability keep, else 0
+        mask += keep
+        np.floor(mask, out=mask)
+        mask *= 1.0 / keep
+
+    # -- costs
+    def _cost_args(self, where, x, w, cost):
+        x2 = _rows(_float(where, "x", x))
+        check_array(where, "cost", cost, dtype=x.dtype, shape=(x2.shape[0],))
+        if w is None:
+            return x2, np.empty(0, x.dtype), False
+        check_array(where, "w", w, dtype=x.dtype, shape=(x2.shape[0],))
+        return x2, w, True
+
+    def _labels(self, where, labels, rows, classes):
+        check_array(where, "labels", labels, dtype=np.int32, shape=(rows,))
+        if rows and (labels.min() < 0 or labels.max() >= classes):
+            bad = labels[(labels < 0) | (labels >= classes)][0]
+            raise ValueError(f"{where}: labels must lie in [0, {classes}), found {bad}")
+
+    def softmax_cross_entropy(self, x, labels, w, probs, cost):
+        x2, w, weighted = self._cost_args("softmax_cross_entropy", x, w, cost)
+        self._labels("softmax_cross_entropy", labels, *x2.shape)
+        _same("softmax_cross_entropy", "x", x, probs=probs)
+        K.softmax_cross_entropy(x2, labels, w, weighted, _rows(probs), cost)
+
+    def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
+        p2, w, weighted = self._cost_args("softmax_cross_entropy_backward", probs, w, dcost)
+        self._labels("softmax_cross_entropy_backward", labels, *p2.shape)
+        _same("softmax_cross_entropy_backward", "probs", probs, dx=dx)
+        K.softmax_cross_entropy_backward(p2, labels, w, weighted, dcost, _rows(dx), beta)
+
+    def square_error(self, x, t, w, cost):
+        x2, w, weighted = self._cost_args("square_error", x, w, cost)
+        _same("square_error", "x", x, t=t)
+        K.square_error(x2, _rows(t), w, weighted, cost)
+
+    def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        x2, w, weighted = self._cost_args("square_error_backward", x, w, dcost)
+        _same("square_error_backward", "x", x, t=t, dout=dout)
+        K.square_error_backward(x2, _rows(t), w, weighted, dcost, _rows(dout),
+                                -1.0 if wrt_target else 1.0, beta)
+
+    def bce_with_logits(self, x, t, w, cost):
+        x2, w, weighted = self._cost_args("bce_with_logits", x, w, cost)
+        _same("bce_with_logits", "x", x, t=t)
+        K.bce_with_logits(x2, _rows(t), w, weighted, cost)
+
+    def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        x2, w, weighted = self._cost_args("bce_with_logits_backward", x, w, dcost)
+        _same("bce_with_logits_backward", "x", x, t=t, dout=dout)
+        K.bce_with_logits_backward(x2, _rows(t), w, weighted, dcost, _rows(dout), wrt_target, beta)
+
+    # -- optimizer updates
+    def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay):
+        _float("sgd_update", "p", p)
+        _same("sgd_update", "p", p, g=g)
+        if momentum:
+            _same("sgd_update", "p", p, v=v)
+        K.sgd_update(_flat(p), _flat(g), _flat(v if momentum else p), lr, momentum, dampening,
+                     nesterov, weight_decay)
+
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step):
+        _float("adam_update", "p", p)
+        _same("adam_update", "p", p, g=g, m=m, v=v)
+        if step < 1:
+            raise ValueError(f"adam_update: step counts from 1, found {step}")
+        K.adam_update(_flat(p), _flat(g), _flat(m), _flat(v), lr, beta1, beta2, eps, weight_decay,
+                      decoupled, step)
+
+    def adagrad_update(self, p, g, s, lr, eps, weight_decay):
+        _float("adagrad_update", "p", p)
+        _same("adagrad_update", "p", p, g=g, s=s)
+        K.adagrad_update(_flat(p), _flat(g), _flat(s), lr, eps, weight_decay)
+
+    def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum):
+        _float("rmsprop_update", "p", p)
+        _same("rmsprop_update", "p", p, g=g, s=s)
+        if momentum:
+            _same("rmsprop_update", "p", p, buf=buf)
+        K.rmsprop_update(_flat(p), _flat(g), _flat(s), _flat(buf if momentum else p), lr, alpha,
+                         eps, weight_decay, momentum)

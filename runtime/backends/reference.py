@@ -1,0 +1,170 @@
+"""A plain numpy implementation of the kernel interface: slow, obvious, and the yardstick that the
+conformance test holds every real backend to (ncnn keeps such a reference beside its fast ops).
+
+Written from the math in base.py's docstrings, independently of the compiled kernels.
+"""
+import numpy as np
+
+from .base import Backend, check_activation
+
+
+def _with_beta(out, value, beta):
+    out[...] = value if beta == 0 else value + beta * out
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _act(kind, x, slope):
+    return {
+        "linear": lambda: x,
+        "sigmoid": lambda: _sigmoid(x),
+        "tanh": lambda: np.tanh(x),
+        "relu": lambda: np.maximum(x, 0),
+        "leaky_relu": lambda: np.where(x > 0, x, slope * x),
+        "exponential": lambda: np.exp(x),
+        "softrelu": lambda: np.log1p(np.exp(x)),
+        "softmax": lambda: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
+    }[kind]()
+
+
+def _act_grad(kind, y, dy, slope):
+    return {
+        "linear": lambda: dy,
+        "sigmoid": lambda: dy * y * (1 - y),
+        "tanh": lambda: dy * (1 - y * y),
+        "relu": lambda: dy * (y > 0),
+        "leaky_relu": lambda: dy * np.where(y > 0, 1, slope),
+        "exponential": lambda: dy * y,
+        "softrelu": lambda: dy * (1 - np.exp(-y)),
+        "softmax": lambda: y * (dy - (dy * y).sum(-1, keepdims=True)),
+    }[kind]()
+
+
+def _w(w, rows, dtype):
+    return np.ones(rows, dtype) if w is None else w
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    def fill(self, a, value):
+        a.fill(value)
+
+    def from_host(self, array):
+        return np.array(array)
+
+    def to_host(self, a):
+        return a
+
+    def copy(self, src, dst):
+        dst[...] = src
+
+    def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        _with_beta(c, alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b)), beta)
+
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
+        return alpha * (b.T if trans else b).copy()
+
+    def packed_gemm(self, a, packed, c, beta=0.0):
+        _with_beta(c, a @ packed, beta)
+
+    def add_bias(self, y, b):
+        y += b
+
+    def bias_grad(self, dy, db, beta=0.0):
+        _with_beta(db, dy.reshape(dy.shape[0], -1).sum(0), beta)
+
+    def activation(self, kind, x, y, slope=0.01):
+        y[...] = _act(check_activation(kind, "activation"), x.astype(np.float64), slope)
+
+    def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
+        _with_beta(dx, _act_grad(check_activation(kind, "activation"), y.astype(np.float64), dy, slope), beta)
+
+    def axpby(self, alpha, x, beta, y):
+        _with_beta(y, alpha * x, beta)
+
+    def multiply(self, a, b, out, beta=0.0):
+        _with_beta(out, a * b, beta)
+
+    def sum_squares(self, x):
+        return float((x.astype(np.float64) ** 2).sum())
+
+    def copy_to_columns(self, src, dst, col, beta=0.0):
+        _with_beta(dst[:, col:col + src.shape[1]], src, beta)
+
+    def copy_from_columns(self, src, col, dst, beta=0.0):
+        _with_beta(dst, src[:, col:col + dst.shape[1]], beta)
+
+    def bernoulli_mask(self, mask, keep, rng):
+        mask[...] = (rng.random(mask.shape) < keep) / keep
+
+    def softmax_cross_entropy(self, x, labels, w, probs, cost):
+        x2 = x.reshape(x.shape[0], -1).astype(np.float64)
+        p = _act("softmax", x2, 0)
+        probs[...] = p.reshape(probs.shape)
+        cost[...] = -_w(w, len(x2), np.float64) * np.log(p[np.arange(len(x2)), labels])
+
+    def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
+        p2 = probs.reshape(probs.shape[0], -1)
+        onehot = np.zeros_like(p2)
+        onehot[np.arange(len(p2)), labels] = 1
+        g = (dcost * _w(w, len(p2), dcost.dtype))[:, None]
+        _with_beta(dx, (g * (p2 - onehot)).reshape(dx.shape), beta)
+
+    def _row_weights(self, x, w, dcost=None):
+        g = _w(w, x.shape[0], x.dtype) * (1 if dcost is None else dcost)
+        return g.reshape((-1,) + (1,) * (x.ndim - 1))
+
+    def square_error(self, x, t, w, cost):
+        d = (x - t).reshape(x.shape[0], -1)
+        cost[...] = _w(w, x.shape[0], x.dtype) * (d * d).sum(1)
+
+    def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        g = 2 * self._row_weights(x, w, dcost) * (x - t)
+        _with_beta(dout, -g if wrt_target else g, beta)
+
+    def bce_with_logits(self, x, t, w, cost):
+        x64 = x.astype(np.float64)
+        per = np.log1p(np.exp(x64)) - x64 * t  # log(1 + e^x) - x t, the plain form
+        cost[...] = _w(w, x.shape[0], x.dtype) * per.reshape(x.shape[0], -1).sum(1)
+
+    def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        g = self._row_weights(x, w, dcost)
+        _with_beta(dout, -g * x if wrt_target else g * (_sigmoid(x.astype(np.float64)) - t), beta)
+
+    def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay):
+        g = g + weight_decay * p
+        if momentum:
+            v[...] = momentum * v + (1 - dampening) * g
+            g = g + momentum * v if nesterov else v
+        p -= lr * g
+
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step):
+        if decoupled:
+            p *= 1 - lr * weight_decay
+        else:
+            g = g + weight_decay * p
+        m[...] = beta1 * m + (1 - beta1) * g
+        v[...] = beta2 * v + (1 - beta2) * g * g
+        m_hat = m / (1 - beta1 ** step)
+        v_hat = v / (1 - beta2 ** step)
+        p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+
+    def adagrad_update(self, p, g, s, lr, eps, weight_decay):
+        g = g + weight_decay * p
+        s += g * g
+        p -= lr * g / (np.sqrt(s) + eps)
+
+    def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum):
+        g = g + weight_decay * p
+        s[...] = alpha * s + (1 - alpha) * g * g
+        step = g / (np.sqrt(s) + eps)
+        if momentum:
+            buf[...] = momentum * buf + step
+            step = buf
+        p -= lr * step

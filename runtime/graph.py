@@ -1,0 +1,289 @@
+"""Network: a DAG of layers with named inputs and outputs.
+
+Layers wire themselves in when called on values (Keras's functional style): `h = Linear(4, 8)(x)`.
+`Network.add(layer, ["x", "h"])` does the same with names, which may refer to values added later;
+the graph is therefore validated as a whole (unknown names, cycles, shapes) when it is first run
+or when `validate()` is called, and every error names the layer at fault.
+"""
+import numpy as np
+
+from .backends.cpu import CPUBackend
+from .errors import GraphError
+
+
+class Spec:
+    """What flows along an edge, per sample: the shape without the batch axis and the kind of
+    data ('float' = the network's float type, or 'int32')."""
+
+    __slots__ = ("shape", "kind")
+
+    def __init__(self, shape, kind="float"):
+        self.shape = tuple(int(s) for s in shape)
+        self.kind = kind
+
+    def __eq__(self, other):
+        return isinstance(other, Spec) and self.shape == other.shape and self.kind == other.kind
+
+    def __repr__(self):
+        return f"{self.kind}{list(self.shape)}"
+
+
+class Value:
+    """A named edge of the graph: a network input or a node's output."""
+
+    def __init__(self, network, name, producer=None, spec=None):
+        self.network, self.name, self.producer, self.spec = network, name, producer, spec
+        self.requires_grad = False  # for inputs: whether backward computes their gradient
+
+    def __repr__(self):
+        return f"Value({self.name!r}, {self.spec})"
+
+
+class Node:
+    """One application of a layer to input values; a layer applied twice is two nodes that share
+    the layer's parameters."""
+
+    def __init__(self, name, layer, inputs, output):
+        self.name, self.layer, self.input_names, self.output = name, layer, list(inputs), output
+        self.inputs = None  # resolved Values
+
+    def __repr__(self):
+        return f"Node({self.name!r}, {type(self.layer).__name__})"
+
+    def describe(self):
+        return f"layer '{self.name}' ({type(self.layer).__name__})"
+
+
+class Network:
+    """A DAG of layers. Build with `input`, layer calls (or `add`) and `outputs`; run with
+    `run` (inference), `train_step`, or `forward` + `backward`."""
+
+    def __init__(self, dtype="float32", backend=None):
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"Network: dtype must be float32 or float64, found {self.dtype}")
+        self.backend = backend or CPUBackend()
+        self.values = {}  # name -> Value (inputs and node outputs)
+        self.input_names = []
+        self.nodes = []
+        self.output_values = {}  # output name -> value name
+        self.rng = np.random.default_rng(0)  # dropout masks; seed with `seed`
+        self._layer_uses = {}
+        self._scheduler = None
+
+    # ------------------------------------------------------------------ building
+    def input(self, name, shape=(), dtype="float"):
+        """Declare an input; `shape` is per sample (no batch axis); dtype 'float' (the network's
+        float type) or 'int32' (labels, ids)."""
+        if dtype not in ("float", "int32"):
+            raise ValueError(f"input '{name}': dtype must be 'float' or 'int32', found {dtype!r}")
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any(int(s) < 1 for s in shape):
+            raise ValueError(f"input '{name}': every dimension must be at least 1, found {shape}")
+        self._claim(name, f"input '{name}'")
+        value = Value(self, name, None, Spec(shape, dtype))
+        self.values[name] = value
+        self.input_names.append(name)
+        self._invalidate()
+        return value
+
+    def add(self, layer, inputs, name=None):
+        """Apply `layer` to `inputs` (Values or value names); returns the output Value."""
+        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        names = []
+        for i, v in enumerate(inputs):
+            if isinstance(v, Value):
+                if v.network is not self:
+                    raise GraphError(f"{type(layer).__name__}: input {i} '{v.name}' belongs to another network")
+                names.append(v.name)
+            elif isinstance(v, str):
+                names.append(v)
+            else:
+                raise GraphError(f"{type(layer).__name__}: input {i} must be a Value or a value name, "
+                                 f"found {type(v).__name__}")
+        uses = self._layer_uses.get(id(layer), 0)
+        if layer.name is None:
+            layer.name = self._fresh_name(layer.kind)
+        node_name = name or (layer.name if uses == 0 else f"{layer.name}#{uses}")
+        self._claim(node_name, f"layer '{node_name}'")
+        self._layer_uses[id(layer)] = uses + 1
+        node = Node(node_name, layer, names, node_name)
+        layer.bind_parameters()
+        self.nodes.append(node)
+        self.values[node_name] = Value(self, node_name, node)
+        self._invalidate()
+        return self.values[node_name]
+
+    def outputs(self, *values, **named):
+        """Name the network's outputs: `outputs(loss=l, logits=y)` or `outputs(y)` (named after the
+        value). Cost-layer outputs among them are what `backward` minimises."""
+        for v in values:
+            named[v.name if isinstance(v, Value) else v] = v
+        for out_name, v in named.items():
+            self.output_values[out_name] = v.name if isinstance(v, Value) else v
+        self._invalidate()
+        return self
+
+    def seed(self, seed):
+        """Seed the generator behind dropout masks."""
+        self.rng = np.random.default_rng(seed)
+
+    def _claim(self, name, what):
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"{what}: a name must be a non-empty string, found {name!r}")
+        if name in self.values:
+            raise GraphError(f"{what}: the name '{name}' is already used in this network")
+
+    def _fresh_name(self, kind):
+        i = 0
+        taken = {n.layer.name for n in self.nodes} | set(self.values)
+        while f"{kind}{i}" in taken:
+            i += 1
+        return f"{kind}{i}"
+
+    def _invalidate(self):
+        self._scheduler = None
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def layers(self):
+        """Distinct layers in the order they were added."""
+        seen = {}
+        for n in self.nodes:
+            seen.setdefault(id(n.layer), n.layer)
+        return list(seen.values())
+
+    def named_parameters(self):
+        """(name, Parameter) for every distinct parameter, in layer order."""
+        seen = {}
+        for layer in self.layers:
+            for pname, p in layer.params.items():
+                if id(p) not in seen:
+                    seen[id(p)] = (p.name or f"{layer.name}.{pname}", p)
+        return list(seen.values())
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def layer(self, name):
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(f"no layer named '{name}'; layers: {', '.join(l.name for l in self.layers)}")
+
+    def freeze(self, *names, frozen=True):
+        """Freeze (or with frozen=False, unfreeze) layers or parameters by name: no gradient, no update."""
+        params = dict(self.named_parameters())
+        for name in names:
+            if name in params:
+                params[name].frozen = frozen
+            else:
+                for p in self.layer(name).params.values():
+                    p.frozen = frozen
+        self._invalidate()
+
+    def astype(self, dtype):
+        """Convert every parameter to dtype (float64 for gradient checks); inputs follow."""
+        self.dtype = np.dtype(dtype)
+        for p in self.parameters():
+            p.astype(self.dtype)
+        self._invalidate()
+        return self
+
+    # ------------------------------------------------------------------ validation
+    def validate(self):
+        """Resolve names, order the nodes topologically and infer every shape; returns the order."""
+        if not self.output_values:
+            raise GraphError("network has no outputs: call net.outputs(...)")
+        for node in self.nodes:
+            node.inputs = []
+            for i, vname in enumerate(node.input_names):
+                if vname not in self.values:
+                    raise GraphError(f"{node.describe()}: input {i} '{vname}' is not a value of this "
+                                     f"network (values: {', '.join(self.values)})")
+                node.inputs.append(self.values[vname])
+        for out_name, vname in self.output_values.items():
+            if vname not in self.values:
+                raise GraphError(f"output '{out_name}' refers to '{vname}', which is not a value of this network")
+        order = self._topological_order()
+        for node in order:
+            specs = [v.spec for v in node.inputs]
+            try:
+                spec = node.layer.check_inputs(specs)
+            except (ValueError, TypeError) as e:
+                got = ", ".join(f"'{v.name}' {v.spec}" for v in node.inputs)
+                raise GraphError(f"{node.describe()}: {e} (inputs: {got})") from None
+            self.values[node.output].spec = spec
+        return order
+
+    def _topological_order(self):
+        """Kahn's algorithm, stable in insertion order; a cycle is reported by its nodes."""
+        producer = {n.output: n for n in self.nodes}
+        pending = {n.name: sum(1 for v in n.inputs if v.name in producer) for n in self.nodes}
+        consumers = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v.name in producer:
+                    consumers[producer[v.name].name].append(n)
+        ready = [n for n in self.nodes if pending[n.name] == 0]
+        order = []
+        while ready:
+            node = ready.pop(0)
+            order.append(node)
+            for c in consumers[node.name]:
+                pending[c.name] -= 1
+                if pending[c.name] == 0:
+                    ready.append(c)
+        if len(order) != len(self.nodes):
+            stuck = [n.name for n in self.nodes if pending[n.name] > 0]
+            raise GraphError(f"the network has a cycle through layers {', '.join(stuck)}")
+        return order
+
+    # ------------------------------------------------------------------ running
+    @property
+    def scheduler(self):
+        if self._scheduler is None:
+            from .scheduler import Scheduler
+            self._scheduler = Scheduler(self, self.validate())
+        return self._scheduler
+
+    def run(self, feeds, outputs=None):
+        """Inference: returns {output name: numpy array} (copies, safe to keep)."""
+        return self.scheduler.run(feeds, outputs)
+
+    def forward(self, feeds, training=True):
+        """Forward pass keeping every activation for `backward`; returns {output: array view}."""
+        return self.scheduler.forward(feeds, training)
+
+    def backward(self, on_ready=None):
+        """Backward from every cost output (each is averaged over its rows). Parameter gradients
+        accumulate until an optimizer consumes them; `on_ready(param)` fires once per parameter as
+        soon as its last user has finished backward. Returns the loss."""
+        return self.scheduler.backward(on_ready)
+
+    def train_step(self, feeds, optimizer):
+        """forward + backward with per-parameter updates as gradients complete; returns the loss."""
+        self.forward(feeds, training=True)
+        optimizer.begin_step()
+        loss = self.backward(on_ready=optimizer.update)
+        optimizer.end_step()
+        return loss
+
+    def grad(self, name):
+        """The gradient of a value (an input with requires_grad, or a node output) after backward."""
+        return self.scheduler.grad(name)
+
+    def zero_grad(self):
+        """Drop unconsumed parameter gradients, so the next backward overwrites them."""
+        for p in self.parameters():
+            p.grad_pending = False
+
+    def summary(self):
+        order = self.validate()
+        lines = [f"{'layer':<20} {'type':<22} {'output':<18} params"]
+        for v in self.input_names:
+            lines.append(f"{v:<20} {'input':<22} {str(self.values[v].spec):<18} 0")
+        for n in order:
+            count = sum(p.size for p in n.layer.params.values())
+            lines.append(f"{n.name:<20} {type(n.layer).__name__:<22} {str(self.values[n.output].spec):<18} {count}")
+        return "\n".join(lines)

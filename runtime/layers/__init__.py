@@ -1,0 +1,7 @@
+"""lamina's layers: one module per family, each layer written once for every backend."""
+from .base import REGISTRY, Layer, register
+from .costs import BCEWithLogits, SoftmaxCrossEntropy, SquareError
+from .dense import Activation, Add, Concat, Dropout, Linear, Scale
+
+__all__ = ["REGISTRY", "Layer", "register", "Linear", "Add", "Concat", "Activation", "Dropout",
+           "Scale", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits"]

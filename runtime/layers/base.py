@@ -1,0 +1,113 @@
+"""The layer protocol. A layer is written once for every backend: it calls only the kernel
+interface (ctx.be) and keeps forward and backward side by side.
+
+forward(ctx):  read ctx.inputs, write ctx.output (preallocated).
+backward(ctx): read ctx.grad_output; for each input slot, ctx.input_grad(slot) is a target
+               (array, beta) or None; for each parameter, ctx.param_grad(name) likewise.
+               Write every target "with beta" (out = new + beta * out).
+"""
+import numpy as np
+
+from ..graph import Spec, Value
+from ..parameter import Parameter
+
+REGISTRY = {}
+
+
+def register(cls):
+    """Make a layer type known by its `kind` (model files name layers this way)."""
+    if cls.kind in REGISTRY:
+        raise ValueError(f"layer kind {cls.kind!r} is registered twice")
+    REGISTRY[cls.kind] = cls
+    return cls
+
+
+class Layer:
+    kind = "layer"
+    is_cost = False
+    arity = (1, 1)  # (fewest, most) inputs
+
+    def __init__(self, name=None):
+        self.name = name
+        self.params = {}
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r})"
+
+    def __call__(self, *inputs):
+        for v in inputs:
+            if isinstance(v, Value):
+                return v.network.add(self, inputs)
+        raise TypeError(f"{type(self).__name__}: call it on Values from a Network (net.input(...) "
+                        f"or another layer's output); found {[type(v).__name__ for v in inputs]}")
+
+    # ---- parameters
+    def add_param(self, name, value, **kw):
+        p = Parameter(value, **kw)
+        self.params[name] = p
+        return p
+
+    def bind_parameters(self):
+        for pname, p in self.params.items():
+            if p.name is None:
+                p.name = f"{self.name}.{pname}"
+
+    def tie(self, name, param):
+        """Use another layer's parameter as this layer's `name` (shared weights)."""
+        mine = self.params[name]
+        if mine.shape != param.shape:
+            raise ValueError(f"{self}: cannot tie {name} of shape {mine.shape} to {param.name} of shape {param.shape}")
+        self.params[name] = param
+
+    # ---- graph-time checks
+    def check_inputs(self, specs):
+        lo, hi = self.arity
+        if not lo <= len(specs) <= hi:
+            expected = str(lo) if lo == hi else f"{lo} to {hi}"
+            raise ValueError(f"expected {expected} inputs, found {len(specs)}")
+        return self.output_spec(specs)
+
+    def output_spec(self, specs):
+        """The output's per-sample Spec; raise ValueError saying what is wrong."""
+        raise NotImplementedError
+
+    def grad_slots(self, n_inputs):
+        """Input slots whose gradient backward computes (costs leave labels and weights out)."""
+        return range(n_inputs)
+
+    def config(self):
+        """JSON-able constructor arguments (model files)."""
+        return {}
+
+    # ---- running
+    def forward(self, ctx):
+        raise NotImplementedError
+
+    def backward(self, ctx):
+        raise NotImplementedError
+
+
+def require_float(spec, what):
+    if spec.kind != "float":
+        raise ValueError(f"{what} must be float, found {spec}")
+
+
+def require_features(spec, what):
+    """A float input with one axis of features per sample; returns the feature count."""
+    require_float(spec, what)
+    if len(spec.shape) != 1:
+        raise ValueError(f"{what} must have shape [features] per sample, found {spec}")
+    return spec.shape[0]
+
+
+def uniform(rng, bound, shape):
+    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+def same_specs(specs, what):
+    first = specs[0]
+    require_float(first, f"{what} input 0")
+    for i, s in enumerate(specs[1:], 1):
+        if s != first:
+            raise ValueError(f"{what} input {i} is {s}, expected {first} like input 0")
+    return Spec(first.shape)

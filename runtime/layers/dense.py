@@ -1,0 +1,246 @@
+"""Dense layers: fully connected, element-wise sum, concatenation, activation, dropout, scale."""
+import math
+
+from ..backends.base import check_activation
+from ..graph import Spec
+from ..random import generator
+from .base import Layer, register, require_features, same_specs, uniform
+
+
+class _Activated(Layer):
+    """A layer whose output is act(z): forward applies act in place on the output; backward
+    turns the output gradient into dL/dz (in a workspace unless act is linear)."""
+
+    def __init__(self, activation, slope, name):
+        super().__init__(name)
+        self.activation = check_activation(activation or "linear", type(self).__name__)
+        self.slope = float(slope)
+
+    def _activate(self, ctx):
+        if self.activation != "linear":
+            ctx.be.activation(self.activation, ctx.output, ctx.output, self.slope)
+
+    def _grad_pre_activation(self, ctx):
+        dy = ctx.grad_output
+        if self.activation == "linear":
+            return dy
+        dz = ctx.workspace("dz", dy.shape)
+        ctx.be.activation_backward(self.activation, ctx.output, dy, dz, 0.0, self.slope)
+        return dz
+
+    def _act_config(self):
+        return {"activation": self.activation, "slope": self.slope}
+
+
+@register
+class Linear(_Activated):
+    """y = act(sum_i x_i W_iᵀ + b); x_i [N, in_i], W_i [out, in_i] (torch.nn.Linear's layout),
+    b [out]. Several inputs (in_features a list) each get their own weight: weight_0, weight_1…"""
+
+    kind = "linear"
+
+    def __init__(self, in_features, out_features, bias=True, activation="linear", slope=0.01, name=None):
+        super().__init__(activation, slope, name)
+        multi = isinstance(in_features, (list, tuple))
+        self.in_features = [int(i) for i in in_features] if multi else [int(in_features)]
+        self.out_features = int(out_features)
+        self.multi, self.has_bias = multi, bool(bias)
+        if min(self.in_features) < 1 or self.out_features < 1:
+            raise ValueError(f"Linear: sizes must be at least 1, found in={in_features}, out={out_features}")
+        self.arity = (len(self.in_features),) * 2
+        # PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and bias
+        bound = 1 / math.sqrt(sum(self.in_features))
+        rng = generator()
+        self.weight_names = [f"weight_{i}" if multi else "weight" for i in range(len(self.in_features))]
+        for wname, n_in in zip(self.weight_names, self.in_features):
+            self.add_param(wname, uniform(rng, bound, (self.out_features, n_in)))
+        if self.has_bias:
+            self.add_param("bias", uniform(rng, bound, (self.out_features,)))
+
+    @property
+    def weight(self):
+        return self.params[self.weight_names[0]]
+
+    @property
+    def bias(self):
+        return self.params.get("bias")
+
+    def output_spec(self, specs):
+        for i, (spec, n_in) in enumerate(zip(specs, self.in_features)):
+            found = require_features(spec, f"input {i}")
+            if found != n_in:
+                raise ValueError(f"input {i} has {found} features, expected in_features={n_in}")
+        return Spec((self.out_features,))
+
+    def forward(self, ctx):
+        be, y = ctx.be, ctx.output
+        for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
+            be.gemm(x, self.params[wname].buffer, y, trans_b=True, beta=0.0 if i == 0 else 1.0)
+        if self.has_bias:
+            be.add_bias(y, self.params["bias"].buffer)
+        self._activate(ctx)
+
+    def backward(self, ctx):
+        be = ctx.be
+        dz = self._grad_pre_activation(ctx)
+        for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
+            dx = ctx.input_grad(i)
+            if dx is not None:  # dx = dz W
+                be.gemm(dz, self.params[wname].buffer, dx.array, beta=dx.beta)
+            dw = ctx.param_grad(wname)
+            if dw is not None:  # dW = dzᵀ x
+                be.gemm(dz, x, dw.array, trans_a=True, beta=dw.beta)
+        if self.has_bias:
+            db = ctx.param_grad("bias")
+            if db is not None:
+                be.bias_grad(dz, db.array, db.beta)
+
+    def config(self):
+        return {"in_features": self.in_features if self.multi else self.in_features[0],
+                "out_features": self.out_features, "bias": self.has_bias, **self._act_config()}
+
+
+@register
+class Add(_Activated):
+    """y = act(x_0 + x_1 + …), inputs of one shape (Paddle's addto)."""
+
+    kind = "add"
+    arity = (1, 64)
+
+    def __init__(self, activation="linear", slope=0.01, name=None):
+        super().__init__(activation, slope, name)
+
+    def output_spec(self, specs):
+        return same_specs(specs, "Add")
+
+    def forward(self, ctx):
+        y = ctx.output
+        for i, x in enumerate(ctx.inputs):
+            ctx.be.axpby(1.0, x, 0.0 if i == 0 else 1.0, y)
+        self._activate(ctx)
+
+    def backward(self, ctx):
+        dz = self._grad_pre_activation(ctx)
+        for i in range(len(ctx.inputs)):
+            dx = ctx.input_grad(i)
+            if dx is not None:
+                ctx.be.axpby(1.0, dz, dx.beta, dx.array)
+
+    def config(self):
+        return self._act_config()
+
+
+@register
+class Concat(Layer):
+    """y = [x_0, x_1, …] along the feature axis; x_i [N, f_i] → y [N, Σ f_i]."""
+
+    kind = "concat"
+    arity = (1, 64)
+
+    def output_spec(self, specs):
+        self.widths = [require_features(s, f"input {i}") for i, s in enumerate(specs)]
+        return Spec((sum(self.widths),))
+
+    def _offsets(self, ctx):
+        col = 0
+        for x in ctx.inputs:
+            yield col
+            col += x.shape[1]
+
+    def forward(self, ctx):
+        for x, col in zip(ctx.inputs, self._offsets(ctx)):
+            ctx.be.copy_to_columns(x, ctx.output, col)
+
+    def backward(self, ctx):
+        for i, col in enumerate(self._offsets(ctx)):
+            dx = ctx.input_grad(i)
+            if dx is not None:
+                ctx.be.copy_from_columns(ctx.grad_output, col, dx.array, dx.beta)
+
+
+@register
+class Activation(_Activated):
+    """y = act(x), element-wise (softmax: along the last axis)."""
+
+    kind = "activation"
+
+    def __init__(self, activation, slope=0.01, name=None):
+        super().__init__(activation, slope, name)
+
+    def output_spec(self, specs):
+        return same_specs(specs, "Activation")
+
+    def forward(self, ctx):
+        ctx.be.activation(self.activation, ctx.inputs[0], ctx.output, self.slope)
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.activation_backward(self.activation, ctx.output, ctx.grad_output, dx.array,
+                                       dx.beta, self.slope)
+
+    def config(self):
+        return self._act_config()
+
+
+@register
+class Dropout(Layer):
+    """Training: y = x * m, m = 1/(1-p) with probability 1-p else 0 (inverted dropout, so the
+    expected value is unchanged); inference: y = x."""
+
+    kind = "dropout"
+
+    def __init__(self, p=0.5, name=None):
+        super().__init__(name)
+        if not 0 <= p < 1:
+            raise ValueError(f"Dropout: p must be in [0, 1), found {p}")
+        self.p = float(p)
+
+    def output_spec(self, specs):
+        return same_specs(specs, "Dropout")
+
+    def forward(self, ctx):
+        x, y = ctx.inputs[0], ctx.output
+        if not ctx.training or self.p == 0:
+            ctx.be.copy(x, y)
+            return
+        mask = ctx.workspace("mask", x.shape)
+        ctx.be.bernoulli_mask(mask, 1 - self.p, ctx.rng)
+        ctx.be.multiply(x, mask, y)
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is None:
+            return
+        if self.p == 0:
+            ctx.be.axpby(1.0, ctx.grad_output, dx.beta, dx.array)
+        else:
+            ctx.be.multiply(ctx.grad_output, ctx.workspace("mask", dx.array.shape), dx.array, dx.beta)
+
+    def config(self):
+        return {"p": self.p}
+
+
+@register
+class Scale(Layer):
+    """y = factor * x."""
+
+    kind = "scale"
+
+    def __init__(self, factor, name=None):
+        super().__init__(name)
+        self.factor = float(factor)
+
+    def output_spec(self, specs):
+        return same_specs(specs, "Scale")
+
+    def forward(self, ctx):
+        ctx.be.axpby(self.factor, ctx.inputs[0], 0.0, ctx.output)
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.axpby(self.factor, ctx.grad_output, dx.beta, dx.array)
+
+    def config(self):
+        return {"factor": self.factor}

@@ -1,0 +1,204 @@
+"""Optimizers and learning-rate schedules.
+
+An optimizer updates one parameter at a time, when the scheduler reports that the parameter's
+gradient is complete (its last user finished backward), so updates overlap with the rest of
+backward. Each update is one fused kernel of the backend. State (moments, step counts) lives in
+`param.state`, beside the parameter, so it can be saved and resumed.
+
+Global-norm clipping needs every gradient before any update; with `clip_norm` set, updates are
+therefore deferred to `end_step`, which computes the norm, scales and applies them all.
+"""
+import math
+
+import numpy as np
+
+from .backends.cpu import CPUBackend
+
+_default_backend = None
+
+
+def _cpu():
+    global _default_backend
+    if _default_backend is None:
+        _default_backend = CPUBackend()
+    return _default_backend
+
+
+# ---------------------------------------------------------------------------- schedules
+
+class Constant:
+    """factor(step) = 1."""
+
+    def __call__(self, step):
+        return 1.0
+
+
+class StepDecay:
+    """factor(step) = gamma ** (step // step_size)."""
+
+    def __init__(self, step_size, gamma=0.1):
+        if step_size < 1:
+            raise ValueError(f"StepDecay: step_size must be at least 1, found {step_size}")
+        self.step_size, self.gamma = int(step_size), float(gamma)
+
+    def __call__(self, step):
+        return self.gamma ** (step // self.step_size)
+
+
+class CosineWarmup:
+    """Linear warm-up from 0 over `warmup` steps, then cosine decay to `min_factor` at `total`."""
+
+    def __init__(self, warmup, total, min_factor=0.0):
+        if not 0 <= warmup < total:
+            raise ValueError(f"CosineWarmup: expected 0 <= warmup < total, found warmup={warmup}, total={total}")
+        self.warmup, self.total, self.min_factor = int(warmup), int(total), float(min_factor)
+
+    def __call__(self, step):
+        if step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        progress = min(1.0, (step - self.warmup) / (self.total - self.warmup))
+        return self.min_factor + (1 - self.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------- optimizers
+
+class Optimizer:
+    """Common machinery: learning rate and schedule, L2 weight decay, per-parameter multipliers
+    (`param.lr_mult`, `param.decay_mult`), global-norm clipping, and the step counter."""
+
+    def __init__(self, params, lr, weight_decay=0.0, clip_norm=None, schedule=None, backend=None):
+        params = params.parameters() if hasattr(params, "parameters") else list(params)
+        if not params:
+            raise ValueError(f"{type(self).__name__}: no parameters to optimize")
+        if lr <= 0:
+            raise ValueError(f"{type(self).__name__}: lr must be positive, found {lr}")
+        if clip_norm is not None and clip_norm <= 0:
+            raise ValueError(f"{type(self).__name__}: clip_norm must be positive, found {clip_norm}")
+        self.params = list({id(p): p for p in params}.values())
+        self._ids = {id(p) for p in self.params}
+        self.lr, self.weight_decay, self.clip_norm = float(lr), float(weight_decay), clip_norm
+        self.schedule = schedule or Constant()
+        self.backend = backend or _cpu()
+        self.step_count = 0  # completed steps
+        self.current_lr = self.lr * self.schedule(0)
+        self.last_grad_norm = None
+        self._deferred = []
+
+    def begin_step(self):
+        self.current_lr = self.lr * self.schedule(self.step_count)
+        self._deferred = []
+
+    def update(self, p):
+        """The gradient of p is complete: apply its update (or defer it when clipping)."""
+        if id(p) not in self._ids:
+            return
+        if self.clip_norm is None:
+            self._apply(p)
+        else:
+            self._deferred.append(p)
+
+    def end_step(self):
+        if self._deferred:
+            be = self.backend
+            norm = math.sqrt(sum(be.sum_squares(p.grad) for p in self._deferred))
+            self.last_grad_norm = norm
+            scale = min(1.0, self.clip_norm / (norm + 1e-6))
+            for p in self._deferred:
+                if scale < 1.0:
+                    be.axpby(scale, p.grad, 0.0, p.grad)
+                self._apply(p)
+            self._deferred = []
+        self.step_count += 1
+
+    def step(self):
+        """Update every parameter holding a gradient (for use after a plain net.backward())."""
+        self.begin_step()
+        for p in self.params:
+            if p.grad_pending and not p.frozen:
+                self.update(p)
+        self.end_step()
+
+    def _apply(self, p):
+        self.apply(p, self.current_lr * p.lr_mult, self.weight_decay * p.decay_mult)
+        p.grad_pending = False
+        p.changed()
+
+    def _state(self, p, name):
+        """A state array of p, zero-initialised on first use."""
+        a = p.state.get(name)
+        if a is None or a.shape != p.shape or a.dtype != p.dtype:
+            a = p.state[name] = self.backend.zeros(p.shape, p.dtype)
+        return a
+
+    def _count(self, p):
+        """Per-parameter update count (1 on the first update), kept in the state for resuming."""
+        n = int(p.state.get("step", np.zeros((), np.int64))) + 1
+        p.state["step"] = np.array(n, np.int64)
+        return n
+
+    def apply(self, p, lr, weight_decay):
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """SGD with optional momentum (PyTorch's form, with dampening) and Nesterov momentum."""
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, nesterov=False, **kw):
+        super().__init__(params, lr, **kw)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
+        self.momentum, self.dampening, self.nesterov = float(momentum), float(dampening), bool(nesterov)
+
+    def apply(self, p, lr, weight_decay):
+        v = self._state(p, "momentum_buffer") if self.momentum else None
+        self.backend.sgd_update(p.buffer, p.grad, v, lr, self.momentum, self.dampening, self.nesterov,
+                                weight_decay)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction; weight_decay is L2 added to the gradient (torch.optim.Adam)."""
+
+    decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kw):
+        super().__init__(params, lr, **kw)
+        self.beta1, self.beta2 = (float(b) for b in betas)
+        self.eps = float(eps)
+
+    def apply(self, p, lr, weight_decay):
+        self.backend.adam_update(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),
+                                 lr, self.beta1, self.beta2, self.eps, weight_decay, self.decoupled,
+                                 self._count(p))
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: p *= 1 - lr * weight_decay (torch.optim.AdamW)."""
+
+    decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kw):
+        super().__init__(params, lr, betas, eps, weight_decay=weight_decay, **kw)
+
+
+class AdaGrad(Optimizer):
+    """AdaGrad: s += g²; p -= lr g / (sqrt(s) + eps)."""
+
+    def __init__(self, params, lr=1e-2, eps=1e-10, **kw):
+        super().__init__(params, lr, **kw)
+        self.eps = float(eps)
+
+    def apply(self, p, lr, weight_decay):
+        self.backend.adagrad_update(p.buffer, p.grad, self._state(p, "sum"), lr, self.eps, weight_decay)
+
+
+class RMSProp(Optimizer):
+    """RMSProp (torch.optim.RMSprop, not centered): s = alpha s + (1-alpha) g²."""
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, momentum=0.0, **kw):
+        super().__init__(params, lr, **kw)
+        self.alpha, self.eps, self.momentum = float(alpha), float(eps), float(momentum)
+
+    def apply(self, p, lr, weight_decay):
+        buf = self._state(p, "momentum_buffer") if self.momentum else None
+        self.backend.rmsprop_update(p.buffer, p.grad, self._state(p, "square_avg"), buf, lr, self.alpha,
+                                    self.eps, weight_decay, self.momentum)

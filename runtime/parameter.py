@@ -1,0 +1,69 @@
+"""Parameters: a layer's trainable arrays, with their gradient, optimizer state and a version.
+
+The version counts value changes (an optimizer step, a load, `assign`). Caches derived from a
+parameter's values, such as MKL packed weights, compare versions and rebuild when it moved, so a
+stale cache is impossible as long as values change through this class. That is why `value` is a
+read-only view: write with `assign`.
+"""
+import numpy as np
+
+
+class Parameter:
+    """A trainable array. `buffer` is the kernel-facing storage (a backend array); `grad` its
+    gradient (allocated by the scheduler unless frozen); `state` the optimizer's arrays."""
+
+    def __init__(self, value, name=None, lr_mult=1.0, decay_mult=1.0):
+        self.buffer = np.ascontiguousarray(value, dtype=np.float32)
+        self.name = name
+        self.grad = None
+        self.frozen = False
+        self.lr_mult = float(lr_mult)
+        self.decay_mult = float(decay_mult)
+        self.state = {}
+        self.version = 0
+        # True while grad holds a gradient no optimizer has consumed: the next backward adds to it
+        self.grad_pending = False
+
+    def __repr__(self):
+        return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype}{', frozen' if self.frozen else ''})"
+
+    @property
+    def shape(self):
+        return tuple(self.buffer.shape)
+
+    @property
+    def dtype(self):
+        return self.buffer.dtype
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+    @property
+    def value(self):
+        """The values as a read-only numpy view (write with `assign`)."""
+        v = np.asarray(self.buffer).view()
+        v.flags.writeable = False
+        return v
+
+    def assign(self, values):
+        """Copy new values in (same shape); every cache derived from the old values is invalidated."""
+        values = np.asarray(values)
+        if values.shape != self.shape:
+            raise ValueError(f"parameter {self.name!r}: expected values of shape {self.shape}, found {values.shape}")
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"parameter {self.name!r}: values contain NaN or infinity")
+        np.copyto(self.buffer, values, casting="same_kind")
+        self.changed()
+
+    def changed(self):
+        """Record that the values changed in place (optimizers call this after an update)."""
+        self.version += 1
+
+    def astype(self, dtype):
+        """Convert values to dtype; the gradient and optimizer state are dropped."""
+        self.buffer = np.ascontiguousarray(self.buffer, dtype=dtype)
+        self.grad = None
+        self.state = {}
+        self.grad_pending = False
+        self.changed()

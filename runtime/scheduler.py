@@ -1,0 +1,330 @@
+"""Runs a Network: forward, backward with gradient accumulation, per-parameter update callbacks,
+and buffer planning.
+
+Decided once per network and kind of run (a Plan), never per step:
+- the topological order and which nodes a run needs;
+- which values need a gradient, which nodes run backward, and, for every (node, input slot),
+  whether that backward overwrites the input's gradient (the first writer in backward order,
+  beta = 0) or adds to it (every later writer, beta = 1), so a value used by several layers gets
+  the sum of their gradients with no split copies and no zero-fill;
+- for every parameter, the node whose backward is its last use, after which its update fires.
+Decided once per batch size (Bindings): every value, gradient and workspace array. In inference a
+value's buffer goes back to a pool after its last consumer and is reused by later values of the
+same shape, so peak memory is the widest cut of the graph rather than the sum of activations.
+"""
+import numpy as np
+
+from .errors import GraphError, InputError
+
+
+class GradTarget:
+    """Where a backward writes one gradient, and how: out = new + beta * out."""
+
+    __slots__ = ("array", "beta")
+
+    def __init__(self, array, beta):
+        self.array, self.beta = array, beta
+
+
+class Context:
+    """What a layer's forward and backward see for one node: arrays, gradients, workspaces."""
+
+    __slots__ = ("node", "layer", "be", "bindings", "training", "rng", "_in", "_out", "_in_grads")
+
+    def __init__(self, node, bindings, in_grads):
+        self.node, self.layer, self.bindings = node, node.layer, bindings
+        self.be = bindings.backend
+        self.training = bindings.plan.training
+        self.rng = bindings.network.rng
+        self._in = [v.name for v in node.inputs]
+        self._out = node.output
+        self._in_grads = in_grads  # per slot: beta (0.0 or 1.0), or None for no gradient
+
+    @property
+    def inputs(self):
+        values = self.bindings.values
+        return [values[n] for n in self._in]
+
+    @property
+    def output(self):
+        return self.bindings.values[self._out]
+
+    @property
+    def batch(self):
+        return self.bindings.batch
+
+    @property
+    def grad_output(self):
+        return self.bindings.grads[self._out]
+
+    def input_grad(self, slot):
+        """Where to write the gradient of input `slot`, or None when none is needed."""
+        beta = self._in_grads[slot]
+        if beta is None:
+            return None
+        return GradTarget(self.bindings.grads[self._in[slot]], beta)
+
+    def param_grad(self, name):
+        """Where to write a parameter's gradient, or None when it is frozen. The first writer
+        since the last update overwrites; every later one (a shared weight, a second backward
+        without an update) adds."""
+        p = self.layer.params[name]
+        if p.frozen:
+            return None
+        target = GradTarget(p.grad, 1.0 if p.grad_pending else 0.0)
+        p.grad_pending = True
+        return target
+
+    def workspace(self, key, shape, dtype=None):
+        """A scratch array owned by this node, allocated once per batch size."""
+        return self.bindings.workspace(self.node.name, key, shape, dtype)
+
+
+class Plan:
+    """The static part of one kind of run: nodes, gradient flow and update points."""
+
+    def __init__(self, scheduler, training, outputs):
+        net = scheduler.network
+        self.training, self.outputs = training, outputs
+        wanted = {net.output_values[o] for o in outputs}
+        self.nodes = scheduler.ancestors(wanted)
+        names = {n.output for n in self.nodes}
+        self.inputs = [v for v in net.input_names
+                       if v in wanted or any(i.name == v for n in self.nodes for i in n.inputs)]
+        self.values = self.inputs + [n.output for n in self.nodes]
+        self.seeds = [v for v in wanted if v in names and scheduler.producer[v].layer.is_cost]
+        self.backward_nodes, self.in_betas, self.grad_values, self.fires = [], {}, [], {}
+        if training:
+            self._plan_gradients(net)
+        # inference: position of each value's last use, for buffer reuse
+        self.last_use = {}
+        for i, n in enumerate(self.nodes):
+            for v in n.inputs:
+                self.last_use[v.name] = i
+
+    def _plan_gradients(self, net):
+        requires = {v: net.values[v].requires_grad and net.values[v].spec.kind == "float"
+                    for v in self.inputs}
+        for n in self.nodes:
+            trainable = any(not p.frozen for p in n.layer.params.values())
+            requires[n.output] = trainable or any(requires[v.name] for v in n.inputs)
+        reaches = {v: False for v in self.values}
+        for v in self.seeds:
+            reaches[v] = True
+        written = set(self.seeds)
+        last_user = {}
+        for n in reversed(self.nodes):
+            if not (reaches[n.output] and requires[n.output]):
+                continue
+            self.backward_nodes.append(n)
+            grad_slots = n.layer.grad_slots(len(n.inputs))
+            betas = []
+            for slot, v in enumerate(n.inputs):
+                if slot in grad_slots and requires[v.name] and v.spec.kind == "float":
+                    betas.append(1.0 if v.name in written else 0.0)
+                    written.add(v.name)
+                    reaches[v.name] = True
+                else:
+                    betas.append(None)
+            self.in_betas[n.name] = betas
+            for p in n.layer.params.values():
+                if not p.frozen:
+                    last_user[id(p)] = (n.name, p)
+        self.grad_values = [v for v in self.values if reaches[v]]
+        for node_name, p in last_user.values():
+            self.fires.setdefault(node_name, []).append(p)
+
+
+class Bindings:
+    """The arrays of one plan at one batch size, allocated once and reused every step."""
+
+    def __init__(self, scheduler, plan, batch):
+        net = scheduler.network
+        self.network, self.backend, self.plan, self.batch = net, net.backend, plan, batch
+        self.values, self.grads, self._workspaces = {}, {}, {}
+        for n in plan.nodes:
+            self.values[n.output] = None
+        if plan.training:
+            for n in plan.nodes:
+                self.values[n.output] = self._new(n.output)
+            for v in plan.grad_values:
+                self.grads[v] = self._new(v)
+            for p in net.parameters():
+                if not p.frozen and (p.grad is None or p.grad.shape != p.shape or p.grad.dtype != p.dtype):
+                    p.grad = self.backend.empty(p.shape, p.dtype)
+                    p.grad_pending = False
+        else:
+            self._assign_reused_buffers(plan)
+        self.contexts = [(n, Context(n, self, plan.in_betas.get(n.name))) for n in plan.nodes]
+        # backward runs in reverse topological order; after a node, the updates it completes
+        self.backward_contexts = [(c, plan.fires.get(n.name, ())) for n, c in reversed(self.contexts)
+                                  if n.name in plan.in_betas]
+
+    def _shape(self, vname):
+        spec = self.network.values[vname].spec
+        dtype = self.network.dtype if spec.kind == "float" else np.dtype(np.int32)
+        return (self.batch,) + spec.shape, dtype
+
+    def _new(self, vname):
+        return self.backend.empty(*self._shape(vname))
+
+    def _assign_reused_buffers(self, plan):
+        pool = {}  # (shape, dtype) -> free arrays
+        keep = {self.network.output_values[o] for o in plan.outputs}
+        for i, n in enumerate(plan.nodes):
+            key = self._shape(n.output)
+            free = pool.get(key)
+            self.values[n.output] = free.pop() if free else self.backend.empty(*key)
+            for v in {v.name for v in n.inputs}:
+                if plan.last_use.get(v) == i and v in self.values and v not in keep:
+                    pool.setdefault(self._shape(v), []).append(self.values[v])
+
+    def workspace(self, node_name, key, shape, dtype=None):
+        full = (node_name, key)
+        dtype = np.dtype(dtype or self.network.dtype)
+        a = self._workspaces.get(full)
+        if a is None or a.shape != tuple(shape) or a.dtype != dtype:
+            a = self._workspaces[full] = self.backend.empty(tuple(shape), dtype)
+        return a
+
+    def peak_bytes(self):
+        arrays = {id(a): a for a in list(self.values.values()) + list(self.grads.values())
+                  if a is not None and id(a) not in self._feed_ids()}
+        arrays.update({id(a): a for a in self._workspaces.values()})
+        return sum(a.nbytes for a in arrays.values())
+
+    def _feed_ids(self):
+        return {id(self.values[v]) for v in self.plan.inputs if v in self.values}
+
+
+class Scheduler:
+    """Executes a validated network (see the module docstring)."""
+
+    def __init__(self, network, order):
+        self.network, self.order = network, order
+        self.producer = {n.output: n for n in order}
+        self._plans = {}
+        self._bindings = {}
+        self.current = None  # the bindings of the last training forward, for backward
+
+    def ancestors(self, wanted):
+        need, stack = set(), list(wanted)
+        while stack:
+            v = stack.pop()
+            n = self.producer.get(v)
+            if n is not None and n.name not in need:
+                need.add(n.name)
+                stack.extend(i.name for i in n.inputs)
+        return [n for n in self.order if n.name in need]
+
+    def plan(self, training, outputs):
+        key = (training, tuple(outputs))
+        if key not in self._plans:
+            self._plans[key] = Plan(self, training, tuple(outputs))
+        return self._plans[key]
+
+    def bindings(self, plan, batch):
+        key = (id(plan), batch)
+        b = self._bindings.get(key)
+        if b is None:
+            if len(self._bindings) >= 8:  # keep a few batch sizes, drop the oldest
+                self._bindings.pop(next(iter(self._bindings)))
+            b = self._bindings[key] = Bindings(self, plan, batch)
+        return b
+
+    # ------------------------------------------------------------------ feeds
+    def _check_feeds(self, feeds, needed):
+        net = self.network
+        if not isinstance(feeds, dict):
+            raise InputError(f"feeds must be a dict of input name -> array, found {type(feeds).__name__}")
+        unknown = [k for k in feeds if k not in net.input_names]
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r}; this network's inputs are "
+                             f"{', '.join(repr(n) for n in net.input_names)}")
+        missing = [v for v in needed if v not in feeds]
+        if missing:
+            raise InputError(f"missing input {missing[0]!r} (needed for this run)")
+        batch = None
+        for name in needed:
+            a = feeds[name]
+            spec = net.values[name].spec
+            dtype = net.dtype if spec.kind == "float" else np.dtype(np.int32)
+            where = f"input '{name}'"
+            if not isinstance(a, np.ndarray):
+                raise InputError(f"{where}: expected a numpy array, found {type(a).__name__}")
+            if a.dtype != dtype:
+                raise InputError(f"{where}: expected dtype {dtype}, found {a.dtype}")
+            if a.shape[1:] != spec.shape or a.ndim != len(spec.shape) + 1:
+                raise InputError(f"{where}: expected shape (batch, {', '.join(map(str, spec.shape))}) "
+                                 f"i.e. (N,)+{spec.shape}, found {a.shape}")
+            if not a.flags.c_contiguous:
+                raise InputError(f"{where}: expected a C-contiguous array, found a strided view; "
+                                 f"pass np.ascontiguousarray(...)")
+            if batch is None:
+                batch = a.shape[0]
+            elif a.shape[0] != batch:
+                raise InputError(f"{where}: batch size {a.shape[0]} differs from the other inputs' {batch}")
+        if batch == 0:
+            raise InputError("the batch is empty: every input has 0 rows")
+        return batch
+
+    def _bind_feeds(self, b, feeds, plan):
+        for name in plan.inputs:
+            b.values[name] = self.network.backend.from_host(feeds[name])
+
+    # ------------------------------------------------------------------ runs
+    def run(self, feeds, outputs=None):
+        net = self.network
+        if outputs is None:
+            # every output computable from what was fed (inference usually feeds no labels)
+            outputs = [o for o in net.output_values
+                       if all(v in feeds for v in self.plan(False, (o,)).inputs)]
+            if not outputs:
+                raise InputError(f"no output can be computed from inputs {sorted(feeds)}; the network's "
+                                 f"inputs are {', '.join(repr(n) for n in net.input_names)}")
+        for o in outputs:
+            if o not in net.output_values:
+                raise InputError(f"unknown output {o!r}; outputs are {', '.join(map(repr, net.output_values))}")
+        plan = self.plan(False, outputs)
+        b = self.bindings(plan, self._check_feeds(feeds, plan.inputs))
+        self._bind_feeds(b, feeds, plan)
+        for node, ctx in b.contexts:
+            node.layer.forward(ctx)
+        be = net.backend
+        return {o: np.array(be.to_host(b.values[net.output_values[o]])) for o in outputs}
+
+    def forward(self, feeds, training=True):
+        net = self.network
+        plan = self.plan(training, tuple(net.output_values))
+        b = self.bindings(plan, self._check_feeds(feeds, plan.inputs))
+        self._bind_feeds(b, feeds, plan)
+        for node, ctx in b.contexts:
+            node.layer.forward(ctx)
+        self.current = b
+        return {o: b.values[v] for o, v in net.output_values.items()}
+
+    def backward(self, on_ready=None):
+        b = self.current
+        if b is None or not b.plan.training:
+            raise GraphError("backward needs a training forward first: call net.forward(feeds, training=True)")
+        if not b.plan.seeds:
+            raise GraphError("backward needs a cost among the network's outputs (e.g. SoftmaxCrossEntropy)")
+        be = self.network.backend
+        loss = 0.0
+        for v in b.plan.seeds:
+            # the loss is the mean over rows of each cost
+            be.fill(b.grads[v], 1.0 / b.batch)
+            loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / b.batch
+        for ctx, ready in b.backward_contexts:
+            ctx.layer.backward(ctx)
+            if on_ready is not None:
+                for p in ready:
+                    on_ready(p)
+        return loss
+
+    def grad(self, name):
+        b = self.current
+        if b is None or name not in b.grads:
+            raise KeyError(f"no gradient for '{name}': it is not on a path from an input with "
+                           f"requires_grad or a trainable parameter to a cost, or backward has not run")
+        return b.grads[name]

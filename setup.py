@@ -1,0 +1,97 @@
+"""Builds lamina's Cython kernels against MKL (mkl-devel wheel) and OpenBLAS (scipy-openblas32).
+
+Everything is found inside the Python environment that runs the build: no system MKL and no
+LD_LIBRARY_PATH. Each extension gets an rpath to the folder that holds its library, so the
+installed package loads them as it is.
+"""
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def _prefixes():
+    """Environment roots to search: this interpreter's prefix and any build-isolation overlay."""
+    seen = []
+    for p in [sys.prefix, sys.base_prefix, *sys.path]:
+        path = Path(p)
+        # site-packages lives at PREFIX/lib/pythonX.Y/site-packages
+        for root in (path, *path.parents[:3]):
+            if root not in seen:
+                seen.append(root)
+    return seen
+
+
+def _find(relative):
+    for root in _prefixes():
+        if (root / relative).exists():
+            return root
+    raise SystemExit(
+        f"lamina build: could not find {relative} in the Python environment "
+        f"(searched {[str(p) for p in _prefixes()][:6]} ...); install the build requirements "
+        f"from pyproject.toml (mkl-devel, scipy-openblas32)"
+    )
+
+
+mkl_root = _find("include/mkl.h")
+mkl_lib = mkl_root / "lib"
+mkl_rt = sorted(mkl_lib.glob("libmkl_rt.so*"))
+if not mkl_rt:
+    raise SystemExit(f"lamina build: no libmkl_rt.so* in {mkl_lib}")
+
+import scipy_openblas32  # noqa: E402  (a build requirement)
+
+openblas_lib = scipy_openblas32.get_lib_dir()
+openblas_inc = scipy_openblas32.get_include_dir()
+
+common_compile = ["-O3", "-fopenmp", "-Wno-unused-function", "-Wno-unreachable-code"]
+common_link = ["-fopenmp"]
+np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+
+extensions = [
+    Extension(
+        "lamina._mkl",
+        ["pyx/_mkl.pyx"],
+        include_dirs=[str(mkl_root / "include"), numpy.get_include()],
+        # link the versioned runtime by file name: the wheel ships no unversioned libmkl_rt.so
+        extra_link_args=common_link + [f"-L{mkl_lib}", f"-l:{mkl_rt[0].name}", f"-Wl,-rpath,{mkl_lib}"],
+        extra_compile_args=common_compile,
+        define_macros=np_macros,
+    ),
+    Extension(
+        "lamina._openblas",
+        ["pyx/_openblas.pyx"],
+        include_dirs=[openblas_inc, numpy.get_include()],
+        extra_link_args=common_link
+        + [f"-L{openblas_lib}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{openblas_lib}"],
+        extra_compile_args=common_compile,
+        define_macros=np_macros,
+    ),
+    Extension(
+        "lamina._kernels",
+        ["pyx/_kernels.pyx"],
+        include_dirs=[numpy.get_include()],
+        extra_link_args=common_link,
+        extra_compile_args=common_compile,
+        define_macros=np_macros,
+    ),
+]
+
+setup(
+    packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io"],
+    package_dir={"lamina": "runtime"},
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+        },
+    ),
+)
