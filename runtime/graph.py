@@ -109,8 +109,17 @@ class Network:
         self._layer_uses[id(layer)] = uses + 1
         node = Node(node_name, layer, names, node_name)
         layer.bind_parameters()
-        self.nodes.append(node)
         self.values[node_name] = Value(self, node_name, node)
+        if all(n in self.values and self.values[n].spec is not None for n in names):
+            # everything it reads exists: check it now, so a mistake shows at the line that made it
+            node.inputs = [self.values[n] for n in names]
+            try:
+                self._infer(node)
+            except GraphError:
+                del self.values[node_name]
+                self._layer_uses[id(layer)] = uses
+                raise
+        self.nodes.append(node)
         self._invalidate()
         return self.values[node_name]
 
@@ -207,14 +216,17 @@ class Network:
                 raise GraphError(f"output '{out_name}' refers to '{vname}', which is not a value of this network")
         order = self._topological_order()
         for node in order:
-            specs = [v.spec for v in node.inputs]
-            try:
-                spec = node.layer.check_inputs(specs)
-            except (ValueError, TypeError) as e:
-                got = ", ".join(f"'{v.name}' {v.spec}" for v in node.inputs)
-                raise GraphError(f"{node.describe()}: {e} (inputs: {got})") from None
-            self.values[node.output].spec = spec
+            self._infer(node)
         return order
+
+    def _infer(self, node):
+        """Check a node's inputs and set its output spec; errors name the layer."""
+        try:
+            spec = node.layer.check_inputs([v.spec for v in node.inputs])
+        except (ValueError, TypeError) as e:
+            got = ", ".join(f"'{v.name}' {v.spec}" for v in node.inputs)
+            raise GraphError(f"{node.describe()}: {e} (inputs: {got})") from None
+        self.values[node.output].spec = spec
 
     def _topological_order(self):
         """Kahn's algorithm, stable in insertion order; a cycle is reported by its nodes."""

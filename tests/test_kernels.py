@@ -1,0 +1,276 @@
+"""Kernel conformance: every kernel of every backend against the plain numpy reference, in both
+float types, at sizes that are not multiples of anything (1, 7, 33, 129), with beta 0 on outputs
+full of NaN (beta 0 must never read them) and beta 1 on finite outputs."""
+import numpy as np
+import pytest
+
+from lamina.backends.base import ALL_ACTIVATIONS
+from lamina.backends.reference import ReferenceBackend
+
+REF = ReferenceBackend()
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+SIZES = [(1, 1, 1), (7, 33, 1), (33, 7, 129), (129, 33, 7), (64, 130, 96)]
+
+
+def rng_for(*key):
+    return np.random.default_rng(abs(hash(key)) % 2**32)
+
+
+def out_pair(shape, dtype, beta, rng):
+    """The same starting output for backend and reference: NaN for beta 0, data for beta 1."""
+    start = np.full(shape, np.nan, dtype) if beta == 0 else rng.standard_normal(shape).astype(dtype)
+    return start.copy(), start.copy()
+
+
+def close(a, b, dtype):
+    np.testing.assert_allclose(a, b, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", SIZES)
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_gemm(backend, dtype, m, n, k, trans_a, trans_b, beta):
+    rng = rng_for(m, n, k, trans_a, trans_b)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    c, c_ref = out_pair((m, n), dtype, beta, rng)
+    backend.gemm(a, b, c, trans_a, trans_b, alpha=0.75, beta=beta)
+    REF.gemm(a.astype(np.float64), b.astype(np.float64), c_ref, trans_a, trans_b, alpha=0.75, beta=beta)
+    close(c, c_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_packed_gemm(backend, dtype, trans, rows):
+    rng = rng_for("pack", trans, rows)
+    k, n = 33, 17
+    b = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
+    packed = backend.pack(b, trans=trans, alpha=1.5, max_rows=64)
+    for beta in (0.0, 1.0):
+        a = rng.standard_normal((rows, k)).astype(dtype)
+        c, c_ref = out_pair((rows, n), dtype, beta, rng)
+        backend.packed_gemm(a, packed, c, beta)
+        REF.packed_gemm(a, REF.pack(b, trans, 1.5), c_ref, beta)
+        close(c, c_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 33), (129, 300)])
+def test_bias(backend, dtype, rows, cols):
+    rng = rng_for("bias", rows, cols)
+    y = rng.standard_normal((rows, cols)).astype(dtype)
+    b = rng.standard_normal(cols).astype(dtype)
+    y_ref = y.copy()
+    backend.add_bias(y, b)
+    REF.add_bias(y_ref, b)
+    close(y, y_ref, dtype)
+    for beta in (0.0, 1.0):
+        db, db_ref = out_pair((cols,), dtype, beta, rng)
+        backend.bias_grad(y, db, beta)
+        REF.bias_grad(y, db_ref, beta)
+        close(db, db_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ALL_ACTIVATIONS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (129, 7), (300, 257)])
+def test_activation(backend, dtype, kind, shape):
+    rng = rng_for("act", kind, shape)
+    x = (2 * rng.standard_normal(shape)).astype(dtype)
+    y, y_ref = np.empty_like(x), np.empty_like(x)
+    backend.activation(kind, x, y, slope=0.1)
+    REF.activation(kind, x, y_ref, slope=0.1)
+    close(y, y_ref, dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    for beta in (0.0, 1.0):
+        dx, dx_ref = out_pair(shape, dtype, beta, rng)
+        backend.activation_backward(kind, y, dy, dx, beta, slope=0.1)
+        REF.activation_backward(kind, y, dy, dx_ref, beta, slope=0.1)
+        close(dx, dx_ref, dtype)
+
+
+def test_activation_in_place(backend):
+    x = np.linspace(-3, 3, 77).reshape(7, 11)
+    expected = np.tanh(x)
+    backend.activation("tanh", x, x)
+    np.testing.assert_allclose(x, expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 129, 100003])
+def test_elementwise(backend, dtype, n):
+    rng = rng_for("elementwise", n)
+    x, z = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    for beta in (0.0, 1.0):
+        y, y_ref = out_pair((n,), dtype, beta, rng)
+        backend.axpby(-0.5, x, beta, y)
+        REF.axpby(-0.5, x, beta, y_ref)
+        close(y, y_ref, dtype)
+        o, o_ref = out_pair((n,), dtype, beta, rng)
+        backend.multiply(x, z, o, beta)
+        REF.multiply(x, z, o_ref, beta)
+        close(o, o_ref, dtype)
+    np.testing.assert_allclose(backend.sum_squares(x), REF.sum_squares(x), rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_columns(backend, dtype):
+    rng = rng_for("columns")
+    src = rng.standard_normal((9, 5)).astype(dtype)
+    for beta in (0.0, 1.0):
+        big, big_ref = out_pair((9, 13), dtype, 1.0, rng)
+        backend.copy_to_columns(src, big, 4, beta)
+        REF.copy_to_columns(src, big_ref, 4, beta)
+        close(big, big_ref, dtype)
+        small, small_ref = out_pair((9, 5), dtype, beta, rng)
+        backend.copy_from_columns(big, 8, small, beta)
+        REF.copy_from_columns(big, 8, small_ref, beta)
+        close(small, small_ref, dtype)
+
+
+def test_bernoulli_mask(backend):
+    mask = np.empty((400, 250), np.float32)
+    backend.bernoulli_mask(mask, 0.8, np.random.default_rng(0))
+    values = set(np.unique(mask).tolist())
+    assert values == {0.0, np.float32(1 / 0.8)}
+    assert abs((mask > 0).mean() - 0.8) < 0.01  # 100k draws: 4 standard deviations is 0.005
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("rows,classes", [(1, 1), (7, 33), (129, 5)])
+def test_softmax_cross_entropy(backend, dtype, weighted, rows, classes):
+    rng = rng_for("sce", weighted, rows, classes)
+    x = (3 * rng.standard_normal((rows, classes))).astype(dtype)
+    labels = rng.integers(0, classes, rows).astype(np.int32)
+    w = rng.uniform(0.5, 2, rows).astype(dtype) if weighted else None
+    probs, probs_ref = np.empty_like(x), np.empty_like(x)
+    cost, cost_ref = np.empty(rows, dtype), np.empty(rows, dtype)
+    backend.softmax_cross_entropy(x, labels, w, probs, cost)
+    REF.softmax_cross_entropy(x, labels, w, probs_ref, cost_ref)
+    close(probs, probs_ref, dtype)
+    close(cost, cost_ref, dtype)
+    dcost = rng.standard_normal(rows).astype(dtype)
+    for beta in (0.0, 1.0):
+        dx, dx_ref = out_pair(x.shape, dtype, beta, rng)
+        backend.softmax_cross_entropy_backward(probs, labels, w, dcost, dx, beta)
+        REF.softmax_cross_entropy_backward(probs, labels, w, dcost, dx_ref, beta)
+        close(dx, dx_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cost", ["square_error", "bce_with_logits"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pair_costs(backend, dtype, cost, weighted):
+    rng = rng_for(cost, weighted)
+    x = (2 * rng.standard_normal((33, 7))).astype(dtype)
+    t = rng.uniform(0, 1, (33, 7)).astype(dtype)
+    w = rng.uniform(0.5, 2, 33).astype(dtype) if weighted else None
+    c, c_ref = np.empty(33, dtype), np.empty(33, dtype)
+    getattr(backend, cost)(x, t, w, c)
+    getattr(REF, cost)(x, t, w, c_ref)
+    close(c, c_ref, dtype)
+    dcost = rng.standard_normal(33).astype(dtype)
+    for wrt_target in (False, True):
+        for beta in (0.0, 1.0):
+            d, d_ref = out_pair(x.shape, dtype, beta, rng)
+            getattr(backend, cost + "_backward")(x, t, w, dcost, d, wrt_target, beta)
+            getattr(REF, cost + "_backward")(x, t, w, dcost, d_ref, wrt_target, beta)
+            close(d, d_ref, dtype)
+
+
+OPTIMIZERS = {
+    "sgd": (lambda be, p, g, s: be.sgd_update(p, g, None, 0.1, 0.0, 0.0, False, 0.01), 0),
+    "sgd_momentum": (lambda be, p, g, s: be.sgd_update(p, g, s[0], 0.1, 0.9, 0.1, False, 0.01), 1),
+    "sgd_nesterov": (lambda be, p, g, s: be.sgd_update(p, g, s[0], 0.1, 0.9, 0.0, True, 0.0), 1),
+    "adam": (lambda be, p, g, s: be.adam_update(p, g, s[0], s[1], 0.01, 0.9, 0.999, 1e-8, 0.01, False, 3), 2),
+    "adamw": (lambda be, p, g, s: be.adam_update(p, g, s[0], s[1], 0.01, 0.8, 0.99, 1e-8, 0.1, True, 1), 2),
+    "adagrad": (lambda be, p, g, s: be.adagrad_update(p, g, s[0], 0.1, 1e-10, 0.01), 1),
+    "rmsprop": (lambda be, p, g, s: be.rmsprop_update(p, g, s[0], None, 0.01, 0.99, 1e-8, 0.0, 0.0), 1),
+    "rmsprop_momentum": (lambda be, p, g, s: be.rmsprop_update(p, g, s[0], s[1], 0.01, 0.9, 1e-8, 0.01, 0.5), 2),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("n", [1, 129, 40000])
+def test_optimizer_updates(backend, dtype, name, n):
+    update, n_state = OPTIMIZERS[name]
+    rng = rng_for(name, n)
+    p = rng.standard_normal(n).astype(dtype)
+    state = [np.abs(rng.standard_normal(n)).astype(dtype) for _ in range(n_state)]
+    p_ref, state_ref = p.copy(), [s.copy() for s in state]
+    for step in range(3):
+        g = rng.standard_normal(n).astype(dtype)
+        update(backend, p, g, state)
+        update(REF, p_ref, g, state_ref)
+    close(p, p_ref, dtype)
+    for s, s_ref in zip(state, state_ref):
+        close(s, s_ref, dtype)
+
+
+# ---------------------------------------------------------------- boundary checks
+
+def test_gemm_rejects_bad_arguments(backend):
+    a = np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match=r"gemm: op\(a\) is 4x3 and op\(b\) is 5x2"):
+        backend.gemm(a, np.zeros((5, 2), np.float32), np.zeros((4, 2), np.float32))
+    with pytest.raises(TypeError, match="gemm: b must be float32, found float64"):
+        backend.gemm(a, np.zeros((3, 2)), np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match="gemm: b must be C-contiguous"):
+        backend.gemm(a, np.zeros((2, 3), np.float32).T, np.zeros((4, 2), np.float32))
+    with pytest.raises(TypeError, match="gemm: a must be a numpy array, found list"):
+        backend.gemm([[1.0]], a, a)
+
+
+def test_kernels_reject_mismatches(backend):
+    x = np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match="activation: y must have shape \\(4, 3\\), found \\(3, 4\\)"):
+        backend.activation("relu", x, np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        backend.activation("swish", x, x)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\), found 3"):
+        backend.softmax_cross_entropy(x, np.array([0, 1, 2, 3], np.int32), None, x.copy(), np.zeros(4, np.float32))
+    with pytest.raises(TypeError, match="labels must be int32, found int64"):
+        backend.softmax_cross_entropy(x, np.zeros(4, np.int64), None, x.copy(), np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="packed_gemm: a must have 3 columns"):
+        backend.packed_gemm(np.zeros((2, 4), np.float32), backend.pack(x[:3], max_rows=4), np.zeros((2, 3), np.float32))
+
+
+def test_kernels_release_the_gil(backend):
+    """While one long GEMM runs, a Python thread keeps running: its longest pause stays far below
+    the kernel's duration. Were the GIL held, it would stall for the whole kernel."""
+    import threading
+    import time
+
+    import lamina as lm
+    threads = lm.get_num_threads()
+    lm.set_num_threads(1)  # the kernel on one core, the Python thread on the other
+    try:
+        a = np.ones((2000, 2000), np.float32)
+        c = np.empty_like(a)
+        running, longest = threading.Event(), [0.0]
+
+        def watch():
+            last = time.perf_counter()
+            running.set()
+            while running.is_set():
+                now = time.perf_counter()
+                longest[0] = max(longest[0], now - last)
+                last = now
+
+        t = threading.Thread(target=watch)
+        t.start()
+        running.wait()
+        start = time.perf_counter()
+        backend.gemm(a, a, c)
+        duration = time.perf_counter() - start
+        running.clear()
+        t.join()
+    finally:
+        lm.set_num_threads(threads)
+    assert longest[0] < duration / 2, (longest[0], duration)

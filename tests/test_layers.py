@@ -1,0 +1,179 @@
+"""Every layer: a float64 central-difference gradient check over its inputs and parameters, and
+its forward against a plain numpy formula."""
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.layers import (Activation, Add, BCEWithLogits, Concat, Dropout, Linear, Scale,
+                           SoftmaxCrossEntropy, SquareError)
+from lamina.testing import GradientCheckError, add_probe_cost, check_gradients, probe_feed
+
+from helpers import rand
+
+N = 5
+
+
+def probed(build, in_sizes, batch=N, seed=0, backend=None):
+    """A float64 network: inputs of the given sizes → build(...) → a probe cost. Returns the
+    network, its feeds and the layer's output value."""
+    net = lm.Network(backend=backend)
+    xs = [net.input(f"x{i}", size) for i, size in enumerate(in_sizes)]
+    out = build(*xs)
+    probe = add_probe_cost(net, out)
+    net.astype("float64")
+    rng = np.random.default_rng(seed)
+    feeds = {f"x{i}": rand(rng, batch, size) for i, size in enumerate(in_sizes)}
+    feeds[probe] = probe_feed(net, probe, batch, seed)
+    return net, feeds, out
+
+
+ACTS = ["linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu", "softmax"]
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_linear_gradients(activation):
+    net, feeds, _ = probed(lambda x: Linear(4, 3, activation=activation, slope=0.2)(x), [4])
+    assert check_gradients(net, feeds) == N * 4 + 12 + 3
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_several_inputs_gradients(bias):
+    net, feeds, _ = probed(lambda a, b: Linear([3, 5], 4, bias=bias, activation="tanh")(a, b), [3, 5])
+    check_gradients(net, feeds)
+
+
+def test_linear_matches_numpy():
+    rng = np.random.default_rng(0)
+    net = lm.Network()
+    a, b = net.input("a", 6), net.input("b", 2)
+    fc = Linear([6, 2], 7, activation="sigmoid")
+    net.outputs(y=fc(a, b))
+    A, B = rand(rng, 9, 6, dtype=np.float32), rand(rng, 9, 2, dtype=np.float32)
+    z = A @ fc.params["weight_0"].value.T + B @ fc.params["weight_1"].value.T + fc.bias.value
+    np.testing.assert_allclose(net.run({"a": A, "b": B})["y"], 1 / (1 + np.exp(-z)), rtol=1e-5)
+
+
+def test_add_gradients_and_numpy():
+    net, feeds, out = probed(lambda a, b, c: Add(activation="relu")(a, b, c), [4, 4, 4])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_allclose(net.scheduler.current.values[out.name],
+                               np.maximum(feeds["x0"] + feeds["x1"] + feeds["x2"], 0))
+
+
+def test_concat_gradients_and_numpy():
+    net, feeds, out = probed(lambda a, b, c: Concat()(a, b, c), [2, 5, 1])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_array_equal(net.scheduler.current.values[out.name],
+                                  np.concatenate([feeds["x0"], feeds["x1"], feeds["x2"]], axis=1))
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_activation_gradients(activation):
+    net, feeds, _ = probed(lambda x: Activation(activation, slope=0.3)(x), [6])
+    check_gradients(net, feeds)
+
+
+def test_dropout_gradients_and_statistics():
+    net, feeds, out = probed(lambda x: Dropout(0.4)(x), [50], batch=40)
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    y = np.array(net.scheduler.current.values[out.name])
+    kept = y != 0
+    assert 0.5 < kept.mean() < 0.7  # keep probability 0.6 over 2000 elements
+    np.testing.assert_allclose(y[kept], feeds["x0"][kept] / 0.6)
+
+
+def test_dropout_is_identity_in_inference():
+    net = lm.Network()
+    x = net.input("x", 8)
+    net.outputs(y=Dropout(0.5)(x))
+    X = np.arange(16, dtype=np.float32).reshape(2, 8)
+    np.testing.assert_array_equal(net.run({"x": X})["y"], X)
+
+
+def test_scale_gradients_and_numpy():
+    net, feeds, out = probed(lambda x: Scale(-2.5)(x), [3])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_allclose(net.scheduler.current.values[out.name], -2.5 * feeds["x0"])
+
+
+def cost_net(cost, classes=4, weighted=False, target="float"):
+    net = lm.Network()
+    x = net.input("x", classes)
+    h = Linear(classes, classes, activation="tanh")(x)  # so parameters are checked through the cost
+    t = net.input("t", () if target == "int32" else classes, dtype=target)
+    ins = [h, t] + ([net.input("w", ())] if weighted else [])
+    net.outputs(loss=cost()(*ins))
+    return net.astype("float64")
+
+
+def cost_feeds(rng, classes=4, weighted=False, target="float", batch=6):
+    feeds = {"x": rand(rng, batch, classes)}
+    feeds["t"] = (rng.integers(0, classes, batch).astype(np.int32) if target == "int32"
+                  else rng.uniform(0, 1, (batch, classes)))
+    if weighted:
+        feeds["w"] = rng.uniform(0.5, 2, batch)
+    return feeds
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_softmax_cross_entropy_gradients_and_numpy(weighted):
+    rng = np.random.default_rng(3)
+    net = cost_net(SoftmaxCrossEntropy, weighted=weighted, target="int32")
+    feeds = cost_feeds(rng, weighted=weighted, target="int32")
+    check_gradients(net, feeds)
+    h = net.layers[0]
+    z = np.tanh(feeds["x"] @ h.weight.value.T + h.bias.value)
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    cost = -logp[np.arange(6), feeds["t"]] * (feeds["w"] if weighted else 1)
+    np.testing.assert_allclose(net.run(feeds)["loss"], cost, rtol=1e-12)
+
+
+@pytest.mark.parametrize("cost", [SquareError, BCEWithLogits])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pair_cost_gradients(cost, weighted):
+    rng = np.random.default_rng(4)
+    net = cost_net(cost, weighted=weighted)
+    feeds = cost_feeds(rng, weighted=weighted)
+    check_gradients(net, feeds)  # includes the gradient with respect to the target 't'
+
+
+def test_pair_costs_match_numpy():
+    rng = np.random.default_rng(5)
+    x, t = rand(rng, 6, 4), rng.uniform(0, 1, (6, 4))
+    for cost, formula in [(SquareError, ((x - t) ** 2).sum(1)),
+                          (BCEWithLogits, (-(t * np.log(1 / (1 + np.exp(-x))) + (1 - t) * np.log(1 - 1 / (1 + np.exp(-x))))).sum(1))]:
+        net = lm.Network(dtype="float64")
+        a, b = net.input("x", 4), net.input("t", 4)
+        net.outputs(c=cost()(a, b))
+        np.testing.assert_allclose(net.run({"x": x, "t": t})["c"], formula, rtol=1e-12)
+
+
+def test_gradient_check_catches_a_wrong_gradient():
+    """The checker fails a layer whose backward is off by a factor, or has the wrong sign."""
+    class WrongScale(Scale):
+        kind = "wrong_scale_test"
+
+        def backward(self, ctx):
+            dx = ctx.input_grad(0)
+            ctx.be.axpby(-self.factor, ctx.grad_output, dx.beta, dx.array)
+
+    net, feeds, _ = probed(lambda x: WrongScale(1.5)(x), [3])
+    with pytest.raises(GradientCheckError, match="input x0"):
+        check_gradients(net, feeds)
+
+
+def test_gradient_check_catches_missing_accumulation():
+    """A layer that overwrites a parameter gradient instead of adding fails the second-backward check."""
+    class Overwriting(Linear):
+        def backward(self, ctx):
+            p = self.params["bias"]
+            p.grad_pending = False  # pretend every backward is the first
+            super().backward(ctx)
+
+    net, feeds, _ = probed(lambda x: Overwriting(3, 2)(x), [3])
+    with pytest.raises(GradientCheckError, match="must double"):
+        check_gradients(net, feeds)
