@@ -233,7 +233,7 @@ class Scheduler:
         return b
 
     # ------------------------------------------------------------------ feeds
-    def _check_feeds(self, feeds, needed):
+    def _check_names(self, feeds):
         net = self.network
         if not isinstance(feeds, dict):
             raise InputError(f"feeds must be a dict of input name -> array, found {type(feeds).__name__}")
@@ -241,6 +241,10 @@ class Scheduler:
         if unknown:
             raise InputError(f"unknown input {unknown[0]!r}; this network's inputs are "
                              f"{', '.join(repr(n) for n in net.input_names)}")
+
+    def _check_feeds(self, feeds, needed):
+        net = self.network
+        self._check_names(feeds)
         missing = [v for v in needed if v not in feeds]
         if missing:
             raise InputError(f"missing input {missing[0]!r} (needed for this run)")
@@ -275,6 +279,7 @@ class Scheduler:
     # ------------------------------------------------------------------ runs
     def run(self, feeds, outputs=None):
         net = self.network
+        self._check_names(feeds)
         if outputs is None:
             # every output computable from what was fed (inference usually feeds no labels)
             outputs = [o for o in net.output_values

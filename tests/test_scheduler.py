@@ -1,0 +1,210 @@
+"""The scheduler: gradients of values used by several layers, shared weights, frozen parameters,
+update callbacks, buffer reuse."""
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.layers import Activation, Add, Linear, SquareError
+from lamina.testing import check_gradients
+
+from helpers import rand
+
+
+def test_fan_out_gradient_is_the_sum_of_all_consumers():
+    """x feeds two ReLU layers and a fully-connected layer: dL/dx is the sum of the three."""
+    rng = np.random.default_rng(0)
+    net = lm.Network()
+    x = net.input("x", 4)
+    r1, r2 = Activation("relu")(x), Activation("relu")(x)
+    fc = Linear(4, 4)
+    f = fc(x)
+    t1, t2, t3 = net.input("t1", 4), net.input("t2", 4), net.input("t3", 4)
+    net.outputs(c1=SquareError()(r1, t1), c2=SquareError()(r2, t2), c3=SquareError()(f, t3))
+    net.astype("float64")
+    feeds = {k: rand(rng, 6, 4) for k in ["x", "t1", "t2", "t3"]}
+    check_gradients(net, feeds, inputs=["x"])
+
+    net.values["x"].requires_grad = True
+    net._invalidate()
+    net.forward(feeds)
+    net.backward()
+    X = feeds["x"]
+    relu = np.maximum(X, 0)
+    d1 = 2 * (relu - feeds["t1"]) * (X > 0) / 6
+    d2 = 2 * (relu - feeds["t2"]) * (X > 0) / 6
+    d3 = 2 * (X @ fc.weight.value.T + fc.bias.value - feeds["t3"]) / 6 @ fc.weight.value
+    np.testing.assert_allclose(net.grad("x"), d1 + d2 + d3, rtol=1e-12)
+    # the first consumer in backward order overwrote, the later ones added
+    betas = [net.scheduler.plan(True, tuple(net.output_values)).in_betas[n.name][0]
+             for n in reversed(net.scheduler.order) if n.name in ("activation0", "activation1", "linear0")]
+    assert betas == [0.0, 1.0, 1.0]
+
+
+def test_one_layer_consuming_a_value_twice():
+    rng = np.random.default_rng(1)
+    net = lm.Network()
+    x = net.input("x", 3)
+    s = Add()(x, x)                  # d/dx = 2
+    y = Linear([3, 3], 2)(s, x)      # the same value in two slots of one layer
+    net.outputs(c=SquareError()(y, net.input("t", 2)))
+    net.astype("float64")
+    feeds = {"x": rand(rng, 4, 3), "t": rand(rng, 4, 2)}
+    check_gradients(net, feeds, inputs=["x"])
+
+
+def shared_weight_net():
+    net = lm.Network()
+    x = net.input("x", 3)
+    a = Linear(3, 3, activation="tanh", name="a")
+    b = Linear(3, 3, activation="tanh", name="b")
+    b.tie("weight", a.weight)
+    h = b(a(x))
+    h2 = a(h)                        # the same layer applied twice: a second node, same weights
+    net.outputs(c=SquareError()(h2, net.input("t", 3)))
+    return net, a, b
+
+
+def test_shared_weights_accumulate():
+    rng = np.random.default_rng(2)
+    net, a, b = shared_weight_net()
+    assert len(net.parameters()) == 3  # a.weight (shared by three nodes), a.bias, b.bias
+    net.astype("float64")
+    check_gradients(net, {"x": rand(rng, 5, 3), "t": rand(rng, 5, 3)})
+
+
+def test_update_callbacks_fire_once_after_the_last_user():
+    rng = np.random.default_rng(3)
+    net, a, b = shared_weight_net()
+    events = []
+    for layer in net.layers:
+        original = layer.backward
+
+        def traced(ctx, original=original):
+            original(ctx)
+            events.append(("backward", ctx.node.name))
+        layer.backward = traced
+    feeds = {"x": rand(rng, 5, 3, dtype=np.float32), "t": rand(rng, 5, 3, dtype=np.float32)}
+    for step in range(2):
+        events.clear()
+        net.forward(feeds)
+        net.backward(on_ready=lambda p: events.append(("update", p.name)))
+        updates = [e for e in events if e[0] == "update"]
+        assert sorted(updates) == sorted(("update", p.name) for p in net.parameters())
+        # a.weight is used by nodes a, b and a#1; backward runs from the cost back to a
+        order = [e[1] for e in events if e[0] == "backward"]
+        assert order == ["square_error0", "a#1", "b", "a"]
+        assert events.index(("update", "a.weight")) == events.index(("backward", "a")) + 1
+        assert events.index(("update", "b.bias")) == events.index(("backward", "b")) + 1
+        net.zero_grad()
+
+
+def test_frozen_parameters_get_no_gradient_and_no_update():
+    rng = np.random.default_rng(4)
+    net = lm.Network()
+    x = net.input("x", 3)
+    first, second = Linear(3, 4, activation="tanh"), Linear(4, 2)
+    net.outputs(c=SquareError()(second(first(x)), net.input("t", 2)))
+    net.freeze(first.name)
+    before = first.weight.value.copy(), second.weight.value.copy()
+    opt = lm.optim.SGD(net, lr=0.1)
+    fired = []
+    feeds = {"x": rand(rng, 8, 3, dtype=np.float32), "t": rand(rng, 8, 2, dtype=np.float32)}
+    net.forward(feeds)
+    opt.begin_step()
+    net.backward(on_ready=lambda p: (fired.append(p.name), opt.update(p)))
+    assert sorted(fired) == ["linear1.bias", "linear1.weight"]
+    assert first.weight.grad is None and first.bias.grad is None
+    np.testing.assert_array_equal(first.weight.value, before[0])
+    assert not np.array_equal(second.weight.value, before[1])
+    # gradients still flow through the frozen layer to the input
+    net.astype("float64")
+    check_gradients(net, {k: v.astype(np.float64) for k, v in feeds.items()}, inputs=["x"])
+
+
+def test_a_second_backward_without_update_doubles_parameter_gradients():
+    rng = np.random.default_rng(5)
+    net = lm.Network(dtype="float64")
+    x = net.input("x", 3)
+    fc = Linear(3, 2)
+    net.outputs(c=SquareError()(fc(x), net.input("t", 2)))
+    net.astype("float64")
+    feeds = {"x": rand(rng, 4, 3), "t": rand(rng, 4, 2)}
+    net.forward(feeds)
+    net.backward()
+    once = fc.weight.grad.copy()
+    net.forward(feeds)
+    net.backward()
+    np.testing.assert_allclose(fc.weight.grad, 2 * once, rtol=1e-14)
+    net.zero_grad()
+    net.forward(feeds)
+    net.backward()
+    np.testing.assert_allclose(fc.weight.grad, once, rtol=1e-14)
+
+
+def deep_chain(depth=8, width=64):
+    net = lm.Network()
+    h = x = net.input("x", width)
+    for _ in range(depth):
+        h = Linear(width, width, activation="relu")(h)
+    net.outputs(y=h, c=SquareError()(h, net.input("t", width)))
+    return net, x
+
+
+def test_buffers_are_allocated_once_and_reused_across_steps():
+    rng = np.random.default_rng(6)
+    net, _ = deep_chain()
+    feeds = {"x": rand(rng, 16, 64, dtype=np.float32), "t": rand(rng, 16, 64, dtype=np.float32)}
+    opt = lm.optim.SGD(net, lr=0.01)
+    net.train_step(feeds, opt)
+    b = net.scheduler.current
+    ids = {k: id(v) for k, v in b.values.items() if k not in feeds} | {k: id(v) for k, v in b.grads.items()}
+    grads = [id(p.grad) for p in net.parameters()]
+    net.train_step(feeds, opt)
+    b2 = net.scheduler.current
+    assert b2 is b
+    assert ids == {k: id(v) for k, v in b.values.items() if k not in feeds} | {k: id(v) for k, v in b.grads.items()}
+    assert grads == [id(p.grad) for p in net.parameters()]
+
+
+def test_inference_reuses_buffers_after_their_last_consumer():
+    rng = np.random.default_rng(7)
+    net, _ = deep_chain(depth=8)
+    X = rand(rng, 32, 64, dtype=np.float32)
+    out = net.run({"x": X}, outputs=["y"])["y"]
+    sched = net.scheduler
+    plan = sched.plan(False, ("y",))
+    b = sched.bindings(plan, 32)
+    distinct = {id(b.values[n.output]) for n in plan.nodes}
+    assert len(distinct) == 2  # a chain needs only two alternating buffers, not eight
+    # same answer as the training forward, which keeps every activation
+    feeds = {"x": X, "t": np.zeros((32, 64), np.float32)}
+    np.testing.assert_array_equal(net.forward(feeds, training=False)["y"], out)
+    # outputs are copies: the next run does not change what the caller holds
+    kept = out.copy()
+    net.run({"x": rand(rng, 32, 64, dtype=np.float32)}, outputs=["y"])
+    np.testing.assert_array_equal(out, kept)
+
+
+def test_inference_without_labels_computes_what_it_can():
+    net, _ = deep_chain(depth=2, width=4)
+    result = net.run({"x": np.ones((3, 4), np.float32)})
+    assert list(result) == ["y"]
+
+
+def test_train_step_learns():
+    """A small classifier's loss falls by more than half in 60 Adam steps (a behavioural check
+    of forward, backward, callbacks and the optimizer together)."""
+    lm.manual_seed(0)
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((128, 10)).astype(np.float32)
+    Y = (X[:, 0] + X[:, 1] > 0).astype(np.int32)
+    net = lm.Network()
+    x, y = net.input("x", 10), net.input("y", dtype="int32")
+    logits = Linear(16, 2)(Linear(10, 16, activation="tanh")(x))
+    net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(logits, y), logits=logits)
+    opt = lm.optim.Adam(net, lr=0.02)
+    first = net.train_step({"x": X, "y": Y}, opt)
+    for _ in range(59):
+        last = net.train_step({"x": X, "y": Y}, opt)
+    assert last < first / 2
+    assert (net.run({"x": X})["logits"].argmax(1) == Y).mean() > 0.9
