@@ -263,15 +263,18 @@ class Network:
         """Inference: returns {output name: numpy array} (copies, safe to keep)."""
         return self.scheduler.run(feeds, outputs)
 
-    def forward(self, feeds, training=True):
-        """Forward pass keeping every activation for `backward`; returns {output: array view}."""
-        return self.scheduler.forward(feeds, training)
+    def forward(self, feeds, training=True, grad_outputs=()):
+        """Forward pass keeping every activation for `backward`; returns {output: array view}
+        (valid until the next forward). `grad_outputs` names outputs whose gradients the caller
+        will pass to backward instead of starting from the costs."""
+        return self.scheduler.forward(feeds, training, grad_outputs)
 
-    def backward(self, on_ready=None):
-        """Backward from every cost output (each is averaged over its rows). Parameter gradients
-        accumulate until an optimizer consumes them; `on_ready(param)` fires once per parameter as
-        soon as its last user has finished backward. Returns the loss."""
-        return self.scheduler.backward(on_ready)
+    def backward(self, on_ready=None, grad_outputs=None):
+        """Backward from every cost output (each averaged over its rows), or from the gradients
+        in `grad_outputs` ({output: array}) when forward declared them. Parameter gradients
+        accumulate until an optimizer consumes them; `on_ready(param)` fires once per parameter
+        as soon as its last user has finished backward. Returns the loss (None with grad_outputs)."""
+        return self.scheduler.backward(on_ready, grad_outputs)
 
     def train_step(self, feeds, optimizer):
         """forward + backward with per-parameter updates as gradients complete; returns the loss."""

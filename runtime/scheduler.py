@@ -83,7 +83,7 @@ class Context:
 class Plan:
     """The static part of one kind of run: nodes, gradient flow and update points."""
 
-    def __init__(self, scheduler, training, outputs):
+    def __init__(self, scheduler, training, outputs, grad_outputs=()):
         net = scheduler.network
         self.training, self.outputs = training, outputs
         wanted = {net.output_values[o] for o in outputs}
@@ -92,7 +92,11 @@ class Plan:
         self.inputs = [v for v in net.input_names
                        if v in wanted or any(i.name == v for n in self.nodes for i in n.inputs)]
         self.values = self.inputs + [n.output for n in self.nodes]
-        self.seeds = [v for v in wanted if v in names and scheduler.producer[v].layer.is_cost]
+        # where backward starts: the costs among the outputs, or outputs whose gradient the
+        # caller hands to backward (as torch's y.backward(g))
+        self.costs = [v for v in wanted if v in names and scheduler.producer[v].layer.is_cost]
+        self.given = [net.output_values[o] for o in grad_outputs]
+        self.seeds = self.given or self.costs
         self.backward_nodes, self.in_betas, self.grad_values, self.fires = [], {}, [], {}
         if training:
             self._plan_gradients(net)
@@ -217,10 +221,10 @@ class Scheduler:
                 stack.extend(i.name for i in n.inputs)
         return [n for n in self.order if n.name in need]
 
-    def plan(self, training, outputs):
-        key = (training, tuple(outputs))
+    def plan(self, training, outputs, grad_outputs=()):
+        key = (training, tuple(outputs), tuple(grad_outputs))
         if key not in self._plans:
-            self._plans[key] = Plan(self, training, tuple(outputs))
+            self._plans[key] = Plan(self, training, tuple(outputs), tuple(grad_outputs))
         return self._plans[key]
 
     def bindings(self, plan, batch):
@@ -298,9 +302,12 @@ class Scheduler:
         be = net.backend
         return {o: np.array(be.to_host(b.values[net.output_values[o]])) for o in outputs}
 
-    def forward(self, feeds, training=True):
+    def forward(self, feeds, training=True, grad_outputs=()):
         net = self.network
-        plan = self.plan(training, tuple(net.output_values))
+        for o in grad_outputs:
+            if o not in net.output_values:
+                raise InputError(f"grad_outputs: unknown output {o!r}; outputs are {', '.join(map(repr, net.output_values))}")
+        plan = self.plan(training, tuple(net.output_values), tuple(grad_outputs))
         b = self.bindings(plan, self._check_feeds(feeds, plan.inputs))
         self._bind_feeds(b, feeds, plan)
         for node, ctx in b.contexts:
@@ -308,18 +315,36 @@ class Scheduler:
         self.current = b
         return {o: b.values[v] for o, v in net.output_values.items()}
 
-    def backward(self, on_ready=None):
+    def backward(self, on_ready=None, grad_outputs=None):
         b = self.current
+        net = self.network
         if b is None or not b.plan.training:
             raise GraphError("backward needs a training forward first: call net.forward(feeds, training=True)")
-        if not b.plan.seeds:
-            raise GraphError("backward needs a cost among the network's outputs (e.g. SoftmaxCrossEntropy)")
-        be = self.network.backend
-        loss = 0.0
-        for v in b.plan.seeds:
-            # the loss is the mean over rows of each cost
-            be.fill(b.grads[v], 1.0 / b.batch)
-            loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / b.batch
+        be = net.backend
+        loss = None
+        if b.plan.given:
+            expected = [o for o in net.output_values if net.output_values[o] in b.plan.given]
+            if sorted(grad_outputs or {}) != sorted(expected):
+                raise GraphError(f"backward: the forward declared grad_outputs {expected}, "
+                                 f"found gradients for {sorted(grad_outputs or {})}")
+            for o, g in grad_outputs.items():
+                v = net.output_values[o]
+                if not isinstance(g, np.ndarray) or g.shape != b.grads[v].shape or g.dtype != b.grads[v].dtype:
+                    raise InputError(f"backward: the gradient of output '{o}' must be a {b.grads[v].dtype} "
+                                     f"array of shape {b.grads[v].shape}, found "
+                                     f"{getattr(g, 'dtype', type(g).__name__)} {getattr(g, 'shape', '')}")
+                be.copy(be.from_host(g), b.grads[v])
+        elif not b.plan.costs:
+            raise GraphError("backward needs a cost among the network's outputs (e.g. SoftmaxCrossEntropy), "
+                             "or forward(..., grad_outputs=[...]) and backward(grad_outputs={...})")
+        elif grad_outputs:
+            raise GraphError("backward: gradients for outputs need forward(..., grad_outputs=[names])")
+        else:
+            loss = 0.0
+            for v in b.plan.costs:
+                # the loss is the mean over rows of each cost
+                be.fill(b.grads[v], 1.0 / b.batch)
+                loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / b.batch
         for ctx, ready in b.backward_contexts:
             ctx.layer.backward(ctx)
             if on_ready is not None:

@@ -44,7 +44,7 @@ def _loss(net, feeds, rng_state):
     sched = net.scheduler
     plan = sched.current.plan
     return sum(float(np.sum(outs[o], dtype=np.float64)) / sched.current.batch
-               for o, v in net.output_values.items() if v in plan.seeds)
+               for o, v in net.output_values.items() if v in plan.costs)
 
 
 def check_gradients(net, feeds, inputs=None, eps=1e-6, rtol=1e-5, floor=1e-3, max_points=None, seed=0):

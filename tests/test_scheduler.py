@@ -208,3 +208,24 @@ def test_train_step_learns():
         last = net.train_step({"x": X, "y": Y}, opt)
     assert last < first / 2
     assert (net.run({"x": X})["logits"].argmax(1) == Y).mean() > 0.9
+
+
+def test_backward_from_given_output_gradients():
+    """forward(grad_outputs=[...]) + backward(grad_outputs={...}) is torch's y.backward(g)."""
+    rng = np.random.default_rng(9)
+    net = lm.Network(dtype="float64")
+    x = net.input("x", 5)
+    x.requires_grad = True
+    fc = Linear(5, 3)
+    net.outputs(y=fc(x))
+    net.astype("float64")
+    X, G = rand(rng, 4, 5), rand(rng, 4, 3)
+    net.forward({"x": X}, grad_outputs=["y"])
+    assert net.backward(grad_outputs={"y": G}) is None
+    np.testing.assert_allclose(net.grad("x"), G @ fc.weight.value, rtol=1e-13)
+    np.testing.assert_allclose(fc.weight.grad, G.T @ X, rtol=1e-13)
+    np.testing.assert_allclose(fc.bias.grad, G.sum(0), rtol=1e-13)
+    with pytest.raises(lm.InputError, match=r"gradient of output 'y' must be a float64 array of shape \(4, 3\)"):
+        net.backward(grad_outputs={"y": G[:2]})
+    with pytest.raises(lm.GraphError, match="the forward declared grad_outputs"):
+        net.backward()
