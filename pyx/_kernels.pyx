@@ -8,7 +8,8 @@ Conventions (the same for every backend, see lamina.backends.base):
 - shapes and dtypes are checked by the caller (lamina.backends.cpu); here the GIL is released
   and nothing is bounds-checked.
 """
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
+from libc.stdlib cimport free, malloc
 from libc.math cimport exp, expm1, log, log1p, tanh, sqrt, fabs
 cimport openmp
 
@@ -18,7 +19,11 @@ ctypedef fused real:
 
 # below this many elements a loop runs on one thread: starting the team costs more than it saves
 cdef enum:
-    PARALLEL_MIN = 32768
+    PARALLEL_MIN = 262144
+
+# columns per block in bias_grad (a private accumulator of this many values per thread)
+cdef enum:
+    BIAS_CHUNK = 512
 
 # activation codes, the positions in lamina.backends.base.ACTIVATIONS
 cdef enum:
@@ -141,22 +146,30 @@ def add_bias(real[:, ::1] y, real[::1] b):
 
 
 def bias_grad(real[:, ::1] dy, real[::1] db, double beta):
-    """db = sum over rows of dy + beta * db (column sums)."""
+    """db = sum over rows of dy + beta * db (column sums). Each thread owns a block of columns
+    and sums it into a private buffer, so the inner loop is a plain vectorisable add."""
     cdef Py_ssize_t i, j, j0, j1, c, rows = dy.shape[0], cols = dy.shape[1]
-    cdef Py_ssize_t chunk = 256
-    cdef Py_ssize_t nchunks = (cols + chunk - 1) // chunk
-    for c in prange(nchunks, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        j0 = c * chunk
-        j1 = min(j0 + chunk, cols)
-        if beta == 0:
-            for j in range(j0, j1):
-                db[j] = 0
-        else:
-            for j in range(j0, j1):
-                db[j] = <real>(beta * db[j])
-        for i in range(rows):
-            for j in range(j0, j1):
-                db[j] += dy[i, j]
+    cdef Py_ssize_t nchunks = (cols + BIAS_CHUNK - 1) // BIAS_CHUNK
+    cdef real* acc
+    cdef const real* row
+    with nogil, parallel(use_threads_if=rows * cols > PARALLEL_MIN):
+        acc = <real*>malloc(BIAS_CHUNK * sizeof(real))
+        for c in prange(nchunks, schedule="static"):
+            j0 = c * BIAS_CHUNK
+            j1 = min(j0 + BIAS_CHUNK, cols)
+            for j in range(j1 - j0):
+                acc[j] = 0
+            for i in range(rows):
+                row = &dy[i, j0]
+                for j in range(j1 - j0):
+                    acc[j] = acc[j] + row[j]
+            if beta == 0:
+                for j in range(j0, j1):
+                    db[j] = acc[j - j0]
+            else:
+                for j in range(j0, j1):
+                    db[j] = <real>(acc[j - j0] + beta * db[j])
+        free(acc)
 
 
 def axpby(double alpha, real[::1] x, double beta, real[::1] y):

@@ -1,5 +1,16 @@
 """lamina: a compact deep-learning runtime for CPU servers (Cython kernels over MKL/OpenBLAS)
 and OpenCL devices."""
+import os as _os
+
+from .backends.blas import default_provider as _default_provider
+
+# Decided before libgomp loads (it reads the environment once): OpenBLAS keeps its own pthread
+# pool, and libgomp workers that spin-wait after each of our OpenMP kernels steal its cores
+# (fc forward+backward at 2 threads measured 5x slower). MKL threads through libgomp itself and
+# gains from spinning, so the default stays where MKL is the provider. Set OMP_WAIT_POLICY to
+# override.
+if _default_provider() == "openblas":
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from . import layers, optim
 from .backends.cpu import CPUBackend
 from .errors import GraphError, InputError

@@ -14,6 +14,7 @@ same shape, so peak memory is the widest cut of the graph rather than the sum of
 """
 import numpy as np
 
+from .backends.cpu import check_array
 from .errors import GraphError, InputError
 
 
@@ -97,6 +98,7 @@ class Plan:
         self.costs = [v for v in wanted if v in names and scheduler.producer[v].layer.is_cost]
         self.given = [net.output_values[o] for o in grad_outputs]
         self.seeds = self.given or self.costs
+        self.given_written = set()  # given gradients that layers add to (the rest are only read)
         self.backward_nodes, self.in_betas, self.grad_values, self.fires = [], {}, [], {}
         if training:
             self._plan_gradients(net)
@@ -125,6 +127,8 @@ class Plan:
             betas = []
             for slot, v in enumerate(n.inputs):
                 if slot in grad_slots and requires[v.name] and v.spec.kind == "float":
+                    if v.name in self.given:
+                        self.given_written.add(v.name)
                     betas.append(1.0 if v.name in written else 0.0)
                     written.add(v.name)
                     reaches[v.name] = True
@@ -333,7 +337,11 @@ class Scheduler:
                     raise InputError(f"backward: the gradient of output '{o}' must be a {b.grads[v].dtype} "
                                      f"array of shape {b.grads[v].shape}, found "
                                      f"{getattr(g, 'dtype', type(g).__name__)} {getattr(g, 'shape', '')}")
-                be.copy(be.from_host(g), b.grads[v])
+                if v in b.plan.given_written:
+                    be.copy(be.from_host(g), b.grads[v])
+                else:  # only read by backward: use the caller's array as it is, no copy
+                    check_array(f"backward: the gradient of output '{o}'", "it", g)
+                    b.grads[v] = be.from_host(g)
         elif not b.plan.costs:
             raise GraphError("backward needs a cost among the network's outputs (e.g. SoftmaxCrossEntropy), "
                              "or forward(..., grad_outputs=[...]) and backward(grad_outputs={...})")

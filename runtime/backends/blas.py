@@ -5,11 +5,11 @@ MKL is not the fastest BLAS everywhere: on AMD EPYC its sgemm runs at 0.5-0.95 o
 elsewhere) and forced with LAMINA_BLAS=mkl|openblas. Packed GEMM is MKL's alone and is available
 whichever provider does plain GEMM.
 """
+import importlib
 import os
 
-from .. import _mkl, _openblas
-
-PROVIDERS = {"mkl": _mkl, "openblas": _openblas}
+# provider name -> compiled module; imported lazily, so choosing one loads no OpenMP runtime
+PROVIDERS = {"mkl": "lamina._mkl", "openblas": "lamina._openblas"}
 
 
 def cpu_vendor():
@@ -35,4 +35,4 @@ def default_provider():
 def provider(name):
     if name not in PROVIDERS:
         raise ValueError(f"BLAS provider: expected one of {', '.join(PROVIDERS)}, found {name!r}")
-    return PROVIDERS[name]
+    return importlib.import_module(PROVIDERS[name])

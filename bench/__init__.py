@@ -1,0 +1,1 @@
+"""lamina's benchmarks against its peers; run `python -m bench --help`."""

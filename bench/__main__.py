@@ -1,0 +1,48 @@
+"""python -m bench [SUITE ...] [--threads N ...] [--json FILE] [--rounds R]
+
+Prints a table of lamina against its peers (PyTorch CPU where installed) measured in the same
+run, with ratios, GFLOP/s and the fraction of this machine's sgemm peak at each thread count
+(the faster of MKL and OpenBLAS on a large square product, measured first)."""
+import argparse
+import importlib.util
+import sys
+
+from . import fc
+from .harness import Bench, print_table, write_json
+
+SUITES = {"fc": fc.run}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[2])
+    parser.add_argument("suites", nargs="*", default=sorted(SUITES), help=f"suites to run: {', '.join(SUITES)}")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--rounds", type=int, default=5, help="turns per implementation and case")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        parser.error(f"unknown suite {unknown[0]!r}; suites: {', '.join(SUITES)}")
+    have_torch = importlib.util.find_spec("torch") is not None
+    if not have_torch:
+        print("PyTorch is not installed: peers omitted (pip install torch==2.13.0)", file=sys.stderr)
+
+    bench = Bench()
+    rows, peaks = [], {}
+    try:
+        for threads in args.threads:
+            peaks[threads], peak_rows = bench.peak(threads)
+            rows += peak_rows
+            for suite in args.suites:
+                rows += SUITES[suite](bench, threads, args.rounds, have_torch)
+    finally:
+        bench.close()
+    print_table(rows, peaks)
+    print("\npeak sgemm GFLOP/s: " + ", ".join(f"{t} thread(s) {p:.1f}" for t, p in peaks.items()))
+    if args.json:
+        write_json(args.json, rows, peaks)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Timing, machine peak and reporting shared by every suite.
+
+Each implementation (lamina, torch, raw MKL sgemm, raw OpenBLAS sgemm…) runs in a worker process
+of its own, so their thread pools and OpenMP runtimes never share a process. The parent makes the
+workers take turns (round-robin, after a warm-up), so drifting clocks and noisy neighbours hit
+them alike. In a turn a worker times consecutive calls for about `turn_seconds`; between turns the
+parent waits `settle` seconds, because on a 2-core machine the previous worker's idle BLAS threads
+keep spinning for a while (OpenBLAS's for up to ~0.1 s) and would take the cores from the next.
+Each implementation reports the median and minimum over all its calls.
+
+A case is (implementation, factory, args): `factory` is "module:function", called in the worker
+as function(*args) and returning the callable to time.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Per-implementation environment. Raw MKL threads through libgomp; importing lamina (for its MKL
+# binding) on a machine where OpenBLAS is the default would make libgomp's workers passive, so this
+# worker restores libgomp's own default: spin 300,000 rounds, then sleep (GOMP_SPINCOUNT
+# overrides OMP_WAIT_POLICY). Never ACTIVE: idle workers would then spin forever and take the
+# cores from whichever implementation runs next.
+IMPL_ENV = {"mkl-sgemm": {"GOMP_SPINCOUNT": "300000"}}
+RAW_GEMM = {"mkl-sgemm": "mkl", "openblas-sgemm": "openblas"}
+
+
+@dataclass
+class Row:
+    suite: str
+    case: str
+    impl: str
+    threads: int
+    ms_median: float
+    ms_min: float
+    gflops: float | None
+
+
+class Worker:
+    """A process that builds one callable at a time and times single calls on request."""
+
+    def __init__(self, impl):
+        self.impl = impl
+        env = {**os.environ, **IMPL_ENV.get(impl, {}), "PYTHONPATH": ROOT}
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+    def ask(self, **msg):
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench worker for {self.impl} died")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"bench worker for {self.impl}: {reply['error']}")
+        return reply
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+class Bench:
+    """The workers of one run, one per implementation, reused across cases."""
+
+    def __init__(self):
+        self.workers = {}
+
+    def worker(self, impl):
+        if impl not in self.workers:
+            self.workers[impl] = Worker(impl)
+        return self.workers[impl]
+
+    def close(self):
+        for w in self.workers.values():
+            w.close()
+
+    def time_case(self, suite, case, threads, impls, flops, rounds=5, warmup=2, turn_seconds=0.04,
+                  settle=0.12):
+        """impls: {impl: (factory, args)}. Returns one Row per implementation."""
+        for impl, (factory, args) in impls.items():
+            self.worker(impl).ask(cmd="setup", threads=threads, factory=factory, args=args, warmup=warmup)
+        times = {impl: [] for impl in impls}
+        for _ in range(rounds):
+            for impl in impls:
+                time.sleep(settle)
+                times[impl] += self.worker(impl).ask(cmd="time", seconds=turn_seconds)["seconds"]
+        rows = []
+        for impl, ts in times.items():
+            med = statistics.median(ts)
+            rows.append(Row(suite, case, impl, threads, med * 1e3, min(ts) * 1e3,
+                            flops / med / 1e9 if flops else None))
+        return rows
+
+    def peak(self, threads, size=2048, repeats=4):
+        """The machine's sgemm throughput at this thread count: the faster of MKL and OpenBLAS on
+        a large square product. Returns (GFLOP/s, rows)."""
+        impls = {impl: ("bench.harness:square_gemm", [name, size]) for impl, name in RAW_GEMM.items()}
+        rows = self.time_case("peak", f"sgemm {size}x{size}x{size}", threads, impls, 2.0 * size ** 3,
+                              rounds=repeats, warmup=1, turn_seconds=0)
+        return max(r.gflops for r in rows), rows
+
+
+# ---------------------------------------------------------------- helpers run inside workers
+
+def set_threads(n):
+    """Set the thread count of whatever this worker has imported."""
+    if "lamina" in sys.modules:
+        sys.modules["lamina"].set_num_threads(n)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(n)
+
+
+def raw_provider(name):
+    from lamina.backends.blas import provider
+    return provider(name)
+
+
+def square_gemm(provider_name, size):
+    import numpy as np
+    p = raw_provider(provider_name)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size)).astype(np.float32)
+    b = rng.standard_normal((size, size)).astype(np.float32)
+    c = np.empty_like(a)
+    return lambda: p.gemm(a, b, c, False, False, 1.0, 0.0)
+
+
+# ---------------------------------------------------------------- reporting
+
+def print_table(rows, peaks, file=None):
+    """One line per case and peer: lamina's time, the peer's, the speedup (peer / lamina),
+    lamina's GFLOP/s and fraction of peak, and the best raw sgemm time for the same GEMMs."""
+    cases = {}
+    for r in rows:
+        cases.setdefault((r.suite, r.case, r.threads), {})[r.impl] = r
+    head = (f"{'suite':<6} {'case':<34} {'thr':>3} {'lamina ms':>10} {'peer':<15} {'peer ms':>9} "
+            f"{'speedup':>8} {'GFLOP/s':>8} {'% peak':>7} {'raw ms':>8} {'% raw':>6}")
+    print(head, file=file)
+    print("-" * len(head), file=file)
+    for (suite, case, threads), impls in cases.items():
+        peak = peaks.get(threads)
+        ours = impls.get("lamina")
+        raw = [r for i, r in impls.items() if i in RAW_GEMM]
+        best_raw = min(raw, key=lambda r: r.ms_median) if raw else None
+        peers = [r for i, r in impls.items() if i != "lamina" and (ours is None or i not in RAW_GEMM)]
+        for peer in peers or [None]:
+            subject = ours or peer
+            frac = f"{100 * subject.gflops / peak:6.1f}%" if peak and subject.gflops else ""
+            speed = f"{peer.ms_median / ours.ms_median:7.2f}x" if ours and peer else ""
+            raw_ms = f"{best_raw.ms_median:8.3f}" if best_raw and ours else ""
+            of_raw = f"{100 * best_raw.ms_median / ours.ms_median:5.1f}%" if best_raw and ours else ""
+            print(f"{suite:<6} {case:<34} {threads:>3} {(ours.ms_median if ours else 0):>10.3f} "
+                  f"{(peer.impl if peer else '-'):<15} {(peer.ms_median if peer else float('nan')):>9.3f} "
+                  f"{speed:>8} {subject.gflops or 0:>8.1f} {frac:>7} {raw_ms:>8} {of_raw:>6}", file=file)
+
+
+def write_json(path, rows, peaks):
+    with open(path, "w") as f:
+        json.dump({"peak_gflops": {str(t): p for t, p in peaks.items()},
+                   "rows": [asdict(r) for r in rows]}, f, indent=1)
