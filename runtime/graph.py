@@ -295,10 +295,11 @@ class Network:
 
     def summary(self):
         order = self.validate()
-        lines = [f"{'layer':<20} {'type':<22} {'output':<18} params"]
-        for v in self.input_names:
-            lines.append(f"{v:<20} {'input':<22} {str(self.values[v].spec):<18} 0")
-        for n in order:
-            count = sum(p.size for p in n.layer.params.values())
-            lines.append(f"{n.name:<20} {type(n.layer).__name__:<22} {str(self.values[n.output].spec):<18} {count}")
-        return "\n".join(lines)
+        rows = [(v, "input", str(self.values[v].spec), "0") for v in self.input_names]
+        rows += [(n.name, type(n.layer).__name__, str(self.values[n.output].spec),
+                  str(sum(p.size for p in n.layer.params.values()))) for n in order]
+        rows.insert(0, ("layer", "type", "output", "params"))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        total = sum(p.size for p in self.parameters())
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines + [f"{total} parameters"])
