@@ -262,56 +262,45 @@ def softmax_cross_entropy_backward(real[:, ::1] probs, int[::1] labels, real[::1
         dx[i, labels[i]] = <real>(dx[i, labels[i]] - g)
 
 
-def square_error(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
-    """cost[i] = w[i] * sum_j (x[i, j] - t[i, j])^2."""
+# pair costs: a prediction x against a float target t of the same shape
+cdef enum:
+    SQUARE_ERROR = 0
+    BCE_WITH_LOGITS = 1
+
+
+cdef inline double _pair_term(int kind, double x, double t) noexcept nogil:
+    if kind == SQUARE_ERROR:
+        return (x - t) * (x - t)
+    # binary cross-entropy of sigmoid(x), overflow-free: max(x,0) - x t + log(1 + e^{-|x|})
+    return (x if x > 0 else 0.0) - x * t + log1p(exp(-fabs(x)))
+
+
+cdef inline double _pair_grad(int kind, double x, double t, bint wrt_target) noexcept nogil:
+    if kind == SQUARE_ERROR:
+        return -2 * (x - t) if wrt_target else 2 * (x - t)
+    return -x if wrt_target else _sigmoid(x) - t
+
+
+def pair_cost(int kind, real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
+    """cost[i] = w[i] * sum_j term(x[i, j], t[i, j]); term: (x-t)^2 or BCE with logits."""
     cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
-    cdef double s, d
+    cdef double s
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
         s = 0
         for j in range(cols):
-            d = x[i, j] - t[i, j]
-            s = s + d * d
+            s = s + _pair_term(kind, x[i, j], t[i, j])
         cost[i] = <real>(_weight(w, weighted, i) * s)
 
 
-def square_error_backward(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
-                          real[::1] dcost, real[:, ::1] dout, double sign, double beta):
-    """dout = sign * 2 dcost[i] w[i] (x - t) + beta * dout (sign +1: d/dx, -1: d/dt)."""
-    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
-    cdef double g
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        g = 2 * sign * dcost[i] * _weight(w, weighted, i)
-        for j in range(cols):
-            if beta == 0:
-                dout[i, j] = <real>(g * (x[i, j] - t[i, j]))
-            else:
-                dout[i, j] = <real>(g * (x[i, j] - t[i, j]) + beta * dout[i, j])
-
-
-def bce_with_logits(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
-    """cost[i] = w[i] * sum_j max(x,0) - x t + log(1 + e^{-|x|})  (the stable form)."""
-    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
-    cdef double s, v
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        s = 0
-        for j in range(cols):
-            v = x[i, j]
-            s = s + (v if v > 0 else 0.0) - v * t[i, j] + log1p(exp(-fabs(v)))
-        cost[i] = <real>(_weight(w, weighted, i) * s)
-
-
-def bce_with_logits_backward(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
-                             real[::1] dcost, real[:, ::1] dout, bint wrt_target, double beta):
-    """d/dx = g (sigmoid(x) - t), d/dt = -g x, with g = dcost[i] w[i]; dout gets + beta * dout."""
+def pair_cost_backward(int kind, real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
+                       real[::1] dcost, real[:, ::1] dout, bint wrt_target, double beta):
+    """dout = dcost[i] w[i] d term / d x (or d t) + beta * dout."""
     cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
     cdef double g, d
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
         g = dcost[i] * _weight(w, weighted, i)
         for j in range(cols):
-            if wrt_target:
-                d = -g * x[i, j]
-            else:
-                d = g * (_sigmoid(x[i, j]) - t[i, j])
+            d = g * _pair_grad(kind, x[i, j], t[i, j], wrt_target)
             if beta == 0:
                 dout[i, j] = <real>d
             else:

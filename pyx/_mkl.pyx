@@ -24,12 +24,15 @@ cdef extern from "mkl.h" nogil:
     void mkl_get_version_string(char* buf, int len)
     void* mkl_malloc(size_t size, int align)
     void mkl_free(void* ptr)
-    void cblas_sgemm(CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int m, int n, int k,
-                     float alpha, const float* a, int lda, const float* b, int ldb,
-                     float beta, float* c, int ldc)
-    void cblas_dgemm(CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int m, int n, int k,
-                     double alpha, const double* a, int lda, const double* b, int ldb,
-                     double beta, double* c, int ldc)
+    int ROW_MAJOR "CblasRowMajor"
+    int NO_TRANS "CblasNoTrans"
+    int TRANS "CblasTrans"
+    void sgemm_ "cblas_sgemm"(int layout, int trans_a, int trans_b, int m, int n, int k,
+                              float alpha, const float* a, int lda, const float* b, int ldb,
+                              float beta, float* c, int ldc)
+    void dgemm_ "cblas_dgemm"(int layout, int trans_a, int trans_b, int m, int n, int k,
+                              double alpha, const double* a, int lda, const double* b, int ldb,
+                              double beta, double* c, int ldc)
     size_t cblas_sgemm_pack_get_size(CBLAS_IDENTIFIER, int m, int n, int k)
     size_t cblas_dgemm_pack_get_size(CBLAS_IDENTIFIER, int m, int n, int k)
     void cblas_sgemm_pack(CBLAS_LAYOUT, CBLAS_IDENTIFIER, CBLAS_TRANSPOSE, int m, int n, int k,
@@ -47,9 +50,7 @@ cdef extern from "mkl.h" nogil:
 # runtime as the Cython kernels, so the two never oversubscribe the cores.
 threading_layer = MKL_Set_Threading_Layer(MKL_THREADING_GNU)
 
-ctypedef fused real:
-    float
-    double
+include "gemm.pxi"
 
 
 def set_num_threads(int n):
@@ -64,28 +65,6 @@ def version():
     cdef char buf[256]
     mkl_get_version_string(buf, 256)
     return buf.decode().strip()
-
-
-cdef inline CBLAS_TRANSPOSE _t(bint trans) noexcept nogil:
-    return CblasTrans if trans else CblasNoTrans
-
-
-def gemm(real[:, ::1] a, real[:, ::1] b, real[:, ::1] c, bint trans_a, bint trans_b,
-         double alpha, double beta):
-    """c = alpha * op(a) @ op(b) + beta * c  (row-major, shapes checked by the caller)."""
-    cdef int m = c.shape[0], n = c.shape[1]
-    cdef int k = a.shape[0] if trans_a else a.shape[1]
-    if m == 0 or n == 0:
-        return
-    with nogil:
-        if real is float:
-            cblas_sgemm(CblasRowMajor, _t(trans_a), _t(trans_b), m, n, k, <float>alpha,
-                        &a[0, 0] if k else NULL, a.shape[1], &b[0, 0] if k else NULL, b.shape[1],
-                        <float>beta, &c[0, 0], n)
-        else:
-            cblas_dgemm(CblasRowMajor, _t(trans_a), _t(trans_b), m, n, k, alpha,
-                        &a[0, 0] if k else NULL, a.shape[1], &b[0, 0] if k else NULL, b.shape[1],
-                        beta, &c[0, 0], n)
 
 
 cdef class PackedB:
@@ -130,10 +109,10 @@ def pack_b(real[:, ::1] b, bint trans, double alpha, int max_m):
         raise MemoryError(f"mkl_malloc could not allocate {size} bytes for a packed matrix")
     with nogil:
         if real is float:
-            cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, _t(trans), p.max_m, n, k, <float>alpha,
+            cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, <CBLAS_TRANSPOSE>_t(trans), p.max_m, n, k, <float>alpha,
                              &b[0, 0], b.shape[1], <float*>p.buf)
         else:
-            cblas_dgemm_pack(CblasRowMajor, CblasBMatrix, _t(trans), p.max_m, n, k, alpha,
+            cblas_dgemm_pack(CblasRowMajor, CblasBMatrix, <CBLAS_TRANSPOSE>_t(trans), p.max_m, n, k, alpha,
                              &b[0, 0], b.shape[1], <double*>p.buf)
     return p
 

@@ -33,7 +33,20 @@ class Value:
 
     def __init__(self, network, name, producer=None, spec=None):
         self.network, self.name, self.producer, self.spec = network, name, producer, spec
-        self.requires_grad = False  # for inputs: whether backward computes their gradient
+        self._requires_grad = False
+
+    @property
+    def requires_grad(self):
+        """For inputs: whether backward computes their gradient (read it with net.grad(name))."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag):
+        if self.producer is not None:
+            raise GraphError(f"'{self.name}': requires_grad is set on inputs; a layer's output gets a "
+                             f"gradient whenever something before it does")
+        self._requires_grad = bool(flag)
+        self.network._invalidate()
 
     def __repr__(self):
         return f"Value({self.name!r}, {self.spec})"

@@ -56,9 +56,17 @@ def check_gradients(net, feeds, inputs=None, eps=1e-6, rtol=1e-5, floor=1e-3, ma
     explicit = inputs is not None
     if inputs is None:
         inputs = [n for n in feeds if net.values[n].spec.kind == "float" and not n.endswith(":probe")]
+    before = {name: net.values[name].requires_grad for name in net.input_names}
     for name in net.input_names:
         net.values[name].requires_grad = name in inputs
-    net._invalidate()
+    try:
+        return _check(net, feeds, inputs, explicit, eps, rtol, floor, max_points, seed)
+    finally:
+        for name, flag in before.items():
+            net.values[name].requires_grad = flag
+
+
+def _check(net, feeds, inputs, explicit, eps, rtol, floor, max_points, seed):
     rng_state = copy.deepcopy(net.rng.bit_generator.state)
     if not explicit:  # leave out inputs no layer differentiates (row weights)
         _loss(net, feeds, rng_state)
@@ -115,7 +123,4 @@ def check_gradients(net, feeds, inputs=None, eps=1e-6, rtol=1e-5, floor=1e-3, ma
         label, index, a, n = worst[1]
         raise GradientCheckError(f"{label} at {tuple(int(j) for j in index)}: analytic {a:.8g}, numeric {n:.8g}, "
                                  f"relative error {worst[0]:.3g} > {rtol}")
-    for name in net.input_names:
-        net.values[name].requires_grad = False
-    net._invalidate()
     return checked

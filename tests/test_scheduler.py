@@ -25,7 +25,6 @@ def test_fan_out_gradient_is_the_sum_of_all_consumers():
     check_gradients(net, feeds, inputs=["x"])
 
     net.values["x"].requires_grad = True
-    net._invalidate()
     net.forward(feeds)
     net.backward()
     X = feeds["x"]

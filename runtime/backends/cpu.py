@@ -12,6 +12,9 @@ from .base import ACTIVATIONS, Backend, check_activation
 from .blas import default_provider, provider
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
+# pair-cost codes of the compiled kernels, and the names errors use
+SQUARE_ERROR, BCE_WITH_LOGITS = 0, 1
+_PAIR_COSTS = {SQUARE_ERROR: "square_error", BCE_WITH_LOGITS: "bce_with_logits"}
 
 
 def check_array(where, name, a, dtype=None, shape=None, ndim=None):
@@ -220,26 +223,29 @@ class CPUBackend(Backend):
         _same("softmax_cross_entropy_backward", "probs", probs, dx=dx)
         K.softmax_cross_entropy_backward(p2, labels, w, weighted, dcost, _rows(dx), beta)
 
+    def _pair_cost(self, kind, x, t, w, cost):
+        where = _PAIR_COSTS[kind]
+        x2, w, weighted = self._cost_args(where, x, w, cost)
+        _same(where, "x", x, t=t)
+        K.pair_cost(kind, x2, _rows(t), w, weighted, cost)
+
+    def _pair_cost_backward(self, kind, x, t, w, dcost, dout, wrt_target, beta):
+        where = _PAIR_COSTS[kind] + "_backward"
+        x2, w, weighted = self._cost_args(where, x, w, dcost)
+        _same(where, "x", x, t=t, dout=dout)
+        K.pair_cost_backward(kind, x2, _rows(t), w, weighted, dcost, _rows(dout), wrt_target, beta)
+
     def square_error(self, x, t, w, cost):
-        x2, w, weighted = self._cost_args("square_error", x, w, cost)
-        _same("square_error", "x", x, t=t)
-        K.square_error(x2, _rows(t), w, weighted, cost)
+        self._pair_cost(SQUARE_ERROR, x, t, w, cost)
 
     def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
-        x2, w, weighted = self._cost_args("square_error_backward", x, w, dcost)
-        _same("square_error_backward", "x", x, t=t, dout=dout)
-        K.square_error_backward(x2, _rows(t), w, weighted, dcost, _rows(dout),
-                                -1.0 if wrt_target else 1.0, beta)
+        self._pair_cost_backward(SQUARE_ERROR, x, t, w, dcost, dout, wrt_target, beta)
 
     def bce_with_logits(self, x, t, w, cost):
-        x2, w, weighted = self._cost_args("bce_with_logits", x, w, cost)
-        _same("bce_with_logits", "x", x, t=t)
-        K.bce_with_logits(x2, _rows(t), w, weighted, cost)
+        self._pair_cost(BCE_WITH_LOGITS, x, t, w, cost)
 
     def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
-        x2, w, weighted = self._cost_args("bce_with_logits_backward", x, w, dcost)
-        _same("bce_with_logits_backward", "x", x, t=t, dout=dout)
-        K.bce_with_logits_backward(x2, _rows(t), w, weighted, dcost, _rows(dout), wrt_target, beta)
+        self._pair_cost_backward(BCE_WITH_LOGITS, x, t, w, dcost, dout, wrt_target, beta)
 
     # -- optimizer updates
     def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay):
