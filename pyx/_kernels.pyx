@@ -373,3 +373,26 @@ def rmsprop_update(real[::1] p, real[::1] g, real[::1] s, real[::1] buf, double 
             step = momentum * buf[i] + step
             buf[i] = <real>step
         p[i] = <real>(p[i] - lr * step)
+
+
+# ---------------------------------------------------------------- sequence batch ordering
+
+def gather_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst):
+    """dst[i] = src[index[i]] (reorders the rows of a sequence batch into time-major order)."""
+    cdef Py_ssize_t i, j, rows = dst.shape[0], cols = dst.shape[1]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        for j in range(cols):
+            dst[i, j] = src[index[i], j]
+
+
+def scatter_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, double beta):
+    """dst[index[i]] = src[i] + beta * dst[index[i]]; index must not repeat (a permutation or
+    part of one), so rows never collide."""
+    cdef Py_ssize_t i, j, rows = src.shape[0], cols = src.shape[1]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        if beta == 0:
+            for j in range(cols):
+                dst[index[i], j] = src[i, j]
+        else:
+            for j in range(cols):
+                dst[index[i], j] = <real>(src[i, j] + beta * dst[index[i], j])

@@ -103,6 +103,14 @@ class Backend(ABC):
         """dst = src[:, col:col + dst.shape[1]] (with beta)."""
 
     @abstractmethod
+    def gather_rows(self, src, index, dst):
+        """dst[i] = src[index[i]] (sequence batches into time-major order)."""
+
+    @abstractmethod
+    def scatter_rows(self, src, index, dst, beta=0.0):
+        """dst[index[i]] = src[i] (with beta); index holds no repeats."""
+
+    @abstractmethod
     def bernoulli_mask(self, mask, keep, rng):
         """mask = 1/keep with probability keep, else 0 (inverted dropout)."""
 

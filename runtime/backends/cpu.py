@@ -186,6 +186,22 @@ class CPUBackend(Backend):
                              f"at column {col}")
         K.copy_from_columns(src, col, dst, beta)
 
+    def gather_rows(self, src, index, dst):
+        _float("gather_rows", "src", src)
+        check_array("gather_rows", "index", index, dtype=np.int32, ndim=1)
+        check_array("gather_rows", "dst", dst, dtype=src.dtype, shape=(len(index),) + src.shape[1:])
+        if len(index) and (index.min() < 0 or index.max() >= src.shape[0]):
+            raise ValueError(f"gather_rows: index must lie in [0, {src.shape[0]})")
+        K.gather_rows(_rows(src), index, _rows(dst))
+
+    def scatter_rows(self, src, index, dst, beta=0.0):
+        _float("scatter_rows", "src", src)
+        check_array("scatter_rows", "index", index, dtype=np.int32, shape=(src.shape[0],))
+        check_array("scatter_rows", "dst", dst, dtype=src.dtype)
+        if dst.shape[1:] != src.shape[1:]:
+            raise ValueError(f"scatter_rows: dst rows {dst.shape[1:]} must match src rows {src.shape[1:]}")
+        K.scatter_rows(_rows(src), index, _rows(dst), beta)
+
     def bernoulli_mask(self, mask, keep, rng):
         _float("bernoulli_mask", "mask", mask)
         if not 0 < keep <= 1:

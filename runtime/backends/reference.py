@@ -100,6 +100,12 @@ class ReferenceBackend(Backend):
     def copy_from_columns(self, src, col, dst, beta=0.0):
         _with_beta(dst, src[:, col:col + dst.shape[1]], beta)
 
+    def gather_rows(self, src, index, dst):
+        dst[...] = src[index]
+
+    def scatter_rows(self, src, index, dst, beta=0.0):
+        dst[index] = src if beta == 0 else src + beta * dst[index]
+
     def bernoulli_mask(self, mask, keep, rng):
         mask[...] = (rng.random(mask.shape) < keep) / keep
 
