@@ -12,20 +12,23 @@ from .errors import GraphError
 
 
 class Spec:
-    """What flows along an edge, per sample: the shape without the batch axis and the kind of
-    data ('float' = the network's float type, or 'int32')."""
+    """What flows along an edge, per row: the shape without the leading axis, the kind of data
+    ('float' = the network's float type, or 'int32'), and whether the rows are the steps of a
+    sequence batch (leading axis = total steps, offsets alongside) or one per sample."""
 
-    __slots__ = ("shape", "kind")
+    __slots__ = ("shape", "kind", "sequence")
 
-    def __init__(self, shape, kind="float"):
+    def __init__(self, shape, kind="float", sequence=False):
         self.shape = tuple(int(s) for s in shape)
         self.kind = kind
+        self.sequence = bool(sequence)
 
     def __eq__(self, other):
-        return isinstance(other, Spec) and self.shape == other.shape and self.kind == other.kind
+        return (isinstance(other, Spec) and self.shape == other.shape and self.kind == other.kind
+                and self.sequence == other.sequence)
 
     def __repr__(self):
-        return f"{self.kind}{list(self.shape)}"
+        return f"{'seq:' if self.sequence else ''}{self.kind}{list(self.shape)}"
 
 
 class Value:
@@ -54,10 +57,13 @@ class Value:
 
 class Node:
     """One application of a layer to input values; a layer applied twice is two nodes that share
-    the layer's parameters."""
+    the layer's parameters. Its outputs are named after the node: the first is the node's name,
+    the others '<node>.<label>' (e.g. 'lstm0.last')."""
 
-    def __init__(self, name, layer, inputs, output):
-        self.name, self.layer, self.input_names, self.output = name, layer, list(inputs), output
+    def __init__(self, name, layer, inputs):
+        self.name, self.layer, self.input_names = name, layer, list(inputs)
+        self.outputs = [name if not label else f"{name}.{label}" for label in layer.output_labels]
+        self.output = self.outputs[0]
         self.inputs = None  # resolved Values
 
     def __repr__(self):
@@ -85,16 +91,17 @@ class Network:
         self._scheduler = None
 
     # ------------------------------------------------------------------ building
-    def input(self, name, shape=(), dtype="float"):
-        """Declare an input; `shape` is per sample (no batch axis); dtype 'float' (the network's
-        float type) or 'int32' (labels, ids)."""
+    def input(self, name, shape=(), dtype="float", sequence=False):
+        """Declare an input; `shape` is per row (no batch axis); dtype 'float' (the network's
+        float type) or 'int32' (labels, ids); sequence=True for variable-length sequence batches
+        (fed as lamina.Sequences)."""
         if dtype not in ("float", "int32"):
             raise ValueError(f"input '{name}': dtype must be 'float' or 'int32', found {dtype!r}")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(int(s) < 1 for s in shape):
             raise ValueError(f"input '{name}': every dimension must be at least 1, found {shape}")
         self._claim(name, f"input '{name}'")
-        value = Value(self, name, None, Spec(shape, dtype))
+        value = Value(self, name, None, Spec(shape, dtype, sequence))
         self.values[name] = value
         self.input_names.append(name)
         self._invalidate()
@@ -120,21 +127,26 @@ class Network:
         node_name = name or (layer.name if uses == 0 else f"{layer.name}#{uses}")
         self._claim(node_name, f"layer '{node_name}'")
         self._layer_uses[id(layer)] = uses + 1
-        node = Node(node_name, layer, names, node_name)
+        node = Node(node_name, layer, names)
+        for out in node.outputs[1:]:
+            self._claim(out, f"layer '{node_name}' output")
         layer.bind_parameters()
-        self.values[node_name] = Value(self, node_name, node)
+        for out in node.outputs:
+            self.values[out] = Value(self, out, node)
         if all(n in self.values and self.values[n].spec is not None for n in names):
             # everything it reads exists: check it now, so a mistake shows at the line that made it
             node.inputs = [self.values[n] for n in names]
             try:
                 self._infer(node)
             except GraphError:
-                del self.values[node_name]
+                for out in node.outputs:
+                    del self.values[out]
                 self._layer_uses[id(layer)] = uses
                 raise
         self.nodes.append(node)
         self._invalidate()
-        return self.values[node_name]
+        outs = tuple(self.values[o] for o in node.outputs)
+        return outs[0] if len(outs) == 1 else outs
 
     def outputs(self, *values, **named):
         """Name the network's outputs: `outputs(loss=l, logits=y)` or `outputs(y)` (named after the
@@ -235,15 +247,17 @@ class Network:
     def _infer(self, node):
         """Check a node's inputs and set its output spec; errors name the layer."""
         try:
-            spec = node.layer.check_inputs([v.spec for v in node.inputs])
+            specs = node.layer.check_inputs([v.spec for v in node.inputs])
         except (ValueError, TypeError) as e:
             got = ", ".join(f"'{v.name}' {v.spec}" for v in node.inputs)
             raise GraphError(f"{node.describe()}: {e} (inputs: {got})") from None
-        self.values[node.output].spec = spec
+        specs = specs if isinstance(specs, tuple) else (specs,)
+        for out, spec in zip(node.outputs, specs):
+            self.values[out].spec = spec
 
     def _topological_order(self):
         """Kahn's algorithm, stable in insertion order; a cycle is reported by its nodes."""
-        producer = {n.output: n for n in self.nodes}
+        producer = {out: n for n in self.nodes for out in n.outputs}
         pending = {n.name: sum(1 for v in n.inputs if v.name in producer) for n in self.nodes}
         consumers = {n.name: [] for n in self.nodes}
         for n in self.nodes:

@@ -16,6 +16,7 @@ import numpy as np
 
 from .backends.cpu import check_array
 from .errors import GraphError, InputError
+from .sequence import Sequences
 
 
 class GradTarget:
@@ -38,7 +39,7 @@ class Context:
         self.training = bindings.plan.training
         self.rng = bindings.network.rng
         self._in = [v.name for v in node.inputs]
-        self._out = node.output
+        self._out = node.outputs
         self._in_grads = in_grads  # per slot: beta (0.0 or 1.0), or None for no gradient
 
     @property
@@ -48,15 +49,37 @@ class Context:
 
     @property
     def output(self):
-        return self.bindings.values[self._out]
+        return self.bindings.values[self._out[0]]
+
+    @property
+    def outputs(self):
+        values = self.bindings.values
+        return [values[n] for n in self._out]
 
     @property
     def batch(self):
+        """Samples in the batch (sequences, for a sequence batch)."""
         return self.bindings.batch
 
     @property
+    def starts(self):
+        """The sequence offsets of this batch (int32, num_sequences + 1), or None."""
+        return self.bindings.starts
+
+    @property
+    def order(self):
+        """The time-major BatchOrder of this batch, computed once and shared by every layer."""
+        return self.bindings.batch_order()
+
+    @property
     def grad_output(self):
-        return self.bindings.grads[self._out]
+        return self.bindings.grads.get(self._out[0])
+
+    @property
+    def grad_outputs(self):
+        """The gradient of each output, or None for an output no gradient reaches."""
+        grads = self.bindings.grads
+        return [grads.get(n) for n in self._out]
 
     def input_grad(self, slot):
         """Where to write the gradient of input `slot`, or None when none is needed."""
@@ -89,10 +112,10 @@ class Plan:
         self.training, self.outputs = training, outputs
         wanted = {net.output_values[o] for o in outputs}
         self.nodes = scheduler.ancestors(wanted)
-        names = {n.output for n in self.nodes}
+        names = {out for n in self.nodes for out in n.outputs}
         self.inputs = [v for v in net.input_names
                        if v in wanted or any(i.name == v for n in self.nodes for i in n.inputs)]
-        self.values = self.inputs + [n.output for n in self.nodes]
+        self.values = self.inputs + [out for n in self.nodes for out in n.outputs]
         # where backward starts: the costs among the outputs, or outputs whose gradient the
         # caller hands to backward (as torch's y.backward(g))
         self.costs = [v for v in wanted if v in names and scheduler.producer[v].layer.is_cost]
@@ -113,14 +136,16 @@ class Plan:
                     for v in self.inputs}
         for n in self.nodes:
             trainable = any(not p.frozen for p in n.layer.params.values())
-            requires[n.output] = trainable or any(requires[v.name] for v in n.inputs)
+            flag = trainable or any(requires[v.name] for v in n.inputs)
+            for out in n.outputs:
+                requires[out] = flag
         reaches = {v: False for v in self.values}
         for v in self.seeds:
             reaches[v] = True
         written = set(self.seeds)
         last_user = {}
         for n in reversed(self.nodes):
-            if not (reaches[n.output] and requires[n.output]):
+            if not (requires[n.output] and any(reaches[out] for out in n.outputs)):
                 continue
             self.backward_nodes.append(n)
             grad_slots = n.layer.grad_slots(len(n.inputs))
@@ -146,15 +171,16 @@ class Plan:
 class Bindings:
     """The arrays of one plan at one batch size, allocated once and reused every step."""
 
-    def __init__(self, scheduler, plan, batch):
+    def __init__(self, scheduler, plan, batch, steps):
         net = scheduler.network
-        self.network, self.backend, self.plan, self.batch = net, net.backend, plan, batch
+        self.network, self.backend, self.plan = net, net.backend, plan
+        self.batch, self.steps = batch, steps  # samples (or sequences); total steps of sequences
+        self.starts, self._order = None, None  # set for each batch by the scheduler
         self.values, self.grads, self._workspaces = {}, {}, {}
-        for n in plan.nodes:
-            self.values[n.output] = None
         if plan.training:
             for n in plan.nodes:
-                self.values[n.output] = self._new(n.output)
+                for out in n.outputs:
+                    self.values[out] = self._new(out)
             for v in plan.grad_values:
                 self.grads[v] = self._new(v)
             for p in net.parameters():
@@ -171,7 +197,18 @@ class Bindings:
     def _shape(self, vname):
         spec = self.network.values[vname].spec
         dtype = self.network.dtype if spec.kind == "float" else np.dtype(np.int32)
-        return (self.batch,) + spec.shape, dtype
+        return (self.steps if spec.sequence else self.batch,) + spec.shape, dtype
+
+    def rows(self, vname):
+        return self.steps if self.network.values[vname].spec.sequence else self.batch
+
+    def batch_order(self):
+        if self._order is None:
+            if self.starts is None:
+                raise GraphError("this batch has no sequences: a layer asked for the sequence order")
+            from .sequence import BatchOrder
+            self._order = BatchOrder(self.starts)
+        return self._order
 
     def _new(self, vname):
         return self.backend.empty(*self._shape(vname))
@@ -180,9 +217,10 @@ class Bindings:
         pool = {}  # (shape, dtype) -> free arrays
         keep = {self.network.output_values[o] for o in plan.outputs}
         for i, n in enumerate(plan.nodes):
-            key = self._shape(n.output)
-            free = pool.get(key)
-            self.values[n.output] = free.pop() if free else self.backend.empty(*key)
+            for out in n.outputs:
+                key = self._shape(out)
+                free = pool.get(key)
+                self.values[out] = free.pop() if free else self.backend.empty(*key)
             for v in {v.name for v in n.inputs}:
                 if plan.last_use.get(v) == i and v in self.values and v not in keep:
                     pool.setdefault(self._shape(v), []).append(self.values[v])
@@ -210,7 +248,7 @@ class Scheduler:
 
     def __init__(self, network, order):
         self.network, self.order = network, order
-        self.producer = {n.output: n for n in order}
+        self.producer = {out: n for n in order for out in n.outputs}
         self._plans = {}
         self._bindings = {}
         self.current = None  # the bindings of the last training forward, for backward
@@ -231,13 +269,16 @@ class Scheduler:
             self._plans[key] = Plan(self, training, tuple(outputs), tuple(grad_outputs))
         return self._plans[key]
 
-    def bindings(self, plan, batch):
-        key = (id(plan), batch)
+    def bindings(self, plan, sizes):
+        """The arrays of `plan` for these (batch, steps, starts), allocated once per size."""
+        batch, steps, starts = sizes
+        key = (id(plan), batch, steps)
         b = self._bindings.get(key)
         if b is None:
             if len(self._bindings) >= 8:  # keep a few batch sizes, drop the oldest
                 self._bindings.pop(next(iter(self._bindings)))
-            b = self._bindings[key] = Bindings(self, plan, batch)
+            b = self._bindings[key] = Bindings(self, plan, batch, steps)
+        b.starts, b._order = starts, None
         return b
 
     # ------------------------------------------------------------------ feeds
@@ -256,33 +297,48 @@ class Scheduler:
         missing = [v for v in needed if v not in feeds]
         if missing:
             raise InputError(f"missing input {missing[0]!r} (needed for this run)")
-        batch = None
+        batch, starts = None, None
         for name in needed:
             a = feeds[name]
             spec = net.values[name].spec
             dtype = net.dtype if spec.kind == "float" else np.dtype(np.int32)
             where = f"input '{name}'"
-            if not isinstance(a, np.ndarray):
+            if spec.sequence:
+                if not isinstance(a, Sequences):
+                    raise InputError(f"{where}: expected a lamina.Sequences batch (values + starts), "
+                                     f"found {type(a).__name__}")
+                if starts is None:
+                    starts = a.starts
+                elif not np.array_equal(a.starts, starts):
+                    raise InputError(f"{where}: its sequence offsets differ from the other sequence "
+                                     f"inputs'; every sequence input of a batch shares one set of offsets")
+                rows, a = a.num_sequences, a.values
+            elif not isinstance(a, np.ndarray):
                 raise InputError(f"{where}: expected a numpy array, found {type(a).__name__}")
+            else:
+                rows = a.shape[0] if a.ndim else None
             if a.dtype != dtype:
                 raise InputError(f"{where}: expected dtype {dtype}, found {a.dtype}")
             if a.shape[1:] != spec.shape or a.ndim != len(spec.shape) + 1:
-                raise InputError(f"{where}: expected shape (batch, {', '.join(map(str, spec.shape))}) "
+                lead = "total_steps" if spec.sequence else "batch"
+                raise InputError(f"{where}: expected shape ({lead}, {', '.join(map(str, spec.shape))}) "
                                  f"i.e. (N,)+{spec.shape}, found {a.shape}")
             if not a.flags.c_contiguous:
                 raise InputError(f"{where}: expected a C-contiguous array, found a strided view; "
                                  f"pass np.ascontiguousarray(...)")
             if batch is None:
-                batch = a.shape[0]
-            elif a.shape[0] != batch:
-                raise InputError(f"{where}: batch size {a.shape[0]} differs from the other inputs' {batch}")
+                batch = rows
+            elif rows != batch:
+                raise InputError(f"{where}: batch size {rows} differs from the other inputs' {batch}"
+                                 f"{' (a sequence batch counts its sequences)' if starts is not None else ''}")
         if batch == 0:
             raise InputError("the batch is empty: every input has 0 rows")
-        return batch
+        return batch, (int(starts[-1]) if starts is not None else None), starts
 
     def _bind_feeds(self, b, feeds, plan):
         for name in plan.inputs:
-            b.values[name] = self.network.backend.from_host(feeds[name])
+            a = feeds[name]
+            b.values[name] = self.network.backend.from_host(a.values if isinstance(a, Sequences) else a)
 
     # ------------------------------------------------------------------ runs
     def run(self, feeds, outputs=None):
@@ -304,7 +360,12 @@ class Scheduler:
         for node, ctx in b.contexts:
             node.layer.forward(ctx)
         be = net.backend
-        return {o: np.array(be.to_host(b.values[net.output_values[o]])) for o in outputs}
+        result = {}
+        for o in outputs:
+            v = net.output_values[o]
+            a = np.array(be.to_host(b.values[v]))
+            result[o] = Sequences(a, b.starts.copy()) if net.values[v].spec.sequence else a
+        return result
 
     def forward(self, feeds, training=True, grad_outputs=()):
         net = self.network
@@ -350,9 +411,10 @@ class Scheduler:
         else:
             loss = 0.0
             for v in b.plan.costs:
-                # the loss is the mean over rows of each cost
-                be.fill(b.grads[v], 1.0 / b.batch)
-                loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / b.batch
+                # the loss is the mean over rows of each cost (steps, for a sequence cost)
+                rows = b.rows(v)
+                be.fill(b.grads[v], 1.0 / rows)
+                loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / rows
         for ctx, ready in b.backward_contexts:
             ctx.layer.backward(ctx)
             if on_ready is not None:

@@ -16,6 +16,7 @@ import copy
 import numpy as np
 
 from .layers.costs import SquareError
+from .sequence import Sequences
 
 
 class GradientCheckError(AssertionError):
@@ -27,15 +28,19 @@ def add_probe_cost(net, value, seed=0):
     SquareError cost against it, so the loss depends on every element of `value`. Returns the
     probe input's name; feed it random data (see `probe_feed`)."""
     name = f"{value.name}:probe"
-    target = net.input(name, value.spec.shape)
+    target = net.input(name, value.spec.shape, sequence=value.spec.sequence)
     cost = SquareError()(value, target)
     net.outputs(**{f"{value.name}:cost": cost})
     return name
 
 
 def probe_feed(net, name, batch, seed=0):
+    """Random targets for a probe input: `batch` rows, or a Sequences with these offsets when
+    `batch` is a Sequences (the probe of a sequence value)."""
     spec = net.values[name].spec
-    return np.random.default_rng(seed).standard_normal((batch,) + spec.shape).astype(net.dtype)
+    rows = batch.total_steps if isinstance(batch, Sequences) else batch
+    values = np.random.default_rng(seed).standard_normal((rows,) + spec.shape).astype(net.dtype)
+    return Sequences(values, batch.starts) if isinstance(batch, Sequences) else values
 
 
 def _loss(net, feeds, rng_state):
@@ -43,7 +48,7 @@ def _loss(net, feeds, rng_state):
     outs = net.forward(feeds, training=True)
     sched = net.scheduler
     plan = sched.current.plan
-    return sum(float(np.sum(outs[o], dtype=np.float64)) / sched.current.batch
+    return sum(float(np.sum(outs[o], dtype=np.float64)) / sched.current.rows(v)
                for o, v in net.output_values.items() if v in plan.costs)
 
 
@@ -92,7 +97,7 @@ def _check(net, feeds, inputs, explicit, eps, rtol, floor, max_points, seed):
     net.zero_grad()
 
     # numeric gradients
-    targets = [(f"input {n}", feeds[n], None) for n in inputs] + [(f"parameter {n}", p.buffer, p) for n, p in params]
+    targets = [(f"input {n}", getattr(feeds[n], "values", feeds[n]), None) for n in inputs] + [(f"parameter {n}", p.buffer, p) for n, p in params]
     pick = np.random.default_rng(seed)
     checked, worst = 0, (0.0, None)
     for label, array, param in targets:

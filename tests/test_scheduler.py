@@ -172,7 +172,7 @@ def test_inference_reuses_buffers_after_their_last_consumer():
     out = net.run({"x": X}, outputs=["y"])["y"]
     sched = net.scheduler
     plan = sched.plan(False, ("y",))
-    b = sched.bindings(plan, 32)
+    b = sched.bindings(plan, (32, None, None))
     distinct = {id(b.values[n.output]) for n in plan.nodes}
     assert len(distinct) == 2  # a chain needs only two alternating buffers, not eight
     # same answer as the training forward, which keeps every activation

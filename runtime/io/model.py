@@ -37,8 +37,8 @@ def describe(net):
         layers.append({"name": layer.name, "kind": layer.kind, "config": layer.config(), "params": keys,
                        "frozen": [k for k, p in layer.params.items() if p.frozen]})
     graph = {
-        "inputs": [{"name": n, "shape": list(net.values[n].spec.shape), "dtype": net.values[n].spec.kind}
-                   for n in net.input_names],
+        "inputs": [{"name": n, "shape": list(net.values[n].spec.shape), "dtype": net.values[n].spec.kind,
+                    "sequence": net.values[n].spec.sequence} for n in net.input_names],
         "layers": layers,
         "nodes": [{"name": n.name, "layer": n.layer.name, "inputs": list(n.input_names)} for n in net.nodes],
         "outputs": dict(net.output_values),
@@ -120,7 +120,7 @@ def load(path):
     net = Network()
     try:
         for spec in graph["inputs"]:
-            net.input(spec["name"], spec["shape"], spec["dtype"])
+            net.input(spec["name"], spec["shape"], spec["dtype"], spec.get("sequence", False))
         layers, shared = {}, {}
         for spec in graph["layers"]:
             layer = REGISTRY[spec["kind"]](**spec["config"], name=spec["name"])

@@ -26,6 +26,7 @@ class Layer:
     kind = "layer"
     is_cost = False
     arity = (1, 1)  # (fewest, most) inputs
+    output_labels = ("",)  # one per output; "" is the node's own name, others '<node>.<label>'
 
     def __init__(self, name=None):
         self.name = name
@@ -68,7 +69,8 @@ class Layer:
         return self.output_spec(specs)
 
     def output_spec(self, specs):
-        """The output's per-sample Spec; raise ValueError saying what is wrong."""
+        """The output's Spec (a tuple of Specs for several outputs); raise ValueError saying
+        what is wrong."""
         raise NotImplementedError
 
     def grad_slots(self, n_inputs):
@@ -110,4 +112,12 @@ def same_specs(specs, what):
     for i, s in enumerate(specs[1:], 1):
         if s != first:
             raise ValueError(f"{what} input {i} is {s}, expected {first} like input 0")
-    return Spec(first.shape)
+    return Spec(first.shape, sequence=first.sequence)
+
+
+def common_rows(specs, what="inputs"):
+    """Whether the inputs are sequence batches; they must agree."""
+    flags = {s.sequence for s in specs}
+    if len(flags) > 1:
+        raise ValueError(f"{what} mix sequence batches and per-sample rows: {specs}")
+    return flags.pop()

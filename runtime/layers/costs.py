@@ -2,7 +2,7 @@
 every cost among its outputs. An optional last input gives per-row weights [N] (cost_i * w_i);
 labels and weights receive no gradient."""
 from ..graph import Spec
-from .base import Layer, register, require_float
+from .base import Layer, common_rows, register, require_float
 
 
 class _Cost(Layer):
@@ -16,12 +16,13 @@ class _Cost(Layer):
         if target.kind != self.target_kind:
             raise ValueError(f"input 1 (the target) must be {self.target_kind}, found {target}")
         self.check_target(specs[0], target)
-        if len(specs) == 3 and specs[2] != Spec(()):
+        sequence = common_rows(specs)
+        if len(specs) == 3 and specs[2] != Spec((), sequence=sequence):
             raise ValueError(f"input 2 (the row weights) must be one float per row, found {specs[2]}")
-        return Spec(())
+        return Spec((), sequence=sequence)
 
     def check_target(self, prediction, target):
-        if target.shape != prediction.shape:
+        if target != prediction:
             raise ValueError(f"input 1 (the target) must match the prediction {prediction}, found {target}")
 
     @staticmethod

@@ -4,7 +4,7 @@ import math
 from ..backends.base import check_activation
 from ..graph import Spec
 from ..random import generator
-from .base import Layer, register, require_features, same_specs, uniform
+from .base import Layer, common_rows, register, require_features, same_specs, uniform
 
 
 class _Activated(Layer):
@@ -70,7 +70,7 @@ class Linear(_Activated):
             found = require_features(spec, f"input {i}")
             if found != n_in:
                 raise ValueError(f"input {i} has {found} features, expected in_features={n_in}")
-        return Spec((self.out_features,))
+        return Spec((self.out_features,), sequence=common_rows(specs))
 
     def forward(self, ctx):
         be, y = ctx.be, ctx.output
@@ -138,8 +138,8 @@ class Concat(Layer):
     arity = (1, 64)
 
     def output_spec(self, specs):
-        self.widths = [require_features(s, f"input {i}") for i, s in enumerate(specs)]
-        return Spec((sum(self.widths),))
+        widths = [require_features(s, f"input {i}") for i, s in enumerate(specs)]
+        return Spec((sum(widths),), sequence=common_rows(specs))
 
     def _offsets(self, ctx):
         col = 0
