@@ -377,22 +377,121 @@ def rmsprop_update(real[::1] p, real[::1] g, real[::1] s, real[::1] buf, double 
 
 # ---------------------------------------------------------------- sequence batch ordering
 
-def gather_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst):
-    """dst[i] = src[index[i]] (reorders the rows of a sequence batch into time-major order)."""
+def gather_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, Py_ssize_t col):
+    """dst[i] = src[index[i], col:col+k], k = dst columns (rows of a sequence batch into
+    time-major order; col picks a block of columns, e.g. one direction of a bidirectional layer)."""
     cdef Py_ssize_t i, j, rows = dst.shape[0], cols = dst.shape[1]
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
         for j in range(cols):
-            dst[i, j] = src[index[i], j]
+            dst[i, j] = src[index[i], col + j]
 
 
-def scatter_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, double beta):
-    """dst[index[i]] = src[i] + beta * dst[index[i]]; index must not repeat (a permutation or
-    part of one), so rows never collide."""
+def scatter_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, Py_ssize_t col, double beta):
+    """dst[index[i], col:col+k] = src[i] + beta * dst[index[i], col:col+k]; index must not
+    repeat (a permutation or part of one), so rows never collide."""
     cdef Py_ssize_t i, j, rows = src.shape[0], cols = src.shape[1]
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
         if beta == 0:
             for j in range(cols):
-                dst[index[i], j] = src[i, j]
+                dst[index[i], col + j] = src[i, j]
         else:
             for j in range(cols):
-                dst[index[i], j] = <real>(src[i, j] + beta * dst[index[i], j])
+                dst[index[i], col + j] = <real>(src[i, j] + beta * dst[index[i], col + j])
+
+
+# ---------------------------------------------------------------- recurrent cells, one step
+# Gates are PyTorch's: LSTM i, f, g, o; GRU r, z, n. g holds one row per running sequence.
+
+cdef inline double _dsig(double s) noexcept nogil:
+    return s * (1 - s)
+
+
+def lstm_step(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[:, ::1] c, real[:, ::1] h):
+    """g [B, 4H] pre-activations in, activated gates out (kept for backward);
+    c = f c_prev + i g~; h = o tanh(c). Without has_prev, c_prev is zero."""
+    cdef Py_ssize_t b, j, rows = g.shape[0], H = h.shape[1]
+    cdef double gi, gf, gg, go, cc
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
+        for j in range(H):
+            gi = _sigmoid(g[b, j])
+            gf = _sigmoid(g[b, H + j])
+            gg = tanh(g[b, 2 * H + j])
+            go = _sigmoid(g[b, 3 * H + j])
+            g[b, j] = <real>gi
+            g[b, H + j] = <real>gf
+            g[b, 2 * H + j] = <real>gg
+            g[b, 3 * H + j] = <real>go
+            cc = gi * gg
+            if has_prev:
+                cc = cc + gf * c_prev[b, j]
+            c[b, j] = <real>cc
+            h[b, j] = <real>(go * tanh(cc))
+
+
+def lstm_step_backward(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[:, ::1] c,
+                       real[:, ::1] dh, real[:, ::1] dc, real[:, ::1] dg,
+                       real[:, ::1] dc_prev, bint want_dc_prev):
+    """From dh (and the cell gradient dc carried from the next step) to dg [B, 4H], the
+    gradient of the gate pre-activations; dc_prev += dc_total * f (when wanted)."""
+    cdef Py_ssize_t b, j, rows = g.shape[0], H = dh.shape[1]
+    cdef double gi, gf, gg, go, tc, dct, cp
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
+        for j in range(H):
+            gi = g[b, j]
+            gf = g[b, H + j]
+            gg = g[b, 2 * H + j]
+            go = g[b, 3 * H + j]
+            tc = tanh(c[b, j])
+            dct = dc[b, j] + dh[b, j] * go * (1 - tc * tc)
+            cp = c_prev[b, j] if has_prev else 0.0
+            dg[b, j] = <real>(dct * gg * _dsig(gi))
+            dg[b, H + j] = <real>(dct * cp * _dsig(gf))
+            dg[b, 2 * H + j] = <real>(dct * gi * (1 - gg * gg))
+            dg[b, 3 * H + j] = <real>(dh[b, j] * tc * _dsig(go))
+            if want_dc_prev:
+                dc_prev[b, j] = <real>(dc_prev[b, j] + dct * gf)
+
+
+def gru_step(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint has_prev, real[:, ::1] h):
+    """g [B, 3H] = x W_ihᵀ + b_ih in, activated r, z, n out; hh [B, 3H] = h_prev W_hhᵀ + b_hh.
+    r = σ(g_r + hh_r), z = σ(g_z + hh_z), n = tanh(g_n + r hh_n), h = (1 - z) n + z h_prev
+    (PyTorch's GRU: the reset gate multiplies the recurrent product, bias included)."""
+    cdef Py_ssize_t b, j, rows = g.shape[0], H = h.shape[1]
+    cdef double r, z, n, hp
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
+        for j in range(H):
+            r = _sigmoid(g[b, j] + hh[b, j])
+            z = _sigmoid(g[b, H + j] + hh[b, H + j])
+            n = tanh(g[b, 2 * H + j] + r * hh[b, 2 * H + j])
+            hp = h_prev[b, j] if has_prev else 0.0
+            g[b, j] = <real>r
+            g[b, H + j] = <real>z
+            g[b, 2 * H + j] = <real>n
+            h[b, j] = <real>((1 - z) * n + z * hp)
+
+
+def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint has_prev,
+                      real[:, ::1] dh, real[:, ::1] dgx, real[:, ::1] dgh,
+                      real[:, ::1] dh_prev, bint want_dh_prev):
+    """dgx: gradient of g (input part), dgh: of hh (recurrent part, before W_hh);
+    dh_prev += dh z (the direct path; the product through W_hh is added by the caller)."""
+    cdef Py_ssize_t b, j, rows = g.shape[0], H = dh.shape[1]
+    cdef double r, z, n, hp, d, dn, dr, dz
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
+        for j in range(H):
+            r = g[b, j]
+            z = g[b, H + j]
+            n = g[b, 2 * H + j]
+            hp = h_prev[b, j] if has_prev else 0.0
+            d = dh[b, j]
+            dn = d * (1 - z) * (1 - n * n)
+            dz = d * (hp - n) * _dsig(z)
+            dr = dn * hh[b, 2 * H + j] * _dsig(r)
+            dgx[b, j] = <real>dr
+            dgx[b, H + j] = <real>dz
+            dgx[b, 2 * H + j] = <real>dn
+            dgh[b, j] = <real>dr
+            dgh[b, H + j] = <real>dz
+            dgh[b, 2 * H + j] = <real>(dn * r)
+            if want_dh_prev:
+                dh_prev[b, j] = <real>(dh_prev[b, j] + d * z)

@@ -274,3 +274,46 @@ def test_kernels_release_the_gil(backend):
     finally:
         lm.set_num_threads(threads)
     assert longest[0] < duration / 2, (longest[0], duration)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("has_prev", [False, True])
+@pytest.mark.parametrize("rows,H", [(1, 1), (7, 33), (64, 129)])
+def test_lstm_step(backend, dtype, has_prev, rows, H):
+    rng = rng_for("lstm", has_prev, rows, H)
+    g = (2 * rng.standard_normal((rows, 4 * H))).astype(dtype)
+    c_prev = rng.standard_normal((rows, H)).astype(dtype) if has_prev else None
+    outs = {}
+    for be in (backend, REF):
+        gg, c, h = g.copy(), np.full((rows, H), np.nan, dtype), np.full((rows, H), np.nan, dtype)
+        be.lstm_step(gg, c_prev, c, h)
+        dh, dc = rng_for("d", rows).standard_normal((2, rows, H)).astype(dtype)
+        dg = np.full((rows, 4 * H), np.nan, dtype)
+        dc_prev = np.ones((rows, H), dtype) if has_prev else None
+        be.lstm_step_backward(gg, c_prev, c, dh, dc, dg, dc_prev)
+        outs[be.name] = (gg, c, h, dg, dc_prev)
+    for a, b in zip(outs[backend.name], outs["reference"]):
+        if a is not None:
+            close(a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("has_prev", [False, True])
+@pytest.mark.parametrize("rows,H", [(1, 1), (7, 33), (64, 129)])
+def test_gru_step(backend, dtype, has_prev, rows, H):
+    rng = rng_for("gru", has_prev, rows, H)
+    g = (2 * rng.standard_normal((rows, 3 * H))).astype(dtype)
+    hh = rng.standard_normal((rows, 3 * H)).astype(dtype)
+    h_prev = rng.standard_normal((rows, H)).astype(dtype) if has_prev else None
+    outs = {}
+    for be in (backend, REF):
+        gg, h = g.copy(), np.full((rows, H), np.nan, dtype)
+        be.gru_step(gg, hh, h_prev, h)
+        dh = rng_for("dh", rows).standard_normal((rows, H)).astype(dtype)
+        dgx, dgh = np.full((2, rows, 3 * H), np.nan, dtype)
+        dh_prev = np.ones((rows, H), dtype) if has_prev else None
+        be.gru_step_backward(gg, hh, h_prev, dh, dgx, dgh, dh_prev)
+        outs[be.name] = (gg, h, dgx, dgh, dh_prev)
+    for a, b in zip(outs[backend.name], outs["reference"]):
+        if a is not None:
+            close(a, b, dtype)

@@ -103,12 +103,32 @@ class Backend(ABC):
         """dst = src[:, col:col + dst.shape[1]] (with beta)."""
 
     @abstractmethod
-    def gather_rows(self, src, index, dst):
-        """dst[i] = src[index[i]] (sequence batches into time-major order)."""
+    def gather_rows(self, src, index, dst, col=0):
+        """dst[i] = src[index[i], col:col+k] (sequence batches into time-major order)."""
 
     @abstractmethod
-    def scatter_rows(self, src, index, dst, beta=0.0):
-        """dst[index[i]] = src[i] (with beta); index holds no repeats."""
+    def scatter_rows(self, src, index, dst, beta=0.0, col=0):
+        """dst[index[i], col:col+k] = src[i] (with beta); index holds no repeats."""
+
+    # -- recurrent cells, one time step over the B running sequences (PyTorch's gate orders)
+    @abstractmethod
+    def lstm_step(self, g, c_prev, c, h):
+        """g [B, 4H]: pre-activations in, activated i, f, g, o out; c = f c_prev + i g;
+        h = o tanh(c). c_prev None means zero."""
+
+    @abstractmethod
+    def lstm_step_backward(self, g, c_prev, c, dh, dc, dg, dc_prev):
+        """dg = d loss / d pre-activations from dh and the carried cell gradient dc;
+        dc_prev += (dc + dh o tanh'(c)) f unless dc_prev is None."""
+
+    @abstractmethod
+    def gru_step(self, g, hh, h_prev, h):
+        """g [B, 3H] = x W_ihᵀ + b_ih in, activated r, z, n out; hh = h_prev W_hhᵀ + b_hh;
+        h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n)."""
+
+    @abstractmethod
+    def gru_step_backward(self, g, hh, h_prev, dh, dgx, dgh, dh_prev):
+        """dgx, dgh: gradients of g and hh; dh_prev += dh z unless dh_prev is None."""
 
     @abstractmethod
     def bernoulli_mask(self, mask, keep, rng):

@@ -186,21 +186,41 @@ class CPUBackend(Backend):
                              f"at column {col}")
         K.copy_from_columns(src, col, dst, beta)
 
-    def gather_rows(self, src, index, dst):
-        _float("gather_rows", "src", src)
+    def gather_rows(self, src, index, dst, col=0):
+        src2 = _rows(_float("gather_rows", "src", src))
         check_array("gather_rows", "index", index, dtype=np.int32, ndim=1)
-        check_array("gather_rows", "dst", dst, dtype=src.dtype, shape=(len(index),) + src.shape[1:])
+        dst2 = _rows(check_array("gather_rows", "dst", dst, dtype=src.dtype))
+        if dst.shape[0] != len(index) or not 0 <= col <= src2.shape[1] - dst2.shape[1]:
+            raise ValueError(f"gather_rows: dst {dst.shape} must have one row per index ({len(index)}) "
+                             f"and fit into src {src.shape} at column {col}")
         if len(index) and (index.min() < 0 or index.max() >= src.shape[0]):
             raise ValueError(f"gather_rows: index must lie in [0, {src.shape[0]})")
-        K.gather_rows(_rows(src), index, _rows(dst))
+        K.gather_rows(src2, index, dst2, col)
 
-    def scatter_rows(self, src, index, dst, beta=0.0):
-        _float("scatter_rows", "src", src)
+    def scatter_rows(self, src, index, dst, beta=0.0, col=0):
+        src2 = _rows(_float("scatter_rows", "src", src))
         check_array("scatter_rows", "index", index, dtype=np.int32, shape=(src.shape[0],))
-        check_array("scatter_rows", "dst", dst, dtype=src.dtype)
-        if dst.shape[1:] != src.shape[1:]:
-            raise ValueError(f"scatter_rows: dst rows {dst.shape[1:]} must match src rows {src.shape[1:]}")
-        K.scatter_rows(_rows(src), index, _rows(dst), beta)
+        dst2 = _rows(check_array("scatter_rows", "dst", dst, dtype=src.dtype))
+        if not 0 <= col <= dst2.shape[1] - src2.shape[1]:
+            raise ValueError(f"scatter_rows: src {src.shape} does not fit into dst {dst.shape} at column {col}")
+        if len(index) and (index.min() < 0 or index.max() >= dst.shape[0]):
+            raise ValueError(f"scatter_rows: index must lie in [0, {dst.shape[0]})")
+        K.scatter_rows(src2, index, dst2, col, beta)
+
+    # -- recurrent cells (one time step; checked by the layer, which owns every buffer)
+    def lstm_step(self, g, c_prev, c, h):
+        K.lstm_step(g, c if c_prev is None else c_prev, c_prev is not None, c, h)
+
+    def lstm_step_backward(self, g, c_prev, c, dh, dc, dg, dc_prev):
+        K.lstm_step_backward(g, c if c_prev is None else c_prev, c_prev is not None, c, dh, dc, dg,
+                             dc if dc_prev is None else dc_prev, dc_prev is not None)
+
+    def gru_step(self, g, hh, h_prev, h):
+        K.gru_step(g, hh, h if h_prev is None else h_prev, h_prev is not None, h)
+
+    def gru_step_backward(self, g, hh, h_prev, dh, dgx, dgh, dh_prev):
+        K.gru_step_backward(g, hh, dh if h_prev is None else h_prev, h_prev is not None, dh, dgx, dgh,
+                            dh if dh_prev is None else dh_prev, dh_prev is not None)
 
     def bernoulli_mask(self, mask, keep, rng):
         _float("bernoulli_mask", "mask", mask)

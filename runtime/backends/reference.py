@@ -100,11 +100,53 @@ class ReferenceBackend(Backend):
     def copy_from_columns(self, src, col, dst, beta=0.0):
         _with_beta(dst, src[:, col:col + dst.shape[1]], beta)
 
-    def gather_rows(self, src, index, dst):
-        dst[...] = src[index]
+    def gather_rows(self, src, index, dst, col=0):
+        src2 = src.reshape(src.shape[0], -1)
+        dst[...] = src2[index, col:col + dst.reshape(dst.shape[0], -1).shape[1]].reshape(dst.shape)
 
-    def scatter_rows(self, src, index, dst, beta=0.0):
-        dst[index] = src if beta == 0 else src + beta * dst[index]
+    def scatter_rows(self, src, index, dst, beta=0.0, col=0):
+        src2, dst2 = src.reshape(src.shape[0], -1), dst.reshape(dst.shape[0], -1)
+        block = dst2[index, col:col + src2.shape[1]]
+        dst2[index, col:col + src2.shape[1]] = src2 if beta == 0 else src2 + beta * block
+
+    def lstm_step(self, g, c_prev, c, h):
+        H = h.shape[1]
+        i, f, o = (_sigmoid(g[:, k * H:(k + 1) * H]) for k in (0, 1, 3))
+        gg = np.tanh(g[:, 2 * H:3 * H])
+        g[...] = np.concatenate([i, f, gg, o], 1)
+        c[...] = i * gg + (0 if c_prev is None else f * c_prev)
+        h[...] = o * np.tanh(c)
+
+    def lstm_step_backward(self, g, c_prev, c, dh, dc, dg, dc_prev):
+        H = dh.shape[1]
+        i, f, gg, o = (g[:, k * H:(k + 1) * H] for k in range(4))
+        tc = np.tanh(c)
+        dct = dc + dh * o * (1 - tc ** 2)
+        cp = 0 if c_prev is None else c_prev
+        dg[...] = np.concatenate([dct * gg * i * (1 - i), dct * cp * f * (1 - f),
+                                  dct * i * (1 - gg ** 2), dh * tc * o * (1 - o)], 1)
+        if dc_prev is not None:
+            dc_prev += dct * f
+
+    def gru_step(self, g, hh, h_prev, h):
+        H = h.shape[1]
+        r = _sigmoid(g[:, :H] + hh[:, :H])
+        z = _sigmoid(g[:, H:2 * H] + hh[:, H:2 * H])
+        n = np.tanh(g[:, 2 * H:] + r * hh[:, 2 * H:])
+        g[...] = np.concatenate([r, z, n], 1)
+        h[...] = (1 - z) * n + z * (0 if h_prev is None else h_prev)
+
+    def gru_step_backward(self, g, hh, h_prev, dh, dgx, dgh, dh_prev):
+        H = dh.shape[1]
+        r, z, n = (g[:, k * H:(k + 1) * H] for k in range(3))
+        hp = 0 if h_prev is None else h_prev
+        dn = dh * (1 - z) * (1 - n ** 2)
+        dz = dh * (hp - n) * z * (1 - z)
+        dr = dn * hh[:, 2 * H:] * r * (1 - r)
+        dgx[...] = np.concatenate([dr, dz, dn], 1)
+        dgh[...] = np.concatenate([dr, dz, dn * r], 1)
+        if dh_prev is not None:
+            dh_prev += dh * z
 
     def bernoulli_mask(self, mask, keep, rng):
         mask[...] = (rng.random(mask.shape) < keep) / keep

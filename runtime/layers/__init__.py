@@ -2,6 +2,7 @@
 from .base import REGISTRY, Layer, register
 from .costs import BCEWithLogits, SoftmaxCrossEntropy, SquareError
 from .dense import Activation, Add, Concat, Dropout, Linear, Scale
+from .recurrent import GRU, LSTM, RNN
 
 __all__ = ["REGISTRY", "Layer", "register", "Linear", "Add", "Concat", "Activation", "Dropout",
-           "Scale", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits"]
+           "Scale", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits", "RNN", "LSTM", "GRU"]

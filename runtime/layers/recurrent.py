@@ -1,0 +1,347 @@
+"""Recurrent layers over variable-length sequence batches: RNN, LSTM, GRU.
+
+PyTorch's parameters, layouts and gate orders (weight_ih_l{k}[_reverse] [G·H, in],
+weight_hh_l{k} [G·H, H], bias_ih_l{k}, bias_hh_l{k}; LSTM gates i, f, g, o; GRU r, z, n with the
+reset gate applied to the recurrent product, bias included), so weights copy over unchanged.
+
+Per layer and direction, nothing pads:
+- the rows are gathered into time-major order (lamina.sequence.BatchOrder: longest first, step t
+  holds every sequence longer than t, and the first rows of step t-1 are their previous states);
+- the input projection of every step is one GEMM, G = X W_ihᵀ + b;
+- each step adds h_{t-1} W_hhᵀ to its block of G with one GEMM over the running sequences
+  (with MKL's packed weight where enabled) and applies the cell in one fused kernel;
+- backward walks the steps in reverse, adding dG_t W_hh into the previous step's rows, and
+  after the loop computes every weight gradient as one GEMM over all steps: dW_hh = dGᵀ H_prev,
+  where H_prev holds each row's previous state (time-major, built by copying step blocks). One
+  GEMM with k = total steps beats both Paddle's options (per-step accumulation, or one GEMM per
+  sequence).
+
+Inputs: x (sequence, [input_size]), optional initial states h0 [N, L·D, H] (and c0 for LSTM),
+sample-major (PyTorch's are [L·D, N, H]). Outputs: every step's hidden state (sequence,
+[D·H], directions concatenated as PyTorch does), the last states '<node>.last' [N, L·D, H] and,
+for LSTM, '<node>.cell'. A reversed direction's last state is its state after the sequence's
+first row, as in PyTorch.
+"""
+import math
+
+from ..graph import Spec
+from ..packing import PackedWeight
+from ..random import generator
+from .base import Layer, register, require_float, uniform
+
+
+class _Recurrent(Layer):
+    gates = 1
+    cell_state = False
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False,
+                 reverse=False, packed=None, name=None):
+        super().__init__(name)
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
+        self.num_layers, self.has_bias = int(num_layers), bool(bias)
+        self.bidirectional, self.reverse, self.packed = bool(bidirectional), bool(reverse), packed
+        where = type(self).__name__
+        if min(self.input_size, self.hidden_size, self.num_layers) < 1:
+            raise ValueError(f"{where}: input_size, hidden_size and num_layers must be at least 1, found "
+                             f"{input_size}, {hidden_size}, {num_layers}")
+        if self.bidirectional and self.reverse:
+            raise ValueError(f"{where}: reverse=True walks one direction backwards; a bidirectional "
+                             f"layer already has both")
+        self.directions = 2 if self.bidirectional else 1
+        states = 3 if self.cell_state else 2
+        self.arity = (1, states)
+        self.output_labels = ("", "last", "cell")[:states]
+        H, GH = self.hidden_size, self.gates * self.hidden_size
+        bound = 1 / math.sqrt(H)  # PyTorch's U(-1/sqrt(H), 1/sqrt(H)) for every parameter
+        rng = generator()
+        for l in range(self.num_layers):
+            n_in = self.input_size if l == 0 else H * self.directions
+            for d in range(self.directions):
+                sfx = self._suffix(l, d)
+                self.add_param("weight_ih" + sfx, uniform(rng, bound, (GH, n_in)))
+                self.add_param("weight_hh" + sfx, uniform(rng, bound, (GH, H)))
+                if self.has_bias:
+                    self.add_param("bias_ih" + sfx, uniform(rng, bound, (GH,)))
+                    self.add_param("bias_hh" + sfx, uniform(rng, bound, (GH,)))
+        self._packs = {}
+
+    @staticmethod
+    def _suffix(l, d):
+        return f"_l{l}" + ("_reverse" if d else "")
+
+    def _reversed(self, d):
+        return d == 1 or self.reverse
+
+    def config(self):
+        return {"input_size": self.input_size, "hidden_size": self.hidden_size, "num_layers": self.num_layers,
+                "bias": self.has_bias, "bidirectional": self.bidirectional, "reverse": self.reverse,
+                "packed": self.packed}
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if not x.sequence or x.shape != (self.input_size,):
+            raise ValueError(f"input 0 must be a sequence batch of [{self.input_size}] rows, found {x}")
+        state = Spec((self.num_layers * self.directions, self.hidden_size))
+        for i, s in enumerate(specs[1:], 1):
+            if s != state:
+                raise ValueError(f"input {i} (initial {'cell' if i == 2 else 'hidden'} state) must be "
+                                 f"{state} per sequence, found {s}")
+        out = Spec((self.directions * self.hidden_size,), sequence=True)
+        return (out, state, state)[:len(self.output_labels)]
+
+    # ------------------------------------------------------------------ shared pieces
+    def _use_packed(self, be):
+        if self.packed is None:  # MKL's packed GEMM where MKL is the provider (it gains little elsewhere)
+            return getattr(be, "blas_name", None) == "mkl"
+        return bool(self.packed)
+
+    def _recurrent_product(self, ctx, a, name, out, beta, transpose):
+        """out = a @ W_hhᵀ (transpose) or a @ W_hh, plus beta * out; packed when enabled."""
+        be, w = ctx.be, self.params[name]
+        if self._use_packed(be):
+            key = (id(w), transpose)
+            if key not in self._packs or self._packs[key].param is not w:
+                self._packs[key] = PackedWeight(be, w, trans=transpose)
+            be.packed_gemm(a, self._packs[key].get(ctx.order.num_sequences), out, beta)
+        else:
+            be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
+
+    def _sorted_state(self, ctx, state, k, key):
+        """Initial state k of every sequence, in the batch order's sorted order, or None."""
+        if state is None:
+            return None
+        out = ctx.workspace((key, k), (ctx.order.num_sequences, self.hidden_size))
+        ctx.be.gather_rows(state, ctx.order.order, out, col=k * self.hidden_size)
+        return out
+
+    def _ws(self, ctx, key, l, d, width):
+        return ctx.workspace((key, l, d), (ctx.order.step_starts[-1], width))
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ctx):
+        ins, outs = ctx.inputs, ctx.outputs
+        h0, c0 = (ins + [None, None])[1:3]
+        D, H, L = self.directions, self.hidden_size, self.num_layers
+        layer_in = ins[0]
+        for l in range(L):
+            layer_out = outs[0] if l == L - 1 else self._ws(ctx, "out", l, 0, D * H)
+            for d in range(D):
+                self._forward_direction(ctx, l, d, layer_in, layer_out, h0, c0, outs)
+            layer_in = layer_out
+
+    def _forward_direction(self, ctx, l, d, layer_in, layer_out, h0, c0, outs):
+        be, order, H = ctx.be, ctx.order, self.hidden_size
+        sfx, k = self._suffix(l, d), l * self.directions + d
+        index = order.index(self._reversed(d))
+        xs = self._ws(ctx, "x", l, d, layer_in.shape[1])
+        be.gather_rows(layer_in, index, xs)
+        g = self._ws(ctx, "g", l, d, self.gates * H)
+        be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
+        if self.has_bias:
+            be.add_bias(g, self.params["bias_ih" + sfx].buffer)
+            if not self.separate_recurrent_bias:
+                be.add_bias(g, self.params["bias_hh" + sfx].buffer)
+        hs = self._ws(ctx, "h", l, d, H)
+        cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
+        init_h = self._sorted_state(ctx, h0, k, "h0")
+        init_c = self._sorted_state(ctx, c0, k, "c0")
+        for t in range(order.steps):
+            r0, b = order.step(t)
+            rows = slice(r0, r0 + b)
+            if t == 0:
+                prev_h = init_h[:b] if init_h is not None else None
+                prev_c = init_c[:b] if init_c is not None else None
+            else:
+                p0 = int(order.step_starts[t - 1])
+                prev_h = hs[p0:p0 + b]
+                prev_c = cs[p0:p0 + b] if cs is not None else None
+            self.cell_forward(ctx, sfx, l, d, rows, g[rows], prev_h, prev_c, hs[rows],
+                              cs[rows] if cs is not None else None)
+        be.scatter_rows(hs, index, layer_out, col=d * H)
+        last = ctx.workspace(("last", l, d), (order.num_sequences, H))
+        for state, out in ((hs, outs[1]), (cs, outs[2] if cs is not None else None)):
+            if state is not None:
+                be.gather_rows(state, order.last_rows, last)
+                be.scatter_rows(last, order.order, out, col=k * H)
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, ctx):
+        D, H, L = self.directions, self.hidden_size, self.num_layers
+        grads = ctx.grad_outputs + [None]
+        d_out, d_last, d_cell = grads[0], grads[1], grads[2] if self.cell_state else None
+        n_in = len(ctx.inputs)
+        h0_target = ctx.input_grad(1) if n_in > 1 else None
+        c0_target = ctx.input_grad(2) if n_in > 2 else None
+        for l in reversed(range(L)):
+            layer_in = ctx.inputs[0] if l == 0 else self._ws(ctx, "out", l - 1, 0, D * H)
+            d_layer_out = d_out if l == L - 1 else self._ws(ctx, "dout", l, 0, D * H)
+            for d in range(D):
+                if l == 0:
+                    target = ctx.input_grad(0)
+                    if target is not None and d == 1:
+                        target.beta = 1.0  # the second direction adds to the first's
+                else:
+                    target = _Target(self._ws(ctx, "dout", l - 1, 0, D * H), 0.0 if d == 0 else 1.0)
+                self._backward_direction(ctx, l, d, layer_in, d_layer_out, target, d_last, d_cell,
+                                         h0_target, c0_target)
+
+    def _backward_direction(self, ctx, l, d, layer_in, d_layer_out, in_target, d_last, d_cell,
+                            h0_target, c0_target):
+        be, order, H = ctx.be, ctx.order, self.hidden_size
+        sfx, k = self._suffix(l, d), l * self.directions + d
+        n_seq, total = order.num_sequences, int(order.step_starts[-1])
+        index = order.index(self._reversed(d))
+        xs, g, hs = (self._ws(ctx, key, l, d, w) for key, w in
+                     (("x", layer_in.shape[1]), ("g", self.gates * H), ("h", H)))
+        cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
+        init_h = ctx.workspace(("h0", k), (n_seq, H)) if len(ctx.inputs) > 1 else None
+        init_c = ctx.workspace(("c0", k), (n_seq, H)) if len(ctx.inputs) > 2 else None
+
+        # gradients reaching each step's hidden (and cell) state from outside the recurrence
+        dhs = self._ws(ctx, "dh", l, d, H)
+        if d_layer_out is not None:
+            be.gather_rows(d_layer_out, index, dhs, col=d * H)
+        else:
+            be.fill(dhs, 0)
+        dcs = self._ws(ctx, "dc", l, d, H) if self.cell_state else None
+        if dcs is not None:
+            be.fill(dcs, 0)
+        tmp = ctx.workspace(("dlast", l, d), (n_seq, H))
+        for grad, target in ((d_last, dhs), (d_cell, dcs)):
+            if grad is not None and target is not None:
+                be.gather_rows(grad, order.order, tmp, col=k * H)
+                be.scatter_rows(tmp, order.last_rows, target, beta=1.0)
+        dh0 = ctx.workspace(("dh0", k), (n_seq, H)) if h0_target is not None else None
+        dc0 = ctx.workspace(("dc0", k), (n_seq, H)) if c0_target is not None else None
+        for a in (dh0, dc0):
+            if a is not None:
+                be.fill(a, 0)
+
+        dg = self._ws(ctx, "dg", l, d, self.gates * H)
+        dgh = self._ws(ctx, "dgh", l, d, self.gates * H) if self.separate_recurrent_bias else dg
+        for t in reversed(range(order.steps)):
+            r0, b = order.step(t)
+            rows = slice(r0, r0 + b)
+            if t == 0:
+                prev_h = init_h[:b] if init_h is not None else None
+                prev_c = init_c[:b] if init_c is not None else None
+                dprev_h = dh0[:b] if dh0 is not None and prev_h is not None else None
+                dprev_c = dc0[:b] if dc0 is not None else None
+            else:
+                p0 = int(order.step_starts[t - 1])
+                prev_h, dprev_h = hs[p0:p0 + b], dhs[p0:p0 + b]
+                prev_c = cs[p0:p0 + b] if cs is not None else None
+                dprev_c = dcs[p0:p0 + b] if dcs is not None else None
+            self.cell_backward(ctx, sfx, l, d, rows, g[rows], prev_h, prev_c, hs[rows],
+                               cs[rows] if cs is not None else None, dhs[rows],
+                               dcs[rows] if dcs is not None else None, dg[rows], dgh[rows],
+                               dprev_h, dprev_c)
+            if dprev_h is not None:  # dh_{t-1} += dG_t W_hh
+                self._recurrent_product(ctx, dgh[rows], "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
+
+        # weight gradients: one GEMM each over every step
+        grad = ctx.param_grad("weight_ih" + sfx)
+        if grad is not None:
+            be.gemm(dg, xs, grad.array, trans_a=True, beta=grad.beta)
+        grad = ctx.param_grad("weight_hh" + sfx)
+        if grad is not None:
+            hprev = self._ws(ctx, "hprev", l, d, H)
+            first = 0 if init_h is not None else n_seq  # rows of step 0 have no previous state
+            if init_h is not None:
+                be.copy(init_h, hprev[:n_seq])
+            for t in range(1, order.steps):
+                r0, b = order.step(t)
+                p0 = int(order.step_starts[t - 1])
+                be.copy(hs[p0:p0 + b], hprev[r0:r0 + b])
+            be.gemm(dgh[first:total], hprev[first:total], grad.array, trans_a=True, beta=grad.beta)
+        if self.has_bias:
+            for name, src in (("bias_ih" + sfx, dg), ("bias_hh" + sfx, dgh)):
+                grad = ctx.param_grad(name)
+                if grad is not None:
+                    be.bias_grad(src, grad.array, grad.beta)
+        if in_target is not None:
+            dxs = self._ws(ctx, "dx", l, d, layer_in.shape[1])
+            be.gemm(dg, self.params["weight_ih" + sfx].buffer, dxs)
+            be.scatter_rows(dxs, index, in_target.array, beta=in_target.beta)
+        for target, sorted_grad in ((h0_target, dh0), (c0_target, dc0)):  # each (l, d) owns a column block
+            if target is not None:
+                be.scatter_rows(sorted_grad, order.order, target.array, beta=target.beta, col=k * H)
+
+
+class _Target:
+    """An internal gradient target (a workspace between stacked layers)."""
+
+    __slots__ = ("array", "beta")
+
+    def __init__(self, array, beta):
+        self.array, self.beta = array, beta
+
+
+@register
+class RNN(_Recurrent):
+    """h_t = act(x_t W_ihᵀ + b_ih + h_{t-1} W_hhᵀ + b_hh), act tanh or relu."""
+
+    kind = "rnn"
+    separate_recurrent_bias = False
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+                 bidirectional=False, reverse=False, packed=None, name=None):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', found {nonlinearity!r}")
+        self.nonlinearity = nonlinearity
+        super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, reverse, packed, name)
+
+    def config(self):
+        return {**super().config(), "nonlinearity": self.nonlinearity}
+
+    def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
+        if prev_h is not None:
+            self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
+        ctx.be.activation(self.nonlinearity, g, h)
+
+    def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
+        ctx.be.activation_backward(self.nonlinearity, h, dh, dg)
+
+
+@register
+class LSTM(_Recurrent):
+    """i, f, g, o = σ, σ, tanh, σ of (x W_ihᵀ + b_ih + h W_hhᵀ + b_hh); c = f c + i g; h = o tanh(c)."""
+
+    kind = "lstm"
+    gates = 4
+    cell_state = True
+    separate_recurrent_bias = False
+
+    def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
+        if prev_h is not None:
+            self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
+        ctx.be.lstm_step(g, prev_c, c, h)
+
+    def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
+        ctx.be.lstm_step_backward(g, prev_c, c, dh, dc, dg, dprev_c)
+
+
+@register
+class GRU(_Recurrent):
+    """r, z = σ(x W_i{r,z}ᵀ + b + h W_h{r,z}ᵀ + b); n = tanh(x W_inᵀ + b_in + r (h W_hnᵀ + b_hn));
+    h' = (1 - z) n + z h."""
+
+    kind = "gru"
+    gates = 3
+    separate_recurrent_bias = True  # b_hh sits inside r * (...), so it cannot join b_ih
+
+    def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
+        be = ctx.be
+        hh = self._ws(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
+        if prev_h is not None:
+            self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, hh, 0.0, transpose=True)
+        else:
+            be.fill(hh, 0)
+        if self.has_bias:
+            be.add_bias(hh, self.params["bias_hh" + sfx].buffer)
+        be.gru_step(g, hh, prev_h, h)
+
+    def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
+        hh = self._ws(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
+        ctx.be.gru_step_backward(g, hh, prev_h, dh, dg, dgh, dprev_h)

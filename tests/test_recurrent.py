@@ -1,0 +1,240 @@
+"""Recurrent layers: a plain numpy per-sequence reference (a Python loop over time, no batching),
+float64 gradient checks for every option, packed and plain GEMM paths, the pack following the
+weights, and PyTorch parity where PyTorch is importable."""
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.layers import GRU, LSTM, RNN
+from lamina.testing import add_probe_cost, check_gradients, probe_feed
+
+LAYERS = {"rnn": RNN, "rnn_relu": RNN, "lstm": LSTM, "gru": GRU}
+
+
+def make(kind, **kw):
+    if kind == "rnn_relu":
+        kw["nonlinearity"] = "relu"
+    return LAYERS[kind](**kw)
+
+
+# ---------------------------------------------------------------- the numpy reference
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def ref_cell(kind, layer, sfx, x, h, c):
+    p = {n: layer.params[n].value.astype(np.float64) for n in layer.params if n.endswith(sfx)}
+    zero = np.zeros(layer.gates * layer.hidden_size)
+    b_ih = p.get("bias_ih" + sfx, zero)
+    b_hh = p.get("bias_hh" + sfx, zero)
+    gi = x @ p["weight_ih" + sfx].T + b_ih
+    gh = h @ p["weight_hh" + sfx].T + b_hh
+    H = layer.hidden_size
+    if kind.startswith("rnn"):
+        z = gi + gh
+        return (np.tanh(z) if layer.nonlinearity == "tanh" else np.maximum(z, 0)), None
+    if kind == "lstm":
+        z = gi + gh
+        i, f, g, o = sigmoid(z[:H]), sigmoid(z[H:2 * H]), np.tanh(z[2 * H:3 * H]), sigmoid(z[3 * H:])
+        c = f * c + i * g
+        return o * np.tanh(c), c
+    r = sigmoid(gi[:H] + gh[:H])
+    u = sigmoid(gi[H:2 * H] + gh[H:2 * H])
+    n = np.tanh(gi[2 * H:] + r * gh[2 * H:])
+    return (1 - u) * n + u * h, None
+
+
+def reference(kind, layer, seqs, h0=None, c0=None):
+    """Every sequence on its own, every layer and direction a loop over time."""
+    L, D, H = layer.num_layers, layer.directions, layer.hidden_size
+    outs, lasts, cells = [], [], []
+    for s in range(seqs.num_sequences):
+        inp = seqs[s].astype(np.float64)
+        last = np.zeros((L * D, H))
+        cell = np.zeros((L * D, H))
+        for l in range(L):
+            out = np.zeros((len(inp), D * H))
+            for d in range(D):
+                k = l * D + d
+                h = h0[s, k].copy() if h0 is not None else np.zeros(H)
+                c = c0[s, k].copy() if c0 is not None else np.zeros(H)
+                steps = range(len(inp))
+                if d == 1 or layer.reverse:
+                    steps = reversed(steps)
+                for t in steps:
+                    h, c_new = ref_cell(kind, layer, layer._suffix(l, d), inp[t], h, c)
+                    c = c_new if c_new is not None else c
+                    out[t, d * H:(d + 1) * H] = h
+                last[k], cell[k] = h, c
+            inp = out
+        outs.append(inp)
+        lasts.append(last)
+        cells.append(cell)
+    return np.concatenate(outs), np.stack(lasts), np.stack(cells)
+
+
+def batch(lengths, features, seed=0, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    return lm.Sequences.from_list([rng.standard_normal((n, features)).astype(dtype) for n in lengths])
+
+
+OPTIONS = [
+    dict(),
+    dict(reverse=True),
+    dict(bidirectional=True),
+    dict(num_layers=2),
+    dict(num_layers=2, bidirectional=True, bias=False),
+]
+LENGTHS = [3, 1, 3, 2]  # ties (3, 3), a length-1 sequence
+
+
+def network(kind, options, initial=False, dtype="float32", packed=False, in_size=2, hidden=3):
+    net = lm.Network(dtype=dtype)
+    x = net.input("x", in_size, sequence=True)
+    layer = make(kind, input_size=in_size, hidden_size=hidden, packed=packed, **options)
+    ins = [x]
+    states = layer.num_layers * layer.directions
+    if initial:
+        ins.append(net.input("h0", (states, hidden)))
+        if kind == "lstm":
+            ins.append(net.input("c0", (states, hidden)))
+    outs = layer(*ins)
+    return net, layer, outs
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("initial", [False, True])
+def test_matches_the_per_sequence_reference(kind, options, initial):
+    net, layer, outs = network(kind, options, initial, dtype="float64")
+    net.outputs(*outs)
+    net.astype("float64")
+    seqs = batch(LENGTHS, 2, seed=1)
+    rng = np.random.default_rng(2)
+    states = layer.num_layers * layer.directions
+    feeds = {"x": seqs}
+    h0 = c0 = None
+    if initial:
+        feeds["h0"] = h0 = rng.standard_normal((len(LENGTHS), states, 3))
+        if kind == "lstm":
+            feeds["c0"] = c0 = rng.standard_normal((len(LENGTHS), states, 3))
+    got = net.run(feeds)
+    out, last, cell = reference(kind, layer, seqs, h0, c0)
+    np.testing.assert_allclose(got[outs[0].name].values, out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(got[outs[0].name].starts, seqs.starts)
+    np.testing.assert_allclose(got[outs[1].name], last, rtol=1e-12, atol=1e-12)
+    if kind == "lstm":
+        np.testing.assert_allclose(got[outs[2].name], cell, rtol=1e-12, atol=1e-12)
+
+
+def probed(kind, options, initial, lengths, packed=False):
+    net, layer, outs = network(kind, options, initial, packed=packed)
+    probes = [add_probe_cost(net, v) for v in outs]
+    net.astype("float64")
+    seqs = batch(lengths, 2, seed=3)
+    rng = np.random.default_rng(4)
+    states = layer.num_layers * layer.directions
+    feeds = {"x": seqs}
+    if initial:
+        feeds["h0"] = rng.standard_normal((len(lengths), states, 3))
+        if kind == "lstm":
+            feeds["c0"] = rng.standard_normal((len(lengths), states, 3))
+    for name, v in zip(probes, outs):
+        feeds[name] = probe_feed(net, name, seqs if v.spec.sequence else len(lengths), seed=5)
+    return net, feeds
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("initial", [False, True])
+def test_gradients(kind, options, initial):
+    net, feeds = probed(kind, options, initial, LENGTHS)
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("lengths", [[4], [1], [1, 1, 1]], ids=["one-sequence", "one-step", "all-length-1"])
+def test_gradients_small_batches(kind, lengths):
+    net, feeds = probed(kind, dict(bidirectional=True), True, lengths)
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+def test_gradients_packed_path(kind):
+    net, feeds = probed(kind, dict(bidirectional=True), True, LENGTHS, packed=True)
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+def test_packed_and_plain_paths_agree(kind):
+    results = []
+    for packed in (False, True):
+        lm.manual_seed(7)
+        net, layer, outs = network(kind, dict(num_layers=2, bidirectional=True), packed=packed, in_size=16, hidden=32)
+        net.outputs(*outs)
+        seqs = batch([7, 3, 7, 1, 5], 16, seed=8, dtype=np.float32)
+        net.forward({"x": seqs}, grad_outputs=[outs[0].name])
+        g = np.random.default_rng(9).standard_normal(seqs.values.shape[:1] + (64,)).astype(np.float32)
+        net.backward(grad_outputs={outs[0].name: g})
+        results.append((net.scheduler.current.values[outs[0].name].copy(),
+                        [p.grad.copy() for p in net.parameters()]))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+def test_pack_follows_the_weights(kind, tmp_path):
+    """Run, update, run: the packed path sees the new weights; so does a freshly loaded model."""
+    net, layer, outs = network(kind, {}, packed=True, in_size=4, hidden=5)
+    cost = lm.layers.SquareError()(outs[1], net.input("t", (1, 5)))
+    net.outputs(out=outs[0], cost=cost)
+    seqs = batch([3, 2], 4, seed=10, dtype=np.float32)
+    before = net.run({"x": seqs})["out"].values
+    net.train_step({"x": seqs, "t": np.ones((2, 1, 5), np.float32)}, lm.optim.SGD(net, lr=0.5))
+    after = net.run({"x": seqs})["out"].values
+    assert not np.allclose(before, after, atol=1e-3)
+    np.testing.assert_allclose(after, reference(kind, layer, seqs)[0], rtol=1e-5, atol=1e-6)
+    lm.save(net, tmp_path / "m.lamina")
+    loaded = lm.load(tmp_path / "m.lamina")
+    np.testing.assert_allclose(loaded.run({"x": seqs})["out"].values, after, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- PyTorch parity
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("options", [dict(), dict(num_layers=2, bidirectional=True)], ids=["plain", "2-layer-bidir"])
+def test_matches_pytorch(kind, options):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    lm.manual_seed(11)
+    net, layer, outs = network(kind, options, initial=True, in_size=5, hidden=6)
+    net.outputs(*outs)
+    module = {"rnn": torch.nn.RNN, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[kind](
+        5, 6, num_layers=layer.num_layers, bidirectional=layer.bidirectional)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.from_numpy(layer.params[name].value.copy()))
+    lengths = [6, 2, 6, 4]
+    seqs = batch(lengths, 5, seed=12, dtype=np.float32)
+    rng = np.random.default_rng(13)
+    states = layer.num_layers * layer.directions
+    h0 = rng.standard_normal((4, states, 6)).astype(np.float32)
+    c0 = rng.standard_normal((4, states, 6)).astype(np.float32)
+    feeds = {"x": seqs, "h0": h0}
+    if kind == "lstm":
+        feeds["c0"] = c0
+    got = net.run(feeds)
+    packed = torch.nn.utils.rnn.pack_sequence([torch.from_numpy(s) for s in seqs.to_list()], enforce_sorted=False)
+    th0 = torch.from_numpy(h0.transpose(1, 0, 2).copy())
+    with torch.no_grad():
+        if kind == "lstm":
+            out, (hn, cn) = module(packed, (th0, torch.from_numpy(c0.transpose(1, 0, 2).copy())))
+        else:
+            out, hn = module(packed, th0)
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+    expected = np.concatenate([padded[i, :n].numpy() for i, n in enumerate(lengths)])
+    np.testing.assert_allclose(got[outs[0].name].values, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[outs[1].name], hn.numpy().transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+    if kind == "lstm":
+        np.testing.assert_allclose(got[outs[2].name], cn.numpy().transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
