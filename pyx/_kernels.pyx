@@ -495,3 +495,145 @@ def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint
             dgh[b, 2 * H + j] = <real>(dn * r)
             if want_dh_prev:
                 dh_prev[b, j] = <real>(dh_prev[b, j] + d * z)
+
+
+# ---------------------------------------------------------------- embeddings and sparse rows
+
+def scatter_add_rows(real[:, ::1] src, int[::1] ids, real[:, ::1] dst):
+    """dst[ids[i]] += src[i]; ids may repeat (each thread owns a block of columns, so repeated
+    rows never race)."""
+    cdef Py_ssize_t i, j, j0, j1, c, rows = src.shape[0], cols = src.shape[1]
+    cdef Py_ssize_t nchunks = (cols + BIAS_CHUNK - 1) // BIAS_CHUNK
+    for c in prange(nchunks, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        j0 = c * BIAS_CHUNK
+        j1 = min(j0 + BIAS_CHUNK, cols)
+        for i in range(rows):
+            for j in range(j0, j1):
+                dst[ids[i], j] += src[i, j]
+
+
+def fill_rows(real[:, ::1] dst, int[::1] rows, double value):
+    """dst[rows] = value."""
+    cdef Py_ssize_t i, j, n = rows.shape[0], cols = dst.shape[1]
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
+        for j in range(cols):
+            dst[rows[i], j] = <real>value
+
+
+def sgd_update_rows(real[:, ::1] p, real[:, ::1] g, int[::1] rows, double lr):
+    """p[r] -= lr g[r] for the listed rows (plain SGD: exact on a sparse gradient)."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], cols = p.shape[1]
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
+        r = rows[i]
+        for j in range(cols):
+            p[r, j] = <real>(p[r, j] - lr * g[r, j])
+
+
+def adagrad_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] s, int[::1] rows, double lr, double eps):
+    """AdaGrad on the listed rows (exact on a sparse gradient without weight decay: a zero
+    gradient leaves both s and p unchanged)."""
+    cdef Py_ssize_t i, j, r, n = rows.shape[0], cols = p.shape[1]
+    cdef double gi, si
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
+        r = rows[i]
+        for j in range(cols):
+            gi = g[r, j]
+            si = s[r, j] + gi * gi
+            s[r, j] = <real>si
+            p[r, j] = <real>(p[r, j] - lr * gi / (sqrt(si) + eps))
+
+
+# ---------------------------------------------------------------- sequence pooling and softmax
+
+cdef enum:
+    POOL_LAST = 0
+    POOL_FIRST = 1
+    POOL_AVERAGE = 2
+    POOL_SUM = 3
+    POOL_MAX = 4
+
+
+def sequence_pool(int mode, real[:, ::1] x, int[::1] starts, real[:, ::1] out, int[:, ::1] argmax):
+    """One row per sequence: its last, first, average, sum or max (argmax keeps the winning row
+    for backward) over the sequence's rows."""
+    cdef Py_ssize_t s, t, j, n = out.shape[0], cols = out.shape[1]
+    cdef Py_ssize_t a, b
+    cdef double acc
+    for s in prange(n, nogil=True, schedule="static", use_threads_if=x.shape[0] * cols > PARALLEL_MIN):
+        a = starts[s]
+        b = starts[s + 1]
+        for j in range(cols):
+            if mode == POOL_LAST:
+                out[s, j] = x[b - 1, j]
+            elif mode == POOL_FIRST:
+                out[s, j] = x[a, j]
+            elif mode == POOL_MAX:
+                argmax[s, j] = <int>a
+                for t in range(a + 1, b):
+                    if x[t, j] > x[argmax[s, j], j]:
+                        argmax[s, j] = <int>t
+                out[s, j] = x[argmax[s, j], j]
+            else:
+                acc = 0
+                for t in range(a, b):
+                    acc = acc + x[t, j]
+                out[s, j] = <real>(acc / (b - a) if mode == POOL_AVERAGE else acc)
+
+
+def sequence_pool_backward(int mode, real[:, ::1] dy, int[::1] starts, int[:, ::1] argmax,
+                           real[:, ::1] dx, double beta):
+    """dx = d pooled / d x applied to dy (with beta)."""
+    cdef Py_ssize_t s, t, j, n = dy.shape[0], cols = dy.shape[1]
+    cdef Py_ssize_t a, b
+    cdef double v
+    for s in prange(n, nogil=True, schedule="static", use_threads_if=dx.shape[0] * cols > PARALLEL_MIN):
+        a = starts[s]
+        b = starts[s + 1]
+        for t in range(a, b):
+            for j in range(cols):
+                if mode == POOL_LAST:
+                    v = dy[s, j] if t == b - 1 else 0.0
+                elif mode == POOL_FIRST:
+                    v = dy[s, j] if t == a else 0.0
+                elif mode == POOL_MAX:
+                    v = dy[s, j] if t == argmax[s, j] else 0.0
+                elif mode == POOL_AVERAGE:
+                    v = dy[s, j] / (b - a)
+                else:
+                    v = dy[s, j]
+                if beta == 0:
+                    dx[t, j] = <real>v
+                else:
+                    dx[t, j] = <real>(v + beta * dx[t, j])
+
+
+def sequence_softmax(real[::1] x, int[::1] starts, real[::1] y):
+    """y = softmax of x over each sequence's steps (one value per step)."""
+    cdef Py_ssize_t s, t, n = starts.shape[0] - 1
+    cdef double mx, total
+    for s in prange(n, nogil=True, schedule="static", use_threads_if=x.shape[0] > PARALLEL_MIN):
+        mx = x[starts[s]]
+        for t in range(starts[s] + 1, starts[s + 1]):
+            if x[t] > mx:
+                mx = x[t]
+        total = 0
+        for t in range(starts[s], starts[s + 1]):
+            y[t] = <real>exp(x[t] - mx)
+            total = total + y[t]
+        for t in range(starts[s], starts[s + 1]):
+            y[t] = <real>(y[t] / total)
+
+
+def sequence_softmax_backward(real[::1] y, real[::1] dy, int[::1] starts, real[::1] dx, double beta):
+    """dx = y (dy - Σ_seq dy y) per sequence (with beta)."""
+    cdef Py_ssize_t s, t, n = starts.shape[0] - 1
+    cdef double d
+    for s in prange(n, nogil=True, schedule="static", use_threads_if=y.shape[0] > PARALLEL_MIN):
+        d = 0
+        for t in range(starts[s], starts[s + 1]):
+            d = d + dy[t] * y[t]
+        for t in range(starts[s], starts[s + 1]):
+            if beta == 0:
+                dx[t] = <real>(y[t] * (dy[t] - d))
+            else:
+                dx[t] = <real>(y[t] * (dy[t] - d) + beta * dx[t])

@@ -100,7 +100,7 @@ class Optimizer:
     def end_step(self):
         if self._deferred:
             be = self.backend
-            norm = math.sqrt(sum(be.sum_squares(p.grad) for p in self._deferred))
+            norm = math.sqrt(sum(be.sum_squares(p.dense_grad(be)) for p in self._deferred))
             self.last_grad_norm = norm
             scale = min(1.0, self.clip_norm / (norm + 1e-6))
             for p in self._deferred:
@@ -119,9 +119,19 @@ class Optimizer:
         self.end_step()
 
     def _apply(self, p):
-        self.apply(p, self.current_lr * p.lr_mult, self.weight_decay * p.decay_mult)
+        lr, weight_decay = self.current_lr * p.lr_mult, self.weight_decay * p.decay_mult
+        # a sparse gradient (embedding rows) updates only its rows where that is exact
+        if p.grad_rows is None or not self.apply_rows(p, lr, weight_decay):
+            p.dense_grad(self.backend)
+            self.apply(p, lr, weight_decay)
         p.grad_pending = False
+        p.grad_rows = None
         p.changed()
+
+    def apply_rows(self, p, lr, weight_decay):
+        """Update only p.grad_rows and return True, where that equals the dense update with the
+        other rows' gradient zero; return False to have the gradient made dense instead."""
+        return False
 
     def _state(self, p, name):
         """A state array of p, zero-initialised on first use."""
@@ -148,6 +158,12 @@ class SGD(Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
         self.momentum, self.dampening, self.nesterov = float(momentum), float(dampening), bool(nesterov)
+
+    def apply_rows(self, p, lr, weight_decay):
+        if self.momentum or weight_decay:  # momentum and decay move rows without a gradient
+            return False
+        self.backend.sgd_update_rows(p.buffer, p.grad, p.grad_rows, lr)
+        return True
 
     def apply(self, p, lr, weight_decay):
         v = self._state(p, "momentum_buffer") if self.momentum else None
@@ -186,6 +202,12 @@ class AdaGrad(Optimizer):
     def __init__(self, params, lr=1e-2, eps=1e-10, **kw):
         super().__init__(params, lr, **kw)
         self.eps = float(eps)
+
+    def apply_rows(self, p, lr, weight_decay):
+        if weight_decay:
+            return False
+        self.backend.adagrad_update_rows(p.buffer, p.grad, self._state(p, "sum"), p.grad_rows, lr, self.eps)
+        return True
 
     def apply(self, p, lr, weight_decay):
         self.backend.adagrad_update(p.buffer, p.grad, self._state(p, "sum"), lr, self.eps, weight_decay)

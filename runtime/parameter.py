@@ -23,6 +23,9 @@ class Parameter:
         self.version = 0
         # True while grad holds a gradient no optimizer has consumed: the next backward adds to it
         self.grad_pending = False
+        # a sparse gradient: the sorted rows that hold it (zero elsewhere, whatever the buffer
+        # holds there), or None for a dense gradient
+        self.grad_rows = None
 
     def __repr__(self):
         return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype}{', frozen' if self.frozen else ''})"
@@ -56,6 +59,17 @@ class Parameter:
         np.copyto(self.buffer, values, casting="same_kind")
         self.changed()
 
+    def dense_grad(self, backend):
+        """The gradient as a full array: a sparse one has its other rows zeroed first."""
+        if self.grad_rows is not None:
+            rows, width = self.grad_rows, self.size // self.shape[0]
+            kept = backend.empty((len(rows), width), self.dtype)
+            backend.gather_rows(self.grad, rows, kept)
+            backend.fill(self.grad, 0)
+            backend.scatter_rows(kept, rows, self.grad)
+            self.grad_rows = None
+        return self.grad
+
     def changed(self):
         """Record that the values changed in place (optimizers call this after an update)."""
         self.version += 1
@@ -66,4 +80,5 @@ class Parameter:
         self.grad = None
         self.state = {}
         self.grad_pending = False
+        self.grad_rows = None
         self.changed()

@@ -95,9 +95,29 @@ class Context:
         p = self.layer.params[name]
         if p.frozen:
             return None
+        if p.grad_pending:
+            p.dense_grad(self.be)  # a dense writer adds to a sparse gradient: zero its other rows
+        p.grad_rows = None
         target = GradTarget(p.grad, 1.0 if p.grad_pending else 0.0)
         p.grad_pending = True
         return target
+
+    def sparse_param_grad(self, name, ids):
+        """The gradient array of a parameter whose gradient touches only rows `ids` (int32,
+        may repeat), or None when it is frozen. The rows are zeroed on first touch, so the
+        caller always adds (scatter_add_rows); the other rows are never written."""
+        p = self.layer.params[name]
+        if p.frozen:
+            return None
+        rows = np.unique(ids).astype(np.int32)
+        if not p.grad_pending:
+            self.be.fill_rows(p.grad, rows, 0)
+            p.grad_rows = rows
+        elif p.grad_rows is not None:
+            self.be.fill_rows(p.grad, np.setdiff1d(rows, p.grad_rows, assume_unique=True).astype(np.int32), 0)
+            p.grad_rows = np.union1d(p.grad_rows, rows).astype(np.int32)
+        p.grad_pending = True
+        return p.grad
 
     def workspace(self, key, shape, dtype=None):
         """A scratch array owned by this node, allocated once per batch size."""

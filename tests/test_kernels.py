@@ -317,3 +317,64 @@ def test_gru_step(backend, dtype, has_prev, rows, H):
     for a, b in zip(outs[backend.name], outs["reference"]):
         if a is not None:
             close(a, b, dtype)
+
+
+STARTS = np.array([0, 3, 4, 8, 10], np.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["last", "first", "average", "sum", "max"])
+def test_sequence_pool_kernels(backend, dtype, mode):
+    rng = rng_for("pool", mode)
+    x = rng.standard_normal((10, 5)).astype(dtype)
+    out, out_ref = np.full((2, 4, 5), np.nan, dtype)
+    arg, arg_ref = np.zeros((2, 4, 5), np.int32)
+    backend.sequence_pool(mode, x, STARTS, out, arg)
+    REF.sequence_pool(mode, x, STARTS, out_ref, arg_ref)
+    close(out, out_ref, dtype)
+    dy = rng.standard_normal((4, 5)).astype(dtype)
+    for beta in (0.0, 1.0):
+        dx, dx_ref = out_pair((10, 5), dtype, beta, rng)
+        backend.sequence_pool_backward(mode, dy, STARTS, arg, dx, beta)
+        REF.sequence_pool_backward(mode, dy, STARTS, arg_ref, dx_ref, beta)
+        close(dx, dx_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sequence_softmax_kernels(backend, dtype):
+    rng = rng_for("seqsoftmax")
+    x = (3 * rng.standard_normal(10)).astype(dtype)
+    y, y_ref = np.empty_like(x), np.empty_like(x)
+    backend.sequence_softmax(x, STARTS, y)
+    REF.sequence_softmax(x, STARTS, y_ref)
+    close(y, y_ref, dtype)
+    dy = rng.standard_normal(10).astype(dtype)
+    for beta in (0.0, 1.0):
+        dx, dx_ref = out_pair((10,), dtype, beta, rng)
+        backend.sequence_softmax_backward(y, dy, STARTS, dx, beta)
+        REF.sequence_softmax_backward(y, dy, STARTS, dx_ref, beta)
+        close(dx, dx_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_row_kernels(backend, dtype):
+    rng = rng_for("rows")
+    ids = np.array([3, 0, 3, 5, 0, 0], np.int32)  # repeats add up
+    src = rng.standard_normal((6, 600)).astype(dtype)
+    dst = rng.standard_normal((7, 600)).astype(dtype)
+    dst_ref = dst.copy()
+    backend.scatter_add_rows(src, ids, dst)
+    REF.scatter_add_rows(src, ids, dst_ref)
+    close(dst, dst_ref, dtype)
+    rows = np.array([1, 4], np.int32)
+    backend.fill_rows(dst, rows, 0.0)
+    REF.fill_rows(dst_ref, rows, 0.0)
+    close(dst, dst_ref, dtype)
+    p, g, s = rng.standard_normal((3, 7, 600)).astype(dtype)
+    s = np.abs(s)
+    pairs = [(p.copy(), s.copy()), (p.copy(), s.copy())]
+    for be, (pp, ss) in zip((backend, REF), pairs):
+        be.sgd_update_rows(pp, g, rows, 0.1)
+        be.adagrad_update_rows(pp, g, ss, rows, 0.1, 1e-10)
+    close(pairs[0][0], pairs[1][0], dtype)
+    close(pairs[0][1], pairs[1][1], dtype)

@@ -18,6 +18,8 @@ ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential",
 # softmax normalises along each row, so it is not element-wise; it shares the activation API
 ROW_ACTIVATIONS = ("softmax",)
 ALL_ACTIVATIONS = ACTIVATIONS + ROW_ACTIVATIONS
+# sequence pooling modes, in the compiled kernels' order
+POOL_MODES = ("last", "first", "average", "sum", "max")
 
 
 def check_activation(kind, where):
@@ -109,6 +111,39 @@ class Backend(ABC):
     @abstractmethod
     def scatter_rows(self, src, index, dst, beta=0.0, col=0):
         """dst[index[i], col:col+k] = src[i] (with beta); index holds no repeats."""
+
+    @abstractmethod
+    def scatter_add_rows(self, src, ids, dst):
+        """dst[ids[i]] += src[i]; ids may repeat (embedding gradients)."""
+
+    @abstractmethod
+    def fill_rows(self, dst, rows, value):
+        """dst[rows] = value."""
+
+    @abstractmethod
+    def sgd_update_rows(self, p, g, rows, lr):
+        """Plain SGD on the listed rows only (exact for a gradient that is zero elsewhere)."""
+
+    @abstractmethod
+    def adagrad_update_rows(self, p, g, s, rows, lr, eps):
+        """AdaGrad on the listed rows only (exact without weight decay)."""
+
+    # -- sequences: starts are the int32 offsets of the batch
+    @abstractmethod
+    def sequence_pool(self, mode, x, starts, out, argmax):
+        """out[s] = last/first/average/sum/max of x's rows of sequence s (argmax: int32, for max)."""
+
+    @abstractmethod
+    def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
+        """dx = the pooling's gradient spread back over each sequence's rows (with beta)."""
+
+    @abstractmethod
+    def sequence_softmax(self, x, starts, y):
+        """y = softmax over each sequence's steps (one value per step)."""
+
+    @abstractmethod
+    def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
+        """dx = y (dy - Σ dy y) within each sequence (with beta)."""
 
     # -- recurrent cells, one time step over the B running sequences (PyTorch's gate orders)
     @abstractmethod

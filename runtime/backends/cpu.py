@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _kernels as K
 from .. import _mkl
-from .base import ACTIVATIONS, Backend, check_activation
+from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 from .blas import default_provider, provider
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -206,6 +206,60 @@ class CPUBackend(Backend):
         if len(index) and (index.min() < 0 or index.max() >= dst.shape[0]):
             raise ValueError(f"scatter_rows: index must lie in [0, {dst.shape[0]})")
         K.scatter_rows(src2, index, dst2, col, beta)
+
+    def scatter_add_rows(self, src, ids, dst):
+        src2 = _rows(_float("scatter_add_rows", "src", src))
+        check_array("scatter_add_rows", "ids", ids, dtype=np.int32, shape=(src.shape[0],))
+        dst2 = _rows(check_array("scatter_add_rows", "dst", dst, dtype=src.dtype))
+        if dst2.shape[1] != src2.shape[1]:
+            raise ValueError(f"scatter_add_rows: dst rows of {dst2.shape[1]} values must match src's {src2.shape[1]}")
+        if len(ids) and (ids.min() < 0 or ids.max() >= dst.shape[0]):
+            raise ValueError(f"scatter_add_rows: ids must lie in [0, {dst.shape[0]})")
+        K.scatter_add_rows(src2, ids, dst2)
+
+    def fill_rows(self, dst, rows, value):
+        dst2 = _rows(_float("fill_rows", "dst", dst))
+        check_array("fill_rows", "rows", rows, dtype=np.int32, ndim=1)
+        K.fill_rows(dst2, rows, value)
+
+    def sgd_update_rows(self, p, g, rows, lr):
+        _float("sgd_update_rows", "p", p, ndim=2)
+        _same("sgd_update_rows", "p", p, g=g)
+        check_array("sgd_update_rows", "rows", rows, dtype=np.int32, ndim=1)
+        K.sgd_update_rows(p, g, rows, lr)
+
+    def adagrad_update_rows(self, p, g, s, rows, lr, eps):
+        _float("adagrad_update_rows", "p", p, ndim=2)
+        _same("adagrad_update_rows", "p", p, g=g, s=s)
+        check_array("adagrad_update_rows", "rows", rows, dtype=np.int32, ndim=1)
+        K.adagrad_update_rows(p, g, s, rows, lr, eps)
+
+    # -- sequences
+    def sequence_pool(self, mode, x, starts, out, argmax):
+        x2 = _rows(_float("sequence_pool", "x", x))
+        check_array("sequence_pool", "starts", starts, dtype=np.int32, shape=(out.shape[0] + 1,))
+        out2 = _rows(check_array("sequence_pool", "out", out, dtype=x.dtype))
+        check_array("sequence_pool", "argmax", argmax, dtype=np.int32, shape=out2.shape)
+        K.sequence_pool(POOL_MODES.index(mode), x2, starts, out2, argmax)
+
+    def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
+        dy2 = _rows(_float("sequence_pool_backward", "dy", dy))
+        check_array("sequence_pool_backward", "starts", starts, dtype=np.int32, shape=(dy.shape[0] + 1,))
+        check_array("sequence_pool_backward", "argmax", argmax, dtype=np.int32, shape=dy2.shape)
+        dx2 = _rows(check_array("sequence_pool_backward", "dx", dx, dtype=dy.dtype))
+        K.sequence_pool_backward(POOL_MODES.index(mode), dy2, starts, argmax, dx2, beta)
+
+    def sequence_softmax(self, x, starts, y):
+        _float("sequence_softmax", "x", x)
+        _same("sequence_softmax", "x", x, y=y)
+        check_array("sequence_softmax", "starts", starts, dtype=np.int32, ndim=1)
+        K.sequence_softmax(_flat(x), starts, _flat(y))
+
+    def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
+        _float("sequence_softmax_backward", "y", y)
+        _same("sequence_softmax_backward", "y", y, dy=dy, dx=dx)
+        check_array("sequence_softmax_backward", "starts", starts, dtype=np.int32, ndim=1)
+        K.sequence_softmax_backward(_flat(y), _flat(dy), starts, _flat(dx), beta)
 
     # -- recurrent cells (one time step; checked by the layer, which owns every buffer)
     def lstm_step(self, g, c_prev, c, h):

@@ -109,6 +109,55 @@ class ReferenceBackend(Backend):
         block = dst2[index, col:col + src2.shape[1]]
         dst2[index, col:col + src2.shape[1]] = src2 if beta == 0 else src2 + beta * block
 
+    def scatter_add_rows(self, src, ids, dst):
+        np.add.at(dst, ids, src)
+
+    def fill_rows(self, dst, rows, value):
+        dst[rows] = value
+
+    def sgd_update_rows(self, p, g, rows, lr):
+        p[rows] -= lr * g[rows]
+
+    def adagrad_update_rows(self, p, g, s, rows, lr, eps):
+        s[rows] += g[rows] ** 2
+        p[rows] -= lr * g[rows] / (np.sqrt(s[rows]) + eps)
+
+    def sequence_pool(self, mode, x, starts, out, argmax):
+        for s in range(len(starts) - 1):
+            seq = x[starts[s]:starts[s + 1]]
+            out[s] = {"last": lambda: seq[-1], "first": lambda: seq[0], "average": lambda: seq.mean(0),
+                      "sum": lambda: seq.sum(0), "max": lambda: seq.max(0)}[mode]()
+            if mode == "max":
+                argmax[s] = starts[s] + seq.argmax(0)
+
+    def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
+        grad = np.zeros_like(dx)
+        for s in range(len(starts) - 1):
+            a, b = starts[s], starts[s + 1]
+            if mode == "last":
+                grad[b - 1] = dy[s]
+            elif mode == "first":
+                grad[a] = dy[s]
+            elif mode == "max":
+                for j in range(dy.shape[1]):
+                    grad[argmax[s, j], j] = dy[s, j]
+            else:
+                grad[a:b] = dy[s] / (b - a if mode == "average" else 1)
+        _with_beta(dx, grad, beta)
+
+    def sequence_softmax(self, x, starts, y):
+        for s in range(len(starts) - 1):
+            seq = x[starts[s]:starts[s + 1]].astype(np.float64)
+            e = np.exp(seq - seq.max())
+            y[starts[s]:starts[s + 1]] = e / e.sum()
+
+    def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
+        grad = np.empty_like(dx)
+        for s in range(len(starts) - 1):
+            sl = slice(starts[s], starts[s + 1])
+            grad[sl] = y[sl] * (dy[sl] - (dy[sl] * y[sl]).sum())
+        _with_beta(dx, grad, beta)
+
     def lstm_step(self, g, c_prev, c, h):
         H = h.shape[1]
         i, f, o = (_sigmoid(g[:, k * H:(k + 1) * H]) for k in (0, 1, 3))

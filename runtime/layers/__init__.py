@@ -3,6 +3,8 @@ from .base import REGISTRY, Layer, register
 from .costs import BCEWithLogits, SoftmaxCrossEntropy, SquareError
 from .dense import Activation, Add, Concat, Dropout, Linear, Scale
 from .recurrent import GRU, LSTM, RNN
+from .sequence import Embedding, SequencePool, SequenceSoftmax
 
 __all__ = ["REGISTRY", "Layer", "register", "Linear", "Add", "Concat", "Activation", "Dropout",
-           "Scale", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits", "RNN", "LSTM", "GRU"]
+           "Scale", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits", "RNN", "LSTM", "GRU",
+           "Embedding", "SequencePool", "SequenceSoftmax"]
