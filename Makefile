@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.lamina-installed
-SOURCES := $(wildcard pyx/*.pyx pyx/*.pxi) setup.py pyproject.toml
+SOURCES := $(wildcard pyx/*.pyx pyx/*.pxi pyx/*.h) setup.py pyproject.toml
 
 .PHONY: demo test test-all bench build clean
 

@@ -7,10 +7,10 @@ import argparse
 import importlib.util
 import sys
 
-from . import fc
+from . import fc, rnn
 from .harness import Bench, print_table, write_json
 
-SUITES = {"fc": fc.run}
+SUITES = {"fc": fc.run, "rnn": rnn.run}
 
 
 def main(argv=None):
@@ -24,6 +24,7 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown suite {unknown[0]!r}; suites: {', '.join(SUITES)}")
     have_torch = importlib.util.find_spec("torch") is not None
+    have_ort = importlib.util.find_spec("onnxruntime") is not None
     if not have_torch:
         print("PyTorch is not installed: peers omitted (pip install torch==2.13.0)", file=sys.stderr)
 
@@ -34,7 +35,8 @@ def main(argv=None):
             peaks[threads], peak_rows = bench.peak(threads)
             rows += peak_rows
             for suite in args.suites:
-                rows += SUITES[suite](bench, threads, args.rounds, have_torch)
+                peers = {"have_ort": have_ort} if suite == "rnn" else {}
+                rows += SUITES[suite](bench, threads, args.rounds, have_torch, **peers)
     finally:
         bench.close()
     print_table(rows, peaks)

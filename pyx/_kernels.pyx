@@ -21,6 +21,10 @@ ctypedef fused real:
 cdef enum:
     PARALLEL_MIN = 262144
 
+# recurrent cells do ~30 flops per element: worth a second thread from this many elements
+cdef enum:
+    CELL_PARALLEL_MIN = 8192
+
 # columns per block in bias_grad (a private accumulator of this many values per thread)
 cdef enum:
     BIAS_CHUNK = 512
@@ -49,6 +53,29 @@ cdef inline double _sigmoid(double x) noexcept nogil:
         return 1.0 / (1.0 + exp(-x))
     cdef double e = exp(x)
     return e / (1.0 + e)
+
+
+cdef extern from "cells.h" nogil:
+    float lamina_fast_tanhf(float x)
+    void lstm_row_f(long H, float* g, const float* c_prev, float* c, float* h)
+    void lstm_row_d(long H, double* g, const double* c_prev, double* c, double* h)
+    void lstm_row_backward_f(long H, const float* g, const float* c_prev, const float* c, const float* dh,
+                             const float* dc, float* dg, float* dc_prev)
+    void lstm_row_backward_d(long H, const double* g, const double* c_prev, const double* c, const double* dh,
+                             const double* dc, double* dg, double* dc_prev)
+    void gru_row_f(long H, float* g, const float* hh, const float* h_prev, float* h)
+    void gru_row_d(long H, double* g, const double* hh, const double* h_prev, double* h)
+    void gru_row_backward_f(long H, const float* g, const float* hh, const float* h_prev, const float* dh,
+                            float* dgx, float* dgh, float* dh_prev)
+    void gru_row_backward_d(long H, const double* g, const double* hh, const double* h_prev, const double* dh,
+                            double* dgx, double* dgh, double* dh_prev)
+
+
+def fast_tanh(float[::1] x, float[::1] y):
+    """y = tanh(x) by the float32 approximation the recurrent cells use (tested against numpy)."""
+    cdef Py_ssize_t i
+    for i in range(x.shape[0]):
+        y[i] = lamina_fast_tanhf(x[i])
 
 
 cdef inline double _act(int kind, double x, double slope) noexcept nogil:
@@ -406,26 +433,22 @@ cdef inline double _dsig(double s) noexcept nogil:
     return s * (1 - s)
 
 
+# The cells themselves are plain C (cells.h), one row at a time; these loops spread the rows of a
+# step over the threads. A missing previous state is passed as NULL.
+
+cdef inline real* _row(real[:, ::1] a, Py_ssize_t b, bint present) noexcept nogil:
+    return &a[b, 0] if present else NULL
+
+
 def lstm_step(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[:, ::1] c, real[:, ::1] h):
-    """g [B, 4H] pre-activations in, activated gates out (kept for backward);
-    c = f c_prev + i g~; h = o tanh(c). Without has_prev, c_prev is zero."""
-    cdef Py_ssize_t b, j, rows = g.shape[0], H = h.shape[1]
-    cdef double gi, gf, gg, go, cc
-    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
-        for j in range(H):
-            gi = _sigmoid(g[b, j])
-            gf = _sigmoid(g[b, H + j])
-            gg = tanh(g[b, 2 * H + j])
-            go = _sigmoid(g[b, 3 * H + j])
-            g[b, j] = <real>gi
-            g[b, H + j] = <real>gf
-            g[b, 2 * H + j] = <real>gg
-            g[b, 3 * H + j] = <real>go
-            cc = gi * gg
-            if has_prev:
-                cc = cc + gf * c_prev[b, j]
-            c[b, j] = <real>cc
-            h[b, j] = <real>(go * tanh(cc))
+    """g [B, 4H] pre-activations in, activated i, f, g, o out (kept for backward);
+    c = f c_prev + i g; h = o tanh(c). Without has_prev, c_prev is zero."""
+    cdef Py_ssize_t b, rows = g.shape[0], H = h.shape[1]
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
+        if real is float:
+            lstm_row_f(H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &h[b, 0])
+        else:
+            lstm_row_d(H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &h[b, 0])
 
 
 def lstm_step_backward(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[:, ::1] c,
@@ -433,41 +456,26 @@ def lstm_step_backward(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[
                        real[:, ::1] dc_prev, bint want_dc_prev):
     """From dh (and the cell gradient dc carried from the next step) to dg [B, 4H], the
     gradient of the gate pre-activations; dc_prev += dc_total * f (when wanted)."""
-    cdef Py_ssize_t b, j, rows = g.shape[0], H = dh.shape[1]
-    cdef double gi, gf, gg, go, tc, dct, cp
-    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
-        for j in range(H):
-            gi = g[b, j]
-            gf = g[b, H + j]
-            gg = g[b, 2 * H + j]
-            go = g[b, 3 * H + j]
-            tc = tanh(c[b, j])
-            dct = dc[b, j] + dh[b, j] * go * (1 - tc * tc)
-            cp = c_prev[b, j] if has_prev else 0.0
-            dg[b, j] = <real>(dct * gg * _dsig(gi))
-            dg[b, H + j] = <real>(dct * cp * _dsig(gf))
-            dg[b, 2 * H + j] = <real>(dct * gi * (1 - gg * gg))
-            dg[b, 3 * H + j] = <real>(dh[b, j] * tc * _dsig(go))
-            if want_dc_prev:
-                dc_prev[b, j] = <real>(dc_prev[b, j] + dct * gf)
+    cdef Py_ssize_t b, rows = g.shape[0], H = dh.shape[1]
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
+        if real is float:
+            lstm_row_backward_f(H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &dh[b, 0], &dc[b, 0],
+                                &dg[b, 0], _row(dc_prev, b, want_dc_prev))
+        else:
+            lstm_row_backward_d(H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &dh[b, 0], &dc[b, 0],
+                                &dg[b, 0], _row(dc_prev, b, want_dc_prev))
 
 
 def gru_step(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint has_prev, real[:, ::1] h):
     """g [B, 3H] = x W_ihᵀ + b_ih in, activated r, z, n out; hh [B, 3H] = h_prev W_hhᵀ + b_hh.
     r = σ(g_r + hh_r), z = σ(g_z + hh_z), n = tanh(g_n + r hh_n), h = (1 - z) n + z h_prev
     (PyTorch's GRU: the reset gate multiplies the recurrent product, bias included)."""
-    cdef Py_ssize_t b, j, rows = g.shape[0], H = h.shape[1]
-    cdef double r, z, n, hp
-    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
-        for j in range(H):
-            r = _sigmoid(g[b, j] + hh[b, j])
-            z = _sigmoid(g[b, H + j] + hh[b, H + j])
-            n = tanh(g[b, 2 * H + j] + r * hh[b, 2 * H + j])
-            hp = h_prev[b, j] if has_prev else 0.0
-            g[b, j] = <real>r
-            g[b, H + j] = <real>z
-            g[b, 2 * H + j] = <real>n
-            h[b, j] = <real>((1 - z) * n + z * hp)
+    cdef Py_ssize_t b, rows = g.shape[0], H = h.shape[1]
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
+        if real is float:
+            gru_row_f(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &h[b, 0])
+        else:
+            gru_row_d(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &h[b, 0])
 
 
 def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint has_prev,
@@ -475,26 +483,14 @@ def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint
                       real[:, ::1] dh_prev, bint want_dh_prev):
     """dgx: gradient of g (input part), dgh: of hh (recurrent part, before W_hh);
     dh_prev += dh z (the direct path; the product through W_hh is added by the caller)."""
-    cdef Py_ssize_t b, j, rows = g.shape[0], H = dh.shape[1]
-    cdef double r, z, n, hp, d, dn, dr, dz
-    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H > PARALLEL_MIN // 8):
-        for j in range(H):
-            r = g[b, j]
-            z = g[b, H + j]
-            n = g[b, 2 * H + j]
-            hp = h_prev[b, j] if has_prev else 0.0
-            d = dh[b, j]
-            dn = d * (1 - z) * (1 - n * n)
-            dz = d * (hp - n) * _dsig(z)
-            dr = dn * hh[b, 2 * H + j] * _dsig(r)
-            dgx[b, j] = <real>dr
-            dgx[b, H + j] = <real>dz
-            dgx[b, 2 * H + j] = <real>dn
-            dgh[b, j] = <real>dr
-            dgh[b, H + j] = <real>dz
-            dgh[b, 2 * H + j] = <real>(dn * r)
-            if want_dh_prev:
-                dh_prev[b, j] = <real>(dh_prev[b, j] + d * z)
+    cdef Py_ssize_t b, rows = g.shape[0], H = dh.shape[1]
+    for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
+        if real is float:
+            gru_row_backward_f(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
+                               &dgx[b, 0], &dgh[b, 0], _row(dh_prev, b, want_dh_prev))
+        else:
+            gru_row_backward_d(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
+                               &dgx[b, 0], &dgh[b, 0], _row(dh_prev, b, want_dh_prev))
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows

@@ -1,0 +1,110 @@
+"""Suite `rnn`: RNN, LSTM and GRU over 64 sequences with lengths drawn uniformly from 10..50
+(seed 0), input = hidden = 256 and 512; inference and a training step (forward, backward and
+weight gradients). Peers: PyTorch with a PackedSequence and with a padded batch, and ONNX Runtime
+(LSTM exported from PyTorch, padded). GFLOP/s count the useful work only: the two GEMMs per step
+over true lengths (3x for a training step)."""
+import os
+
+import numpy as np
+
+BATCH, MIN_LEN, MAX_LEN = 64, 10, 50
+KINDS = {"rnn": 1, "lstm": 4, "gru": 3}  # gates
+
+
+def lengths():
+    return np.random.default_rng(0).integers(MIN_LEN, MAX_LEN + 1, BATCH)
+
+
+def _sequences(size):
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal((n, size)).astype(np.float32) for n in lengths()]
+
+
+def useful_flops(kind, size, mode):
+    steps = int(lengths().sum())
+    forward = 2.0 * KINDS[kind] * size * (size + size) * steps
+    return forward * (3 if mode == "train" else 1)
+
+
+def lamina_rnn(kind, mode, size):
+    import lamina as lm
+    net = lm.Network()
+    x = net.input("x", size, sequence=True)
+    packed = {"auto": None, "packed": True, "plain": False}[os.environ.get("LAMINA_BENCH_PACKED", "auto")]
+    layer = {"rnn": lm.layers.RNN, "lstm": lm.layers.LSTM, "gru": lm.layers.GRU}[kind](size, size, packed=packed)
+    net.outputs(out=layer(x)[0])
+    seqs = lm.Sequences.from_list(_sequences(size))
+    feeds = {"x": seqs}
+    grad = {"out": np.random.default_rng(2).standard_normal((seqs.total_steps, size)).astype(np.float32)}
+
+    def infer():
+        net.forward(feeds, training=False)
+
+    def train():
+        net.forward(feeds, training=True, grad_outputs=["out"])
+        net.backward(grad_outputs=grad)
+        net.zero_grad()
+    return infer if mode == "infer" else train
+
+
+def torch_rnn(kind, mode, size, layout):
+    import torch
+    module = {"rnn": torch.nn.RNN, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[kind](size, size, batch_first=True)
+    seqs = [torch.from_numpy(s) for s in _sequences(size)]
+    if layout == "packed":
+        data = torch.nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
+        grad = torch.randn(data.data.shape)
+    else:
+        data = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True)
+        grad = torch.randn(data.shape[0], data.shape[1], size)
+
+    def infer():
+        with torch.no_grad():
+            module(data)
+
+    def train():
+        module.zero_grad(set_to_none=False)
+        out = module(data)[0]
+        (out.data if layout == "packed" else out).backward(grad)
+    return infer if mode == "infer" else train
+
+
+def ort_lstm(size):
+    """LSTM exported from PyTorch (padded, length 50) and run by ONNX Runtime."""
+    import io
+
+    import onnxruntime as ort
+    import torch
+    module = torch.nn.LSTM(size, size)
+    padded = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(s) for s in _sequences(size)])
+    buf = io.BytesIO()
+    torch.onnx.export(module, (padded,), buf, input_names=["x"], output_names=["y", "h", "c"], dynamo=False)
+    opts = ort.SessionOptions()
+    import torch as _t
+    opts.intra_op_num_threads = _t.get_num_threads()
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+    feed = {"x": padded.numpy()}
+    return lambda: session.run(["y"], feed)
+
+
+def ort_factory(size, threads):
+    import torch
+    torch.set_num_threads(threads)  # read by ort_lstm for the session's thread count
+    return ort_lstm(size)
+
+
+def run(bench, threads, rounds, have_torch, have_ort=False):
+    rows = []
+    for size in (256, 512):
+        for kind in KINDS:
+            for mode in ("infer", "train"):
+                impls = {"lamina": ("bench.rnn:lamina_rnn", [kind, mode, size])}
+                if have_torch:
+                    impls["torch-packed"] = ("bench.rnn:torch_rnn", [kind, mode, size, "packed"])
+                    impls["torch-padded"] = ("bench.rnn:torch_rnn", [kind, mode, size, "padded"])
+                if have_ort and have_torch and kind == "lstm" and mode == "infer":
+                    impls["onnxruntime"] = ("bench.rnn:ort_factory", [size, threads])
+                rows += bench.time_case("rnn", f"{kind} {mode} H={size}", threads, impls,
+                                        useful_flops(kind, size, mode), rounds, turn_seconds=0.2)
+    return rows

@@ -1,0 +1,69 @@
+/* One row of a recurrent cell (H hidden units), for the REAL type the including file sets.
+ * Included by cells.h once for float and once for double. Plain loops over restrict pointers,
+ * so gcc vectorises them (with -fno-trapping-math for the conditional expressions in TANH). */
+
+static inline REAL SUFFIXED(sigm)(REAL x) { return (REAL)0.5 + (REAL)0.5 * TANH((REAL)0.5 * x); }
+
+/* g: the row's 4H gate pre-activations in, activated i, f, g, o out; c = f c_prev + i g;
+ * h = o tanh(c). c_prev NULL means zero. */
+static inline void SUFFIXED(lstm_row)(long H, REAL *restrict g, const REAL *restrict c_prev,
+                                      REAL *restrict c, REAL *restrict h) {
+    for (long j = 0; j < H; j++) {
+        REAL gi = SUFFIXED(sigm)(g[j]), gf = SUFFIXED(sigm)(g[H + j]);
+        REAL gg = TANH(g[2 * H + j]), go = SUFFIXED(sigm)(g[3 * H + j]);
+        g[j] = gi; g[H + j] = gf; g[2 * H + j] = gg; g[3 * H + j] = go;
+        c[j] = gi * gg;
+    }
+    if (c_prev)
+        for (long j = 0; j < H; j++) c[j] += g[H + j] * c_prev[j];
+    for (long j = 0; j < H; j++) h[j] = g[3 * H + j] * TANH(c[j]);
+}
+
+/* dg: gradient of the row's gate pre-activations, from dh and the carried cell gradient dc;
+ * dc_prev += (dc + dh o tanh'(c)) f unless NULL. */
+static inline void SUFFIXED(lstm_row_backward)(long H, const REAL *restrict g, const REAL *restrict c_prev,
+                                               const REAL *restrict c, const REAL *restrict dh,
+                                               const REAL *restrict dc, REAL *restrict dg,
+                                               REAL *restrict dc_prev) {
+    for (long j = 0; j < H; j++) {
+        REAL gi = g[j], gf = g[H + j], gg = g[2 * H + j], go = g[3 * H + j];
+        REAL tc = TANH(c[j]);
+        REAL dct = dc[j] + dh[j] * go * (1 - tc * tc);
+        dg[j] = dct * gg * gi * (1 - gi);
+        dg[H + j] = c_prev ? dct * c_prev[j] * gf * (1 - gf) : 0;
+        dg[2 * H + j] = dct * gi * (1 - gg * gg);
+        dg[3 * H + j] = dh[j] * tc * go * (1 - go);
+        if (dc_prev) dc_prev[j] += dct * gf;
+    }
+}
+
+/* g: the row's 3H input parts (x W_ihᵀ + b_ih) in, activated r, z, n out; hh = h_prev W_hhᵀ + b_hh;
+ * h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n). h_prev NULL means zero. */
+static inline void SUFFIXED(gru_row)(long H, REAL *restrict g, const REAL *restrict hh,
+                                     const REAL *restrict h_prev, REAL *restrict h) {
+    for (long j = 0; j < H; j++) {
+        REAL r = SUFFIXED(sigm)(g[j] + hh[j]);
+        REAL z = SUFFIXED(sigm)(g[H + j] + hh[H + j]);
+        REAL n = TANH(g[2 * H + j] + r * hh[2 * H + j]);
+        g[j] = r; g[H + j] = z; g[2 * H + j] = n;
+        h[j] = (1 - z) * n;
+    }
+    if (h_prev)
+        for (long j = 0; j < H; j++) h[j] += g[H + j] * h_prev[j];
+}
+
+/* dgx, dgh: gradients of the input part g and the recurrent part hh; dh_prev += dh z unless NULL. */
+static inline void SUFFIXED(gru_row_backward)(long H, const REAL *restrict g, const REAL *restrict hh,
+                                              const REAL *restrict h_prev, const REAL *restrict dh,
+                                              REAL *restrict dgx, REAL *restrict dgh, REAL *restrict dh_prev) {
+    for (long j = 0; j < H; j++) {
+        REAL r = g[j], z = g[H + j], n = g[2 * H + j], d = dh[j];
+        REAL hp = h_prev ? h_prev[j] : 0;
+        REAL dn = d * (1 - z) * (1 - n * n);
+        REAL dz = d * (hp - n) * z * (1 - z);
+        REAL dr = dn * hh[2 * H + j] * r * (1 - r);
+        dgx[j] = dr; dgx[H + j] = dz; dgx[2 * H + j] = dn;
+        dgh[j] = dr; dgh[H + j] = dz; dgh[2 * H + j] = dn * r;
+        if (dh_prev) dh_prev[j] += d * z;
+    }
+}
