@@ -19,7 +19,7 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q --timeout=1200
 
 bench: $(STAMP)
-	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q --no-build-isolation -e ".[test,bench]"
 	$(PY) -m bench --json bench/results/latest.json
 
 build: $(STAMP)
