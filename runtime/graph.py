@@ -323,8 +323,10 @@ class Network:
     def summary(self):
         order = self.validate()
         rows = [(v, "input", str(self.values[v].spec), "0") for v in self.input_names]
-        rows += [(n.name, type(n.layer).__name__, str(self.values[n.output].spec),
-                  str(sum(p.size for p in n.layer.params.values()))) for n in order]
+        for n in order:
+            rows.append((n.name, type(n.layer).__name__, str(self.values[n.output].spec),
+                         str(sum(p.size for p in n.layer.params.values()))))
+            rows += [(out, "", str(self.values[out].spec), "") for out in n.outputs[1:]]
         rows.insert(0, ("layer", "type", "output", "params"))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         total = sum(p.size for p in self.parameters())
