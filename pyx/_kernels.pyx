@@ -641,3 +641,81 @@ def sequence_softmax_backward(real[::1] y, real[::1] dy, int[::1] starts, real[:
                 dx[t] = <real>(y[t] * (dy[t] - d))
             else:
                 dx[t] = <real>(y[t] * (dy[t] - d) + beta * dx[t])
+
+
+# ---------------------------------------------------------------- volumes: vol2col / col2vol
+# A volume is one sample's [C, D, H, W]; a 2-D image is the same with D = 1 and a kernel of depth 1.
+# The column matrix has one row per (channel, kd, kh, kw) and one column per window position
+# (od, oh, ow) of an oD x oH x oW grid: the GEMM operand of a convolution. The caller gives the
+# grid (a convolution's output size; for a transposed convolution, its input size).
+
+def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int sd, int sh, int sw,
+            int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW):
+    """col[(c, a, b, e), (od, oh, ow)] = x[c, od*sd - pd + a*dd, oh*sh - ph + b*dh, ow*sw - pw + e*dw],
+    zero where the window falls in the padding. Overwrites col."""
+    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t c, a, b, e, od, oh, ow, row, p, i_d, i_h, i_w
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > PARALLEL_MIN):
+        for a in range(kd):
+            for b in range(kh):
+                for e in range(kw):
+                    row = ((c * kd + a) * kh + b) * kw + e
+                    p = 0
+                    for od in range(oD):
+                        i_d = od * sd - pd + a * dd
+                        for oh in range(oH):
+                            i_h = oh * sh - ph + b * dh
+                            if i_d < 0 or i_d >= D or i_h < 0 or i_h >= H:
+                                for ow in range(oW):
+                                    col[row, p + ow] = 0
+                            else:
+                                for ow in range(oW):
+                                    i_w = ow * sw - pw + e * dw
+                                    col[row, p + ow] = x[c, i_d, i_h, i_w] if 0 <= i_w < W else 0
+                            p = p + oW
+
+
+def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int sd, int sh, int sw,
+            int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW):
+    """The adjoint of vol2col: x[c, i_d, i_h, i_w] += col[(c, a, b, e), (od, oh, ow)] for every
+    window position that reads it. ACCUMULATES into x (zero it first for a fresh result);
+    channels run in parallel, and a channel's rows only touch that channel, so nothing races."""
+    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t c, a, b, e, od, oh, ow, row, p, i_d, i_h, i_w
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > PARALLEL_MIN):
+        for a in range(kd):
+            for b in range(kh):
+                for e in range(kw):
+                    row = ((c * kd + a) * kh + b) * kw + e
+                    p = 0
+                    for od in range(oD):
+                        i_d = od * sd - pd + a * dd
+                        for oh in range(oH):
+                            i_h = oh * sh - ph + b * dh
+                            if 0 <= i_d < D and 0 <= i_h < H:
+                                for ow in range(oW):
+                                    i_w = ow * sw - pw + e * dw
+                                    if 0 <= i_w < W:
+                                        x[c, i_d, i_h, i_w] += col[row, p + ow]
+                            p = p + oW
+
+
+def channel_bias(real[:, :, ::1] y, real[::1] b):
+    """y[n, c, :] += b[c] (y viewed as [N, C, spatial])."""
+    cdef Py_ssize_t n, c, i, N = y.shape[0], C = y.shape[1], S = y.shape[2]
+    for n in prange(N, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
+        for c in range(C):
+            for i in range(S):
+                y[n, c, i] += b[c]
+
+
+def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):
+    """db[c] = sum over n and spatial of dy[n, c, :] (with beta)."""
+    cdef Py_ssize_t n, c, i, N = dy.shape[0], C = dy.shape[1], S = dy.shape[2]
+    cdef double acc
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
+        acc = 0
+        for n in range(N):
+            for i in range(S):
+                acc = acc + dy[n, c, i]
+        db[c] = <real>(acc if beta == 0 else acc + beta * db[c])

@@ -145,6 +145,24 @@ class Backend(ABC):
     def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
         """dx = y (dy - Σ dy y) within each sequence (with beta)."""
 
+    # -- volumes: one sample [C, D, H, W]; geometry = (kernel, stride, padding, dilation, grid),
+    #    3-tuples over depth, height, width; grid is the oD x oH x oW window grid
+    @abstractmethod
+    def vol2col(self, x, col, geometry):
+        """col[(c,a,b,e), (od,oh,ow)] = x[c, od*s-p+a*d, ...], zero in the padding (overwrites)."""
+
+    @abstractmethod
+    def col2vol(self, col, x, geometry):
+        """The adjoint of vol2col: ACCUMULATES every column entry into x."""
+
+    @abstractmethod
+    def channel_bias(self, y, b):
+        """y[n, c, ...] += b[c]."""
+
+    @abstractmethod
+    def channel_bias_grad(self, dy, db, beta=0.0):
+        """db[c] = sum over n and space of dy[n, c, ...] (with beta)."""
+
     # -- recurrent cells, one time step over the B running sequences (PyTorch's gate orders)
     @abstractmethod
     def lstm_step(self, g, c_prev, c, h):

@@ -261,6 +261,34 @@ class CPUBackend(Backend):
         check_array("sequence_softmax_backward", "starts", starts, dtype=np.int32, ndim=1)
         K.sequence_softmax_backward(_flat(y), _flat(dy), starts, _flat(dx), beta)
 
+    # -- volumes (one sample [C, D, H, W]; geometry = (kernel, stride, padding, dilation, grid),
+    #    each a 3-tuple over depth, height, width)
+    def _volume(self, where, x, geometry):
+        _float(where, "volume", x, ndim=4)
+        kernel, stride, padding, dilation, grid = geometry
+        rows = x.shape[0] * kernel[0] * kernel[1] * kernel[2]
+        return (rows, grid[0] * grid[1] * grid[2]), [*kernel, *stride, *padding, *dilation, *grid]
+
+    def vol2col(self, x, col, geometry):
+        shape, args = self._volume("vol2col", x, geometry)
+        check_array("vol2col", "col", col, dtype=x.dtype, shape=shape)
+        K.vol2col(x, col, *args)
+
+    def col2vol(self, col, x, geometry):
+        shape, args = self._volume("col2vol", x, geometry)
+        check_array("col2vol", "col", col, dtype=x.dtype, shape=shape)
+        K.col2vol(col, x, *args)
+
+    def channel_bias(self, y, b):
+        _float("channel_bias", "y", y)
+        check_array("channel_bias", "b", b, dtype=y.dtype, shape=(y.shape[1],))
+        K.channel_bias(y.reshape(y.shape[0], y.shape[1], -1), b)
+
+    def channel_bias_grad(self, dy, db, beta=0.0):
+        _float("channel_bias_grad", "dy", dy)
+        check_array("channel_bias_grad", "db", db, dtype=dy.dtype, shape=(dy.shape[1],))
+        K.channel_bias_grad(dy.reshape(dy.shape[0], dy.shape[1], -1), db, beta)
+
     # -- recurrent cells (one time step; checked by the layer, which owns every buffer)
     def lstm_step(self, g, c_prev, c, h):
         K.lstm_step(g, c if c_prev is None else c_prev, c_prev is not None, c, h)

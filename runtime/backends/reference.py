@@ -158,6 +158,34 @@ class ReferenceBackend(Backend):
             grad[sl] = y[sl] * (dy[sl] - (dy[sl] * y[sl]).sum())
         _with_beta(dx, grad, beta)
 
+    @staticmethod
+    def _windows(x, geometry):
+        """Yield (row, column, source index or None) for every entry of the column matrix."""
+        kernel, stride, padding, dilation, grid = geometry
+        C, D, H, W = x.shape
+        import itertools
+        for c, a, b, e in itertools.product(range(C), *(range(k) for k in kernel)):
+            row = ((c * kernel[0] + a) * kernel[1] + b) * kernel[2] + e
+            for col, (od, oh, ow) in enumerate(itertools.product(*(range(g) for g in grid))):
+                idx = [o * s - p + k * d for o, s, p, k, d in zip((od, oh, ow), stride, padding, (a, b, e), dilation)]
+                inside = all(0 <= i < n for i, n in zip(idx, (D, H, W)))
+                yield row, col, ((c, *idx) if inside else None)
+
+    def vol2col(self, x, col, geometry):
+        for row, j, src in self._windows(x, geometry):
+            col[row, j] = x[src] if src is not None else 0
+
+    def col2vol(self, col, x, geometry):
+        for row, j, dst in self._windows(x, geometry):
+            if dst is not None:
+                x[dst] += col[row, j]
+
+    def channel_bias(self, y, b):
+        y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
+
+    def channel_bias_grad(self, dy, db, beta=0.0):
+        _with_beta(db, dy.sum(axis=tuple(i for i in range(dy.ndim) if i != 1)), beta)
+
     def lstm_step(self, g, c_prev, c, h):
         H = h.shape[1]
         i, f, o = (_sigmoid(g[:, k * H:(k + 1) * H]) for k in (0, 1, 3))

@@ -1,10 +1,12 @@
 """lamina's layers: one module per family, each layer written once for every backend."""
 from .base import REGISTRY, Layer, register
 from .costs import BCEWithLogits, SoftmaxCrossEntropy, SquareError
+from .conv import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from .dense import Activation, Add, Concat, Dropout, Linear, Scale
 from .recurrent import GRU, LSTM, RNN
 from .sequence import Embedding, SequencePool, SequenceSoftmax
 
 __all__ = ["REGISTRY", "Layer", "register", "Linear", "Add", "Concat", "Activation", "Dropout",
            "Scale", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits", "RNN", "LSTM", "GRU",
-           "Embedding", "SequencePool", "SequenceSoftmax"]
+           "Embedding", "SequencePool", "SequenceSoftmax", "Conv3d", "Conv2d", "ConvTranspose3d",
+           "ConvTranspose2d"]

@@ -1,0 +1,257 @@
+"""Convolution and transposed convolution over 3-D volumes (NCDHW) and 2-D images (NCHW), by
+vol2col/col2vol and one GEMM per group, with PyTorch's arguments and weight layouts.
+
+Conv:       W [out, in/groups, *k]; per sample, col = vol2col(x) [in·K, P] and, per group,
+            y_g = W_g col_g. Backward recomputes col: dW_g += dy_g col_gᵀ; dx = col2vol(W_gᵀ dy_g).
+Transposed: W [in, out/groups, *k]; the mirror image: y = col2vol(W_gᵀ x_g); backward
+            dcol = vol2col(dy), dx_g = W_g dcol_g, dW_g += x_g dcol_gᵀ.
+A 2-D layer is the 3-D code with depth 1 (kernel depth 1, stride 1, padding 0).
+Output sizes follow PyTorch's formulas; an empty output or channels that groups do not divide
+are errors naming the layer.
+"""
+import math
+
+import numpy as np
+
+from ..graph import Spec
+from ..random import generator
+from .base import Layer, register, require_float, uniform
+
+
+def _tuple(value, nd, what):
+    t = tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else (int(value),) * nd
+    if len(t) != nd:
+        raise ValueError(f"{what} must be an int or {nd} ints, found {value!r}")
+    return t
+
+
+class _ConvNd(Layer):
+    nd = 3
+    transposed = False
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, output_padding=0, name=None):
+        super().__init__(name)
+        where = type(self).__name__
+        nd = self.nd
+        self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
+        self.kernel_size = _tuple(kernel_size, nd, f"{where}: kernel_size")
+        self.stride = _tuple(stride, nd, f"{where}: stride")
+        self.padding = _tuple(padding, nd, f"{where}: padding")
+        self.dilation = _tuple(dilation, nd, f"{where}: dilation")
+        self.output_padding = _tuple(output_padding, nd, f"{where}: output_padding")
+        self.has_bias = bool(bias)
+        if min(self.in_channels, self.out_channels, self.groups) < 1:
+            raise ValueError(f"{where}: channels and groups must be at least 1")
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ValueError(f"{where}: in_channels ({self.in_channels}) and out_channels ({self.out_channels}) "
+                             f"must both be divisible by groups ({self.groups})")
+        if min(self.kernel_size + self.stride + self.dilation) < 1 or min(self.padding) < 0:
+            raise ValueError(f"{where}: kernel_size, stride and dilation must be at least 1 and padding at "
+                             f"least 0, found {self.kernel_size}, {self.stride}, {self.dilation}, {self.padding}")
+        if not self.transposed and any(self.output_padding):
+            raise ValueError(f"{where}: output_padding is for transposed convolutions")
+        for op, s, d in zip(self.output_padding, self.stride, self.dilation):
+            if not 0 <= op < max(s, d):
+                raise ValueError(f"{where}: output_padding must be smaller than stride or dilation, "
+                                 f"found {self.output_padding} with stride {self.stride}, dilation {self.dilation}")
+        k = int(np.prod(self.kernel_size))
+        if self.transposed:
+            shape = (self.in_channels, self.out_channels // self.groups) + self.kernel_size
+        else:
+            shape = (self.out_channels, self.in_channels // self.groups) + self.kernel_size
+        bound = 1 / math.sqrt(shape[1] * k)  # PyTorch's default for both weight and bias
+        rng = generator()
+        self.add_param("weight", uniform(rng, bound, shape))
+        if self.has_bias:
+            self.add_param("bias", uniform(rng, bound, (self.out_channels,)))
+
+    @property
+    def weight(self):
+        return self.params["weight"]
+
+    @property
+    def bias(self):
+        return self.params.get("bias")
+
+    def config(self):
+        cfg = {"in_channels": self.in_channels, "out_channels": self.out_channels,
+               "kernel_size": list(self.kernel_size), "stride": list(self.stride),
+               "padding": list(self.padding), "dilation": list(self.dilation), "groups": self.groups,
+               "bias": self.has_bias}
+        if self.transposed:
+            cfg["output_padding"] = list(self.output_padding)
+        return cfg
+
+    def _out_sizes(self, sizes):
+        if self.transposed:
+            return tuple((n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
+                         zip(sizes, self.kernel_size, self.stride, self.padding, self.dilation, self.output_padding))
+        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in
+                     zip(sizes, self.kernel_size, self.stride, self.padding, self.dilation))
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if x.sequence or len(x.shape) != self.nd + 1:
+            axes = "C, D, H, W" if self.nd == 3 else "C, H, W"
+            raise ValueError(f"input 0 must be [{axes}] per sample, found {x}")
+        if x.shape[0] != self.in_channels:
+            raise ValueError(f"input 0 has {x.shape[0]} channels, expected in_channels={self.in_channels}")
+        out = self._out_sizes(x.shape[1:])
+        if min(out) < 1:
+            raise ValueError(f"the output would be empty: input size {x.shape[1:]} gives {out} with kernel "
+                             f"{self.kernel_size}, stride {self.stride}, padding {self.padding}, "
+                             f"dilation {self.dilation}")
+        return Spec((self.out_channels,) + out)
+
+    # ------------------------------------------------------------------ shared pieces
+    def _geometry(self, grid):
+        """The vol2col geometry for a window grid, as 3-D tuples (a 2-D layer has depth 1)."""
+        pad = (1,) * (3 - self.nd)
+        z = (0,) * (3 - self.nd)
+        return (pad + self.kernel_size, pad + self.stride, z + self.padding, pad + self.dilation,
+                pad + tuple(grid))
+
+    def _volume(self, a):
+        """A sample [C, *spatial] as [C, D, H, W]."""
+        return a.reshape((a.shape[0],) + (1,) * (4 - a.ndim) + a.shape[1:])
+
+    def _weight_groups(self):
+        """The weight as [groups, rows, cols]: conv [out_g, in_g·K], transposed [in_g, out_g·K]."""
+        w = self.weight.buffer
+        return w.reshape(self.groups, w.shape[0] // self.groups, -1)
+
+    def _grad_groups(self, grad):
+        return grad.reshape(self.groups, grad.shape[0] // self.groups, -1)
+
+
+class _Conv(_ConvNd):
+    """y = conv(x, W) + b (cross-correlation, as PyTorch)."""
+
+    def forward(self, ctx):
+        be, x, y = ctx.be, ctx.inputs[0], ctx.output
+        grid = y.shape[2:]
+        geometry = self._geometry(grid)
+        w = self._weight_groups()
+        k_rows = w.shape[2]  # in_g · K
+        col = ctx.workspace("col", (self.in_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        out_g = self.out_channels // self.groups
+        for n in range(x.shape[0]):
+            be.vol2col(self._volume(x[n]), col, geometry)
+            yn = y[n].reshape(self.out_channels, -1)
+            for g in range(self.groups):
+                be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
+        if self.has_bias:
+            be.channel_bias(y, self.bias.buffer)
+
+    def backward(self, ctx):
+        be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+        grid = dy.shape[2:]
+        geometry = self._geometry(grid)
+        w = self._weight_groups()
+        k_rows = w.shape[2]
+        out_g = self.out_channels // self.groups
+        col = ctx.workspace("col", (self.in_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
+        dwg = self._grad_groups(dw.array) if dw is not None else None
+        for n in range(x.shape[0]):
+            dyn = dy[n].reshape(self.out_channels, -1)
+            if dwg is not None:  # dW_g += dy_g col_gᵀ
+                be.vol2col(self._volume(x[n]), col, geometry)
+                for g in range(self.groups):
+                    be.gemm(dyn[g * out_g:(g + 1) * out_g], col[g * k_rows:(g + 1) * k_rows], dwg[g],
+                            trans_b=True, beta=dw.beta if n == 0 else 1.0)
+            if dx is not None:  # dx = col2vol(W_gᵀ dy_g)
+                for g in range(self.groups):
+                    be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
+                xn = self._volume(dx.array[n])
+                if dx.beta == 0:
+                    be.fill(xn, 0)
+                be.col2vol(col, xn, geometry)
+        if self.has_bias:
+            db = ctx.param_grad("bias")
+            if db is not None:
+                be.channel_bias_grad(dy, db.array, db.beta)
+
+
+class _ConvTranspose(_ConvNd):
+    """The adjoint of a convolution: y = col2vol(Wᵀ x) + b, output size
+    (n - 1)·stride - 2·padding + dilation·(k - 1) + output_padding + 1."""
+
+    transposed = True
+
+    def forward(self, ctx):
+        be, x, y = ctx.be, ctx.inputs[0], ctx.output
+        grid = x.shape[2:]
+        geometry = self._geometry(grid)
+        w = self._weight_groups()  # [groups, in_g, out_g·K]
+        in_g, k_rows = w.shape[1], w.shape[2]
+        col = ctx.workspace("col", (self.out_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        for n in range(x.shape[0]):
+            xn = x[n].reshape(self.in_channels, -1)
+            for g in range(self.groups):
+                be.gemm(w[g], xn[g * in_g:(g + 1) * in_g], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
+            yn = self._volume(y[n])
+            be.fill(yn, 0)
+            be.col2vol(col, yn, geometry)
+        if self.has_bias:
+            be.channel_bias(y, self.bias.buffer)
+
+    def backward(self, ctx):
+        be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+        grid = x.shape[2:]
+        geometry = self._geometry(grid)
+        w = self._weight_groups()
+        in_g, k_rows = w.shape[1], w.shape[2]
+        col = ctx.workspace("col", (self.out_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
+        dwg = self._grad_groups(dw.array) if dw is not None else None
+        for n in range(x.shape[0]):
+            be.vol2col(self._volume(dy[n]), col, geometry)
+            xn = x[n].reshape(self.in_channels, -1)
+            for g in range(self.groups):
+                colg = col[g * k_rows:(g + 1) * k_rows]
+                if dx is not None:  # dx_g = W_g dcol_g
+                    dxn = dx.array[n].reshape(self.in_channels, -1)
+                    be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g], beta=dx.beta)
+                if dwg is not None:  # dW_g += x_g dcol_gᵀ
+                    be.gemm(xn[g * in_g:(g + 1) * in_g], colg, dwg[g], trans_b=True,
+                            beta=dw.beta if n == 0 else 1.0)
+        if self.has_bias:
+            db = ctx.param_grad("bias")
+            if db is not None:
+                be.channel_bias_grad(dy, db.array, db.beta)
+
+
+@register
+class Conv3d(_Conv):
+    kind = "conv3d"
+    nd = 3
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, name=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, name=name)
+
+
+@register
+class Conv2d(Conv3d):
+    kind = "conv2d"
+    nd = 2
+
+
+@register
+class ConvTranspose3d(_ConvTranspose):
+    kind = "conv_transpose3d"
+    nd = 3
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups=1, bias=True, dilation=1, name=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         output_padding, name=name)
+
+
+@register
+class ConvTranspose2d(ConvTranspose3d):
+    kind = "conv_transpose2d"
+    nd = 2

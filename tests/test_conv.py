@@ -1,0 +1,168 @@
+"""3-D (and 2-D) convolution and transposed convolution: a direct-loop numpy reference, float64
+gradient checks over odd configurations, PyTorch parity on random configurations, shape errors."""
+import itertools
+
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
+from lamina.testing import add_probe_cost, check_gradients, probe_feed
+
+
+def direct_conv(x, w, b, stride, padding, dilation, groups):
+    """Cross-correlation by explicit loops over every output element (NCDHW, float64)."""
+    N, C = x.shape[:2]
+    O, Cg = w.shape[:2]
+    k = w.shape[2:]
+    out = [(n + 2 * p - d * (kk - 1) - 1) // s + 1 for n, kk, s, p, d in zip(x.shape[2:], k, stride, padding, dilation)]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    y = np.zeros((N, O) + tuple(out))
+    og = O // groups
+    for n, o in itertools.product(range(N), range(O)):
+        g = o // og
+        for pos in itertools.product(*(range(m) for m in out)):
+            acc = b[o] if b is not None else 0.0
+            for c in range(Cg):
+                for kk in itertools.product(*(range(m) for m in k)):
+                    idx = tuple(q * s + t * d for q, s, t, d in zip(pos, stride, kk, dilation))
+                    acc += w[(o, c) + kk] * xp[(n, g * Cg + c) + idx]
+            y[(n, o) + pos] = acc
+    return y
+
+
+def direct_conv_transpose(x, w, b, stride, padding, output_padding, dilation, groups):
+    """Scatter every input element through the kernel (the definition of the transposed conv)."""
+    N, C = x.shape[:2]
+    Og = w.shape[1]
+    k = w.shape[2:]
+    cg = C // groups
+    out = [(n - 1) * s - 2 * p + d * (kk - 1) + op + 1
+           for n, kk, s, p, d, op in zip(x.shape[2:], k, stride, padding, dilation, output_padding)]
+    y = np.zeros((N, Og * groups) + tuple(out))
+    for n, c in itertools.product(range(N), range(C)):
+        g = c // cg
+        for pos in itertools.product(*(range(m) for m in x.shape[2:])):
+            for o in range(Og):
+                for kk in itertools.product(*(range(m) for m in k)):
+                    idx = tuple(q * s - p + t * d for q, s, p, t, d in zip(pos, stride, padding, kk, dilation))
+                    if all(0 <= i < m for i, m in zip(idx, out)):
+                        y[(n, g * Og + o) + idx] += x[(n, c) + pos] * w[(c, o) + kk]
+    if b is not None:
+        y += b.reshape((1, -1) + (1,) * len(out))
+    return y
+
+
+# (layer, in, out, volume, kwargs): odd, non-cubic volumes; kernels 2 and 3; stride 1..3;
+# padding 0..2; dilation 1..2; output_padding; groups 1, 2, 4; with and without bias
+CASES = [
+    (Conv3d, 2, 3, (4, 5, 3), dict(kernel_size=2)),
+    (Conv3d, 4, 4, (5, 4, 6), dict(kernel_size=3, stride=(1, 2, 3), padding=(1, 2, 0), groups=2)),
+    (Conv3d, 4, 8, (6, 5, 7), dict(kernel_size=(3, 2, 3), stride=2, padding=1, dilation=(2, 1, 1), groups=4, bias=False)),
+    (Conv3d, 2, 2, (5, 5, 5), dict(kernel_size=2, stride=3, padding=2, dilation=2)),
+    (ConvTranspose3d, 2, 3, (3, 4, 2), dict(kernel_size=2)),
+    (ConvTranspose3d, 4, 4, (3, 2, 4), dict(kernel_size=3, stride=2, padding=1, output_padding=1, groups=2)),
+    (ConvTranspose3d, 4, 8, (2, 3, 3), dict(kernel_size=(2, 3, 3), stride=(3, 2, 1), padding=(0, 1, 2),
+                                           output_padding=(2, 1, 0), groups=4, bias=False)),
+    (ConvTranspose3d, 2, 2, (3, 3, 2), dict(kernel_size=3, stride=1, padding=1, dilation=2, output_padding=1)),
+    (Conv2d, 4, 6, (5, 7), dict(kernel_size=3, stride=2, padding=1, groups=2)),
+    (ConvTranspose2d, 4, 2, (3, 4), dict(kernel_size=3, stride=2, padding=1, output_padding=1, groups=2)),
+]
+IDS = [f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)]
+
+
+def conv_net(case, batch=2, seed=0):
+    layer_type, cin, cout, volume, kw = case
+    lm.manual_seed(seed)
+    net = lm.Network()
+    x = net.input("x", (cin,) + volume)
+    layer = layer_type(cin, cout, **kw)
+    return net, x, layer
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gradients(case):
+    net, x, layer = conv_net(case)
+    y = layer(x)
+    probe = add_probe_cost(net, y)
+    net.astype("float64")
+    feeds = {"x": np.random.default_rng(1).standard_normal((2,) + x.spec.shape), probe: probe_feed(net, probe, 2)}
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_direct_loops(case):
+    net, x, layer = conv_net(case)
+    net.outputs(y=layer(x))
+    net.astype("float64")
+    X = np.random.default_rng(2).standard_normal((2,) + x.spec.shape)
+    w = layer.weight.value
+    b = layer.bias.value if layer.bias is not None else None
+    if layer.transposed:
+        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation, layer.groups)
+    else:
+        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups)
+    np.testing.assert_allclose(net.run({"x": X})["y"], ref, rtol=1e-12, atol=1e-12)
+
+
+def random_config(rng, transposed, nd):
+    groups = int(rng.choice([1, 2, 4]))
+    cin, cout = groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 4))
+    k = tuple(int(v) for v in rng.integers(1, 4, nd))
+    s = tuple(int(v) for v in rng.integers(1, 4, nd))
+    d = tuple(int(v) for v in rng.integers(1, 3, nd))
+    p = tuple(int(rng.integers(0, (kk - 1) * dd // 2 + 1)) for kk, dd in zip(k, d))
+    kw = dict(kernel_size=k, stride=s, padding=p, dilation=d, groups=groups, bias=bool(rng.integers(0, 2)))
+    if transposed:
+        kw["output_padding"] = tuple(int(rng.integers(0, max(ss, dd))) for ss, dd in zip(s, d))
+    volume = tuple(int(v) for v in rng.integers(4, 9, nd))
+    return cin, cout, volume, kw
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+@pytest.mark.parametrize("nd", [2, 3])
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_pytorch(transposed, nd, seed):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    F = torch.nn.functional
+    rng = np.random.default_rng(100 + seed)
+    cin, cout, volume, kw = random_config(rng, transposed, nd)
+    layer_type = {(False, 3): Conv3d, (False, 2): Conv2d, (True, 3): ConvTranspose3d, (True, 2): ConvTranspose2d}[transposed, nd]
+    net = lm.Network()
+    x = net.input("x", (cin,) + volume)
+    layer = layer_type(cin, cout, **kw)
+    y = layer(x)
+    net.outputs(y=y)
+    X = rng.standard_normal((3, cin) + volume).astype(np.float32)
+    G = rng.standard_normal((3,) + y.spec.shape).astype(np.float32)
+    x.requires_grad = True
+    out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
+    net.backward(grad_outputs={"y": G})
+    tx = torch.from_numpy(X).requires_grad_(True)
+    tw = torch.from_numpy(layer.weight.value.copy()).requires_grad_(True)
+    tb = torch.from_numpy(layer.bias.value.copy()).requires_grad_(True) if layer.bias is not None else None
+    fn = {(False, 3): F.conv3d, (False, 2): F.conv2d, (True, 3): F.conv_transpose3d, (True, 2): F.conv_transpose2d}[transposed, nd]
+    targs = {k: v for k, v in kw.items() if k not in ("bias", "kernel_size")}
+    ty = fn(tx, tw, tb, **targs)
+    ty.backward(torch.from_numpy(G))
+    tol = dict(rtol=1e-5, atol=1e-5 * float(np.abs(ty.detach().numpy()).max() + 1))
+    np.testing.assert_allclose(out, ty.detach().numpy(), **tol)
+    np.testing.assert_allclose(net.grad("x"), tx.grad.numpy(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(layer.weight.grad, tw.grad.numpy(), rtol=1e-5, atol=1e-4)
+    if tb is not None:
+        np.testing.assert_allclose(layer.bias.grad, tb.grad.numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_configuration_errors_name_the_layer():
+    with pytest.raises(ValueError, match=r"Conv3d: in_channels \(6\) and out_channels \(4\) must both be divisible by groups \(4\)"):
+        Conv3d(6, 4, 3, groups=4)
+    with pytest.raises(ValueError, match="output_padding must be smaller than stride or dilation"):
+        ConvTranspose3d(2, 2, 3, stride=2, output_padding=2)
+    net = lm.Network()
+    x = net.input("x", (2, 3, 3, 3))
+    with pytest.raises(lm.GraphError, match=r"layer 'enc' \(Conv3d\): the output would be empty"):
+        Conv3d(2, 4, 5, name="enc")(x)
+    with pytest.raises(lm.GraphError, match=r"layer 'c' \(Conv3d\): input 0 has 2 channels, expected in_channels=3"):
+        Conv3d(3, 4, 1, name="c")(x)
+    with pytest.raises(lm.GraphError, match=r"input 0 must be \[C, H, W\] per sample"):
+        Conv2d(2, 4, 1)(x)
