@@ -719,3 +719,184 @@ def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):
             for i in range(S):
                 acc = acc + dy[n, c, i]
         db[c] = <real>(acc if beta == 0 else acc + beta * db[c])
+
+
+# ---------------------------------------------------------------- pooling over volumes
+# x is [planes, D, H, W] (planes = N * C); out [planes, oD, oH, oW]; windows of k with stride s
+# and padding p (a 2-D pool is depth 1).
+
+def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
+             int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw):
+    """out = the maximum over each window (padding never wins); argmax keeps its flat position
+    in the plane for backward."""
+    cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
+    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at
+    cdef real best
+    for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
+        for od in range(oD):
+            for oh in range(oH):
+                for ow in range(oW):
+                    best_at = -1
+                    best = 0
+                    for a in range(kd):
+                        i_d = od * sd - pd + a
+                        if i_d < 0 or i_d >= D:
+                            continue
+                        for b in range(kh):
+                            i_h = oh * sh - ph + b
+                            if i_h < 0 or i_h >= H:
+                                continue
+                            for e in range(kw):
+                                i_w = ow * sw - pw + e
+                                if i_w < 0 or i_w >= W:
+                                    continue
+                                if best_at < 0 or x[q, i_d, i_h, i_w] > best:
+                                    best = x[q, i_d, i_h, i_w]
+                                    best_at = (i_d * H + i_h) * W + i_w
+                    out[q, od, oh, ow] = best
+                    argmax[q, (od * oH + oh) * oW + ow] = <int>best_at
+
+
+def max_pool_backward(real[:, :, :, ::1] dy, int[:, ::1] argmax, real[:, ::1] dx, double beta):
+    """dx[plane, argmax] += dy (dx viewed as [planes, D*H*W]; with beta: 0 clears dx first)."""
+    cdef Py_ssize_t P = dy.shape[0], Q = dy.shape[1] * dy.shape[2] * dy.shape[3], S = dx.shape[1]
+    cdef Py_ssize_t q, i
+    cdef real* flat
+    for q in prange(P, nogil=True, schedule="static", use_threads_if=P * S > PARALLEL_MIN):
+        if beta == 0:
+            for i in range(S):
+                dx[q, i] = 0
+        elif beta != 1:
+            for i in range(S):
+                dx[q, i] = <real>(beta * dx[q, i])
+        flat = &dy[q, 0, 0, 0]
+        for i in range(Q):
+            dx[q, argmax[q, i]] += flat[i]
+
+
+def avg_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int kd, int kh, int kw, int sd, int sh, int sw,
+             int pd, int ph, int pw, bint count_include_pad):
+    """out = the mean over each window; the divisor counts padded positions or not."""
+    cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
+    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, n
+    cdef double acc
+    for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
+        for od in range(oD):
+            for oh in range(oH):
+                for ow in range(oW):
+                    acc = 0
+                    n = 0
+                    for a in range(kd):
+                        i_d = od * sd - pd + a
+                        for b in range(kh):
+                            i_h = oh * sh - ph + b
+                            for e in range(kw):
+                                i_w = ow * sw - pw + e
+                                if 0 <= i_d < D and 0 <= i_h < H and 0 <= i_w < W:
+                                    acc = acc + x[q, i_d, i_h, i_w]
+                                    n = n + 1
+                    out[q, od, oh, ow] = <real>(acc / (kd * kh * kw if count_include_pad else n))
+
+
+def avg_pool_backward(real[:, :, :, ::1] dy, real[:, :, :, ::1] dx, int kd, int kh, int kw,
+                      int sd, int sh, int sw, int pd, int ph, int pw, bint count_include_pad, double beta):
+    """dx = each window's dy spread evenly over the window (with beta: 0 clears dx first)."""
+    cdef Py_ssize_t P = dx.shape[0], D = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
+    cdef Py_ssize_t oD = dy.shape[1], oH = dy.shape[2], oW = dy.shape[3]
+    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, n
+    cdef double share
+    for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
+        for i_d in range(D):
+            for i_h in range(H):
+                for i_w in range(W):
+                    dx[q, i_d, i_h, i_w] = 0 if beta == 0 else <real>(beta * dx[q, i_d, i_h, i_w])
+        for od in range(oD):
+            for oh in range(oH):
+                for ow in range(oW):
+                    n = 0
+                    if count_include_pad:
+                        n = kd * kh * kw
+                    else:
+                        for a in range(kd):
+                            for b in range(kh):
+                                for e in range(kw):
+                                    if (0 <= od * sd - pd + a < D and 0 <= oh * sh - ph + b < H
+                                            and 0 <= ow * sw - pw + e < W):
+                                        n = n + 1
+                    share = dy[q, od, oh, ow] / n
+                    for a in range(kd):
+                        i_d = od * sd - pd + a
+                        for b in range(kh):
+                            i_h = oh * sh - ph + b
+                            for e in range(kw):
+                                i_w = ow * sw - pw + e
+                                if 0 <= i_d < D and 0 <= i_h < H and 0 <= i_w < W:
+                                    dx[q, i_d, i_h, i_w] += <real>share
+
+
+# ---------------------------------------------------------------- batch normalisation
+# x is [N, C, S] (S = spatial size); statistics per channel over N and S.
+
+def batch_norm_stats(real[:, :, ::1] x, double[::1] mean, double[::1] var):
+    """Per-channel mean and biased variance (two passes, in double)."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
+    cdef double acc, m, d
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
+        acc = 0
+        for n in range(N):
+            for i in range(S):
+                acc = acc + x[n, c, i]
+        m = acc / (N * S)
+        acc = 0
+        for n in range(N):
+            for i in range(S):
+                d = x[n, c, i] - m
+                acc = acc + d * d
+        mean[c] = m
+        var[c] = acc / (N * S)
+
+
+def batch_norm_apply(real[:, :, ::1] x, double[::1] mean, double[::1] invstd, real[::1] gamma,
+                     real[::1] beta_, bint affine, real[:, :, ::1] y):
+    """y = (x - mean) * invstd * gamma + beta (gamma 1, beta 0 without affine)."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
+    cdef double scale, shift
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
+        scale = invstd[c] * (gamma[c] if affine else 1.0)
+        shift = (beta_[c] if affine else 0.0) - mean[c] * scale
+        for n in range(N):
+            for i in range(S):
+                y[n, c, i] = <real>(x[n, c, i] * scale + shift)
+
+
+def batch_norm_backward(real[:, :, ::1] x, real[:, :, ::1] dy, double[::1] mean, double[::1] invstd,
+                        real[::1] gamma, bint affine, bint batch_stats, real[:, :, ::1] dx, double beta,
+                        double[::1] dgamma, double[::1] dbeta):
+    """dgamma = Σ dy x̂, dbeta = Σ dy. dx with batch statistics:
+    invstd·γ/M (M dy - Σ dy - x̂ Σ dy x̂); with fixed (running) statistics: invstd·γ dy."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
+    cdef double sdy, sdyx, xhat, g, M = N * S, v
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
+        sdy = 0
+        sdyx = 0
+        for n in range(N):
+            for i in range(S):
+                xhat = (x[n, c, i] - mean[c]) * invstd[c]
+                sdy = sdy + dy[n, c, i]
+                sdyx = sdyx + dy[n, c, i] * xhat
+        dgamma[c] = sdyx
+        dbeta[c] = sdy
+        g = invstd[c] * (gamma[c] if affine else 1.0)
+        for n in range(N):
+            for i in range(S):
+                if batch_stats:
+                    xhat = (x[n, c, i] - mean[c]) * invstd[c]
+                    v = g * (dy[n, c, i] - sdy / M - xhat * sdyx / M)
+                else:
+                    v = g * dy[n, c, i]
+                if beta == 0:
+                    dx[n, c, i] = <real>v
+                else:
+                    dx[n, c, i] = <real>(v + beta * dx[n, c, i])

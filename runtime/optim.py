@@ -90,7 +90,7 @@ class Optimizer:
 
     def update(self, p):
         """The gradient of p is complete: apply its update (or defer it when clipping)."""
-        if id(p) not in self._ids:
+        if id(p) not in self._ids or not p.grad_pending:
             return
         if self.clip_norm is None:
             self._apply(p)

@@ -12,11 +12,13 @@ class Parameter:
     """A trainable array. `buffer` is the kernel-facing storage (a backend array); `grad` its
     gradient (allocated by the scheduler unless frozen); `state` the optimizer's arrays."""
 
-    def __init__(self, value, name=None, lr_mult=1.0, decay_mult=1.0):
+    def __init__(self, value, name=None, lr_mult=1.0, decay_mult=1.0, trainable=True):
         self.buffer = np.ascontiguousarray(value, dtype=np.float32)
         self.name = name
         self.grad = None
-        self.frozen = False
+        # trainable=False: saved state that is never trained (batch-norm running statistics)
+        self.trainable = bool(trainable)
+        self._frozen = False
         self.lr_mult = float(lr_mult)
         self.decay_mult = float(decay_mult)
         self.state = {}
@@ -29,6 +31,15 @@ class Parameter:
 
     def __repr__(self):
         return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype}{', frozen' if self.frozen else ''})"
+
+    @property
+    def frozen(self):
+        """No gradient and no update (always true of a parameter that is not trainable)."""
+        return self._frozen or not self.trainable
+
+    @frozen.setter
+    def frozen(self, flag):
+        self._frozen = bool(flag)
 
     @property
     def shape(self):

@@ -163,6 +163,37 @@ class Backend(ABC):
     def channel_bias_grad(self, dy, db, beta=0.0):
         """db[c] = sum over n and space of dy[n, c, ...] (with beta)."""
 
+    # -- pooling: x [N, C, *spatial]; window = (kernel, stride, padding), 3-tuples over D, H, W
+    @abstractmethod
+    def max_pool(self, x, out, argmax, window):
+        """out = window maxima; argmax [N·C, out positions] = flat winning position (int32)."""
+
+    @abstractmethod
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0):
+        """dx = dy routed to each window's winner, summed (with beta)."""
+
+    @abstractmethod
+    def avg_pool(self, x, out, window, count_include_pad=True):
+        """out = window means (divisor: the window size, or only positions inside the input)."""
+
+    @abstractmethod
+    def avg_pool_backward(self, dy, dx, window, count_include_pad=True, beta=0.0):
+        """dx = dy spread evenly over each window (with beta)."""
+
+    # -- batch normalisation: x [N, C, *spatial], per-channel float64 statistics
+    @abstractmethod
+    def batch_norm_stats(self, x, mean, var):
+        """Per-channel mean and biased variance over N and space."""
+
+    @abstractmethod
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+        """y = (x - mean) invstd gamma + beta (gamma None: no affine)."""
+
+    @abstractmethod
+    def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
+        """dgamma = Σ dy x̂, dbeta = Σ dy (float64); dx (with beta) through batch statistics or
+        fixed ones; dx None skips it."""
+
     # -- recurrent cells, one time step over the B running sequences (PyTorch's gate orders)
     @abstractmethod
     def lstm_step(self, g, c_prev, c, h):

@@ -289,6 +289,61 @@ class CPUBackend(Backend):
         check_array("channel_bias_grad", "db", db, dtype=dy.dtype, shape=(dy.shape[1],))
         K.channel_bias_grad(dy.reshape(dy.shape[0], dy.shape[1], -1), db, beta)
 
+    # -- pooling: x [N, C, *spatial] seen as planes [N·C, D, H, W]; window = (kernel, stride,
+    #    padding), 3-tuples over depth, height, width
+    @staticmethod
+    def _planes(a):
+        return a.reshape((a.shape[0] * a.shape[1],) + (1,) * (5 - a.ndim) + a.shape[2:])
+
+    def max_pool(self, x, out, argmax, window):
+        _float("max_pool", "x", x)
+        check_array("max_pool", "out", out, dtype=x.dtype, ndim=x.ndim)
+        check_array("max_pool", "argmax", argmax, dtype=np.int32, shape=(out.shape[0] * out.shape[1], int(np.prod(out.shape[2:]))))
+        K.max_pool(self._planes(x), self._planes(out), argmax, *window[0], *window[1], *window[2])
+
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0):
+        _float("max_pool_backward", "dy", dy)
+        check_array("max_pool_backward", "dx", dx, dtype=dy.dtype, ndim=dy.ndim)
+        K.max_pool_backward(self._planes(dy), argmax, dx.reshape(dx.shape[0] * dx.shape[1], -1), beta)
+
+    def avg_pool(self, x, out, window, count_include_pad=True):
+        _float("avg_pool", "x", x)
+        check_array("avg_pool", "out", out, dtype=x.dtype, ndim=x.ndim)
+        K.avg_pool(self._planes(x), self._planes(out), *window[0], *window[1], *window[2], count_include_pad)
+
+    def avg_pool_backward(self, dy, dx, window, count_include_pad=True, beta=0.0):
+        _float("avg_pool_backward", "dy", dy)
+        check_array("avg_pool_backward", "dx", dx, dtype=dy.dtype, ndim=dy.ndim)
+        K.avg_pool_backward(self._planes(dy), self._planes(dx), *window[0], *window[1], *window[2],
+                            count_include_pad, beta)
+
+    # -- batch normalisation: x [N, C, *spatial]; statistics are float64 arrays of C values
+    @staticmethod
+    def _ncs(a):
+        return a.reshape(a.shape[0], a.shape[1], -1)
+
+    def batch_norm_stats(self, x, mean, var):
+        _float("batch_norm_stats", "x", x)
+        for name, a in (("mean", mean), ("var", var)):
+            check_array("batch_norm_stats", name, a, dtype=np.float64, shape=(x.shape[1],))
+        K.batch_norm_stats(self._ncs(x), mean, var)
+
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+        _float("batch_norm_apply", "x", x)
+        _same("batch_norm_apply", "x", x, y=y)
+        affine = gamma is not None
+        dummy = np.empty(0, x.dtype)
+        K.batch_norm_apply(self._ncs(x), mean, invstd, gamma if affine else dummy, beta if affine else dummy,
+                           affine, self._ncs(y))
+
+    def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
+        _float("batch_norm_backward", "x", x)
+        _same("batch_norm_backward", "x", x, dy=dy)
+        affine = gamma is not None
+        out = dx if dx is not None else np.empty_like(x)
+        K.batch_norm_backward(self._ncs(x), self._ncs(dy), mean, invstd, gamma if affine else np.empty(0, x.dtype),
+                              affine, batch_stats, self._ncs(out), beta if dx is not None else 0.0, dgamma, dbeta)
+
     # -- recurrent cells (one time step; checked by the layer, which owns every buffer)
     def lstm_step(self, g, c_prev, c, h):
         K.lstm_step(g, c if c_prev is None else c_prev, c_prev is not None, c, h)

@@ -186,6 +186,76 @@ class ReferenceBackend(Backend):
     def channel_bias_grad(self, dy, db, beta=0.0):
         _with_beta(db, dy.sum(axis=tuple(i for i in range(dy.ndim) if i != 1)), beta)
 
+    @staticmethod
+    def _pool_windows(x_shape, out_shape, window):
+        import itertools
+        kernel, stride, padding = window
+        spatial = (1,) * (5 - len(x_shape)) + tuple(x_shape[2:])
+        grid = (1,) * (5 - len(out_shape)) + tuple(out_shape[2:])
+        for pos in itertools.product(*(range(g) for g in grid)):
+            cells = [idx for idx in itertools.product(*(range(o * s - p, o * s - p + k) for o, s, p, k in
+                                                         zip(pos, stride, padding, kernel)))
+                     if all(0 <= i < n for i, n in zip(idx, spatial))]
+            yield pos, cells, int(np.prod(kernel))
+
+    def max_pool(self, x, out, argmax, window):
+        x5 = x.reshape(x.shape[:2] + (1,) * (5 - x.ndim) + x.shape[2:])
+        out5 = out.reshape(out.shape[:2] + (1,) * (5 - out.ndim) + out.shape[2:])
+        spatial = x5.shape[2:]
+        planes = x5.reshape(-1, *spatial)
+        for j, (pos, cells, _) in enumerate(self._pool_windows(x.shape, out.shape, window)):
+            vals = np.stack([planes[(slice(None),) + c] for c in cells], 1)
+            best = vals.argmax(1)
+            out5.reshape(-1, *out5.shape[2:])[(slice(None),) + pos] = vals[np.arange(len(vals)), best]
+            argmax[:, j] = [np.ravel_multi_index(cells[b], spatial) for b in best]
+
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0):
+        grad = np.zeros((dx.shape[0] * dx.shape[1], int(np.prod(dx.shape[2:]))))
+        flat_dy = dy.reshape(grad.shape[0], -1)
+        for q in range(grad.shape[0]):
+            np.add.at(grad[q], argmax[q], flat_dy[q])
+        _with_beta(dx, grad.reshape(dx.shape), beta)
+
+    def avg_pool(self, x, out, window, count_include_pad=True):
+        x5 = x.reshape(x.shape[:2] + (1,) * (5 - x.ndim) + x.shape[2:])
+        planes = x5.reshape(-1, *x5.shape[2:])
+        out_planes = out.reshape(planes.shape[0], *((1,) * (5 - out.ndim) + out.shape[2:]))
+        for pos, cells, size in self._pool_windows(x.shape, out.shape, window):
+            total = sum(planes[(slice(None),) + c] for c in cells)
+            out_planes[(slice(None),) + pos] = total / (size if count_include_pad else len(cells))
+
+    def avg_pool_backward(self, dy, dx, window, count_include_pad=True, beta=0.0):
+        grad = np.zeros((dx.shape[0] * dx.shape[1],) + (1,) * (5 - dx.ndim) + dx.shape[2:])
+        dy_planes = dy.reshape(grad.shape[0], *((1,) * (5 - dy.ndim) + dy.shape[2:]))
+        for pos, cells, size in self._pool_windows(dx.shape, dy.shape, window):
+            share = dy_planes[(slice(None),) + pos] / (size if count_include_pad else len(cells))
+            for c in cells:
+                grad[(slice(None),) + c] += share
+        _with_beta(dx, grad.reshape(dx.shape), beta)
+
+    def batch_norm_stats(self, x, mean, var):
+        axes = tuple(i for i in range(x.ndim) if i != 1)
+        mean[...] = x.mean(axes)
+        var[...] = x.var(axes)
+
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        xhat = (x - mean.reshape(shape)) * invstd.reshape(shape)
+        y[...] = xhat * gamma.reshape(shape) + beta.reshape(shape) if gamma is not None else xhat
+
+    def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        axes = tuple(i for i in range(x.ndim) if i != 1)
+        xhat = (x - mean.reshape(shape)) * invstd.reshape(shape)
+        dgamma[...] = (dy * xhat).sum(axes)
+        dbeta[...] = dy.sum(axes)
+        if dx is None:
+            return
+        g = invstd.reshape(shape) * (gamma.reshape(shape) if gamma is not None else 1)
+        m = x.size / x.shape[1]
+        grad = g * (dy - dbeta.reshape(shape) / m - xhat * dgamma.reshape(shape) / m) if batch_stats else g * dy
+        _with_beta(dx, grad, beta)
+
     def lstm_step(self, g, c_prev, c, h):
         H = h.shape[1]
         i, f, o = (_sigmoid(g[:, k * H:(k + 1) * H]) for k in (0, 1, 3))

@@ -1,0 +1,227 @@
+"""Companions of the convolutions for volumes (NCDHW) and images (NCHW): max and average
+pooling, batch normalisation, and concatenation along channels."""
+import numpy as np
+
+from ..graph import Spec
+from .base import Layer, register, require_float
+
+
+def _tuple(value, nd, what):
+    t = tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else (int(value),) * nd
+    if len(t) != nd:
+        raise ValueError(f"{what} must be an int or {nd} ints, found {value!r}")
+    return t
+
+
+def _spatial_input(spec, nd):
+    require_float(spec, "input 0")
+    if spec.sequence or len(spec.shape) != nd + 1:
+        axes = "C, D, H, W" if nd == 3 else "C, H, W"
+        raise ValueError(f"input 0 must be [{axes}] per sample, found {spec}")
+    return spec
+
+
+class _Pool(Layer):
+    nd = 3
+
+    def __init__(self, kernel_size, stride=None, padding=0, name=None):
+        super().__init__(name)
+        where = type(self).__name__
+        self.kernel_size = _tuple(kernel_size, self.nd, f"{where}: kernel_size")
+        self.stride = _tuple(stride if stride is not None else kernel_size, self.nd, f"{where}: stride")
+        self.padding = _tuple(padding, self.nd, f"{where}: padding")
+        if min(self.kernel_size + self.stride) < 1 or min(self.padding) < 0:
+            raise ValueError(f"{where}: kernel_size and stride must be at least 1, padding at least 0")
+        if any(2 * p > k for p, k in zip(self.padding, self.kernel_size)):
+            raise ValueError(f"{where}: padding must be at most half the kernel size, found padding "
+                             f"{self.padding} for kernel {self.kernel_size}")
+
+    def config(self):
+        return {"kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding)}
+
+    def output_spec(self, specs):
+        x = _spatial_input(specs[0], self.nd)
+        out = tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(x.shape[1:], self.kernel_size, self.stride, self.padding))
+        if min(out) < 1:
+            raise ValueError(f"the output would be empty: input size {x.shape[1:]} with kernel {self.kernel_size}")
+        return Spec((x.shape[0],) + out)
+
+    def _window(self):
+        one, zero = (1,) * (3 - self.nd), (0,) * (3 - self.nd)
+        return one + self.kernel_size, one + self.stride, zero + self.padding
+
+
+class _MaxPool(_Pool):
+    """y = the maximum of each window (padding never wins)."""
+
+    def _argmax(self, ctx):
+        y = ctx.output
+        return ctx.workspace("argmax", (y.shape[0] * y.shape[1], int(np.prod(y.shape[2:]))), np.int32)
+
+    def forward(self, ctx):
+        ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx), self._window())
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.max_pool_backward(ctx.grad_output, self._argmax(ctx), dx.array, dx.beta)
+
+
+class _AvgPool(_Pool):
+    """y = the mean of each window; count_include_pad says whether padded positions count."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad=True, name=None):
+        super().__init__(kernel_size, stride, padding, name)
+        self.count_include_pad = bool(count_include_pad)
+
+    def config(self):
+        return {**super().config(), "count_include_pad": self.count_include_pad}
+
+    def forward(self, ctx):
+        ctx.be.avg_pool(ctx.inputs[0], ctx.output, self._window(), self.count_include_pad)
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.avg_pool_backward(ctx.grad_output, dx.array, self._window(), self.count_include_pad, dx.beta)
+
+
+@register
+class MaxPool3d(_MaxPool):
+    kind = "max_pool3d"
+
+
+@register
+class MaxPool2d(_MaxPool):
+    kind = "max_pool2d"
+    nd = 2
+
+
+@register
+class AvgPool3d(_AvgPool):
+    kind = "avg_pool3d"
+
+
+@register
+class AvgPool2d(_AvgPool):
+    kind = "avg_pool2d"
+    nd = 2
+
+
+class _BatchNorm(Layer):
+    """Training: y = (x - mean) / sqrt(var + eps) · weight + bias with the batch's per-channel
+    statistics over N and space, and running averages updated as PyTorch does
+    (r = (1 - momentum) r + momentum · stat, the variance unbiased). Inference: the running
+    statistics. running_mean and running_var are saved with the model and never trained."""
+
+    nd = 3
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, name=None):
+        super().__init__(name)
+        self.num_features, self.eps, self.momentum, self.affine = int(num_features), float(eps), float(momentum), bool(affine)
+        if self.num_features < 1 or self.eps <= 0 or not 0 <= self.momentum <= 1:
+            raise ValueError(f"{type(self).__name__}: expected num_features >= 1, eps > 0, momentum in [0, 1]")
+        if self.affine:
+            self.add_param("weight", np.ones(self.num_features))
+            self.add_param("bias", np.zeros(self.num_features))
+        for stat, value in (("running_mean", 0.0), ("running_var", 1.0)):
+            p = self.add_param(stat, np.full(self.num_features, value), trainable=False)
+
+    def config(self):
+        return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine}
+
+    def output_spec(self, specs):
+        x = _spatial_input(specs[0], self.nd)
+        if x.shape[0] != self.num_features:
+            raise ValueError(f"input 0 has {x.shape[0]} channels, expected num_features={self.num_features}")
+        return x
+
+    def _stats(self, ctx):
+        C = self.num_features
+        return ctx.workspace("mean", (C,), np.float64), ctx.workspace("invstd", (C,), np.float64)
+
+    def forward(self, ctx):
+        be, x = ctx.be, ctx.inputs[0]
+        mean, invstd = self._stats(ctx)
+        if ctx.training:
+            var = ctx.workspace("var", (self.num_features,), np.float64)
+            be.batch_norm_stats(x, mean, var)
+            # per-channel vectors of C values, kept on the host
+            np.divide(1.0, np.sqrt(var + self.eps), out=invstd)
+            m = x.size // self.num_features
+            for stat, value, scale in (("running_mean", mean, 1.0), ("running_var", var, m / max(m - 1, 1))):
+                p = self.params[stat]
+                p.buffer *= 1 - self.momentum
+                p.buffer += self.momentum * scale * value
+                p.changed()
+        else:
+            mean[...] = self.params["running_mean"].buffer
+            np.divide(1.0, np.sqrt(self.params["running_var"].buffer + self.eps), out=invstd)
+        gamma = self.params["weight"].buffer if self.affine else None
+        bias = self.params["bias"].buffer if self.affine else None
+        be.batch_norm_apply(x, mean, invstd, gamma, bias, ctx.output)
+
+    def backward(self, ctx):
+        be, x = ctx.be, ctx.inputs[0]
+        mean, invstd = self._stats(ctx)
+        dx = ctx.input_grad(0)
+        C = self.num_features
+        dgamma, dbeta = ctx.workspace("dgamma", (C,), np.float64), ctx.workspace("dbeta", (C,), np.float64)
+        gamma = self.params["weight"].buffer if self.affine else None
+        be.batch_norm_backward(x, ctx.grad_output, mean, invstd, gamma, ctx.training,
+                               dx.array if dx is not None else None, dx.beta if dx is not None else 0.0,
+                               dgamma, dbeta)
+        if self.affine:
+            for name, value in (("weight", dgamma), ("bias", dbeta)):
+                target = ctx.param_grad(name)
+                if target is not None:  # C values, host side
+                    target.array[...] = value + target.beta * target.array if target.beta else value
+
+
+@register
+class BatchNorm3d(_BatchNorm):
+    kind = "batch_norm3d"
+
+
+@register
+class BatchNorm2d(_BatchNorm):
+    kind = "batch_norm2d"
+    nd = 2
+
+
+@register
+class ConcatChannels(Layer):
+    """y = [x_0, x_1, …] along the channel axis; inputs [C_i, *spatial] of one spatial size."""
+
+    kind = "concat_channels"
+    arity = (1, 64)
+
+    def output_spec(self, specs):
+        first = specs[0]
+        require_float(first, "input 0")
+        if first.sequence or len(first.shape) < 2:
+            raise ValueError(f"input 0 must be [C, *spatial] per sample, found {first}")
+        for i, s in enumerate(specs[1:], 1):
+            require_float(s, f"input {i}")
+            if s.sequence or s.shape[1:] != first.shape[1:]:
+                raise ValueError(f"input {i} is {s}; every input needs the spatial size {list(first.shape[1:])}")
+        return Spec((sum(s.shape[0] for s in specs),) + first.shape[1:])
+
+    def _blocks(self, ctx):
+        col = 0
+        for x in ctx.inputs:
+            flat = x.reshape(x.shape[0], -1)
+            yield flat, col
+            col += flat.shape[1]
+
+    def forward(self, ctx):
+        y = ctx.output.reshape(ctx.output.shape[0], -1)
+        for flat, col in self._blocks(ctx):
+            ctx.be.copy_to_columns(flat, y, col)
+
+    def backward(self, ctx):
+        dy = ctx.grad_output.reshape(ctx.grad_output.shape[0], -1)
+        for i, (flat, col) in enumerate(self._blocks(ctx)):
+            dx = ctx.input_grad(i)
+            if dx is not None:
+                ctx.be.copy_from_columns(dy, col, dx.array.reshape(flat.shape), dx.beta)

@@ -1,0 +1,153 @@
+"""Pooling, batch normalisation and channel concatenation: gradient checks, the numpy reference
+backend, PyTorch parity where PyTorch is importable, and running statistics."""
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.backends.reference import ReferenceBackend
+from lamina.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, ConcatChannels, Conv3d, MaxPool2d,
+                           MaxPool3d)
+from lamina.testing import add_probe_cost, check_gradients, probe_feed
+
+POOLS = [
+    (MaxPool3d, (3, 5, 4, 6), dict(kernel_size=2)),
+    (MaxPool3d, (2, 5, 6, 5), dict(kernel_size=3, stride=(1, 2, 2), padding=1)),
+    (AvgPool3d, (3, 5, 4, 6), dict(kernel_size=2, stride=1)),
+    (AvgPool3d, (2, 5, 6, 5), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    (AvgPool3d, (2, 4, 5, 5), dict(kernel_size=(3, 2, 3), stride=2, padding=(1, 1, 0), count_include_pad=True)),
+    (MaxPool2d, (3, 7, 6), dict(kernel_size=3, stride=2, padding=1)),
+    (AvgPool2d, (3, 7, 6), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+]
+POOL_IDS = [f"{p[0].__name__}-{i}" for i, p in enumerate(POOLS)]
+
+
+def probed(layer, shape, batch=2, seed=0):
+    net = lm.Network()
+    x = net.input("x", shape)
+    y = layer(x)
+    probe = add_probe_cost(net, y)
+    net.astype("float64")
+    rng = np.random.default_rng(seed)
+    return net, {"x": rng.standard_normal((batch,) + shape), probe: probe_feed(net, probe, batch, seed)}, y
+
+
+@pytest.mark.parametrize("case", POOLS, ids=POOL_IDS)
+def test_pool_gradients(case):
+    layer_type, shape, kw = case
+    net, feeds, _ = probed(layer_type(**kw), shape)
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("case", POOLS, ids=POOL_IDS)
+def test_pool_matches_reference(case):
+    layer_type, shape, kw = case
+    net = lm.Network(dtype="float64")
+    x = net.input("x", shape)
+    net.outputs(y=layer_type(**kw)(x))
+    net.astype("float64")
+    X = np.random.default_rng(1).standard_normal((2,) + shape)
+    got = net.run({"x": X})["y"]
+    ref_net = lm.Network(dtype="float64", backend=ReferenceBackend())
+    net2_x = ref_net.input("x", shape)
+    ref_net.outputs(y=layer_type(**kw)(net2_x))
+    np.testing.assert_allclose(got, ref_net.run({"x": X})["y"], rtol=1e-13)
+
+
+@pytest.mark.parametrize("layer_type,shape", [(BatchNorm3d, (3, 4, 3, 5)), (BatchNorm2d, (3, 5, 4))])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_gradients(layer_type, shape, affine):
+    net, feeds, _ = probed(layer_type(3, affine=affine), shape, batch=3)
+    check_gradients(net, feeds)
+
+
+def test_batch_norm_inference_gradients():
+    """With running statistics the layer is affine per channel: checked in inference mode too."""
+    bn = BatchNorm3d(2)
+    net, feeds, y = probed(bn, (2, 3, 2, 3))
+    bn.params["running_mean"].assign(np.array([0.5, -1.0]))
+    bn.params["running_var"].assign(np.array([2.0, 0.5]))
+    net.astype("float64")
+    x = feeds["x"]
+    net.outputs(y=y)
+    out = net.run({"x": x}, outputs=["y"])["y"]
+    mean = np.array([0.5, -1.0]).reshape(1, 2, 1, 1, 1)
+    var = np.array([2.0, 0.5]).reshape(1, 2, 1, 1, 1)
+    np.testing.assert_allclose(out, (x - mean) / np.sqrt(var + 1e-5), rtol=1e-6)
+
+
+def test_batch_norm_running_statistics_follow_pytorch():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    bn = BatchNorm3d(4, momentum=0.2)
+    net = lm.Network()
+    x = net.input("x", (4, 3, 5, 2))
+    y = bn(x)
+    net.outputs(y=y)
+    tbn = torch.nn.BatchNorm3d(4, momentum=0.2)
+    rng = np.random.default_rng(3)
+    for step in range(3):
+        X = (2 * rng.standard_normal((5, 4, 3, 5, 2)) + step).astype(np.float32)
+        G = rng.standard_normal(X.shape).astype(np.float32)
+        x.requires_grad = True
+        out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
+        net.backward(grad_outputs={"y": G})
+        tx = torch.from_numpy(X).requires_grad_(True)
+        ty = tbn(tx)
+        ty.backward(torch.from_numpy(G))
+        np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(net.grad("x"), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(bn.params["weight"].grad, tbn.weight.grad.numpy(), rtol=1e-4, atol=1e-4)
+        net.zero_grad()
+        tbn.zero_grad()
+    np.testing.assert_allclose(bn.params["running_mean"].value, tbn.running_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(bn.params["running_var"].value, tbn.running_var.numpy(), rtol=1e-5)
+    tbn.eval()
+    X = rng.standard_normal((2, 4, 3, 5, 2)).astype(np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(net.run({"x": X})["y"], tbn(torch.from_numpy(X)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", POOLS, ids=POOL_IDS)
+def test_pool_matches_pytorch(case):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    layer_type, shape, kw = case
+    net = lm.Network()
+    x = net.input("x", shape)
+    net.outputs(y=layer_type(**kw)(x))
+    X = np.random.default_rng(4).standard_normal((2,) + shape).astype(np.float32)
+    tlayer = getattr(torch.nn, layer_type.__name__)(**kw)
+    np.testing.assert_allclose(net.run({"x": X})["y"], tlayer(torch.from_numpy(X)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_parameters_are_saved_and_running_stats_never_trained(tmp_path):
+    net = lm.Network()
+    x = net.input("x", (2, 3, 3, 3))
+    bn = BatchNorm3d(2, name="bn")
+    net.outputs(c=lm.layers.SquareError()(bn(Conv3d(2, 2, 3, padding=1)(x)), net.input("t", (2, 3, 3, 3))))
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((4, 2, 3, 3, 3)).astype(np.float32),
+             "t": rng.standard_normal((4, 2, 3, 3, 3)).astype(np.float32)}
+    opt = lm.optim.Adam(net, lr=0.01)
+    net.freeze("bn", frozen=False)  # unfreezing a layer leaves its running statistics untrained
+    for _ in range(3):
+        net.train_step(feeds, opt)
+    assert bn.params["running_mean"].frozen and bn.params["running_mean"].grad is None
+    lm.save(net, tmp_path / "m.lamina")
+    loaded = lm.load(tmp_path / "m.lamina")
+    np.testing.assert_array_equal(loaded.layer("bn").params["running_var"].value, bn.params["running_var"].value)
+
+
+def test_concat_channels():
+    net = lm.Network()
+    a, b = net.input("a", (2, 3, 4)), net.input("b", (3, 3, 4))
+    y = ConcatChannels()(a, b)
+    probe = add_probe_cost(net, y)
+    net.astype("float64")
+    rng = np.random.default_rng(6)
+    feeds = {"a": rng.standard_normal((2, 2, 3, 4)), "b": rng.standard_normal((2, 3, 3, 4)),
+             probe: probe_feed(net, probe, 2)}
+    check_gradients(net, feeds)
+    net.outputs(y=y)
+    np.testing.assert_array_equal(net.run({"a": feeds["a"], "b": feeds["b"]}, outputs=["y"])["y"],
+                                  np.concatenate([feeds["a"], feeds["b"]], axis=1))
+    with pytest.raises(lm.GraphError, match="every input needs the spatial size"):
+        ConcatChannels()(a, net.input("c", (1, 3, 5)))
