@@ -7,10 +7,10 @@ import argparse
 import importlib.util
 import sys
 
-from . import fc, rnn
+from . import conv, fc, rnn
 from .harness import Bench, print_table, write_json
 
-SUITES = {"fc": fc.run, "rnn": rnn.run}
+SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run}
 
 
 def main(argv=None):

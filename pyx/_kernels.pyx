@@ -649,55 +649,82 @@ def sequence_softmax_backward(real[::1] y, real[::1] dy, int[::1] starts, real[:
 # (od, oh, ow) of an oD x oH x oW grid: the GEMM operand of a convolution. The caller gives the
 # grid (a convolution's output size; for a transposed convolution, its input size).
 
+cdef inline void _valid_range(Py_ssize_t oW, Py_ssize_t W, Py_ssize_t sw, Py_ssize_t off,
+                              Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """The window columns ow in [lo, hi) whose input column ow*sw + off lies in [0, W)."""
+    lo[0] = 0 if off >= 0 else (-off + sw - 1) // sw
+    hi[0] = 0 if W - 1 - off < 0 else (W - 1 - off) // sw + 1
+    if hi[0] > oW:
+        hi[0] = oW
+    if lo[0] > hi[0]:
+        lo[0] = hi[0]
+
+
 def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int sd, int sh, int sw,
-            int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW):
-    """col[(c, a, b, e), (od, oh, ow)] = x[c, od*sd - pd + a*dd, oh*sh - ph + b*dh, ow*sw - pw + e*dw],
-    zero where the window falls in the padding. Overwrites col."""
+            int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW,
+            Py_ssize_t r0, Py_ssize_t r1):
+    """col[(c, a, b, e), (r - r0)·oW + ow] = x[c, od*sd - pd + a*dd, oh*sh - ph + b*dh, ow*sw - pw + e*dw]
+    for the window rows r = od·oH + oh in [r0, r1), zero where the window falls in the padding.
+    Overwrites col. (Working on a block of rows keeps col small enough to stay in cache.)"""
     cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t c, a, b, e, od, oh, ow, row, p, i_d, i_h, i_w
+    cdef Py_ssize_t c, a, b, e, r, od, oh, ow, row, p, i_d, i_h, off, lo, hi
+    cdef real* dst
+    cdef const real* src
     for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > PARALLEL_MIN):
         for a in range(kd):
             for b in range(kh):
                 for e in range(kw):
                     row = ((c * kd + a) * kh + b) * kw + e
-                    p = 0
-                    for od in range(oD):
+                    off = e * dw - pw
+                    _valid_range(oW, W, sw, off, &lo, &hi)
+                    for r in range(r0, r1):
+                        od = r // oH
+                        oh = r - od * oH
+                        p = (r - r0) * oW
                         i_d = od * sd - pd + a * dd
-                        for oh in range(oH):
-                            i_h = oh * sh - ph + b * dh
-                            if i_d < 0 or i_d >= D or i_h < 0 or i_h >= H:
-                                for ow in range(oW):
-                                    col[row, p + ow] = 0
+                        i_h = oh * sh - ph + b * dh
+                        if i_d < 0 or i_d >= D or i_h < 0 or i_h >= H:
+                            for ow in range(oW):
+                                col[row, p + ow] = 0
+                        else:
+                            dst = &col[row, p]
+                            src = &x[c, i_d, i_h, 0]
+                            for ow in range(lo):
+                                dst[ow] = 0
+                            if sw == 1:  # the common case: a plain copy the compiler vectorises
+                                for ow in range(lo, hi):
+                                    dst[ow] = src[ow + off]
                             else:
-                                for ow in range(oW):
-                                    i_w = ow * sw - pw + e * dw
-                                    col[row, p + ow] = x[c, i_d, i_h, i_w] if 0 <= i_w < W else 0
-                            p = p + oW
+                                for ow in range(lo, hi):
+                                    dst[ow] = src[ow * sw + off]
+                            for ow in range(hi, oW):
+                                dst[ow] = 0
 
 
 def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int sd, int sh, int sw,
-            int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW):
-    """The adjoint of vol2col: x[c, i_d, i_h, i_w] += col[(c, a, b, e), (od, oh, ow)] for every
-    window position that reads it. ACCUMULATES into x (zero it first for a fresh result);
+            int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW,
+            Py_ssize_t r0, Py_ssize_t r1):
+    """The adjoint of vol2col over the same block of window rows: x[c, i_d, i_h, i_w] +=
+    col[(c, a, b, e), (r - r0)·oW + ow]. ACCUMULATES into x (zero it first for a fresh result);
     channels run in parallel, and a channel's rows only touch that channel, so nothing races."""
     cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t c, a, b, e, od, oh, ow, row, p, i_d, i_h, i_w
+    cdef Py_ssize_t c, a, b, e, r, od, oh, ow, row, p, i_d, i_h, off, lo, hi
     for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > PARALLEL_MIN):
         for a in range(kd):
             for b in range(kh):
                 for e in range(kw):
                     row = ((c * kd + a) * kh + b) * kw + e
-                    p = 0
-                    for od in range(oD):
+                    off = e * dw - pw
+                    _valid_range(oW, W, sw, off, &lo, &hi)
+                    for r in range(r0, r1):
+                        od = r // oH
+                        oh = r - od * oH
                         i_d = od * sd - pd + a * dd
-                        for oh in range(oH):
-                            i_h = oh * sh - ph + b * dh
-                            if 0 <= i_d < D and 0 <= i_h < H:
-                                for ow in range(oW):
-                                    i_w = ow * sw - pw + e * dw
-                                    if 0 <= i_w < W:
-                                        x[c, i_d, i_h, i_w] += col[row, p + ow]
-                            p = p + oW
+                        i_h = oh * sh - ph + b * dh
+                        if 0 <= i_d < D and 0 <= i_h < H:
+                            p = (r - r0) * oW
+                            for ow in range(lo, hi):
+                                x[c, i_d, i_h, ow * sw + off] += col[row, p + ow]
 
 
 def channel_bias(real[:, :, ::1] y, real[::1] b):

@@ -166,3 +166,26 @@ def test_configuration_errors_name_the_layer():
         Conv3d(3, 4, 1, name="c")(x)
     with pytest.raises(lm.GraphError, match=r"input 0 must be \[C, H, W\] per sample"):
         Conv2d(2, 4, 1)(x)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5], CASES[6], CASES[8]], ids=lambda c: c[0].__name__)
+def test_blocked_column_matrix_gives_the_same_result(case, monkeypatch):
+    """vol2col works on blocks of window rows; with tiny blocks (many per sample) the forward
+    output and every gradient equal the single-block result."""
+    import lamina.layers.conv as conv
+    results = []
+    for block in (1 << 18, 7):
+        monkeypatch.setattr(conv, "COL_BLOCK", block)
+        net, x, layer = conv_net(case, seed=3)
+        y = layer(x)
+        net.outputs(y=y)
+        net.astype("float64")
+        x.requires_grad = True
+        rng = np.random.default_rng(4)
+        X = rng.standard_normal((2,) + x.spec.shape)
+        G = rng.standard_normal((2,) + y.spec.shape)
+        out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
+        net.backward(grad_outputs={"y": G})
+        results.append([out, net.grad("x").copy()] + [p.grad.copy() for p in net.parameters()])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -148,11 +148,12 @@ class Backend(ABC):
     # -- volumes: one sample [C, D, H, W]; geometry = (kernel, stride, padding, dilation, grid),
     #    3-tuples over depth, height, width; grid is the oD x oH x oW window grid
     @abstractmethod
-    def vol2col(self, x, col, geometry):
-        """col[(c,a,b,e), (od,oh,ow)] = x[c, od*s-p+a*d, ...], zero in the padding (overwrites)."""
+    def vol2col(self, x, col, geometry, rows=None):
+        """col[(c,a,b,e), (od,oh,ow)] = x[c, od*s-p+a*d, ...], zero in the padding (overwrites);
+        rows=(r0, r1) limits it to the window rows od·oH + oh in [r0, r1)."""
 
     @abstractmethod
-    def col2vol(self, col, x, geometry):
+    def col2vol(self, col, x, geometry, rows=None):
         """The adjoint of vol2col: ACCUMULATES every column entry into x."""
 
     @abstractmethod

@@ -33,6 +33,23 @@ def check_array(where, name, a, dtype=None, shape=None, ndim=None):
     return a
 
 
+def check_matrix(where, name, a, dtype=None):
+    """A 2-D numpy array whose rows are contiguous (the rows themselves may be strided: a block
+    of columns of a larger matrix is fine for BLAS)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{where}: {name} must be a numpy array, found {type(a).__name__}")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{where}: {name} must be {np.dtype(dtype)}, found {a.dtype}")
+    if a.ndim != 2:
+        raise ValueError(f"{where}: {name} must have 2 dimensions, found shape {a.shape}")
+    if a.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{where}: {name} must be float32 or float64, found {a.dtype}")
+    if (a.shape[1] > 1 and a.strides[1] != a.itemsize) or (a.shape[0] > 1 and a.strides[0] < a.shape[1] * a.itemsize):
+        raise ValueError(f"{where}: {name} must have contiguous rows, found strides {a.strides} for shape "
+                         f"{a.shape}; pass np.ascontiguousarray(...)")
+    return a
+
+
 def _float(where, name, a, **kw):
     check_array(where, name, a, **kw)
     if a.dtype not in (np.float32, np.float64):
@@ -91,9 +108,9 @@ class CPUBackend(Backend):
 
     # -- products
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
-        _float("gemm", "a", a, ndim=2)
-        check_array("gemm", "b", b, dtype=a.dtype, ndim=2)
-        check_array("gemm", "c", c, dtype=a.dtype, ndim=2)
+        check_matrix("gemm", "a", a)
+        check_matrix("gemm", "b", b, dtype=a.dtype)
+        check_matrix("gemm", "c", c, dtype=a.dtype)
         m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
         kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
         if k != kb or c.shape != (m, n):
@@ -101,7 +118,7 @@ class CPUBackend(Backend):
                 f"gemm: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n} with equal inner "
                 f"sizes; found a {a.shape}{' transposed' if trans_a else ''}, "
                 f"b {b.shape}{' transposed' if trans_b else ''}, c {c.shape}")
-        if k == 0:  # BLAS rejects a zero leading dimension; the product is empty
+        if k == 0:  # the product is empty
             if beta == 0:
                 c.fill(0)
             else:
@@ -263,21 +280,21 @@ class CPUBackend(Backend):
 
     # -- volumes (one sample [C, D, H, W]; geometry = (kernel, stride, padding, dilation, grid),
     #    each a 3-tuple over depth, height, width)
-    def _volume(self, where, x, geometry):
+    def _volume(self, where, x, col, geometry, rows):
         _float(where, "volume", x, ndim=4)
         kernel, stride, padding, dilation, grid = geometry
-        rows = x.shape[0] * kernel[0] * kernel[1] * kernel[2]
-        return (rows, grid[0] * grid[1] * grid[2]), [*kernel, *stride, *padding, *dilation, *grid]
+        r0, r1 = rows if rows is not None else (0, grid[0] * grid[1])
+        if not 0 <= r0 <= r1 <= grid[0] * grid[1]:
+            raise ValueError(f"{where}: window rows {rows} outside the grid's {grid[0] * grid[1]}")
+        shape = (x.shape[0] * kernel[0] * kernel[1] * kernel[2], (r1 - r0) * grid[2])
+        check_array(where, "col", col, dtype=x.dtype, shape=shape)
+        return [*kernel, *stride, *padding, *dilation, *grid, r0, r1]
 
-    def vol2col(self, x, col, geometry):
-        shape, args = self._volume("vol2col", x, geometry)
-        check_array("vol2col", "col", col, dtype=x.dtype, shape=shape)
-        K.vol2col(x, col, *args)
+    def vol2col(self, x, col, geometry, rows=None):
+        K.vol2col(x, col, *self._volume("vol2col", x, col, geometry, rows))
 
-    def col2vol(self, col, x, geometry):
-        shape, args = self._volume("col2vol", x, geometry)
-        check_array("col2vol", "col", col, dtype=x.dtype, shape=shape)
-        K.col2vol(col, x, *args)
+    def col2vol(self, col, x, geometry, rows=None):
+        K.col2vol(col, x, *self._volume("col2vol", x, col, geometry, rows))
 
     def channel_bias(self, y, b):
         _float("channel_bias", "y", y)

@@ -159,24 +159,26 @@ class ReferenceBackend(Backend):
         _with_beta(dx, grad, beta)
 
     @staticmethod
-    def _windows(x, geometry):
+    def _windows(x, geometry, rows=None):
         """Yield (row, column, source index or None) for every entry of the column matrix."""
         kernel, stride, padding, dilation, grid = geometry
         C, D, H, W = x.shape
+        r0, r1 = rows if rows is not None else (0, grid[0] * grid[1])
         import itertools
         for c, a, b, e in itertools.product(range(C), *(range(k) for k in kernel)):
             row = ((c * kernel[0] + a) * kernel[1] + b) * kernel[2] + e
-            for col, (od, oh, ow) in enumerate(itertools.product(*(range(g) for g in grid))):
+            positions = [(r // grid[1], r % grid[1], ow) for r in range(r0, r1) for ow in range(grid[2])]
+            for col, (od, oh, ow) in enumerate(positions):
                 idx = [o * s - p + k * d for o, s, p, k, d in zip((od, oh, ow), stride, padding, (a, b, e), dilation)]
                 inside = all(0 <= i < n for i, n in zip(idx, (D, H, W)))
                 yield row, col, ((c, *idx) if inside else None)
 
-    def vol2col(self, x, col, geometry):
-        for row, j, src in self._windows(x, geometry):
+    def vol2col(self, x, col, geometry, rows=None):
+        for row, j, src in self._windows(x, geometry, rows):
             col[row, j] = x[src] if src is not None else 0
 
-    def col2vol(self, col, x, geometry):
-        for row, j, dst in self._windows(x, geometry):
+    def col2vol(self, col, x, geometry, rows=None):
+        for row, j, dst in self._windows(x, geometry, rows):
             if dst is not None:
                 x[dst] += col[row, j]
 

@@ -126,6 +126,30 @@ class _ConvNd(Layer):
         return grad.reshape(self.groups, grad.shape[0] // self.groups, -1)
 
 
+# vol2col works on blocks of window rows so that a block of the column matrix (about this many
+# values) stays in cache between being written and being read by the GEMM
+COL_BLOCK = 1 << 18
+
+
+class _Blocks:
+    """The column-matrix blocks of one convolution: window rows [r0, r1) of a grid, a buffer
+    sized for the largest block, and each block's [rows, columns] view of it."""
+
+    def __init__(self, ctx, col_rows, grid):
+        self.grid, self.rows = grid, col_rows
+        per_row = col_rows * grid[-1]
+        self.step = max(1, COL_BLOCK // per_row)
+        total = int(np.prod(grid[:-1]))
+        self.ranges = [(r0, min(total, r0 + self.step)) for r0 in range(0, total, self.step)]
+        self.buffer = ctx.workspace("col", (col_rows * min(self.step, total) * grid[-1],))
+
+    def __iter__(self):
+        width = self.grid[-1]
+        for r0, r1 in self.ranges:
+            cols = (r1 - r0) * width
+            yield (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
+
+
 class _Conv(_ConvNd):
     """y = conv(x, W) + b (cross-correlation, as PyTorch)."""
 
@@ -134,41 +158,44 @@ class _Conv(_ConvNd):
         grid = y.shape[2:]
         geometry = self._geometry(grid)
         w = self._weight_groups()
-        k_rows = w.shape[2]  # in_g · K
-        col = ctx.workspace("col", (self.in_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
-        out_g = self.out_channels // self.groups
+        k_rows, out_g = w.shape[2], self.out_channels // self.groups
+        blocks = _Blocks(ctx, self.in_channels * int(np.prod(self.kernel_size)), geometry[4])
         for n in range(x.shape[0]):
-            be.vol2col(self._volume(x[n]), col, geometry)
-            yn = y[n].reshape(self.out_channels, -1)
-            for g in range(self.groups):
-                be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
+            xn, yn = self._volume(x[n]), y[n].reshape(self.out_channels, -1)
+            for rows, cols, col in blocks:
+                be.vol2col(xn, col, geometry, rows)
+                for g in range(self.groups):
+                    be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
         if self.has_bias:
             be.channel_bias(y, self.bias.buffer)
 
     def backward(self, ctx):
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-        grid = dy.shape[2:]
-        geometry = self._geometry(grid)
+        geometry = self._geometry(dy.shape[2:])
         w = self._weight_groups()
-        k_rows = w.shape[2]
-        out_g = self.out_channels // self.groups
-        col = ctx.workspace("col", (self.in_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        k_rows, out_g = w.shape[2], self.out_channels // self.groups
+        blocks = _Blocks(ctx, self.in_channels * int(np.prod(self.kernel_size)), geometry[4])
         dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
         dwg = self._grad_groups(dw.array) if dw is not None else None
+        first = True
         for n in range(x.shape[0]):
-            dyn = dy[n].reshape(self.out_channels, -1)
-            if dwg is not None:  # dW_g += dy_g col_gᵀ
-                be.vol2col(self._volume(x[n]), col, geometry)
-                for g in range(self.groups):
-                    be.gemm(dyn[g * out_g:(g + 1) * out_g], col[g * k_rows:(g + 1) * k_rows], dwg[g],
-                            trans_b=True, beta=dw.beta if n == 0 else 1.0)
-            if dx is not None:  # dx = col2vol(W_gᵀ dy_g)
-                for g in range(self.groups):
-                    be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
-                xn = self._volume(dx.array[n])
+            dyn, xn = dy[n].reshape(self.out_channels, -1), self._volume(x[n])
+            if dx is not None:
+                dxn = self._volume(dx.array[n])
                 if dx.beta == 0:
-                    be.fill(xn, 0)
-                be.col2vol(col, xn, geometry)
+                    be.fill(dxn, 0)
+            for rows, cols, col in blocks:
+                if dwg is not None:  # dW_g += dy_g col_gᵀ
+                    be.vol2col(xn, col, geometry, rows)
+                    for g in range(self.groups):
+                        be.gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
+                                trans_b=True, beta=dw.beta if first else 1.0)
+                    first = False
+                if dx is not None:  # dx += col2vol(W_gᵀ dy_g)
+                    for g in range(self.groups):
+                        be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                                trans_a=True)
+                    be.col2vol(col, dxn, geometry, rows)
         if self.has_bias:
             db = ctx.param_grad("bias")
             if db is not None:
@@ -183,41 +210,42 @@ class _ConvTranspose(_ConvNd):
 
     def forward(self, ctx):
         be, x, y = ctx.be, ctx.inputs[0], ctx.output
-        grid = x.shape[2:]
-        geometry = self._geometry(grid)
+        geometry = self._geometry(x.shape[2:])
         w = self._weight_groups()  # [groups, in_g, out_g·K]
         in_g, k_rows = w.shape[1], w.shape[2]
-        col = ctx.workspace("col", (self.out_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        blocks = _Blocks(ctx, self.out_channels * int(np.prod(self.kernel_size)), geometry[4])
         for n in range(x.shape[0]):
-            xn = x[n].reshape(self.in_channels, -1)
-            for g in range(self.groups):
-                be.gemm(w[g], xn[g * in_g:(g + 1) * in_g], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
-            yn = self._volume(y[n])
+            xn, yn = x[n].reshape(self.in_channels, -1), self._volume(y[n])
             be.fill(yn, 0)
-            be.col2vol(col, yn, geometry)
+            for rows, cols, col in blocks:
+                for g in range(self.groups):
+                    be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
+                be.col2vol(col, yn, geometry, rows)
         if self.has_bias:
             be.channel_bias(y, self.bias.buffer)
 
     def backward(self, ctx):
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-        grid = x.shape[2:]
-        geometry = self._geometry(grid)
+        geometry = self._geometry(x.shape[2:])
         w = self._weight_groups()
         in_g, k_rows = w.shape[1], w.shape[2]
-        col = ctx.workspace("col", (self.out_channels * int(np.prod(self.kernel_size)), int(np.prod(grid))))
+        blocks = _Blocks(ctx, self.out_channels * int(np.prod(self.kernel_size)), geometry[4])
         dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
         dwg = self._grad_groups(dw.array) if dw is not None else None
+        first = True
         for n in range(x.shape[0]):
-            be.vol2col(self._volume(dy[n]), col, geometry)
-            xn = x[n].reshape(self.in_channels, -1)
-            for g in range(self.groups):
-                colg = col[g * k_rows:(g + 1) * k_rows]
-                if dx is not None:  # dx_g = W_g dcol_g
-                    dxn = dx.array[n].reshape(self.in_channels, -1)
-                    be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g], beta=dx.beta)
-                if dwg is not None:  # dW_g += x_g dcol_gᵀ
-                    be.gemm(xn[g * in_g:(g + 1) * in_g], colg, dwg[g], trans_b=True,
-                            beta=dw.beta if n == 0 else 1.0)
+            xn, dyn = x[n].reshape(self.in_channels, -1), self._volume(dy[n])
+            dxn = dx.array[n].reshape(self.in_channels, -1) if dx is not None else None
+            for rows, cols, col in blocks:
+                be.vol2col(dyn, col, geometry, rows)
+                for g in range(self.groups):
+                    colg = col[g * k_rows:(g + 1) * k_rows]
+                    if dxn is not None:  # dx_g = W_g dcol_g (blocks of columns are disjoint)
+                        be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)
+                    if dwg is not None:  # dW_g += x_g dcol_gᵀ
+                        be.gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True,
+                                beta=dw.beta if first else 1.0)
+                first = False
         if self.has_bias:
             db = ctx.param_grad("bias")
             if db is not None:
