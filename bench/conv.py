@@ -8,6 +8,8 @@ channels_last_3d (the faster of the two is the peer that counts). Shapes from th
 GFLOP/s count the convolution's multiply-adds (2 per weight tap per output of the direct form)."""
 import numpy as np
 
+from .harness import lamina_step
+
 CASES = {
     "A": dict(transposed=True, n=8, cin=32, cout=16, size=16, k=3, s=2, p=1, op=1, groups=1),
     "B": dict(transposed=True, n=8, cin=32, cout=16, size=16, k=3, s=2, p=1, op=1, groups=4),
@@ -43,17 +45,8 @@ def lamina_conv(case, mode):
         layer = lm.layers.Conv3d(c["cin"], c["cout"], c["k"], stride=c["s"], padding=c["p"], groups=c["groups"])
     y = layer(x)
     net.outputs(y=y)
-    feeds = {"x": _input(c)}
     grad = {"y": np.random.default_rng(1).standard_normal((c["n"],) + y.spec.shape).astype(np.float32)}
-
-    def forward():
-        net.forward(feeds, training=False)
-
-    def forward_backward():
-        net.forward(feeds, training=True, grad_outputs=["y"])
-        net.backward(grad_outputs=grad)
-        net.zero_grad()
-    return forward if mode == "fwd" else forward_backward
+    return lamina_step(net, {"x": _input(c)}, grad, mode)
 
 
 def torch_conv(case, mode, memory_format):

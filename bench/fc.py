@@ -3,7 +3,7 @@ gradients), against torch.nn.Linear and against the raw sgemm calls it is made o
 arrays (MKL and OpenBLAS; the faster is the yardstick)."""
 import numpy as np
 
-from .harness import RAW_GEMM
+from .harness import RAW_GEMM, lamina_step
 
 SHAPES = [(64, 1024, 1024), (256, 1024, 1024), (64, 512, 4096), (256, 512, 4096)]
 MODES = {"fwd": 1, "fwd+bwd": 3}  # GEMMs per call
@@ -22,16 +22,7 @@ def lamina_fc(mode, batch, n_in, n_out):
     x.requires_grad = True  # a layer inside a network computes its input gradient too
     net.outputs(y=lm.layers.Linear(n_in, n_out)(x))
     X, G = _data(batch, n_in, n_out)
-    feeds, grads = {"x": X}, {"y": G}
-
-    def forward():
-        net.forward(feeds, training=False)
-
-    def forward_backward():
-        net.forward(feeds, training=True, grad_outputs=["y"])
-        net.backward(grad_outputs=grads)
-        net.zero_grad()
-    return forward if mode == "fwd" else forward_backward
+    return lamina_step(net, {"x": X}, {"y": G}, mode)
 
 
 def torch_fc(mode, batch, n_in, n_out):

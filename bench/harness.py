@@ -110,6 +110,21 @@ class Bench:
 
 # ---------------------------------------------------------------- helpers run inside workers
 
+def lamina_step(net, feeds, grads, mode):
+    """What a lamina case times: a forward in inference mode ('fwd'/'infer'), or a training step
+    ('fwd+bwd'/'train'): forward, backward from the given output gradients, weight gradients."""
+    outputs = list(grads)
+
+    def forward():
+        net.forward(feeds, training=False)
+
+    def forward_backward():
+        net.forward(feeds, training=True, grad_outputs=outputs)
+        net.backward(grad_outputs=grads)
+        net.zero_grad()
+    return forward if mode in ("fwd", "infer") else forward_backward
+
+
 def set_threads(n):
     """Set the thread count of whatever this worker has imported."""
     if "lamina" in sys.modules:

@@ -7,6 +7,8 @@ import os
 
 import numpy as np
 
+from .harness import lamina_step
+
 BATCH, MIN_LEN, MAX_LEN = 64, 10, 50
 KINDS = {"rnn": 1, "lstm": 4, "gru": 3}  # gates
 
@@ -34,17 +36,8 @@ def lamina_rnn(kind, mode, size):
     layer = {"rnn": lm.layers.RNN, "lstm": lm.layers.LSTM, "gru": lm.layers.GRU}[kind](size, size, packed=packed)
     net.outputs(out=layer(x)[0])
     seqs = lm.Sequences.from_list(_sequences(size))
-    feeds = {"x": seqs}
     grad = {"out": np.random.default_rng(2).standard_normal((seqs.total_steps, size)).astype(np.float32)}
-
-    def infer():
-        net.forward(feeds, training=False)
-
-    def train():
-        net.forward(feeds, training=True, grad_outputs=["out"])
-        net.backward(grad_outputs=grad)
-        net.zero_grad()
-    return infer if mode == "infer" else train
+    return lamina_step(net, {"x": seqs}, grad, mode)
 
 
 def torch_rnn(kind, mode, size, layout):
