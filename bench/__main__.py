@@ -1,4 +1,4 @@
-"""python -m bench [SUITE ...] [--threads N ...] [--json FILE] [--rounds R]
+"""python -m bench [SUITE ...] [--threads N ...] [--json FILE] [--rounds R] [--only TEXT]
 
 Prints a table of lamina against its peers (PyTorch CPU where installed) measured in the same
 run, with ratios, GFLOP/s and the fraction of this machine's sgemm peak at each thread count
@@ -19,6 +19,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--rounds", type=int, default=5, help="turns per implementation and case")
+    parser.add_argument("--only", metavar="TEXT", help="run only the cases whose name contains TEXT")
     args = parser.parse_args(argv)
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
@@ -28,7 +29,7 @@ def main(argv=None):
     if not have_torch:
         print("PyTorch is not installed: peers omitted (pip install torch==2.13.0)", file=sys.stderr)
 
-    bench = Bench()
+    bench = Bench(args.only)
     rows, peaks = [], {}
     try:
         for threads in args.threads:

@@ -70,8 +70,9 @@ class Worker:
 class Bench:
     """The workers of one run, one per implementation, reused across cases."""
 
-    def __init__(self):
+    def __init__(self, only=None):
         self.workers = {}
+        self.only = only  # run only the cases whose name contains this text
 
     def worker(self, impl):
         if impl not in self.workers:
@@ -85,6 +86,8 @@ class Bench:
     def time_case(self, suite, case, threads, impls, flops, rounds=5, warmup=2, turn_seconds=0.04,
                   settle=0.12):
         """impls: {impl: (factory, args)}. Returns one Row per implementation."""
+        if self.only and suite != "peak" and self.only not in case:
+            return []
         for impl, (factory, args) in impls.items():
             self.worker(impl).ask(cmd="setup", threads=threads, factory=factory, args=args, warmup=warmup)
         times = {impl: [] for impl in impls}

@@ -1,13 +1,14 @@
 """Suite `rnn`: RNN, LSTM and GRU over 64 sequences with lengths drawn uniformly from 10..50
 (seed 0), input = hidden = 256 and 512; inference and a training step (forward, backward and
 weight gradients). Peers: PyTorch with a PackedSequence and with a padded batch, and ONNX Runtime
-(LSTM exported from PyTorch, padded). GFLOP/s count the useful work only: the two GEMMs per step
-over true lengths (3x for a training step)."""
+(LSTM exported from PyTorch, padded), and the raw sgemm calls of the same GEMMs (MKL and OpenBLAS)
+as the floor lamina's own time is compared with. GFLOP/s count the useful work only: the two GEMMs
+per step over true lengths (3x for a training step)."""
 import os
 
 import numpy as np
 
-from .harness import lamina_step
+from .harness import RAW_GEMM, lamina_step
 
 BATCH, MIN_LEN, MAX_LEN = 64, 10, 50
 KINDS = {"rnn": 1, "lstm": 4, "gru": 3}  # gates
@@ -98,6 +99,41 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
                     impls["torch-padded"] = ("bench.rnn:torch_rnn", [kind, mode, size, "padded"])
                 if have_ort and have_torch and kind == "lstm" and mode == "infer":
                     impls["onnxruntime"] = ("bench.rnn:ort_factory", [size, threads])
+                for impl, name in RAW_GEMM.items():
+                    impls[impl] = ("bench.rnn:raw_rnn", [name, kind, mode, size])
                 rows += bench.time_case("rnn", f"{kind} {mode} H={size}", threads, impls,
                                         useful_flops(kind, size, mode), rounds, turn_seconds=0.2)
     return rows
+
+
+def raw_rnn(provider_name, kind, mode, size):
+    """The same GEMMs as lamina's layer, alone (no gathers, cells or bias): the input projection
+    for all steps, one recurrent product per step over the running sequences and, for a training
+    step, the recurrent products of backward and the two weight-gradient GEMMs."""
+    from lamina.sequence import BatchOrder
+
+    from .harness import raw_provider
+    p = raw_provider(provider_name)
+    lens = lengths()
+    starts = np.zeros(len(lens) + 1, np.int32)
+    np.cumsum(lens, out=starts[1:])
+    order = BatchOrder(starts)
+    total, gh = int(starts[-1]), KINDS[kind] * size
+    rng = np.random.default_rng(3)
+    x, h, dh = (rng.standard_normal((total, size)).astype(np.float32) for _ in range(3))
+    g, dg = (rng.standard_normal((total, gh)).astype(np.float32) for _ in range(2))
+    w_ih, w_hh, dw_ih, dw_hh = (rng.standard_normal((gh, size)).astype(np.float32) for _ in range(4))
+    steps = [(order.step(t), int(order.step_starts[t - 1])) for t in range(1, order.steps)]
+
+    def forward():
+        p.gemm(x, w_ih, g, False, True, 1.0, 0.0)
+        for (r0, b), p0 in steps:
+            p.gemm(h[p0:p0 + b], w_hh, g[r0:r0 + b], False, True, 1.0, 1.0)
+
+    def train():
+        forward()
+        for (r0, b), p0 in reversed(steps):
+            p.gemm(dg[r0:r0 + b], w_hh, dh[p0:p0 + b], False, False, 1.0, 1.0)
+        p.gemm(dg, x, dw_ih, True, False, 1.0, 0.0)
+        p.gemm(dg, h, dw_hh, True, False, 1.0, 0.0)
+    return forward if mode == "infer" else train

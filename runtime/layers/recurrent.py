@@ -139,9 +139,13 @@ class _Recurrent(Layer):
         g = self._ws(ctx, "g", l, d, self.gates * H)
         be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
         if self.has_bias:
-            be.add_bias(g, self.params["bias_ih" + sfx].buffer)
-            if not self.separate_recurrent_bias:
-                be.add_bias(g, self.params["bias_hh" + sfx].buffer)
+            bias = self.params["bias_ih" + sfx].buffer
+            if not self.separate_recurrent_bias:  # b_ih + b_hh once, then one pass over G
+                both = ctx.workspace(("bias", l, d), bias.shape)
+                be.axpby(1.0, bias, 0.0, both)
+                be.axpby(1.0, self.params["bias_hh" + sfx].buffer, 1.0, both)
+                bias = both
+            be.add_bias(g, bias)
         hs = self._ws(ctx, "h", l, d, H)
         cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
         init_h = self._sorted_state(ctx, h0, k, "h0")
