@@ -102,6 +102,23 @@ def require_features(spec, what):
     return spec.shape[0]
 
 
+def require_volume(spec, nd, what="input 0"):
+    """A float per-sample [C, D, H, W] (nd = 3) or [C, H, W] (nd = 2)."""
+    require_float(spec, what)
+    if spec.sequence or len(spec.shape) != nd + 1:
+        axes = "C, D, H, W" if nd == 3 else "C, H, W"
+        raise ValueError(f"{what} must be [{axes}] per sample, found {spec}")
+    return spec
+
+
+def int_tuple(value, nd, what):
+    """An int or nd ints (PyTorch's kernel_size/stride/padding convention) as an nd-tuple."""
+    t = tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else (int(value),) * nd
+    if len(t) != nd:
+        raise ValueError(f"{what} must be an int or {nd} ints, found {value!r}")
+    return t
+
+
 def uniform(rng, bound, shape):
     return rng.uniform(-bound, bound, size=shape).astype(np.float32)
 

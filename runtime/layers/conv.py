@@ -15,14 +15,7 @@ import numpy as np
 
 from ..graph import Spec
 from ..random import generator
-from .base import Layer, register, require_float, uniform
-
-
-def _tuple(value, nd, what):
-    t = tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else (int(value),) * nd
-    if len(t) != nd:
-        raise ValueError(f"{what} must be an int or {nd} ints, found {value!r}")
-    return t
+from .base import Layer, int_tuple, register, require_volume, uniform
 
 
 class _ConvNd(Layer):
@@ -35,11 +28,11 @@ class _ConvNd(Layer):
         where = type(self).__name__
         nd = self.nd
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
-        self.kernel_size = _tuple(kernel_size, nd, f"{where}: kernel_size")
-        self.stride = _tuple(stride, nd, f"{where}: stride")
-        self.padding = _tuple(padding, nd, f"{where}: padding")
-        self.dilation = _tuple(dilation, nd, f"{where}: dilation")
-        self.output_padding = _tuple(output_padding, nd, f"{where}: output_padding")
+        self.kernel_size = int_tuple(kernel_size, nd, f"{where}: kernel_size")
+        self.stride = int_tuple(stride, nd, f"{where}: stride")
+        self.padding = int_tuple(padding, nd, f"{where}: padding")
+        self.dilation = int_tuple(dilation, nd, f"{where}: dilation")
+        self.output_padding = int_tuple(output_padding, nd, f"{where}: output_padding")
         self.has_bias = bool(bias)
         if min(self.in_channels, self.out_channels, self.groups) < 1:
             raise ValueError(f"{where}: channels and groups must be at least 1")
@@ -91,11 +84,7 @@ class _ConvNd(Layer):
                      zip(sizes, self.kernel_size, self.stride, self.padding, self.dilation))
 
     def output_spec(self, specs):
-        x = specs[0]
-        require_float(x, "input 0")
-        if x.sequence or len(x.shape) != self.nd + 1:
-            axes = "C, D, H, W" if self.nd == 3 else "C, H, W"
-            raise ValueError(f"input 0 must be [{axes}] per sample, found {x}")
+        x = require_volume(specs[0], self.nd)
         if x.shape[0] != self.in_channels:
             raise ValueError(f"input 0 has {x.shape[0]} channels, expected in_channels={self.in_channels}")
         out = self._out_sizes(x.shape[1:])

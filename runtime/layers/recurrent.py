@@ -26,6 +26,7 @@ import math
 
 from ..graph import Spec
 from ..packing import PackedWeight
+from ..scheduler import GradTarget
 from ..random import generator
 from .base import Layer, register, require_float, uniform
 
@@ -186,7 +187,8 @@ class _Recurrent(Layer):
                     if target is not None and d == 1:
                         target.beta = 1.0  # the second direction adds to the first's
                 else:
-                    target = _Target(self._ws(ctx, "dout", l - 1, 0, D * H), 0.0 if d == 0 else 1.0)
+                    # between stacked layers: the first direction writes, the second adds
+                    target = GradTarget(self._ws(ctx, "dout", l - 1, 0, D * H), 0.0 if d == 0 else 1.0)
                 self._backward_direction(ctx, l, d, layer_in, d_layer_out, target, d_last, d_cell,
                                          h0_target, c0_target)
 
@@ -271,15 +273,6 @@ class _Recurrent(Layer):
         for target, sorted_grad in ((h0_target, dh0), (c0_target, dc0)):  # each (l, d) owns a column block
             if target is not None:
                 be.scatter_rows(sorted_grad, order.order, target.array, beta=target.beta, col=k * H)
-
-
-class _Target:
-    """An internal gradient target (a workspace between stacked layers)."""
-
-    __slots__ = ("array", "beta")
-
-    def __init__(self, array, beta):
-        self.array, self.beta = array, beta
 
 
 @register

@@ -3,22 +3,7 @@ pooling, batch normalisation, and concatenation along channels."""
 import numpy as np
 
 from ..graph import Spec
-from .base import Layer, register, require_float
-
-
-def _tuple(value, nd, what):
-    t = tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else (int(value),) * nd
-    if len(t) != nd:
-        raise ValueError(f"{what} must be an int or {nd} ints, found {value!r}")
-    return t
-
-
-def _spatial_input(spec, nd):
-    require_float(spec, "input 0")
-    if spec.sequence or len(spec.shape) != nd + 1:
-        axes = "C, D, H, W" if nd == 3 else "C, H, W"
-        raise ValueError(f"input 0 must be [{axes}] per sample, found {spec}")
-    return spec
+from .base import Layer, int_tuple, register, require_float, require_volume
 
 
 class _Pool(Layer):
@@ -27,9 +12,9 @@ class _Pool(Layer):
     def __init__(self, kernel_size, stride=None, padding=0, name=None):
         super().__init__(name)
         where = type(self).__name__
-        self.kernel_size = _tuple(kernel_size, self.nd, f"{where}: kernel_size")
-        self.stride = _tuple(stride if stride is not None else kernel_size, self.nd, f"{where}: stride")
-        self.padding = _tuple(padding, self.nd, f"{where}: padding")
+        self.kernel_size = int_tuple(kernel_size, self.nd, f"{where}: kernel_size")
+        self.stride = int_tuple(stride if stride is not None else kernel_size, self.nd, f"{where}: stride")
+        self.padding = int_tuple(padding, self.nd, f"{where}: padding")
         if min(self.kernel_size + self.stride) < 1 or min(self.padding) < 0:
             raise ValueError(f"{where}: kernel_size and stride must be at least 1, padding at least 0")
         if any(2 * p > k for p, k in zip(self.padding, self.kernel_size)):
@@ -40,7 +25,7 @@ class _Pool(Layer):
         return {"kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding)}
 
     def output_spec(self, specs):
-        x = _spatial_input(specs[0], self.nd)
+        x = require_volume(specs[0], self.nd)
         out = tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(x.shape[1:], self.kernel_size, self.stride, self.padding))
         if min(out) < 1:
             raise ValueError(f"the output would be empty: input size {x.shape[1:]} with kernel {self.kernel_size}")
@@ -131,7 +116,7 @@ class _BatchNorm(Layer):
         return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine}
 
     def output_spec(self, specs):
-        x = _spatial_input(specs[0], self.nd)
+        x = require_volume(specs[0], self.nd)
         if x.shape[0] != self.num_features:
             raise ValueError(f"input 0 has {x.shape[0]} channels, expected num_features={self.num_features}")
         return x
