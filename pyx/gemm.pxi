@@ -14,10 +14,9 @@ cdef inline int _t(bint trans) noexcept nogil:
 
 def gemm(real[:, :] a, real[:, :] b, real[:, :] c, bint trans_a, bint trans_b,
          double alpha, double beta):
-    """c = alpha * op(a) @ op(b) + beta * c  (row-major, unit stride within rows, checked by the
-    caller; rows may be strided, e.g. a block of
-    columns of a larger matrix; shapes checked by the caller, which also handles an empty inner
-    dimension)."""
+    """c = alpha * op(a) @ op(b) + beta * c, row-major. Rows must be contiguous but may be
+    strided (a block of columns of a larger matrix); the caller checks that and the shapes, and
+    handles an empty inner dimension."""
     cdef int m = c.shape[0], n = c.shape[1]
     cdef int k = a.shape[0] if trans_a else a.shape[1]
     # leading dimensions: the row strides in elements (at least the row length, for BLAS)
