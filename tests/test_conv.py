@@ -60,6 +60,9 @@ CASES = [
     (Conv3d, 4, 4, (5, 4, 6), dict(kernel_size=3, stride=(1, 2, 3), padding=(1, 2, 0), groups=2)),
     (Conv3d, 4, 8, (6, 5, 7), dict(kernel_size=(3, 2, 3), stride=2, padding=1, dilation=(2, 1, 1), groups=4, bias=False)),
     (Conv3d, 2, 2, (5, 5, 5), dict(kernel_size=2, stride=3, padding=2, dilation=2)),
+    # depth stride 1 runs as depth taps: depth dilation and padding, and output slices no tap reaches
+    (Conv3d, 2, 4, (6, 4, 5), dict(kernel_size=(3, 2, 2), stride=(1, 1, 2), padding=(2, 0, 1), dilation=(2, 1, 1), groups=2)),
+    (Conv3d, 2, 2, (2, 4, 4), dict(kernel_size=(2, 3, 3), padding=(2, 1, 1))),
     (ConvTranspose3d, 2, 3, (3, 4, 2), dict(kernel_size=2)),
     (ConvTranspose3d, 4, 4, (3, 2, 4), dict(kernel_size=3, stride=2, padding=1, output_padding=1, groups=2)),
     (ConvTranspose3d, 4, 8, (2, 3, 3), dict(kernel_size=(2, 3, 3), stride=(3, 2, 1), padding=(0, 1, 2),
