@@ -63,6 +63,9 @@ CASES = [
     # depth stride 1 runs as depth taps: depth dilation and padding, and output slices no tap reaches
     (Conv3d, 2, 4, (6, 4, 5), dict(kernel_size=(3, 2, 2), stride=(1, 1, 2), padding=(2, 0, 1), dilation=(2, 1, 1), groups=2)),
     (Conv3d, 2, 2, (2, 4, 4), dict(kernel_size=(2, 3, 3), padding=(2, 1, 1))),
+    # deep enough for several depth slabs when blocks are small (test_blocked_...)
+    (Conv3d, 2, 2, (12, 3, 3), dict(kernel_size=2, padding=(1, 0, 0))),
+    (Conv3d, 2, 4, (20, 3, 2), dict(kernel_size=(3, 2, 1), padding=(2, 1, 0), dilation=(2, 1, 1), groups=2)),
     (ConvTranspose3d, 2, 3, (3, 4, 2), dict(kernel_size=2)),
     (ConvTranspose3d, 4, 4, (3, 2, 4), dict(kernel_size=3, stride=2, padding=1, output_padding=1, groups=2)),
     (ConvTranspose3d, 4, 8, (2, 3, 3), dict(kernel_size=(2, 3, 3), stride=(3, 2, 1), padding=(0, 1, 2),
@@ -171,7 +174,10 @@ def test_configuration_errors_name_the_layer():
         Conv2d(2, 4, 1)(x)
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5], CASES[6], CASES[8]], ids=lambda c: c[0].__name__)
+BLOCKED = [CASES[1], CASES[2], CASES[6], CASES[7], CASES[8], CASES[9], CASES[12]]
+
+
+@pytest.mark.parametrize("case", BLOCKED, ids=[f"{c[0].__name__}-{c[3]}" for c in BLOCKED])
 def test_blocked_column_matrix_gives_the_same_result(case, monkeypatch):
     """vol2col works on blocks of window rows; with tiny blocks (many per sample) the forward
     output and every gradient equal the single-block result."""

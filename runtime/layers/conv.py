@@ -207,14 +207,31 @@ class _Conv(_ConvNd):
                 ctx.be.channel_bias_grad(ctx.grad_output, db.array, db.beta)
 
     # ---------------------------------------------------------------- depth taps (stride_d = 1)
-    def _taps(self, ctx):
-        """Per depth tap a: the output slices [od0, od1) that read input slices from i0 on."""
+    def _slabs(self, ctx):
+        """Blocks of output depth slices [o0, o1), each with the input slices [i_lo, i_hi) it
+        reads (its own plus a halo of (kd - 1)·dd), a column-matrix view for those input slices,
+        and the taps (a, od0, od1, first column slice) that land in the block. Blocks keep the
+        column matrix in cache; the halo is rebuilt per block, so blocks span several slices."""
         depth, out_depth = ctx.inputs[0].shape[2], ctx.output.shape[2]
-        pd, dd = self.padding[0], self.dilation[0]
-        for a in range(self.kernel_size[0]):
-            od0, od1 = max(0, pd - a * dd), min(out_depth, depth + pd - a * dd)
-            if od1 > od0:
-                yield a, od0, od1, od0 - pd + a * dd
+        kd, pd, dd = self.kernel_size[0], self.padding[0], self.dilation[0]
+        col_rows = self.in_channels * self.kernel_size[1] * self.kernel_size[2]
+        plane = int(np.prod(ctx.output.shape[3:]))
+        halo = (kd - 1) * dd
+        slab = max(COL_BLOCK // (col_rows * plane), 4 * halo, 1)
+        buffer = ctx.workspace("col2d", (col_rows * min(slab + halo, depth) * plane,))
+        for o0 in range(0, out_depth, slab):
+            o1 = min(out_depth, o0 + slab)
+            i_lo, i_hi = max(0, o0 - pd), min(depth, o1 - 1 - pd + halo + 1)
+            if i_hi <= i_lo:
+                continue
+            col = buffer[:col_rows * (i_hi - i_lo) * plane].reshape(col_rows, (i_hi - i_lo) * plane)
+            taps = []
+            for a in range(kd):
+                od0, od1 = max(o0, pd - a * dd), min(o1, depth + pd - a * dd)
+                if od1 > od0:
+                    first = od0 - pd + a * dd - i_lo
+                    taps.append((a, slice(od0 * plane, od1 * plane), slice(first * plane, (first + od1 - od0) * plane)))
+            yield (i_lo, i_hi), col, taps
 
     def _tap_weights(self):
         """The weight as [kd, groups, out_g, in_g·kh·kw] (a layout copy, rebuilt when it changes)."""
@@ -229,62 +246,56 @@ class _Conv(_ConvNd):
         return cached[1]
 
     def _plane_geometry(self, ctx):
-        """vol2col over every input depth slice with the kh·kw taps only."""
+        """vol2col over input depth slices with the kh·kw taps only."""
         depth, grid = ctx.inputs[0].shape[2], ctx.output.shape[3:]
         return ((1,) + self.kernel_size[1:], (1,) + self.stride[1:], (0,) + self.padding[1:],
                 (1,) + self.dilation[1:], (depth,) + tuple(grid))
 
     def _forward_depth_taps(self, ctx):
         be, x, y = ctx.be, ctx.inputs[0], ctx.output
-        geometry = self._plane_geometry(ctx)
-        plane = int(np.prod(y.shape[3:]))
+        geometry, out_h = self._plane_geometry(ctx), y.shape[3]
         wt = self._tap_weights()
         rows, out_g = wt.shape[3], self.out_channels // self.groups
-        col = ctx.workspace("col2d", (self.groups * rows, x.shape[2] * plane))
         for n in range(x.shape[0]):
             yn = y[n].reshape(self.out_channels, -1)
-            be.vol2col(x[n], col, geometry)
             be.fill(yn, 0)
-            for a, od0, od1, i0 in self._taps(ctx):
-                src = slice(i0 * plane, (i0 + od1 - od0) * plane)
-                for g in range(self.groups):
-                    be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, src],
-                            yn[g * out_g:(g + 1) * out_g, od0 * plane:od1 * plane], beta=1.0)
+            for (i_lo, i_hi), col, taps in self._slabs(ctx):
+                be.vol2col(x[n], col, geometry, (i_lo * out_h, i_hi * out_h))
+                for a, out_cols, col_cols in taps:
+                    for g in range(self.groups):
+                        be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
+                                yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
         if self.has_bias:
             be.channel_bias(y, self.bias.buffer)
 
     def _backward_depth_taps(self, ctx):
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-        geometry = self._plane_geometry(ctx)
-        plane = int(np.prod(dy.shape[3:]))
+        geometry, out_h = self._plane_geometry(ctx), dy.shape[3]
         wt = self._tap_weights()
         rows, out_g = wt.shape[3], self.out_channels // self.groups
-        col = ctx.workspace("col2d", (self.groups * rows, x.shape[2] * plane))
         dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
         dwt = ctx.workspace("dweight_taps", wt.shape) if dw is not None else None
         if dwt is not None:
             be.fill(dwt, 0)
-        taps = list(self._taps(ctx))
         for n in range(x.shape[0]):
             dyn = dy[n].reshape(self.out_channels, -1)
-            if dwt is not None:  # dW_a,g += dy_g[od slices] col_g[matching input slices]ᵀ
-                be.vol2col(x[n], col, geometry)
-                for a, od0, od1, i0 in taps:
-                    src = slice(i0 * plane, (i0 + od1 - od0) * plane)
-                    for g in range(self.groups):
-                        be.gemm(dyn[g * out_g:(g + 1) * out_g, od0 * plane:od1 * plane],
-                                col[g * rows:(g + 1) * rows, src], dwt[a, g], trans_b=True, beta=1.0)
-            if dx is not None:  # dcol[matching input slices] += W_a,gᵀ dy_g[od slices]; dx = col2vol(dcol)
-                be.fill(col, 0)
-                for a, od0, od1, i0 in taps:
-                    src = slice(i0 * plane, (i0 + od1 - od0) * plane)
-                    for g in range(self.groups):
-                        be.gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, od0 * plane:od1 * plane],
-                                col[g * rows:(g + 1) * rows, src], trans_a=True, beta=1.0)
-                dxn = dx.array[n]
-                if dx.beta == 0:
-                    be.fill(dxn, 0)
-                be.col2vol(col, dxn, geometry)
+            if dx is not None and dx.beta == 0:
+                be.fill(dx.array[n], 0)
+            for (i_lo, i_hi), col, taps in self._slabs(ctx):
+                window = (i_lo * out_h, i_hi * out_h)
+                if dwt is not None:  # dW_a,g += dy_g[output slices] col_g[their input slices]ᵀ
+                    be.vol2col(x[n], col, geometry, window)
+                    for a, out_cols, col_cols in taps:
+                        for g in range(self.groups):
+                            be.gemm(dyn[g * out_g:(g + 1) * out_g, out_cols], col[g * rows:(g + 1) * rows, col_cols],
+                                    dwt[a, g], trans_b=True, beta=1.0)
+                if dx is not None:  # dcol[input slices] += W_a,gᵀ dy_g[output slices]; dx += col2vol(dcol)
+                    be.fill(col, 0)
+                    for a, out_cols, col_cols in taps:
+                        for g in range(self.groups):
+                            be.gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, out_cols],
+                                    col[g * rows:(g + 1) * rows, col_cols], trans_a=True, beta=1.0)
+                    be.col2vol(col, dx.array[n], geometry, window)
         if dwt is not None:  # back to PyTorch's layout [out, in_g, kd, kh, kw] (a layout copy)
             kd, k2 = self.kernel_size[0], self.kernel_size[1] * self.kernel_size[2]
             in_g = self.in_channels // self.groups
