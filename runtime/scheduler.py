@@ -14,7 +14,6 @@ same shape, so peak memory is the widest cut of the graph rather than the sum of
 """
 import numpy as np
 
-from .backends.cpu import check_array
 from .errors import GraphError, InputError
 from .sequence import Sequences
 
@@ -253,15 +252,6 @@ class Bindings:
             a = self._workspaces[full] = self.backend.empty(tuple(shape), dtype)
         return a
 
-    def peak_bytes(self):
-        arrays = {id(a): a for a in list(self.values.values()) + list(self.grads.values())
-                  if a is not None and id(a) not in self._feed_ids()}
-        arrays.update({id(a): a for a in self._workspaces.values()})
-        return sum(a.nbytes for a in arrays.values())
-
-    def _feed_ids(self):
-        return {id(self.values[v]) for v in self.plan.inputs if v in self.values}
-
 
 class Scheduler:
     """Executes a validated network (see the module docstring)."""
@@ -421,7 +411,9 @@ class Scheduler:
                 if v in b.plan.given_written:
                     be.copy(be.from_host(g), b.grads[v])
                 else:  # only read by backward: use the caller's array as it is, no copy
-                    check_array(f"backward: the gradient of output '{o}'", "it", g)
+                    if not g.flags.c_contiguous:
+                        raise InputError(f"backward: the gradient of output '{o}' must be C-contiguous, "
+                                         f"found a strided view; pass np.ascontiguousarray(...)")
                     b.grads[v] = be.from_host(g)
         elif not b.plan.costs:
             raise GraphError("backward needs a cost among the network's outputs (e.g. SoftmaxCrossEntropy), "

@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from lamina.backends.reference import ReferenceBackend  # noqa: F401  (kernels checked below)
 from lamina.sequence import BatchOrder, SequenceError, Sequences
 
 

@@ -11,8 +11,6 @@ Two rules hold for every kernel:
 """
 from abc import ABC, abstractmethod
 
-import numpy as np
-
 # position = the activation's code in the compiled kernels
 ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu")
 # softmax normalises along each row, so it is not element-wise; it shares the activation API
@@ -257,9 +255,3 @@ class Backend(ABC):
     @abstractmethod
     def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum): ...
 
-
-def float_dtype(dtype):
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"expected float32 or float64, found {dtype}")
-    return dtype

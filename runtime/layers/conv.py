@@ -114,6 +114,16 @@ class _ConvNd(Layer):
     def _grad_groups(self, grad):
         return grad.reshape(self.groups, grad.shape[0] // self.groups, -1)
 
+    def _bias_forward(self, ctx):
+        if self.has_bias:
+            ctx.be.channel_bias(ctx.output, self.bias.buffer)
+
+    def _bias_backward(self, ctx):
+        if self.has_bias:
+            db = ctx.param_grad("bias")
+            if db is not None:
+                ctx.be.channel_bias_grad(ctx.grad_output, db.array, db.beta)
+
 
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
 # values) stays in cache between being written and being read by the GEMM
@@ -166,8 +176,7 @@ class _Conv(_ConvNd):
                 be.vol2col(xn, col, geometry, rows)
                 for g in range(self.groups):
                     be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
-        if self.has_bias:
-            be.channel_bias(y, self.bias.buffer)
+        self._bias_forward(ctx)
 
     def backward(self, ctx):
         if self._depth_taps():
@@ -199,12 +208,6 @@ class _Conv(_ConvNd):
                                 trans_a=True)
                     be.col2vol(col, dxn, geometry, rows)
         self._bias_backward(ctx)
-
-    def _bias_backward(self, ctx):
-        if self.has_bias:
-            db = ctx.param_grad("bias")
-            if db is not None:
-                ctx.be.channel_bias_grad(ctx.grad_output, db.array, db.beta)
 
     # ---------------------------------------------------------------- depth taps (stride_d = 1)
     def _slabs(self, ctx):
@@ -265,8 +268,7 @@ class _Conv(_ConvNd):
                     for g in range(self.groups):
                         be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
                                 yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
-        if self.has_bias:
-            be.channel_bias(y, self.bias.buffer)
+        self._bias_forward(ctx)
 
     def _backward_depth_taps(self, ctx):
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
@@ -326,8 +328,7 @@ class _ConvTranspose(_ConvNd):
                 for g in range(self.groups):
                     be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
                 be.col2vol(col, yn, geometry, rows)
-        if self.has_bias:
-            be.channel_bias(y, self.bias.buffer)
+        self._bias_forward(ctx)
 
     def backward(self, ctx):
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
@@ -351,10 +352,7 @@ class _ConvTranspose(_ConvNd):
                         be.gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True,
                                 beta=dw.beta if first else 1.0)
                 first = False
-        if self.has_bias:
-            db = ctx.param_grad("bias")
-            if db is not None:
-                be.channel_bias_grad(dy, db.array, db.beta)
+        self._bias_backward(ctx)
 
 
 @register

@@ -110,7 +110,7 @@ class _BatchNorm(Layer):
             self.add_param("weight", np.ones(self.num_features))
             self.add_param("bias", np.zeros(self.num_features))
         for stat, value in (("running_mean", 0.0), ("running_var", 1.0)):
-            p = self.add_param(stat, np.full(self.num_features, value), trainable=False)
+            self.add_param(stat, np.full(self.num_features, value), trainable=False)
 
     def config(self):
         return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine}
