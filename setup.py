@@ -82,6 +82,15 @@ extensions = [
         extra_compile_args=common_compile,
         define_macros=np_macros,
     ),
+    Extension(
+        "lamina._selective",
+        ["pyx/_selective.pyx"],
+        include_dirs=["pyx", numpy.get_include()],
+        depends=["pyx/rows.h"],
+        extra_link_args=common_link,
+        extra_compile_args=common_compile,
+        define_macros=np_macros,
+    ),
 ]
 
 setup(

@@ -345,13 +345,11 @@ def pair_cost_backward(int kind, real[:, ::1] x, real[:, ::1] t, real[::1] w, bi
 
 # ---------------------------------------------------------------- optimizer updates (fused)
 
-def sgd_update(real[::1] p, real[::1] g, real[::1] v, double lr, double momentum,
-               double dampening, bint nesterov, double weight_decay):
-    """PyTorch's SGD: g' = g + wd p; v = momentum v + (1 - dampening) g'; step = g' + momentum v
-    (Nesterov) or v; p -= lr step. With momentum == 0, v is not touched."""
-    cdef Py_ssize_t i, n = p.shape[0]
+cdef inline void _sgd_span(real* p, real* g, real* v, Py_ssize_t n, double lr, double momentum,
+                           double dampening, bint nesterov, double weight_decay) noexcept nogil:
+    cdef Py_ssize_t i
     cdef double gi, vi
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+    for i in range(n):
         gi = g[i] + weight_decay * p[i]
         if momentum != 0:
             vi = momentum * v[i] + (1 - dampening) * gi
@@ -360,16 +358,43 @@ def sgd_update(real[::1] p, real[::1] g, real[::1] v, double lr, double momentum
         p[i] = <real>(p[i] - lr * gi)
 
 
-def adam_update(real[::1] p, real[::1] g, real[::1] m, real[::1] v, double lr, double beta1,
-                double beta2, double eps, double weight_decay, bint decoupled, long step):
-    """Adam (decoupled=False: L2 added to the gradient) and AdamW (decoupled=True:
-    p *= 1 - lr wd), with bias correction at `step` (1-based), as in PyTorch."""
-    cdef Py_ssize_t i, n = p.shape[0]
+# element-wise updates run over spans of this many values per thread
+cdef enum:
+    UPDATE_SPAN = 16384
+
+
+def sgd_update(real[::1] p, real[::1] g, real[::1] v, double lr, double momentum,
+               double dampening, bint nesterov, double weight_decay):
+    """PyTorch's SGD: g' = g + wd p; v = momentum v + (1 - dampening) g'; step = g' + momentum v
+    (Nesterov) or v; p -= lr step. With momentum == 0, v is not touched."""
+    cdef Py_ssize_t c, i0, n = p.shape[0]
+    for c in prange((n + UPDATE_SPAN - 1) // UPDATE_SPAN, nogil=True, schedule="static",
+                    use_threads_if=n > PARALLEL_MIN):
+        i0 = c * UPDATE_SPAN
+        _sgd_span(&p[i0], &g[i0], &v[i0] if momentum != 0 else &p[i0], min(UPDATE_SPAN, n - i0), lr,
+                  momentum, dampening, nesterov, weight_decay)
+
+
+def sgd_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] v, int[::1] rows, double lr,
+                    double momentum, double dampening, bint nesterov):
+    """sgd_update on the listed rows only (momentum == 0: exact on a sparse gradient; with
+    momentum, the lazy form: rows without gradient keep their velocity and do not move)."""
+    cdef Py_ssize_t i, r, n = rows.shape[0], cols = p.shape[1]
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
+        r = rows[i]
+        _sgd_span(&p[r, 0], &g[r, 0], &v[r, 0] if momentum != 0 else &p[r, 0], cols, lr, momentum,
+                  dampening, nesterov, 0.0)
+
+
+cdef inline void _adam_span(real* p, real* g, real* m, real* v, Py_ssize_t n, double lr,
+                            double beta1, double beta2, double eps, double weight_decay,
+                            bint decoupled, long step) noexcept nogil:
+    cdef Py_ssize_t i
     cdef double gi, mi, vi, pi
     cdef double c1 = 1 - beta1 ** step, c2 = 1 - beta2 ** step
     cdef double step_size = lr / c1
     cdef double root_c2 = sqrt(c2)
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+    for i in range(n):
         pi = p[i]
         gi = g[i]
         if decoupled:
@@ -381,6 +406,29 @@ def adam_update(real[::1] p, real[::1] g, real[::1] m, real[::1] v, double lr, d
         m[i] = <real>mi
         v[i] = <real>vi
         p[i] = <real>(pi - step_size * mi / (sqrt(vi) / root_c2 + eps))
+
+
+def adam_update(real[::1] p, real[::1] g, real[::1] m, real[::1] v, double lr, double beta1,
+                double beta2, double eps, double weight_decay, bint decoupled, long step):
+    """Adam (decoupled=False: L2 added to the gradient) and AdamW (decoupled=True:
+    p *= 1 - lr wd), with bias correction at `step` (1-based), as in PyTorch."""
+    cdef Py_ssize_t c, i0, n = p.shape[0]
+    for c in prange((n + UPDATE_SPAN - 1) // UPDATE_SPAN, nogil=True, schedule="static",
+                    use_threads_if=n > PARALLEL_MIN):
+        i0 = c * UPDATE_SPAN
+        _adam_span(&p[i0], &g[i0], &m[i0], &v[i0], min(UPDATE_SPAN, n - i0), lr, beta1, beta2, eps,
+                   weight_decay, decoupled, step)
+
+
+def adam_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] m, real[:, ::1] v, int[::1] rows,
+                     double lr, double beta1, double beta2, double eps, long step):
+    """Adam on the listed rows only, the lazy form (TensorFlow's LazyAdam, torch's SparseAdam):
+    rows without gradient keep their moments and do not move; the bias correction uses the
+    parameter's update count."""
+    cdef Py_ssize_t i, r, n = rows.shape[0], cols = p.shape[1]
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
+        r = rows[i]
+        _adam_span(&p[r, 0], &g[r, 0], &m[r, 0], &v[r, 0], cols, lr, beta1, beta2, eps, 0.0, False, step)
 
 
 def adagrad_update(real[::1] p, real[::1] g, real[::1] s, double lr, double eps, double weight_decay):
@@ -523,15 +571,6 @@ def fill_rows(real[:, ::1] dst, int[::1] rows, double value):
     for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
         for j in range(cols):
             dst[rows[i], j] = <real>value
-
-
-def sgd_update_rows(real[:, ::1] p, real[:, ::1] g, int[::1] rows, double lr):
-    """p[r] -= lr g[r] for the listed rows (plain SGD: exact on a sparse gradient)."""
-    cdef Py_ssize_t i, j, r, n = rows.shape[0], cols = p.shape[1]
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
-        r = rows[i]
-        for j in range(cols):
-            p[r, j] = <real>(p[r, j] - lr * g[r, j])
 
 
 def adagrad_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] s, int[::1] rows, double lr, double eps):

@@ -18,10 +18,11 @@ from .graph import Network, Spec, Value
 from .io import load, save
 from .parameter import Parameter
 from .random import manual_seed
+from .selection import Selection, sampled_selection, top_k
 from .sequence import Sequences
 from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
-__all__ = ["Network", "Value", "Spec", "Parameter", "Sequences", "CPUBackend", "GraphError", "InputError",
+__all__ = ["Network", "Value", "Spec", "Parameter", "Sequences", "Selection", "sampled_selection", "top_k", "CPUBackend", "GraphError", "InputError",
            "layers", "optim", "save", "load", "manual_seed", "set_num_threads", "get_num_threads"]

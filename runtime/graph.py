@@ -13,22 +13,29 @@ from .errors import GraphError
 
 class Spec:
     """What flows along an edge, per row: the shape without the leading axis, the kind of data
-    ('float' = the network's float type, or 'int32'), and whether the rows are the steps of a
-    sequence batch (leading axis = total steps, offsets alongside) or one per sample."""
+    ('float' = the network's float type, 'int32', or 'selection': a lamina.Selection fed as it
+    is), and whether the rows are the steps of a sequence batch (leading axis = total steps,
+    offsets alongside) or one per sample. A `selected` value holds one float per entry of the
+    batch's selection (a selective layer's output): its length varies from batch to batch, so
+    the layer that writes it sizes it (Context.selected_output)."""
 
-    __slots__ = ("shape", "kind", "sequence")
+    __slots__ = ("shape", "kind", "sequence", "selected")
 
-    def __init__(self, shape, kind="float", sequence=False):
+    def __init__(self, shape, kind="float", sequence=False, selected=False):
         self.shape = tuple(int(s) for s in shape)
         self.kind = kind
         self.sequence = bool(sequence)
+        self.selected = bool(selected)
 
     def __eq__(self, other):
         return (isinstance(other, Spec) and self.shape == other.shape and self.kind == other.kind
-                and self.sequence == other.sequence)
+                and self.sequence == other.sequence and self.selected == other.selected)
 
     def __repr__(self):
-        return f"{'seq:' if self.sequence else ''}{self.kind}{list(self.shape)}"
+        if self.kind == "selection":
+            return "selection"
+        prefix = "selected:" if self.selected else ("seq:" if self.sequence else "")
+        return f"{prefix}{self.kind}{list(self.shape)}"
 
 
 class Value:
@@ -93,10 +100,13 @@ class Network:
     # ------------------------------------------------------------------ building
     def input(self, name, shape=(), dtype="float", sequence=False):
         """Declare an input; `shape` is per row (no batch axis); dtype 'float' (the network's
-        float type) or 'int32' (labels, ids); sequence=True for variable-length sequence batches
+        float type), 'int32' (labels, ids) or 'selection' (the columns a selective layer scores,
+        fed as a lamina.Selection; no shape); sequence=True for variable-length sequence batches
         (fed as lamina.Sequences)."""
-        if dtype not in ("float", "int32"):
-            raise ValueError(f"input '{name}': dtype must be 'float' or 'int32', found {dtype!r}")
+        if dtype not in ("float", "int32", "selection"):
+            raise ValueError(f"input '{name}': dtype must be 'float', 'int32' or 'selection', found {dtype!r}")
+        if dtype == "selection" and (tuple(shape or ()) != () or sequence):
+            raise ValueError(f"input '{name}': a selection input takes no shape and is not a sequence")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(int(s) < 1 for s in shape):
             raise ValueError(f"input '{name}': every dimension must be at least 1, found {shape}")

@@ -151,18 +151,26 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """SGD with optional momentum (PyTorch's form, with dampening) and Nesterov momentum."""
+    """SGD with optional momentum (PyTorch's form, with dampening) and Nesterov momentum.
 
-    def __init__(self, params, lr, momentum=0.0, dampening=0.0, nesterov=False, **kw):
+    A sparse gradient (embedding or selective-layer rows) updates only its rows: exact for plain
+    SGD. Momentum would keep moving rows without a gradient, so with momentum the update is
+    dense unless lazy=True: then only rows with a gradient update their velocity and move
+    (lazy momentum: a row's velocity decays only on the steps that touch it)."""
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, nesterov=False, lazy=False, **kw):
         super().__init__(params, lr, **kw)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
         self.momentum, self.dampening, self.nesterov = float(momentum), float(dampening), bool(nesterov)
+        self.lazy = bool(lazy)
 
     def apply_rows(self, p, lr, weight_decay):
-        if self.momentum or weight_decay:  # momentum and decay move rows without a gradient
+        if weight_decay or (self.momentum and not self.lazy):  # these move rows without a gradient
             return False
-        self.backend.sgd_update_rows(p.buffer, p.grad, p.grad_rows, lr)
+        v = self._state(p, "momentum_buffer") if self.momentum else None
+        self.backend.sgd_update_rows(p.buffer, p.grad, v, p.grad_rows, lr, self.momentum, self.dampening,
+                                     self.nesterov)
         return True
 
     def apply(self, p, lr, weight_decay):
@@ -172,14 +180,27 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam with bias correction; weight_decay is L2 added to the gradient (torch.optim.Adam)."""
+    """Adam with bias correction; weight_decay is L2 added to the gradient (torch.optim.Adam).
+
+    A sparse gradient makes a dense update (the moments of rows without a gradient still decay
+    and those rows still move) unless lazy=True: then only rows with a gradient update their
+    moments and move, with the bias correction of the parameter's update count (TensorFlow's
+    LazyAdam, torch.optim.SparseAdam). Without weight decay only."""
 
     decoupled = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, **kw):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, lazy=False, **kw):
         super().__init__(params, lr, **kw)
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps = float(eps)
+        self.lazy = bool(lazy)
+
+    def apply_rows(self, p, lr, weight_decay):
+        if not self.lazy or weight_decay:
+            return False
+        self.backend.adam_update_rows(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),
+                                      p.grad_rows, lr, self.beta1, self.beta2, self.eps, self._count(p))
+        return True
 
     def apply(self, p, lr, weight_decay):
         self.backend.adam_update(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),

@@ -15,6 +15,7 @@ same shape, so peak memory is the widest cut of the graph rather than the sum of
 import numpy as np
 
 from .errors import GraphError, InputError
+from .selection import Selection
 from .sequence import Sequences
 
 
@@ -105,21 +106,40 @@ class Context:
         """The gradient array of a parameter whose gradient touches only rows `ids` (int32,
         may repeat), or None when it is frozen. The rows are zeroed on first touch, so the
         caller always adds (scatter_add_rows); the other rows are never written."""
+        rows = np.unique(ids).astype(np.int32)
+        target = self.sparse_param_target(name, rows)
+        if target is None:
+            return None
+        if target.beta == 0:
+            self.be.fill_rows(target.array, rows, 0)
+        return target.array
+
+    def sparse_param_target(self, name, rows):
+        """Where to write a parameter's gradient that touches only `rows` (sorted, distinct
+        int32), or None when it is frozen: beta 0 means the rows are fresh (overwrite them),
+        beta 1 that they hold gradient already (add; rows new to a sparse gradient are zeroed
+        here first). Rows not listed are never written and count as zero."""
         p = self.layer.params[name]
         if p.frozen:
             return None
-        rows = np.unique(ids).astype(np.int32)
         if not p.grad_pending:
-            self.be.fill_rows(p.grad, rows, 0)
-            p.grad_rows = rows
-        elif p.grad_rows is not None:
-            self.be.fill_rows(p.grad, np.setdiff1d(rows, p.grad_rows, assume_unique=True).astype(np.int32), 0)
-            p.grad_rows = np.union1d(p.grad_rows, rows).astype(np.int32)
+            p.grad_rows, beta = rows, 0.0
+        else:
+            beta = 1.0
+            if p.grad_rows is not None:
+                self.be.fill_rows(p.grad, np.setdiff1d(rows, p.grad_rows, assume_unique=True).astype(np.int32), 0)
+                p.grad_rows = np.union1d(p.grad_rows, rows).astype(np.int32)
         p.grad_pending = True
-        return p.grad
+        return GradTarget(p.grad, beta)
+
+    def selected_output(self, selection, rows):
+        """Size this node's (selected) output, and its gradient in training, for `selection`
+        over `rows` rows; returns the output array."""
+        return self.bindings.size_selected(self._out[0], selection, rows)
 
     def workspace(self, key, shape, dtype=None):
-        """A scratch array owned by this node, allocated once per batch size."""
+        """A scratch array owned by this node (allocated once per batch size; reused while
+        it is big enough)."""
         return self.bindings.workspace(self.node.name, key, shape, dtype)
 
 
@@ -196,12 +216,17 @@ class Bindings:
         self.batch, self.steps = batch, steps  # samples (or sequences); total steps of sequences
         self.starts, self._order = None, None  # set for each batch by the scheduler
         self.values, self.grads, self._workspaces = {}, {}, {}
+        # selected values (one per entry of the batch's selection) change length from batch to
+        # batch: their writer sizes them in buffers that grow as needed (size_selected)
+        self._selected, self.layouts = {}, {}
         if plan.training:
             for n in plan.nodes:
                 for out in n.outputs:
-                    self.values[out] = self._new(out)
+                    if not self._is_selected(out):
+                        self.values[out] = self._new(out)
             for v in plan.grad_values:
-                self.grads[v] = self._new(v)
+                if not self._is_selected(v):
+                    self.grads[v] = self._new(v)
             for p in net.parameters():
                 if not p.frozen and (p.grad is None or p.grad.shape != p.shape or p.grad.dtype != p.dtype):
                     p.grad = self.backend.empty(p.shape, p.dtype)
@@ -217,6 +242,33 @@ class Bindings:
         spec = self.network.values[vname].spec
         dtype = self.network.dtype if spec.kind == "float" else np.dtype(np.int32)
         return (self.steps if spec.sequence else self.batch,) + spec.shape, dtype
+
+    def _is_selected(self, vname):
+        return self.network.values[vname].spec.selected
+
+    def size_selected(self, vname, selection, rows):
+        """Point a selected value (and its gradient) at the first entries of a buffer that grows
+        as needed, and remember the layout for handing the value out."""
+        n = selection.num_entries(rows)
+        for store, key in ((self.values, "value"), (self.grads, "grad")):
+            if key == "grad" and vname not in self.plan.grad_values:
+                continue
+            base = self._selected.get((vname, key))
+            if base is None or len(base) < n:
+                base = self._selected[(vname, key)] = self.backend.empty(
+                    (max(n, 2 * len(base) if base is not None else n),), self.network.dtype)
+            store[vname] = base[:n]
+        self.layouts[vname] = (selection, rows)
+        return self.values[vname]
+
+    def host_value(self, vname):
+        """A value as the user gets it: a numpy copy; a Sequences for sequence values; a
+        selected value in its selection's layout."""
+        a = np.array(self.backend.to_host(self.values[vname]))
+        if self._is_selected(vname):
+            selection, rows = self.layouts[vname]
+            return selection.unpack(a, rows)
+        return Sequences(a, self.starts.copy()) if self.network.values[vname].spec.sequence else a
 
     def rows(self, vname):
         return self.steps if self.network.values[vname].spec.sequence else self.batch
@@ -237,20 +289,25 @@ class Bindings:
         keep = {self.network.output_values[o] for o in plan.outputs}
         for i, n in enumerate(plan.nodes):
             for out in n.outputs:
+                if self._is_selected(out):
+                    continue
                 key = self._shape(out)
                 free = pool.get(key)
                 self.values[out] = free.pop() if free else self.backend.empty(*key)
             for v in {v.name for v in n.inputs}:
-                if plan.last_use.get(v) == i and v in self.values and v not in keep:
+                if (plan.last_use.get(v) == i and v in self.values and v not in keep
+                        and not self._is_selected(v)):
                     pool.setdefault(self._shape(v), []).append(self.values[v])
 
     def workspace(self, node_name, key, shape, dtype=None):
         full = (node_name, key)
         dtype = np.dtype(dtype or self.network.dtype)
+        shape = tuple(int(s) for s in shape)
+        size = int(np.prod(shape))
         a = self._workspaces.get(full)
-        if a is None or a.shape != tuple(shape) or a.dtype != dtype:
-            a = self._workspaces[full] = self.backend.empty(tuple(shape), dtype)
-        return a
+        if a is None or a.dtype != dtype or a.size < size:
+            a = self._workspaces[full] = self.backend.empty((size,), dtype)
+        return a[:size].reshape(shape)
 
 
 class Scheduler:
@@ -313,6 +370,11 @@ class Scheduler:
             spec = net.values[name].spec
             dtype = net.dtype if spec.kind == "float" else np.dtype(np.int32)
             where = f"input '{name}'"
+            if spec.kind == "selection":
+                if not isinstance(a, Selection):
+                    raise InputError(f"{where}: expected a lamina.Selection (the columns to score), "
+                                     f"found {type(a).__name__}")
+                continue  # its rows are checked by the layers that read it
             if spec.sequence:
                 if not isinstance(a, Sequences):
                     raise InputError(f"{where}: expected a lamina.Sequences batch (values + starts), "
@@ -348,7 +410,10 @@ class Scheduler:
     def _bind_feeds(self, b, feeds, plan):
         for name in plan.inputs:
             a = feeds[name]
-            b.values[name] = self.network.backend.from_host(a.values if isinstance(a, Sequences) else a)
+            if isinstance(a, Selection):
+                b.values[name] = a
+            else:
+                b.values[name] = self.network.backend.from_host(a.values if isinstance(a, Sequences) else a)
 
     # ------------------------------------------------------------------ runs
     def run(self, feeds, outputs=None):
@@ -369,13 +434,7 @@ class Scheduler:
         self._bind_feeds(b, feeds, plan)
         for node, ctx in b.contexts:
             node.layer.forward(ctx)
-        be = net.backend
-        result = {}
-        for o in outputs:
-            v = net.output_values[o]
-            a = np.array(be.to_host(b.values[v]))
-            result[o] = Sequences(a, b.starts.copy()) if net.values[v].spec.sequence else a
-        return result
+        return {o: b.host_value(net.output_values[o]) for o in outputs}
 
     def forward(self, feeds, training=True, grad_outputs=()):
         net = self.network

@@ -370,14 +370,30 @@ def test_sparse_row_kernels(backend, dtype):
     backend.fill_rows(dst, rows, 0.0)
     REF.fill_rows(dst_ref, rows, 0.0)
     close(dst, dst_ref, dtype)
-    p, g, s = rng.standard_normal((3, 7, 600)).astype(dtype)
-    s = np.abs(s)
-    pairs = [(p.copy(), s.copy()), (p.copy(), s.copy())]
-    for be, (pp, ss) in zip((backend, REF), pairs):
-        be.sgd_update_rows(pp, g, rows, 0.1)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 600), (7,)])
+def test_row_updates(backend, dtype, shape):
+    """Optimizer updates of listed rows (2-D weights and 1-D biases) against the reference; the
+    other rows and their state stay exactly as they were."""
+    rng = rng_for("row updates", shape)
+    rows = np.array([1, 4, 5], np.int32)
+    p, g, s, m, v = rng.standard_normal((5,) + shape).astype(dtype)
+    s, v = np.abs(s), np.abs(v)
+    runs = []
+    for be in (backend, REF):
+        arrays = [a.copy() for a in (p, s, m, v)]
+        pp, ss, mm, vv = arrays
+        be.sgd_update_rows(pp, g, None, rows, 0.1)
+        be.sgd_update_rows(pp, g, mm, rows, 0.1, momentum=0.9, dampening=0.1)
+        be.sgd_update_rows(pp, g, mm, rows, 0.1, momentum=0.9, nesterov=True)
         be.adagrad_update_rows(pp, g, ss, rows, 0.1, 1e-10)
-    close(pairs[0][0], pairs[1][0], dtype)
-    close(pairs[0][1], pairs[1][1], dtype)
+        be.adam_update_rows(pp, g, mm, vv, rows, 0.01, 0.9, 0.999, 1e-8, 3)
+        runs.append(arrays)
+    untouched = np.setdiff1d(np.arange(shape[0]), rows)
+    for got, want, start in zip(runs[0], runs[1], (p, s, m, v)):
+        close(got, want, dtype)
+        np.testing.assert_array_equal(got[untouched], start[untouched])
 
 
 def test_fast_tanh_accuracy():

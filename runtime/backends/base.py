@@ -119,8 +119,14 @@ class Backend(ABC):
         """dst[rows] = value."""
 
     @abstractmethod
-    def sgd_update_rows(self, p, g, rows, lr):
-        """Plain SGD on the listed rows only (exact for a gradient that is zero elsewhere)."""
+    def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
+        """sgd_update (no weight decay) on the listed rows only: exact for a gradient that is zero
+        elsewhere without momentum; with momentum the lazy form (other rows keep v and p)."""
+
+    @abstractmethod
+    def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
+        """adam_update (no weight decay) on the listed rows only, the lazy form: other rows keep
+        their moments and values."""
 
     @abstractmethod
     def adagrad_update_rows(self, p, g, s, rows, lr, eps):
@@ -142,6 +148,54 @@ class Backend(ABC):
     @abstractmethod
     def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
         """dx = y (dy - Σ dy y) within each sequence (with beta)."""
+
+    # -- selections (lamina.selection): entry e of row i lies in starts[i] <= e < starts[i + 1];
+    #    its column is cols[e] (per-row selections), or cols[e - starts[i]] where `shared`
+    @abstractmethod
+    def selected_dots(self, x, w, starts, cols, out, beta=0.0):
+        """out[e] = x[i] · w[cols[e]] (with beta), per-row selection."""
+
+    @abstractmethod
+    def selected_input_grad(self, g, w, starts, cols, dx, beta=0.0):
+        """dx[i] = Σ_e g[e] w[cols[e]] over row i's entries (with beta)."""
+
+    @abstractmethod
+    def selected_weight_grad(self, g, x, by_column, dw, beta=0.0):
+        """dw[c] = Σ_e g[e] x[row(e)] over the entries of each selected column c (with beta);
+        by_column = (columns, bucket_starts, entries, entry_rows), Selection.by_column's CSC."""
+
+    @abstractmethod
+    def selected_bias_grad(self, g, by_column, db, beta=0.0):
+        """db[c] = Σ_e g[e] over the entries of each selected column c (with beta)."""
+
+    @abstractmethod
+    def add_selected_bias(self, out, b, cols):
+        """out[e] += b[cols[e]]."""
+
+    @abstractmethod
+    def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
+        """out[e] = full[i, col(e)] (with beta)."""
+
+    @abstractmethod
+    def scatter_entries(self, g, starts, cols, shared, full):
+        """full = 0, then full[i, col(e)] += g[e]."""
+
+    @abstractmethod
+    def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
+        """probs = softmax(z - shift) within each row's entries (shift None: 0);
+        cost[i] = -w[i] log probs[pos[i]]."""
+
+    @abstractmethod
+    def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
+        """dz[e] = dcost[i] w[i] (probs[e] - [e == pos[i]]) (with beta)."""
+
+    @abstractmethod
+    def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
+        """cost[i] = w[i] (-log o[pos[i]] + log S_i + alpha (log S_i)²), S_i = Σ_row o."""
+
+    @abstractmethod
+    def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
+        """do[e] = dcost[i] w[i] ((1 + 2 alpha log S_i) / S_i - [e == pos[i]] / o[e]) (with beta)."""
 
     # -- volumes: one sample [C, D, H, W]; geometry = (kernel, stride, padding, dilation, grid),
     #    3-tuples over depth, height, width; grid is the oD x oH x oW window grid

@@ -7,7 +7,7 @@ with the GIL released.
 import numpy as np
 
 from .. import _kernels as K
-from .. import _mkl
+from .. import _mkl, _selective
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 from .blas import default_provider, provider
 
@@ -239,17 +239,30 @@ class CPUBackend(Backend):
         check_array("fill_rows", "rows", rows, dtype=np.int32, ndim=1)
         K.fill_rows(dst2, rows, value)
 
-    def sgd_update_rows(self, p, g, rows, lr):
-        _float("sgd_update_rows", "p", p, ndim=2)
-        _same("sgd_update_rows", "p", p, g=g)
-        check_array("sgd_update_rows", "rows", rows, dtype=np.int32, ndim=1)
-        K.sgd_update_rows(p, g, rows, lr)
+    @staticmethod
+    def _row_update(where, rows, p, **state):
+        """Check a row update's arrays; returns them as 2-D [rows, values] views (a 1-D
+        parameter such as a bias has one value per row)."""
+        _float(where, "p", p)
+        _same(where, "p", p, **state)
+        check_array(where, "rows", rows, dtype=np.int32, ndim=1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= p.shape[0]):
+            raise ValueError(f"{where}: rows must lie in [0, {p.shape[0]})")
+        return [_rows(a) for a in (p, *state.values())]
+
+    def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
+        state = dict(g=g, v=v) if momentum else dict(g=g)
+        p2, g2, *v2 = self._row_update("sgd_update_rows", rows, p, **state)
+        K.sgd_update_rows(p2, g2, v2[0] if momentum else p2, rows, lr, momentum, dampening, nesterov)
+
+    def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
+        if step < 1:
+            raise ValueError(f"adam_update_rows: step counts from 1, found {step}")
+        K.adam_update_rows(*self._row_update("adam_update_rows", rows, p, g=g, m=m, v=v), rows, lr,
+                           beta1, beta2, eps, step)
 
     def adagrad_update_rows(self, p, g, s, rows, lr, eps):
-        _float("adagrad_update_rows", "p", p, ndim=2)
-        _same("adagrad_update_rows", "p", p, g=g, s=s)
-        check_array("adagrad_update_rows", "rows", rows, dtype=np.int32, ndim=1)
-        K.adagrad_update_rows(p, g, s, rows, lr, eps)
+        K.adagrad_update_rows(*self._row_update("adagrad_update_rows", rows, p, g=g, s=s), rows, lr, eps)
 
     # -- sequences
     def sequence_pool(self, mode, x, starts, out, argmax):
@@ -277,6 +290,106 @@ class CPUBackend(Backend):
         _same("sequence_softmax_backward", "y", y, dy=dy, dx=dx)
         check_array("sequence_softmax_backward", "starts", starts, dtype=np.int32, ndim=1)
         K.sequence_softmax_backward(_flat(y), _flat(dy), starts, _flat(dx), beta)
+
+    # -- selections (columns are checked against the layer's width by lamina.Selection.check)
+    @staticmethod
+    def _selection(where, starts, cols, entries, rows=None):
+        check_array(where, "starts", starts, dtype=np.int32, ndim=1)
+        check_array(where, "cols", cols, dtype=np.int32, ndim=1)
+        if rows is not None and len(starts) != rows + 1:
+            raise ValueError(f"{where}: starts must hold rows + 1 = {rows + 1} offsets, found {len(starts)}")
+        if starts[-1] != entries:
+            raise ValueError(f"{where}: the selection has {starts[-1]} entries, the values {entries}")
+
+    def selected_dots(self, x, w, starts, cols, out, beta=0.0):
+        check_matrix("selected_dots", "x", x)
+        check_array("selected_dots", "w", w, dtype=x.dtype, ndim=2)
+        check_array("selected_dots", "out", out, dtype=x.dtype, shape=(len(cols),))
+        self._selection("selected_dots", starts, cols, len(out), x.shape[0])
+        if w.shape[1] != x.shape[1]:
+            raise ValueError(f"selected_dots: w rows of {w.shape[1]} must match x rows of {x.shape[1]}")
+        _selective.selected_dots(np.ascontiguousarray(x), w, starts, cols, out, beta)
+
+    def selected_input_grad(self, g, w, starts, cols, dx, beta=0.0):
+        _float("selected_input_grad", "g", g, shape=(len(cols),))
+        check_array("selected_input_grad", "w", w, dtype=g.dtype, ndim=2)
+        check_array("selected_input_grad", "dx", dx, dtype=g.dtype, shape=(len(starts) - 1, w.shape[1]))
+        self._selection("selected_input_grad", starts, cols, len(g))
+        _selective.selected_input_grad(g, w, starts, cols, dx, beta)
+
+    @staticmethod
+    def _by_column(where, by_column, entries):
+        for name, a in zip(("columns", "bucket_starts", "entries", "entry_rows"), by_column):
+            check_array(where, name, a, dtype=np.int32, ndim=1)
+        if len(by_column[2]) != entries:
+            raise ValueError(f"{where}: by_column lists {len(by_column[2])} entries, g holds {entries}")
+
+    def selected_weight_grad(self, g, x, by_column, dw, beta=0.0):
+        _float("selected_weight_grad", "g", g, ndim=1)
+        check_array("selected_weight_grad", "x", x, dtype=g.dtype, ndim=2)
+        check_array("selected_weight_grad", "dw", dw, dtype=g.dtype, ndim=2)
+        self._by_column("selected_weight_grad", by_column, len(g))
+        _selective.selected_weight_grad(g, x, *by_column, dw, beta)
+
+    def selected_bias_grad(self, g, by_column, db, beta=0.0):
+        _float("selected_bias_grad", "g", g, ndim=1)
+        check_array("selected_bias_grad", "db", db, dtype=g.dtype, ndim=1)
+        self._by_column("selected_bias_grad", by_column, len(g))
+        columns, bucket, entries, _ = by_column
+        _selective.selected_bias_grad(g, columns, bucket, entries, db, beta)
+
+    def add_selected_bias(self, out, b, cols):
+        _float("add_selected_bias", "out", out, ndim=1)
+        check_array("add_selected_bias", "b", b, dtype=out.dtype, ndim=1)
+        check_array("add_selected_bias", "cols", cols, dtype=np.int32, shape=out.shape)
+        _selective.gather_add(b, cols, out)
+
+    def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
+        _float("gather_entries", "full", full, ndim=2)
+        check_array("gather_entries", "out", out, dtype=full.dtype, ndim=1)
+        self._selection("gather_entries", starts, cols, len(out), full.shape[0])
+        _selective.gather_entries(full, starts, cols, shared, out, beta)
+
+    def scatter_entries(self, g, starts, cols, shared, full):
+        _float("scatter_entries", "g", g, ndim=1)
+        check_array("scatter_entries", "full", full, dtype=g.dtype, ndim=2)
+        self._selection("scatter_entries", starts, cols, len(g), full.shape[0])
+        _selective.scatter_entries(g, starts, cols, shared, full)
+
+    def _segment_args(self, where, v, starts, pos, w, cost):
+        _float(where, "values", v, ndim=1)
+        rows = len(starts) - 1
+        check_array(where, "starts", starts, dtype=np.int32, ndim=1)
+        check_array(where, "pos", pos, dtype=np.int32, shape=(rows,))
+        check_array(where, "cost", cost, dtype=v.dtype, shape=(rows,))
+        if starts[-1] != len(v):
+            raise ValueError(f"{where}: the selection has {starts[-1]} entries, the values {len(v)}")
+        if w is None:
+            return np.empty(0, v.dtype), False
+        check_array(where, "w", w, dtype=v.dtype, shape=(rows,))
+        return w, True
+
+    def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
+        w, weighted = self._segment_args("segment_cross_entropy", z, starts, pos, w, cost)
+        _same("segment_cross_entropy", "z", z, probs=probs)
+        if shift is not None:
+            _same("segment_cross_entropy", "z", z, shift=shift)
+        _selective.segment_cross_entropy(z, starts, pos, z if shift is None else shift, shift is not None,
+                                         w, weighted, probs, cost)
+
+    def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
+        w, weighted = self._segment_args("segment_cross_entropy_backward", probs, starts, pos, w, dcost)
+        _same("segment_cross_entropy_backward", "probs", probs, dz=dz)
+        _selective.segment_cross_entropy_backward(probs, starts, pos, w, weighted, dcost, dz, beta)
+
+    def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
+        w, weighted = self._segment_args("segment_self_normalized", o, starts, pos, w, cost)
+        _selective.segment_self_normalized(o, starts, pos, alpha, w, weighted, cost)
+
+    def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
+        w, weighted = self._segment_args("segment_self_normalized_backward", o, starts, pos, w, dcost)
+        _same("segment_self_normalized_backward", "o", o, do=do)
+        _selective.segment_self_normalized_backward(o, starts, pos, alpha, w, weighted, dcost, do, beta)
 
     # -- volumes (one sample [C, D, H, W]; geometry = (kernel, stride, padding, dilation, grid),
     #    each a 3-tuple over depth, height, width)

@@ -115,8 +115,18 @@ class ReferenceBackend(Backend):
     def fill_rows(self, dst, rows, value):
         dst[rows] = value
 
-    def sgd_update_rows(self, p, g, rows, lr):
-        p[rows] -= lr * g[rows]
+    def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
+        step = g[rows]
+        if momentum:
+            v[rows] = momentum * v[rows] + (1 - dampening) * step
+            step = step + momentum * v[rows] if nesterov else v[rows]
+        p[rows] -= lr * step
+
+    def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
+        m[rows] = beta1 * m[rows] + (1 - beta1) * g[rows]
+        v[rows] = beta2 * v[rows] + (1 - beta2) * g[rows] ** 2
+        m_hat, v_hat = m[rows] / (1 - beta1 ** step), v[rows] / (1 - beta2 ** step)
+        p[rows] -= lr * m_hat / (np.sqrt(v_hat) + eps)
 
     def adagrad_update_rows(self, p, g, s, rows, lr, eps):
         s[rows] += g[rows] ** 2
@@ -157,6 +167,80 @@ class ReferenceBackend(Backend):
             sl = slice(starts[s], starts[s + 1])
             grad[sl] = y[sl] * (dy[sl] - (dy[sl] * y[sl]).sum())
         _with_beta(dx, grad, beta)
+
+    # -- selections
+    @staticmethod
+    def _entries(starts, cols, shared):
+        """(row, column) of every entry."""
+        rows = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+        if shared:
+            cols = np.tile(cols, len(starts) - 1)
+        return rows, cols
+
+    def selected_dots(self, x, w, starts, cols, out, beta=0.0):
+        rows, cols = self._entries(starts, cols, False)
+        _with_beta(out, np.einsum("ej,ej->e", x[rows].astype(np.float64), w[cols]), beta)
+
+    def selected_input_grad(self, g, w, starts, cols, dx, beta=0.0):
+        rows, cols = self._entries(starts, cols, False)
+        grad = np.zeros(dx.shape)
+        np.add.at(grad, rows, g[:, None].astype(np.float64) * w[cols])
+        _with_beta(dx, grad, beta)
+
+    def selected_weight_grad(self, g, x, by_column, dw, beta=0.0):
+        columns, bucket, entries, entry_rows = by_column
+        for u, c in enumerate(columns):
+            sl = slice(bucket[u], bucket[u + 1])
+            _with_beta(dw[c], (g[entries[sl], None].astype(np.float64) * x[entry_rows[sl]]).sum(0), beta)
+
+    def selected_bias_grad(self, g, by_column, db, beta=0.0):
+        columns, bucket, entries, _ = by_column
+        for u, c in enumerate(columns):
+            db[c] = g[entries[bucket[u]:bucket[u + 1]]].sum() + (beta * db[c] if beta else 0)
+
+    def add_selected_bias(self, out, b, cols):
+        out += b[cols]
+
+    def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
+        rows, cols = self._entries(starts, cols, shared)
+        _with_beta(out, full[rows, cols], beta)
+
+    def scatter_entries(self, g, starts, cols, shared, full):
+        rows, cols = self._entries(starts, cols, shared)
+        full[...] = 0
+        np.add.at(full, (rows, cols), g)
+
+    @staticmethod
+    def _segments(starts):
+        return [slice(starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
+
+    def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
+        s = z.astype(np.float64) - (0 if shift is None else shift)
+        for i, sl in enumerate(self._segments(starts)):
+            m = s[sl].max()
+            lse = m + np.log(np.exp(s[sl] - m).sum())
+            probs[sl] = np.exp(s[sl] - lse)
+            cost[i] = _w(w, len(cost), np.float64)[i] * (lse - s[pos[i]])
+
+    def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
+        grad = probs.astype(np.float64).copy()
+        grad[pos] -= 1
+        row = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+        _with_beta(dz, grad * (dcost * _w(w, len(dcost), np.float64))[row], beta)
+
+    def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
+        for i, sl in enumerate(self._segments(starts)):
+            ls = np.log(o[sl].astype(np.float64).sum())
+            cost[i] = _w(w, len(cost), np.float64)[i] * (-np.log(o[pos[i]]) + ls + alpha * ls * ls)
+
+    def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
+        grad = np.empty(len(o))
+        for i, sl in enumerate(self._segments(starts)):
+            total = o[sl].astype(np.float64).sum()
+            grad[sl] = (1 + 2 * alpha * np.log(total)) / total
+        grad[pos] -= 1 / o[pos].astype(np.float64)
+        row = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+        _with_beta(do, grad * (dcost * _w(w, len(dcost), np.float64))[row], beta)
 
     @staticmethod
     def _windows(x, geometry, rows=None):

@@ -1,0 +1,264 @@
+# cython: language_level=3
+"""Kernels of the selective fully-connected layer and its costs.
+
+A selection is CSR over the rows of a batch: row i selects the output columns
+cols[starts[i]:starts[i + 1]], and each selected (row, column) is one "entry" e with a value
+out[e]. Conventions as in lamina._kernels: C-contiguous arrays, "with beta" outputs
+(beta == 0 never reads the output), shapes checked by the caller (lamina.backends.cpu).
+"""
+from cython.parallel cimport prange
+from libc.math cimport exp, log
+import numpy as np
+
+ctypedef fused real:
+    float
+    double
+
+cdef extern from "rows.h" nogil:
+    float lamina_dot_f(const float* a, const float* b, long n)
+    double lamina_dot_d(const double* a, const double* b, long n)
+    void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n)
+    void lamina_axpby_d(double alpha, const double* x, double beta, double* y, long n)
+
+# below this many multiply-adds a loop runs on one thread
+cdef enum:
+    PARALLEL_MIN = 262144
+
+
+cdef inline double _dot(real* a, real* b, long n) noexcept nogil:
+    if real is float:
+        return lamina_dot_f(a, b, n)
+    else:
+        return lamina_dot_d(a, b, n)
+
+
+cdef inline void _axpby(double alpha, real* x, double beta, real* y, long n) noexcept nogil:
+    if real is float:
+        lamina_axpby_f(<float>alpha, x, <float>beta, y, n)
+    else:
+        lamina_axpby_d(alpha, x, beta, y, n)
+
+
+def selected_dots(real[:, ::1] x, real[:, ::1] w, int[::1] starts, int[::1] cols, real[::1] out,
+                  double beta):
+    """out[e] = x[i] · w[cols[e]] + beta * out[e] for each entry e of row i."""
+    cdef Py_ssize_t i, e, rows = x.shape[0], n = x.shape[1]
+    cdef double v
+    for i in prange(rows, nogil=True, schedule="guided",
+                    use_threads_if=cols.shape[0] * n > PARALLEL_MIN):
+        for e in range(starts[i], starts[i + 1]):
+            v = _dot(&x[i, 0], &w[cols[e], 0], n)
+            if beta == 0:
+                out[e] = <real>v
+            else:
+                out[e] = <real>(v + beta * out[e])
+
+
+def selected_input_grad(real[::1] g, real[:, ::1] w, int[::1] starts, int[::1] cols,
+                        real[:, ::1] dx, double beta):
+    """dx[i] = Σ_e g[e] w[cols[e]] over row i's entries (with beta)."""
+    cdef Py_ssize_t i, e, j, rows = dx.shape[0], n = dx.shape[1]
+    cdef double b
+    for i in prange(rows, nogil=True, schedule="guided",
+                    use_threads_if=cols.shape[0] * n > PARALLEL_MIN):
+        b = beta
+        if starts[i] == starts[i + 1]:  # a row without entries
+            for j in range(n):
+                dx[i, j] = <real>(0.0 if beta == 0 else beta * dx[i, j])
+        for e in range(starts[i], starts[i + 1]):
+            _axpby(g[e], &w[cols[e], 0], b, &dx[i, 0], n)
+            b = 1.0
+
+
+def by_column(int[::1] starts, int[::1] cols, Py_ssize_t n_out):
+    """The entries grouped by column (a stable counting sort, CSR to CSC): returns
+    (columns, bucket_starts, entries, entry_rows): the distinct selected columns in increasing
+    order; column columns[u] holds the entries entries[bucket_starts[u]:bucket_starts[u + 1]]
+    (in increasing order), and entry_rows gives each of those entries' row."""
+    cdef Py_ssize_t i, e, c, u, rows = starts.shape[0] - 1, nnz = cols.shape[0]
+    count_arr = np.zeros(n_out + 1, np.int32)
+    cdef int[::1] count = count_arr
+    entries_arr = np.empty(nnz, np.int32)
+    entry_rows_arr = np.empty(nnz, np.int32)
+    cdef int[::1] entries = entries_arr, entry_rows = entry_rows_arr
+    cdef Py_ssize_t distinct = 0
+    with nogil:
+        for e in range(nnz):
+            count[cols[e] + 1] += 1
+        for c in range(n_out):
+            if count[c + 1]:
+                distinct += 1
+            count[c + 1] += count[c]
+    columns_arr = np.empty(distinct, np.int32)
+    bucket_arr = np.empty(distinct + 1, np.int32)
+    cdef int[::1] columns = columns_arr, bucket = bucket_arr
+    with nogil:
+        u = 0
+        for c in range(n_out):
+            if count[c + 1] > count[c]:
+                columns[u] = <int>c
+                bucket[u] = count[c]
+                u += 1
+        bucket[distinct] = <int>nnz
+        for i in range(rows):
+            for e in range(starts[i], starts[i + 1]):
+                c = cols[e]
+                entries[count[c]] = <int>e
+                entry_rows[count[c]] = <int>i
+                count[c] += 1
+    return columns_arr, bucket_arr, entries_arr, entry_rows_arr
+
+
+def selected_weight_grad(real[::1] g, real[:, ::1] x, int[::1] columns, int[::1] bucket,
+                         int[::1] entries, int[::1] entry_rows, real[:, ::1] dw, double beta):
+    """dw[c] = Σ_e g[e] x[row(e)] over the entries of column c, for each selected column c
+    (with beta); other rows of dw are not touched. One thread owns each column: no races."""
+    cdef Py_ssize_t u, k, n = x.shape[1], distinct = columns.shape[0]
+    cdef double b
+    for u in prange(distinct, nogil=True, schedule="guided",
+                    use_threads_if=entries.shape[0] * n > PARALLEL_MIN):
+        b = beta
+        for k in range(bucket[u], bucket[u + 1]):
+            _axpby(g[entries[k]], &x[entry_rows[k], 0], b, &dw[columns[u], 0], n)
+            b = 1.0
+
+
+def selected_bias_grad(real[::1] g, int[::1] columns, int[::1] bucket, int[::1] entries,
+                       real[::1] db, double beta):
+    """db[c] = Σ_e g[e] over the entries of column c, for each selected column c (with beta)."""
+    cdef Py_ssize_t u, k, distinct = columns.shape[0]
+    cdef double acc
+    with nogil:
+        for u in range(distinct):
+            acc = 0
+            for k in range(bucket[u], bucket[u + 1]):
+                acc = acc + g[entries[k]]
+            db[columns[u]] = <real>(acc if beta == 0 else acc + beta * db[columns[u]])
+
+
+def gather_add(real[::1] b, int[::1] cols, real[::1] out):
+    """out[e] += b[cols[e]] (a bias over the entries of a selection)."""
+    cdef Py_ssize_t e, nnz = cols.shape[0]
+    with nogil:
+        for e in range(nnz):
+            out[e] += b[cols[e]]
+
+
+def label_entries(int[::1] starts, int[::1] cols, bint shared, int[::1] labels, int[::1] pos):
+    """pos[i] = the entry of row i whose column is labels[i] (the first, if the row selects it
+    twice); for a shared selection every row's columns are cols. Returns the first row whose
+    label is not selected, or -1."""
+    cdef Py_ssize_t i, e, j, k = cols.shape[0], rows = labels.shape[0]
+    cdef Py_ssize_t missing = -1
+    with nogil:
+        for i in range(rows):
+            pos[i] = -1
+            if shared:
+                for j in range(k):
+                    if cols[j] == labels[i]:
+                        pos[i] = <int>(i * k + j)
+                        break
+            else:
+                for e in range(starts[i], starts[i + 1]):
+                    if cols[e] == labels[i]:
+                        pos[i] = <int>e
+                        break
+            if pos[i] < 0 and missing < 0:
+                missing = i
+    return missing
+
+
+cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept nogil:
+    return w[i] if weighted else 1.0
+
+
+def segment_cross_entropy(real[::1] z, int[::1] starts, int[::1] pos, real[::1] shift,
+                          bint shifted, real[::1] w, bint weighted, real[::1] probs,
+                          real[::1] cost):
+    """Softmax cross-entropy over each row's entries: with s = z - shift (the sampled-softmax
+    logQ correction, or no shift), probs = softmax(s) within the row and
+    cost[i] = -w[i] log probs[pos[i]]."""
+    cdef Py_ssize_t i, e, rows = cost.shape[0]
+    cdef double mx, total, s
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=z.shape[0] > PARALLEL_MIN):
+        mx = -1e308
+        for e in range(starts[i], starts[i + 1]):
+            s = z[e] - (shift[e] if shifted else 0.0)
+            if s > mx:
+                mx = s
+        total = 0
+        for e in range(starts[i], starts[i + 1]):
+            s = exp(z[e] - (shift[e] if shifted else 0.0) - mx)
+            probs[e] = <real>s
+            total = total + s
+        for e in range(starts[i], starts[i + 1]):
+            probs[e] = <real>(probs[e] / total)
+        e = pos[i]
+        # -log p computed from the shifted scores, exact even where p underflows
+        cost[i] = <real>(_weight(w, weighted, i) * (mx + log(total) - (z[e] - (shift[e] if shifted else 0.0))))
+
+
+def segment_cross_entropy_backward(real[::1] probs, int[::1] starts, int[::1] pos, real[::1] w,
+                                   bint weighted, real[::1] dcost, real[::1] dz, double beta):
+    """dz[e] = dcost[i] w[i] (probs[e] - [e == pos[i]]) (with beta)."""
+    cdef Py_ssize_t i, e, rows = dcost.shape[0]
+    cdef double g, v
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=probs.shape[0] > PARALLEL_MIN):
+        g = dcost[i] * _weight(w, weighted, i)
+        for e in range(starts[i], starts[i + 1]):
+            v = g * (probs[e] - (1.0 if e == pos[i] else 0.0))
+            dz[e] = <real>(v if beta == 0 else v + beta * dz[e])
+
+
+def segment_self_normalized(real[::1] o, int[::1] starts, int[::1] pos, double alpha,
+                            real[::1] w, bint weighted, real[::1] cost):
+    """cost[i] = w[i] (-log o[pos[i]] + log S + alpha (log S)²), S = Σ_row o (o > 0: the
+    exponential outputs of the layer)."""
+    cdef Py_ssize_t i, e, rows = cost.shape[0]
+    cdef double total, ls
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=o.shape[0] > PARALLEL_MIN):
+        total = 0
+        for e in range(starts[i], starts[i + 1]):
+            total = total + o[e]
+        ls = log(total)
+        cost[i] = <real>(_weight(w, weighted, i) * (-log(o[pos[i]]) + ls + alpha * ls * ls))
+
+
+def segment_self_normalized_backward(real[::1] o, int[::1] starts, int[::1] pos, double alpha,
+                                     real[::1] w, bint weighted, real[::1] dcost, real[::1] do,
+                                     double beta):
+    """do[e] = dcost[i] w[i] ((1 + 2 alpha log S) / S - [e == pos[i]] / o[e]) (with beta)."""
+    cdef Py_ssize_t i, e, rows = dcost.shape[0]
+    cdef double total, g, common, v
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=o.shape[0] > PARALLEL_MIN):
+        total = 0
+        for e in range(starts[i], starts[i + 1]):
+            total = total + o[e]
+        g = dcost[i] * _weight(w, weighted, i)
+        common = (1 + 2 * alpha * log(total)) / total
+        for e in range(starts[i], starts[i + 1]):
+            v = g * (common - (1.0 / o[e] if e == pos[i] else 0.0))
+            do[e] = <real>(v if beta == 0 else v + beta * do[e])
+
+
+def gather_entries(real[:, ::1] full, int[::1] starts, int[::1] cols, bint shared, real[::1] out,
+                   double beta):
+    """out[e] = full[i, col(e)] for each entry e of row i (with beta); col(e) = cols[e] for a
+    per-row selection, cols[e - starts[i]] for a shared one (the dense path's gather)."""
+    cdef Py_ssize_t i, e, c, rows = full.shape[0]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=out.shape[0] > PARALLEL_MIN):
+        for e in range(starts[i], starts[i + 1]):
+            c = cols[e - starts[i]] if shared else cols[e]
+            out[e] = <real>(full[i, c] if beta == 0 else full[i, c] + beta * out[e])
+
+
+def scatter_entries(real[::1] g, int[::1] starts, int[::1] cols, bint shared, real[:, ::1] full):
+    """full[i] = 0, then full[i, col(e)] += g[e] for each entry e of row i (the dense path's
+    output gradient; a column selected twice gets the sum)."""
+    cdef Py_ssize_t i, e, j, c, rows = full.shape[0], n = full.shape[1]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
+        for j in range(n):
+            full[i, j] = 0
+        for e in range(starts[i], starts[i + 1]):
+            c = cols[e - starts[i]] if shared else cols[e]
+            full[i, c] += g[e]
