@@ -7,6 +7,7 @@ out[e]. Conventions as in lamina._kernels: C-contiguous arrays, "with beta" outp
 (beta == 0 never reads the output), shapes checked by the caller (lamina.backends.cpu).
 """
 from cython.parallel cimport prange
+cimport openmp
 from libc.math cimport exp, log
 import numpy as np
 
@@ -19,6 +20,12 @@ cdef extern from "rows.h" nogil:
     double lamina_dot_d(const double* a, const double* b, long n)
     void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n)
     void lamina_axpby_d(double alpha, const double* x, double beta, double* y, long n)
+    void lamina_prefetch(const void* p, long bytes)
+
+# selected rows of w are asked for this many columns ahead of their use (a selection skips
+# rows, which breaks the hardware prefetcher's streams)
+cdef enum:
+    PREFETCH_AHEAD = 2
 
 # below this many multiply-adds a loop runs on one thread
 cdef enum:
@@ -39,35 +46,65 @@ cdef inline void _axpby(double alpha, real* x, double beta, real* y, long n) noe
         lamina_axpby_d(alpha, x, beta, y, n)
 
 
-def selected_dots(real[:, ::1] x, real[:, ::1] w, int[::1] starts, int[::1] cols, real[::1] out,
-                  double beta):
-    """out[e] = x[i] · w[cols[e]] + beta * out[e] for each entry e of row i."""
-    cdef Py_ssize_t i, e, rows = x.shape[0], n = x.shape[1]
+def selected_dots(real[:, ::1] x, real[:, ::1] w, int[::1] columns, int[::1] bucket,
+                  int[::1] entries, int[::1] entry_rows, real[::1] out, double beta):
+    """out[e] = x[row(e)] · w[col(e)] + beta * out[e] for every entry, walking the selected
+    columns in increasing order (the CSC of by_column): each selected row of w is read once,
+    and each thread streams through one contiguous range of w."""
+    cdef Py_ssize_t u, k, e, n = x.shape[1], distinct = columns.shape[0]
     cdef double v
-    for i in prange(rows, nogil=True, schedule="guided",
-                    use_threads_if=cols.shape[0] * n > PARALLEL_MIN):
-        for e in range(starts[i], starts[i + 1]):
-            v = _dot(&x[i, 0], &w[cols[e], 0], n)
+    for u in prange(distinct, nogil=True, schedule="static",
+                    use_threads_if=entries.shape[0] * n > PARALLEL_MIN):
+        if u + PREFETCH_AHEAD < distinct:
+            lamina_prefetch(&w[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
+        for k in range(bucket[u], bucket[u + 1]):
+            e = entries[k]
+            v = _dot(&x[entry_rows[k], 0], &w[columns[u], 0], n)
             if beta == 0:
                 out[e] = <real>v
             else:
                 out[e] = <real>(v + beta * out[e])
 
 
-def selected_input_grad(real[::1] g, real[:, ::1] w, int[::1] starts, int[::1] cols,
-                        real[:, ::1] dx, double beta):
-    """dx[i] = Σ_e g[e] w[cols[e]] over row i's entries (with beta)."""
-    cdef Py_ssize_t i, e, j, rows = dx.shape[0], n = dx.shape[1]
-    cdef double b
-    for i in prange(rows, nogil=True, schedule="guided",
-                    use_threads_if=cols.shape[0] * n > PARALLEL_MIN):
-        b = beta
-        if starts[i] == starts[i + 1]:  # a row without entries
+def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, int[::1] columns,
+                      int[::1] bucket, int[::1] entries, int[::1] entry_rows,
+                      real[:, ::1] dx, double dx_beta, bint want_dx,
+                      real[:, ::1] dw, double dw_beta, bint want_dw):
+    """One pass over the selected columns c (each row of w read once, each selected row of dw
+    written once):
+        dx[i] = Σ_e g[e] w[col(e)] over row i's entries      (with dx_beta, if want_dx)
+        dw[c] = Σ_e g[e] x[row(e)] over column c's entries   (with dw_beta, if want_dw)
+    Threads own ranges of columns; each adds into a private copy of dx, summed at the end."""
+    cdef Py_ssize_t u, k, e, r, i, j, t, n = x.shape[1], rows = x.shape[0], distinct = columns.shape[0]
+    cdef int threads = openmp.omp_get_max_threads()
+    cdef bint parallel = entries.shape[0] * n > PARALLEL_MIN
+    cdef double b, acc
+    cdef real[:, :, ::1] part
+    if want_dx:
+        part = np.zeros((threads if parallel else 1, rows, n), dtype=np.float32 if real is float else np.float64)
+    for u in prange(distinct, nogil=True, schedule="static", use_threads_if=parallel):
+        t = openmp.omp_get_thread_num()
+        if u + PREFETCH_AHEAD < distinct:
+            if want_dx:
+                lamina_prefetch(&w[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
+            if want_dw:
+                lamina_prefetch(&dw[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
+        b = dw_beta
+        for k in range(bucket[u], bucket[u + 1]):
+            e = entries[k]
+            r = entry_rows[k]
+            if want_dx:
+                _axpby(g[e], &w[columns[u], 0], 1.0, &part[t, r, 0], n)
+            if want_dw:
+                _axpby(g[e], &x[r, 0], b, &dw[columns[u], 0], n)
+                b = 1.0
+    if want_dx:
+        for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
             for j in range(n):
-                dx[i, j] = <real>(0.0 if beta == 0 else beta * dx[i, j])
-        for e in range(starts[i], starts[i + 1]):
-            _axpby(g[e], &w[cols[e], 0], b, &dx[i, 0], n)
-            b = 1.0
+                acc = 0
+                for t in range(part.shape[0]):
+                    acc = acc + part[t, i, j]
+                dx[i, j] = <real>(acc if dx_beta == 0 else acc + dx_beta * dx[i, j])
 
 
 def by_column(int[::1] starts, int[::1] cols, Py_ssize_t n_out):
@@ -107,20 +144,6 @@ def by_column(int[::1] starts, int[::1] cols, Py_ssize_t n_out):
                 entry_rows[count[c]] = <int>i
                 count[c] += 1
     return columns_arr, bucket_arr, entries_arr, entry_rows_arr
-
-
-def selected_weight_grad(real[::1] g, real[:, ::1] x, int[::1] columns, int[::1] bucket,
-                         int[::1] entries, int[::1] entry_rows, real[:, ::1] dw, double beta):
-    """dw[c] = Σ_e g[e] x[row(e)] over the entries of column c, for each selected column c
-    (with beta); other rows of dw are not touched. One thread owns each column: no races."""
-    cdef Py_ssize_t u, k, n = x.shape[1], distinct = columns.shape[0]
-    cdef double b
-    for u in prange(distinct, nogil=True, schedule="guided",
-                    use_threads_if=entries.shape[0] * n > PARALLEL_MIN):
-        b = beta
-        for k in range(bucket[u], bucket[u + 1]):
-            _axpby(g[entries[k]], &x[entry_rows[k], 0], b, &dw[columns[u], 0], n)
-            b = 1.0
 
 
 def selected_bias_grad(real[::1] g, int[::1] columns, int[::1] bucket, int[::1] entries,

@@ -152,17 +152,15 @@ class Backend(ABC):
     # -- selections (lamina.selection): entry e of row i lies in starts[i] <= e < starts[i + 1];
     #    its column is cols[e] (per-row selections), or cols[e - starts[i]] where `shared`
     @abstractmethod
-    def selected_dots(self, x, w, starts, cols, out, beta=0.0):
-        """out[e] = x[i] · w[cols[e]] (with beta), per-row selection."""
-
-    @abstractmethod
-    def selected_input_grad(self, g, w, starts, cols, dx, beta=0.0):
-        """dx[i] = Σ_e g[e] w[cols[e]] over row i's entries (with beta)."""
-
-    @abstractmethod
-    def selected_weight_grad(self, g, x, by_column, dw, beta=0.0):
-        """dw[c] = Σ_e g[e] x[row(e)] over the entries of each selected column c (with beta);
+    def selected_dots(self, x, w, by_column, out, beta=0.0):
+        """out[e] = x[row(e)] · w[col(e)] (with beta), for every entry of a per-row selection;
         by_column = (columns, bucket_starts, entries, entry_rows), Selection.by_column's CSC."""
+
+    @abstractmethod
+    def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        """dx[i] = Σ_e g[e] w[col(e)] over row i's entries (with dx_beta), and
+        dw[c] = Σ_e g[e] x[row(e)] over column c's entries for each selected column c (with
+        dw_beta; other rows of dw untouched); either output may be None."""
 
     @abstractmethod
     def selected_bias_grad(self, g, by_column, db, beta=0.0):

@@ -301,35 +301,35 @@ class CPUBackend(Backend):
         if starts[-1] != entries:
             raise ValueError(f"{where}: the selection has {starts[-1]} entries, the values {entries}")
 
-    def selected_dots(self, x, w, starts, cols, out, beta=0.0):
-        check_matrix("selected_dots", "x", x)
-        check_array("selected_dots", "w", w, dtype=x.dtype, ndim=2)
-        check_array("selected_dots", "out", out, dtype=x.dtype, shape=(len(cols),))
-        self._selection("selected_dots", starts, cols, len(out), x.shape[0])
-        if w.shape[1] != x.shape[1]:
-            raise ValueError(f"selected_dots: w rows of {w.shape[1]} must match x rows of {x.shape[1]}")
-        _selective.selected_dots(np.ascontiguousarray(x), w, starts, cols, out, beta)
-
-    def selected_input_grad(self, g, w, starts, cols, dx, beta=0.0):
-        _float("selected_input_grad", "g", g, shape=(len(cols),))
-        check_array("selected_input_grad", "w", w, dtype=g.dtype, ndim=2)
-        check_array("selected_input_grad", "dx", dx, dtype=g.dtype, shape=(len(starts) - 1, w.shape[1]))
-        self._selection("selected_input_grad", starts, cols, len(g))
-        _selective.selected_input_grad(g, w, starts, cols, dx, beta)
-
     @staticmethod
     def _by_column(where, by_column, entries):
         for name, a in zip(("columns", "bucket_starts", "entries", "entry_rows"), by_column):
             check_array(where, name, a, dtype=np.int32, ndim=1)
         if len(by_column[2]) != entries:
-            raise ValueError(f"{where}: by_column lists {len(by_column[2])} entries, g holds {entries}")
+            raise ValueError(f"{where}: by_column lists {len(by_column[2])} entries, the values {entries}")
 
-    def selected_weight_grad(self, g, x, by_column, dw, beta=0.0):
-        _float("selected_weight_grad", "g", g, ndim=1)
-        check_array("selected_weight_grad", "x", x, dtype=g.dtype, ndim=2)
-        check_array("selected_weight_grad", "dw", dw, dtype=g.dtype, ndim=2)
-        self._by_column("selected_weight_grad", by_column, len(g))
-        _selective.selected_weight_grad(g, x, *by_column, dw, beta)
+    def selected_dots(self, x, w, by_column, out, beta=0.0):
+        check_array("selected_dots", "x", x, ndim=2)
+        _float("selected_dots", "x", x)
+        check_array("selected_dots", "w", w, dtype=x.dtype, ndim=2)
+        check_array("selected_dots", "out", out, dtype=x.dtype, ndim=1)
+        if w.shape[1] != x.shape[1]:
+            raise ValueError(f"selected_dots: w rows of {w.shape[1]} must match x rows of {x.shape[1]}")
+        self._by_column("selected_dots", by_column, len(out))
+        _selective.selected_dots(x, w, *by_column, out, beta)
+
+    def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        _float("selected_backward", "g", g, ndim=1)
+        check_array("selected_backward", "x", x, dtype=g.dtype, ndim=2)
+        check_array("selected_backward", "w", w, dtype=g.dtype, shape=(w.shape[0], x.shape[1]))
+        if dx is not None:
+            check_array("selected_backward", "dx", dx, dtype=g.dtype, shape=x.shape)
+        if dw is not None:
+            check_array("selected_backward", "dw", dw, dtype=g.dtype, shape=w.shape)
+        self._by_column("selected_backward", by_column, len(g))
+        unused = np.empty((1, 1), g.dtype)
+        _selective.selected_backward(g, x, w, *by_column, unused if dx is None else dx, dx_beta, dx is not None,
+                                     unused if dw is None else dw, dw_beta, dw is not None)
 
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
         _float("selected_bias_grad", "g", g, ndim=1)

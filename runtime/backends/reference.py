@@ -177,21 +177,25 @@ class ReferenceBackend(Backend):
             cols = np.tile(cols, len(starts) - 1)
         return rows, cols
 
-    def selected_dots(self, x, w, starts, cols, out, beta=0.0):
-        rows, cols = self._entries(starts, cols, False)
-        _with_beta(out, np.einsum("ej,ej->e", x[rows].astype(np.float64), w[cols]), beta)
-
-    def selected_input_grad(self, g, w, starts, cols, dx, beta=0.0):
-        rows, cols = self._entries(starts, cols, False)
-        grad = np.zeros(dx.shape)
-        np.add.at(grad, rows, g[:, None].astype(np.float64) * w[cols])
-        _with_beta(dx, grad, beta)
-
-    def selected_weight_grad(self, g, x, by_column, dw, beta=0.0):
+    def selected_dots(self, x, w, by_column, out, beta=0.0):
         columns, bucket, entries, entry_rows = by_column
-        for u, c in enumerate(columns):
-            sl = slice(bucket[u], bucket[u + 1])
-            _with_beta(dw[c], (g[entries[sl], None].astype(np.float64) * x[entry_rows[sl]]).sum(0), beta)
+        cols = np.repeat(columns, np.diff(bucket))
+        value = np.empty(len(out))
+        value[entries] = np.einsum("ej,ej->e", x[entry_rows].astype(np.float64), w[cols])
+        _with_beta(out, value, beta)
+
+    def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        columns, bucket, entries, entry_rows = by_column
+        cols = np.repeat(columns, np.diff(bucket))
+        ge = g[entries].astype(np.float64)[:, None]
+        if dx is not None:
+            grad = np.zeros(dx.shape)
+            np.add.at(grad, entry_rows, ge * w[cols])
+            _with_beta(dx, grad, dx_beta)
+        if dw is not None:
+            grad = np.zeros((len(columns), dw.shape[1]))
+            np.add.at(grad, np.repeat(np.arange(len(columns)), np.diff(bucket)), ge * x[entry_rows])
+            dw[columns] = grad if dw_beta == 0 else grad + dw_beta * dw[columns]
 
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
         columns, bucket, entries, _ = by_column

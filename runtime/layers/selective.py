@@ -3,8 +3,9 @@ over large vocabularies, score only the columns asked for (a lamina.Selection pe
 labels plus sampled negatives while training, a candidate list while decoding).
 
 Three ways to compute the selected scores, all giving the same numbers:
-- per-row sparse: one dot product per entry, x[i] · W[c]; backward writes only the selected rows
-  of W's gradient (grouped by column, so no two threads write one row);
+- per-row sparse: one dot product per entry, x[i] · W[c], walking the selected columns in
+  increasing order (each needed row of W read once per batch, in address order); backward in
+  one more such pass writes only the selected rows of W's gradient;
 - shared sparse: gather the k selected rows of W once, then one GEMM [rows, in] x [in, k];
 - dense: the full GEMM [rows, out], then gather the entries; when the selection is dense enough
   that the GEMM's speed beats the work saved.
@@ -103,8 +104,9 @@ class SelectiveLinear(Linear):
                 be.gather_rows(self.bias.buffer, cols, b_sel)
                 be.add_bias(out2, b_sel)
         else:
+            by_column = sel.by_column(self.out_features)
             for i, (x, w) in enumerate(self._weights(ctx)):
-                be.selected_dots(x, w.buffer, starts, cols, out, beta=0.0 if i == 0 else 1.0)
+                be.selected_dots(x, w.buffer, by_column, out, beta=0.0 if i == 0 else 1.0)
             if self.has_bias:
                 be.add_selected_bias(out, self.bias.buffer, cols)
         if self.activation == "exponential":
@@ -131,11 +133,11 @@ class SelectiveLinear(Linear):
         by_column = sel.by_column(self.out_features)
         for i, (x, w) in enumerate(self._weights(ctx)):
             dx = ctx.input_grad(i)
-            if dx is not None:
-                be.selected_input_grad(dz, w.buffer, starts, cols, dx.array, dx.beta)
             dw = ctx.sparse_param_target(self.weight_names[i], by_column[0])
-            if dw is not None:
-                be.selected_weight_grad(dz, x, by_column, dw.array, dw.beta)
+            if dx is not None or dw is not None:
+                be.selected_backward(dz, x, w.buffer, by_column,
+                                     *(dx.array, dx.beta) if dx else (None, 0.0),
+                                     *(dw.array, dw.beta) if dw else (None, 0.0))
         if self.has_bias:
             db = ctx.sparse_param_target("bias", by_column[0])
             if db is not None:
