@@ -21,6 +21,9 @@ cdef extern from "rows.h" nogil:
     void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n)
     void lamina_axpby_d(double alpha, const double* x, double beta, double* y, long n)
     void lamina_prefetch(const void* p, long bytes)
+    void lamina_stream_copy_f(float* dst, const float* src, long n)
+    void lamina_stream_copy_d(double* dst, const double* src, long n)
+    void lamina_store_fence()
 
 # selected rows of w are asked for this many columns ahead of their use (a selection skips
 # rows, which breaks the hardware prefetcher's streams)
@@ -37,6 +40,13 @@ cdef inline double _dot(real* a, real* b, long n) noexcept nogil:
         return lamina_dot_f(a, b, n)
     else:
         return lamina_dot_d(a, b, n)
+
+
+cdef inline void _stream_copy(real* dst, real* src, long n) noexcept nogil:
+    if real is float:
+        lamina_stream_copy_f(dst, src, n)
+    else:
+        lamina_stream_copy_d(dst, src, n)
 
 
 cdef inline void _axpby(double alpha, real* x, double beta, real* y, long n) noexcept nogil:
@@ -74,30 +84,40 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, int[::1] colu
     written once):
         dx[i] = Σ_e g[e] w[col(e)] over row i's entries      (with dx_beta, if want_dx)
         dw[c] = Σ_e g[e] x[row(e)] over column c's entries   (with dw_beta, if want_dw)
-    Threads own ranges of columns; each adds into a private copy of dx, summed at the end."""
+    Threads own ranges of columns; each adds into a private copy of dx, summed at the end, and
+    builds each dw row in a private scratch row, stored with non-temporal stores when dw_beta
+    is 0 (the row is not read: no need to fetch it first)."""
     cdef Py_ssize_t u, k, e, r, i, j, t, n = x.shape[1], rows = x.shape[0], distinct = columns.shape[0]
     cdef int threads = openmp.omp_get_max_threads()
     cdef bint parallel = entries.shape[0] * n > PARALLEL_MIN
     cdef double b, acc
-    cdef real[:, :, ::1] part
-    if want_dx:
-        part = np.zeros((threads if parallel else 1, rows, n), dtype=np.float32 if real is float else np.float64)
+    cdef real* scratch
+    # per thread: rows of private dx, then one scratch row for dw
+    cdef real[:, :, ::1] part = np.zeros((threads if parallel else 1, rows + 1, n),
+                                         dtype=np.float32 if real is float else np.float64)
     for u in prange(distinct, nogil=True, schedule="static", use_threads_if=parallel):
         t = openmp.omp_get_thread_num()
+        scratch = &part[t, rows, 0]
         if u + PREFETCH_AHEAD < distinct:
             if want_dx:
                 lamina_prefetch(&w[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
-            if want_dw:
+            if want_dw and dw_beta != 0:
                 lamina_prefetch(&dw[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
-        b = dw_beta
+        b = 0.0
         for k in range(bucket[u], bucket[u + 1]):
             e = entries[k]
             r = entry_rows[k]
             if want_dx:
                 _axpby(g[e], &w[columns[u], 0], 1.0, &part[t, r, 0], n)
             if want_dw:
-                _axpby(g[e], &x[r, 0], b, &dw[columns[u], 0], n)
+                _axpby(g[e], &x[r, 0], b, scratch, n)
                 b = 1.0
+        if want_dw:
+            if dw_beta == 0:
+                _stream_copy(&dw[columns[u], 0], scratch, n)
+            else:
+                _axpby(1.0, scratch, dw_beta, &dw[columns[u], 0], n)
+    lamina_store_fence()
     if want_dx:
         for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
             for j in range(n):

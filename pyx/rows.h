@@ -6,12 +6,43 @@
 #ifndef LAMINA_ROWS_H
 #define LAMINA_ROWS_H
 
+#include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define LAMINA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define LAMINA_CLONES
+/* dst = src, bypassing the caches where the CPU can (non-temporal stores): for rows written
+ * once and not read again soon, this saves reading each destination line before writing it.
+ * Call lamina_store_fence() before another thread reads dst. */
+static inline void lamina_stream_copy_f(float* dst, const float* src, long n) {
+    long j = 0;
+#if defined(__x86_64__)
+    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
+    for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+#endif
+    for (; j < n; j++) dst[j] = src[j];
+}
+
+static inline void lamina_stream_copy_d(double* dst, const double* src, long n) {
+    long j = 0;
+#if defined(__x86_64__)
+    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
+    for (; j + 2 <= n; j += 2) _mm_stream_pd(dst + j, _mm_loadu_pd(src + j));
+#endif
+    for (; j < n; j++) dst[j] = src[j];
+}
+
+static inline void lamina_store_fence(void) {
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
+}
+
 /* ask for a row that a loop will read soon (one hint per 64-byte line) */
 static inline void lamina_prefetch(const void* p, long bytes) {
     for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char*)p + off, 0, 0);
@@ -64,6 +95,33 @@ LAMINA_CLONES static void lamina_axpby_d(double alpha, const double* x, double b
     } else {
         for (long j = 0; j < n; j++) y[j] = alpha * x[j] + beta * y[j];
     }
+}
+
+/* dst = src, bypassing the caches where the CPU can (non-temporal stores): for rows written
+ * once and not read again soon, this saves reading each destination line before writing it.
+ * Call lamina_store_fence() before another thread reads dst. */
+static inline void lamina_stream_copy_f(float* dst, const float* src, long n) {
+    long j = 0;
+#if defined(__x86_64__)
+    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
+    for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+#endif
+    for (; j < n; j++) dst[j] = src[j];
+}
+
+static inline void lamina_stream_copy_d(double* dst, const double* src, long n) {
+    long j = 0;
+#if defined(__x86_64__)
+    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
+    for (; j + 2 <= n; j += 2) _mm_stream_pd(dst + j, _mm_loadu_pd(src + j));
+#endif
+    for (; j < n; j++) dst[j] = src[j];
+}
+
+static inline void lamina_store_fence(void) {
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
 }
 
 /* ask for a row that a loop will read soon (one hint per 64-byte line) */
