@@ -94,6 +94,9 @@ class Network:
         self.nodes = []
         self.output_values = {}  # output name -> value name
         self.rng = np.random.default_rng(0)  # dropout masks; seed with `seed`
+        # data a model needs to be used (a vocabulary, normalisation constants): JSON-able values
+        # or numpy arrays, saved in the model file beside the parameters
+        self.assets = {}
         self._layer_uses = {}
         self._scheduler = None
 

@@ -78,6 +78,9 @@ def test_bad_files_get_clear_errors(tmp_path):
     with pytest.raises(ModelFileError, match="bad.lamina: cannot read"):
         lm.load(bad)
     bad.write_bytes(b"not a model")
+    with pytest.raises(ModelFileError, match="bad.lamina: the header claims .* at most"):
+        lm.load(bad)
+    bad.write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{}{}")
     with pytest.raises(ModelFileError, match="bad.lamina: not a safetensors file"):
         lm.load(bad)
     write(bad, tensors, {"format": "other", "version": "1", "graph": json.dumps(graph)})
@@ -98,5 +101,147 @@ def test_bad_files_get_clear_errors(tmp_path):
         lm.load(bad)
     wrong = dict(tensors, **{"enc.weight": np.zeros((2, 2), np.float32)})
     write(bad, wrong, {"format": "lamina", "version": "1", "graph": json.dumps(graph)})
-    with pytest.raises(ModelFileError, match=r"expected values of shape \(8, 5\), found \(2, 2\)"):
+    with pytest.raises(ModelFileError, match=r"'enc.weight' has shape \(2, 2\); layer 'enc' expects \(8, 5\)"):
         lm.load(bad)
+
+
+def good_file(tmp_path):
+    path = tmp_path / "good.lamina"
+    lm.save(small_net(), path)
+    return path
+
+
+def test_more_bad_files(tmp_path):
+    graph, tensors = graph_of(small_net())
+    meta = {"format": "lamina", "version": "1"}
+    bad = tmp_path / "bad.lamina"
+    blob = good_file(tmp_path).read_bytes()
+    bad.write_bytes(blob[:len(blob) // 2])
+    with pytest.raises(ModelFileError, match="bad.lamina: (truncated|not a safetensors)"):
+        lm.load(bad)
+    bad.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ModelFileError, match="header claims 1099511627776 bytes"):
+        lm.load(bad)
+    write(bad, dict(tensors, stray=np.zeros(3, np.float32)), {**meta, "graph": json.dumps(graph)})
+    with pytest.raises(ModelFileError, match="tensor 'stray' belongs to no layer"):
+        lm.load(bad)
+    nan = dict(tensors, **{"dec.bias": np.full(8, np.nan, np.float32)})
+    write(bad, nan, {**meta, "graph": json.dumps(graph)})
+    with pytest.raises(ModelFileError, match="'dec.bias' contains NaN or infinity"):
+        lm.load(bad)
+    cycle = json.loads(json.dumps(graph))
+    cycle["nodes"][0]["inputs"] = [cycle["nodes"][1]["name"]]
+    write(bad, tensors, {**meta, "graph": json.dumps(cycle)})
+    with pytest.raises(ModelFileError, match="cycle"):
+        lm.load(bad)
+    dangling = json.loads(json.dumps(graph))
+    dangling["nodes"][0]["inputs"] = ["nowhere"]
+    write(bad, tensors, {**meta, "graph": json.dumps(dangling)})
+    with pytest.raises(ModelFileError, match="'nowhere' is not a value"):
+        lm.load(bad)
+    write(bad, tensors, {**meta, "graph": "[1, 2"})
+    with pytest.raises(ModelFileError, match="'graph' is not JSON"):
+        lm.load(bad)
+    write(bad, tensors, {**meta, "graph": json.dumps({**graph, "layers": 7})})
+    with pytest.raises(ModelFileError, match="'layers' must be a list"):
+        lm.load(bad)
+
+
+def test_fuzzed_files_fail_cleanly(tmp_path):
+    """Flipped and truncated bytes of a valid file load or give a ModelFileError: never another
+    exception, a crash or a hang."""
+    blob = good_file(tmp_path).read_bytes()
+    rng = np.random.default_rng(0)
+    bad = tmp_path / "fuzz.lamina"
+    outcomes = {"loaded": 0, "refused": 0}
+    for trial in range(300):
+        data = bytearray(blob)
+        if trial % 3 == 0:
+            data = data[:rng.integers(0, len(data))]
+        for _ in range(rng.integers(1, 4)):
+            if data:
+                data[rng.integers(0, len(data))] ^= 1 << int(rng.integers(0, 8))
+        bad.write_bytes(bytes(data))
+        try:
+            lm.load(bad)
+            outcomes["loaded"] += 1
+        except ModelFileError as e:
+            assert "fuzz.lamina" in str(e)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100
+
+
+def test_half_precision_and_assets(tmp_path):
+    net = small_net()
+    net.assets = {"vocabulary": ["a", "b"], "mean": np.array([0.5, 2.0], np.float32)}
+    X = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    lm.save(net, tmp_path / "half.lamina", half=True)
+    lm.save(net, tmp_path / "full.lamina")
+    saved = os.path.getsize(tmp_path / "full.lamina") - os.path.getsize(tmp_path / "half.lamina")
+    assert saved >= 2 * sum(p.size for p in net.parameters()) - 64  # 2 bytes per value (headers differ)
+    loaded = lm.load(tmp_path / "half.lamina")
+    assert loaded.layer("enc").weight.dtype == np.float32
+    np.testing.assert_array_equal(loaded.layer("enc").weight.value,
+                                  net.layer("enc").weight.value.astype(np.float16).astype(np.float32))
+    np.testing.assert_allclose(loaded.run({"x": X})["logits"], net.run({"x": X})["logits"], rtol=1e-2, atol=1e-2)
+    assert loaded.assets["vocabulary"] == ["a", "b"]
+    np.testing.assert_array_equal(loaded.assets["mean"], [0.5, 2.0])
+
+
+def test_a_killed_save_leaves_the_old_file(tmp_path):
+    """A process killed while it writes a big model leaves the previous file as it was."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    path = tmp_path / "m.lamina"
+    lm.save(small_net(), path)
+    before = path.read_bytes()
+    script = (f"import lamina as lm, sys\n"
+              f"net = lm.Network(); x = net.input('x', 4000)\n"
+              f"net.outputs(y=lm.layers.Linear(4000, 4000)(x))\n"
+              f"print('ready', flush=True)\n"
+              f"while True: lm.save(net, {str(path)!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    after = path.read_bytes()
+    assert after == before or lm.load(path).layer("linear0").weight.shape == (4000, 4000)
+    for leftover in tmp_path.glob(".tmp-*"):
+        leftover.unlink()  # the killed writer's temporary file: never the model itself
+    lm.load(path)
+
+
+def test_checkpoint_resume_is_exact(tmp_path):
+    """5 steps, checkpoint, resume, 5 steps == 10 steps straight (dropout included)."""
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((16, 5)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32))
+               for _ in range(10)]
+
+    def make_opt(net):
+        return lm.optim.Adam(net, lr=0.01, schedule=lm.optim.CosineWarmup(2, 10))
+
+    straight = small_net()
+    opt = make_opt(straight)
+    for x, y in batches:
+        straight.train_step({"x": x, "y": y}, opt)
+
+    first = small_net()
+    opt = make_opt(first)
+    for x, y in batches[:5]:
+        first.train_step({"x": x, "y": y}, opt)
+    lm.save_checkpoint(tmp_path / "ck.lamina", first, opt, batch=5)
+    ck = lm.load_checkpoint(tmp_path / "ck.lamina")
+    assert ck.fields == {"batch": 5} and ck.step_count == 5
+    resumed = ck.net
+    opt = ck.restore(make_opt(resumed))
+    for x, y in batches[ck.fields["batch"]:]:
+        resumed.train_step({"x": x, "y": y}, opt)
+    for (name, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters()):
+        np.testing.assert_array_equal(a.value, b.value, err_msg=name)
+    with pytest.raises(ModelFileError, match="holds Adam state, the optimizer is SGD"):
+        ck.restore(lm.optim.SGD(resumed, lr=0.1))
+    with pytest.raises(ModelFileError, match="a model file, not a checkpoint"):
+        lm.load_checkpoint(good_file(tmp_path))

@@ -1,6 +1,8 @@
 """Model files: one safetensors file, the graph as JSON in its metadata. Data only: no pickle,
 no code runs on load. Loading validates the whole description before it builds anything; saving
 is atomic (a temporary file in the same folder, fsync, rename)."""
-from .model import FORMAT, VERSION, load, save
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .model import FORMAT, VERSION, ModelFileError, load, save
 
-__all__ = ["save", "load", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "save_checkpoint", "load_checkpoint", "Checkpoint", "ModelFileError",
+           "FORMAT", "VERSION"]

@@ -1,9 +1,20 @@
-"""lamina's model file format (version 1).
+"""lamina's model file format (version 1): one safetensors file, data only.
 
-safetensors tensors: one per distinct parameter, keyed by the parameter's name.
-safetensors metadata: {"format": "lamina", "version": "1", "graph": JSON} with the graph
-  {"dtype", "inputs": [{name, shape, dtype}], "layers": [{name, kind, config, params: {local: key},
-   frozen: [local…]}], "nodes": [{name, layer, inputs}], "outputs": {name: value}}.
+Tensors: one per distinct parameter, keyed by the parameter's name, stored as float32 or (with
+`half=True`) float16, which loading widens to float32; arrays among the network's assets under
+'asset/<name>'; in a checkpoint, optimizer state under 'optim/<parameter>/<state>'.
+Metadata (all strings): format 'lamina', version '1', 'graph' (JSON:
+  {"inputs": [{name, shape, dtype, sequence}], "layers": [{name, kind, config, params: {local: key},
+   frozen: [local…]}], "nodes": [{name, layer, inputs}], "outputs": {name: value}}),
+'assets' (JSON: the network's JSON-able assets, e.g. a vocabulary), and in a checkpoint
+'checkpoint' (JSON: step counter, random-generator states, the caller's own fields).
+
+Loading reads and checks everything (header size, format and version, the graph's structure,
+every tensor named, none left over, finite values, shapes) before it returns a network, and any
+problem is a ModelFileError naming the file. NaN or infinity in a parameter is refused: a model
+that produces NaN silently is worse than one that does not load. Saving writes a temporary file
+in the same folder, fsyncs it, renames it over the target and fsyncs the folder, so a crash
+leaves either the old file or the new one.
 """
 import json
 import os
@@ -19,14 +30,18 @@ from ..layers.base import REGISTRY
 
 FORMAT = "lamina"
 VERSION = 1
+MAX_HEADER = 64 << 20  # bytes of JSON header a model file may have
+ASSET, OPTIM = "asset/", "optim/"
 
 
 class ModelFileError(ValueError):
     """A model file that cannot be loaded; the message names the file and the problem."""
 
 
+# ---------------------------------------------------------------------------- writing
+
 def describe(net):
-    """The graph of `net` as a JSON-able dict, and its tensors by key."""
+    """The graph of `net` as a JSON-able dict, and its parameter tensors by key."""
     net.validate()
     tensors, layers = {}, []
     for layer in net.layers:
@@ -46,10 +61,25 @@ def describe(net):
     return graph, tensors
 
 
-def save(net, path):
-    """Write `net` to `path` atomically."""
+def _pack(net, half, extra_tensors=None, extra_metadata=None):
     graph, tensors = describe(net)
-    blob = st_save(tensors, metadata={"format": FORMAT, "version": str(VERSION), "graph": json.dumps(graph)})
+    if half:
+        tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
+    json_assets = {}
+    for name, value in net.assets.items():
+        if isinstance(value, np.ndarray):
+            tensors[ASSET + name] = np.ascontiguousarray(value)
+        else:
+            json_assets[name] = value
+    tensors.update(extra_tensors or {})
+    metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(graph),
+                "assets": json.dumps(json_assets), **(extra_metadata or {})}
+    return st_save(tensors, metadata=metadata)
+
+
+def write_atomic(path, blob):
+    """Write bytes to path so that a crash leaves the old file or the new one, never a mix."""
+    path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".lamina", dir=folder)
     try:
@@ -68,80 +98,147 @@ def save(net, path):
         os.close(dir_fd)
 
 
+def save(net, path, half=False):
+    """Write `net` (graph, parameters, assets) to `path` atomically; half=True stores the
+    parameters as float16 (half the size; loading widens them to float32)."""
+    write_atomic(path, _pack(net, half))
+
+
+# ---------------------------------------------------------------------------- reading
+
 def _read(path):
+    """(metadata, tensors) of a lamina file, with the envelope checked."""
     try:
         with open(path, "rb") as f:
             blob = f.read()
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read the model file ({e.strerror})") from None
+    if len(blob) < 8:
+        raise ModelFileError(f"{path}: not a safetensors file (only {len(blob)} bytes)")
+    header_len = int.from_bytes(blob[:8], "little")
+    if header_len > MAX_HEADER:
+        raise ModelFileError(f"{path}: the header claims {header_len} bytes; at most {MAX_HEADER} are allowed")
+    if 8 + header_len > len(blob):
+        raise ModelFileError(f"{path}: truncated: the header claims {header_len} bytes, the file has "
+                             f"{len(blob) - 8} after the length")
     try:
+        header = json.loads(blob[8:8 + header_len])
+        metadata = header.get("__metadata__") or {}
         tensors = st_load(blob)
-        header_len = int.from_bytes(blob[:8], "little")
-        metadata = json.loads(blob[8:8 + header_len]).get("__metadata__") or {}
-    except (SafetensorError, ValueError, UnicodeDecodeError) as e:
+    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError) as e:
         raise ModelFileError(f"{path}: not a safetensors file ({e})") from None
-    if metadata.get("format") != FORMAT:
-        raise ModelFileError(f"{path}: expected format '{FORMAT}' in the metadata, found {metadata.get('format')!r}")
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        found = metadata.get("format") if isinstance(metadata, dict) else metadata
+        raise ModelFileError(f"{path}: expected format '{FORMAT}' in the metadata, found {found!r}")
     if metadata.get("version") != str(VERSION):
         raise ModelFileError(f"{path}: expected format version {VERSION}, found {metadata.get('version')!r}")
+    return metadata, tensors
+
+
+def _json(path, metadata, key, default=None):
+    if key not in metadata:
+        if default is not None:
+            return default
+        raise ModelFileError(f"{path}: the metadata has no '{key}'")
     try:
-        graph = json.loads(metadata["graph"])
-    except (KeyError, ValueError) as e:
-        raise ModelFileError(f"{path}: the graph description is missing or not JSON ({e})") from None
-    return graph, tensors
+        return json.loads(metadata[key])
+    except ValueError as e:
+        raise ModelFileError(f"{path}: the metadata's '{key}' is not JSON ({e})") from None
 
 
-def _validate(path, graph, tensors):
+def _check_graph(path, graph, tensors):
+    """Structure, names and tensors of a graph description; raises ModelFileError."""
     def fail(msg):
         raise ModelFileError(f"{path}: {msg}")
 
-    for key in ("inputs", "layers", "nodes", "outputs"):
-        if key not in graph:
-            fail(f"the graph has no '{key}'")
-    layer_names = set()
-    for spec in graph["layers"]:
+    def need(obj, kind, what):
+        if not isinstance(obj, kind):
+            fail(f"{what} must be a {kind.__name__}, found {type(obj).__name__}")
+        return obj
+
+    need(graph, dict, "the graph")
+    for key, kind in (("inputs", list), ("layers", list), ("nodes", list), ("outputs", dict)):
+        need(graph.get(key), kind, f"the graph's '{key}'")
+    for i, spec in enumerate(graph["inputs"]):
+        need(spec, dict, f"input {i}")
+        need(spec.get("name"), str, f"input {i}'s name")
+        need(spec.get("shape"), list, f"input '{spec['name']}''s shape")
+    used = set()
+    for i, spec in enumerate(graph["layers"]):
+        need(spec, dict, f"layer {i}")
+        name = need(spec.get("name"), str, f"layer {i}'s name")
         if spec.get("kind") not in REGISTRY:
-            fail(f"layer '{spec.get('name')}' has unknown kind {spec.get('kind')!r}; known: {', '.join(sorted(REGISTRY))}")
-        for local, key in spec.get("params", {}).items():
-            if key not in tensors:
-                fail(f"layer '{spec['name']}' parameter '{local}' refers to tensor '{key}', which the file lacks")
+            fail(f"layer '{name}' has unknown kind {spec.get('kind')!r}; known: {', '.join(sorted(REGISTRY))}")
+        need(spec.get("config", {}), dict, f"layer '{name}''s config")
+        for local, key in need(spec.get("params", {}), dict, f"layer '{name}''s params").items():
+            if not isinstance(key, str) or key not in tensors or key.startswith((ASSET, OPTIM)):
+                fail(f"layer '{name}' parameter '{local}' refers to tensor {key!r}, which the file lacks")
+            if tensors[key].dtype not in (np.float32, np.float16):
+                fail(f"tensor '{key}' must be float32 or float16, found {tensors[key].dtype}")
             if not np.all(np.isfinite(tensors[key])):
-                fail(f"tensor '{key}' contains NaN or infinity")
-        layer_names.add(spec["name"])
-    for node in graph["nodes"]:
+                fail(f"tensor '{key}' contains NaN or infinity (refused: fix or retrain the model)")
+            used.add(key)
+    layer_names = {spec["name"] for spec in graph["layers"]}
+    for i, node in enumerate(graph["nodes"]):
+        need(node, dict, f"node {i}")
         if node.get("layer") not in layer_names:
             fail(f"node '{node.get('name')}' uses layer '{node.get('layer')}', which the file does not define")
+        need(node.get("inputs"), list, f"node '{node.get('name')}''s inputs")
+    extra = [k for k in tensors if k not in used and not k.startswith((ASSET, OPTIM))]
+    if extra:
+        fail(f"tensor '{extra[0]}' belongs to no layer (extra tensors: {len(extra)})")
+
+
+def _build(path, graph, tensors):
+    net = Network()
+    for spec in graph["inputs"]:
+        net.input(spec["name"], spec["shape"], spec.get("dtype", "float"), spec.get("sequence", False))
+    layers, shared = {}, {}
+    for spec in graph["layers"]:
+        layer = REGISTRY[spec["kind"]](**spec.get("config", {}), name=spec["name"])
+        for local, key in spec.get("params", {}).items():
+            p = layer.params.get(local)
+            if p is None:
+                raise ModelFileError(f"{path}: layer '{spec['name']}' has no parameter '{local}'")
+            if key in shared:
+                layer.tie(local, shared[key])
+            else:
+                if tensors[key].shape != p.shape:
+                    raise ModelFileError(f"{path}: tensor '{key}' has shape {tensors[key].shape}; layer "
+                                         f"'{spec['name']}' expects {p.shape} for '{local}'")
+                p.assign(tensors[key].astype(np.float32))
+                p.name = key
+                shared[key] = p
+            p.frozen = local in spec.get("frozen", [])
+        missing = [local for local in layer.params if local not in spec.get("params", {})]
+        if missing:
+            raise ModelFileError(f"{path}: layer '{spec['name']}' has no tensor for parameter '{missing[0]}'")
+        layers[spec["name"]] = layer
+    for node in graph["nodes"]:
+        net.add(layers[node["layer"]], node["inputs"], name=node.get("name"))
+    net.outputs(**graph["outputs"])
+    net.validate()
+    return net
+
+
+def _load(path):
+    """(network, metadata, tensors) of a model or checkpoint file."""
+    metadata, tensors = _read(path)
+    graph = _json(path, metadata, "graph")
+    assets = _json(path, metadata, "assets", default={})
+    try:
+        _check_graph(path, graph, tensors)
+        net = _build(path, graph, tensors)
+        if not isinstance(assets, dict):
+            raise ModelFileError(f"{path}: the metadata's 'assets' must be a JSON object")
+    except ModelFileError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+        raise ModelFileError(f"{path}: the graph does not describe a valid network: {e}") from None
+    net.assets = {**assets, **{k[len(ASSET):]: v for k, v in tensors.items() if k.startswith(ASSET)}}
+    return net, metadata, tensors
 
 
 def load(path):
-    """Read a model file written by `save`; returns a validated Network."""
-    graph, tensors = _read(path)
-    _validate(path, graph, tensors)
-    net = Network()
-    try:
-        for spec in graph["inputs"]:
-            net.input(spec["name"], spec["shape"], spec["dtype"], spec.get("sequence", False))
-        layers, shared = {}, {}
-        for spec in graph["layers"]:
-            layer = REGISTRY[spec["kind"]](**spec["config"], name=spec["name"])
-            for local, key in spec["params"].items():
-                p = layer.params.get(local)
-                if p is None:
-                    raise ModelFileError(f"{path}: layer '{spec['name']}' has no parameter '{local}'")
-                if key in shared:
-                    layer.tie(local, shared[key])
-                else:
-                    p.assign(tensors[key].astype(np.float32))
-                    p.name = key
-                    shared[key] = p
-                p.frozen = local in spec.get("frozen", [])
-            layers[spec["name"]] = layer
-        for node in graph["nodes"]:
-            net.add(layers[node["layer"]], node["inputs"], name=node["name"])
-        net.outputs(**graph["outputs"])
-        net.validate()
-    except ModelFileError:
-        raise
-    except (TypeError, ValueError, KeyError) as e:
-        raise ModelFileError(f"{path}: the graph does not describe a valid network: {e}") from None
-    return net
+    """Read a model file written by `save` (or a checkpoint); returns a validated Network."""
+    return _load(path)[0]
