@@ -94,7 +94,7 @@ extensions = [
 ]
 
 setup(
-    packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io"],
+    packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io", "lamina.zoo"],
     package_dir={"lamina": "runtime"},
     ext_modules=cythonize(
         extensions,

@@ -303,11 +303,12 @@ class Network:
         """Inference: returns {output name: numpy array} (copies, safe to keep)."""
         return self.scheduler.run(feeds, outputs)
 
-    def forward(self, feeds, training=True, grad_outputs=()):
+    def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
         """Forward pass keeping every activation for `backward`; returns {output: array view}
-        (valid until the next forward). `grad_outputs` names outputs whose gradients the caller
-        will pass to backward instead of starting from the costs."""
-        return self.scheduler.forward(feeds, training, grad_outputs)
+        (valid until the next forward) for `outputs` (default: all). `grad_outputs` names
+        outputs whose gradients the caller will pass to backward instead of starting from the
+        costs."""
+        return self.scheduler.forward(feeds, training, grad_outputs, outputs)
 
     def backward(self, on_ready=None, grad_outputs=None):
         """Backward from every cost output (each averaged over its rows), or from the gradients
@@ -317,12 +318,18 @@ class Network:
         return self.scheduler.backward(on_ready, grad_outputs)
 
     def train_step(self, feeds, optimizer):
-        """forward + backward with per-parameter updates as gradients complete; returns the loss."""
-        self.forward(feeds, training=True)
+        """forward + backward with per-parameter updates as gradients complete; returns the loss.
+        Only the costs are computed (and what they need)."""
+        self.forward(feeds, training=True, outputs=self.cost_outputs())
         optimizer.begin_step()
         loss = self.backward(on_ready=optimizer.update)
         optimizer.end_step()
         return loss
+
+    def cost_outputs(self):
+        """The names of the outputs that cost layers produce (what training minimises)."""
+        producer = {out: n for n in self.scheduler.order for out in n.outputs}
+        return [o for o, v in self.output_values.items() if v in producer and producer[v].layer.is_cost]
 
     def grad(self, name):
         """The gradient of a value (an input with requires_grad, or a node output) after backward."""

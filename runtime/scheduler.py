@@ -436,18 +436,22 @@ class Scheduler:
             node.layer.forward(ctx)
         return {o: b.host_value(net.output_values[o]) for o in outputs}
 
-    def forward(self, feeds, training=True, grad_outputs=()):
+    def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
         net = self.network
-        for o in grad_outputs:
+        outputs = tuple(net.output_values) if outputs is None else tuple(outputs)
+        for o in (*grad_outputs, *outputs):
             if o not in net.output_values:
-                raise InputError(f"grad_outputs: unknown output {o!r}; outputs are {', '.join(map(repr, net.output_values))}")
-        plan = self.plan(training, tuple(net.output_values), tuple(grad_outputs))
+                raise InputError(f"unknown output {o!r}; outputs are {', '.join(map(repr, net.output_values))}")
+        missing = [o for o in grad_outputs if o not in outputs]
+        if missing:
+            raise InputError(f"grad_outputs: '{missing[0]}' is not among the outputs computed")
+        plan = self.plan(training, outputs, tuple(grad_outputs))
         b = self.bindings(plan, self._check_feeds(feeds, plan.inputs))
         self._bind_feeds(b, feeds, plan)
         for node, ctx in b.contexts:
             node.layer.forward(ctx)
         self.current = b
-        return {o: b.values[v] for o, v in net.output_values.items()}
+        return {o: b.values[net.output_values[o]] for o in outputs}
 
     def backward(self, on_ready=None, grad_outputs=None):
         b = self.current

@@ -1,0 +1,187 @@
+"""The training loop behind `lamina train` and the demo: batches from a data set, a progress bar
+with loss and throughput, a JSON-lines log, a loss-curve PNG, checkpoints after every epoch and on
+Ctrl-C, and exact resumption.
+
+Shuffling and sampling draw from generators seeded by (seed, epoch) and (seed, step), never from
+a running state, so a run resumed from a checkpoint sees exactly the batches the uninterrupted
+run would have seen.
+"""
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .io.checkpoint import load_checkpoint, save_checkpoint
+from .selection import Selection
+from .sequence import Sequences
+
+CHECKPOINT = "checkpoint.lamina"
+
+
+class ArrayData:
+    """Samples from an .npz file: one array per network input, named after it; a sequence
+    input as '<name>' (the rows) and '<name>.starts' (int32 offsets). Batches take whole samples
+    (whole sequences)."""
+
+    def __init__(self, net, path):
+        self.net = net
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot read the data file ({e})") from None
+        self.arrays, self.count = {}, None
+        for name in net.input_names:
+            spec = net.values[name].spec
+            if name not in arrays:
+                continue
+            a = arrays[name]
+            if spec.sequence:
+                if f"{name}.starts" not in arrays:
+                    raise InputError(f"{path}: sequence input '{name}' needs '{name}.starts' beside it")
+                value = Sequences(a, arrays[f"{name}.starts"].astype(np.int32))
+                n = value.num_sequences
+            else:
+                value, n = a, len(a)
+            if self.count is not None and n != self.count:
+                raise InputError(f"{path}: '{name}' holds {n} samples, the other arrays {self.count}")
+            self.arrays[name], self.count = value, n
+        if not self.arrays:
+            raise InputError(f"{path}: no array is named after an input of the model "
+                             f"({', '.join(net.input_names)}); found {', '.join(arrays)}")
+
+    def __len__(self):
+        return self.count
+
+    def batch(self, index, rng):
+        feeds = {}
+        for name, value in self.arrays.items():
+            if isinstance(value, Sequences):
+                feeds[name] = Sequences.from_list([value.values[value.starts[i]:value.starts[i + 1]] for i in index])
+            else:
+                dtype = self.net.dtype if self.net.values[name].spec.kind == "float" else np.int32
+                feeds[name] = np.ascontiguousarray(value[index], dtype=dtype)
+        return feeds
+
+
+class TextData:
+    """Python source for a language model of lamina.zoo.language: files cut into chunks."""
+
+    def __init__(self, net, paths, chunk=48, num_sampled=128):
+        from .zoo import language
+        self.net, self.language, self.num_sampled = net, language, num_sampled
+        tok = language.tokenizer(net)
+        self.chunks = []
+        for p in paths:
+            try:
+                text = Path(p).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise InputError(f"{p}: cannot read the text file ({e})") from None
+            self.chunks += language.chunk(tok.encode(text), chunk)
+        if not self.chunks:
+            raise InputError(f"{', '.join(map(str, paths))}: no tokens to train on")
+
+    def __len__(self):
+        return len(self.chunks)
+
+    def batch(self, index, rng):
+        return self.language.training_feeds(self.net, [self.chunks[i] for i in index], self.num_sampled, rng)
+
+
+def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False, seed=0, progress=True,
+        max_steps=None, log=print):
+    """Train; returns the list of per-step losses of this call. With `folder`, writes
+    checkpoint.lamina (every epoch and on Ctrl-C), log.jsonl and loss.png there; resume=True
+    continues from its checkpoint (the caller built `optimizer` over the checkpoint's network:
+    see `resume_from`)."""
+    from tqdm import tqdm
+    folder = Path(folder) if folder else None
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
+    per_epoch = math.ceil(len(data) / batch_size)
+    total = per_epoch * epochs if max_steps is None else min(max_steps, per_epoch * epochs)
+    position = [resume.fields["epoch"], resume.fields["batch"]] if resume else [0, 0]  # next batch
+    done = position[0] * per_epoch + position[1]
+
+    def checkpoint():
+        if folder:
+            save_checkpoint(folder / CHECKPOINT, net, optimizer, epoch=position[0], batch=position[1], seed=seed)
+
+    losses, order = [], None
+    logfile = open(folder / "log.jsonl", "a") if folder else None
+    bar = tqdm(total=total, initial=min(done, total), unit="step", disable=not progress, mininterval=0.5)
+    t0 = time.perf_counter()
+    try:
+        while position[0] < epochs and done < total:
+            epoch, b = position
+            if b >= per_epoch:  # an epoch ends: checkpoint
+                position = [epoch + 1, 0]
+                checkpoint()
+                continue
+            if order is None or order[0] != epoch:
+                order = (epoch, np.random.default_rng([seed, epoch]).permutation(len(data)))
+            index = order[1][b * batch_size:(b + 1) * batch_size]
+            loss = net.train_step(data.batch(index, np.random.default_rng([seed, epoch, b])), optimizer)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"the loss became {loss} at epoch {epoch}, batch {b}: "
+                                         f"lower the learning rate")
+            position, done = [epoch, b + 1], done + 1
+            losses.append(loss)
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}",
+                            samples_s=f"{len(index) * len(losses) / (time.perf_counter() - t0):.0f}")
+            if logfile:
+                logfile.write(json.dumps({"step": optimizer.step_count, "epoch": epoch, "batch": b,
+                                          "loss": loss, "lr": optimizer.current_lr}) + "\n")
+    except KeyboardInterrupt:
+        bar.close()
+        checkpoint()
+        if folder:
+            log(f"interrupted: checkpoint written to {folder / CHECKPOINT} (resume with --resume)")
+        raise
+    finally:
+        bar.close()
+        if logfile:
+            logfile.close()
+    checkpoint()
+    if folder:
+        plot_losses(folder / "log.jsonl", folder / "loss.png")
+    return losses
+
+
+def resume_from(folder):
+    """The checkpoint in `folder` (a lamina.io.Checkpoint: .net, .restore(optimizer), .fields)."""
+    path = Path(folder) / CHECKPOINT
+    if not path.exists():
+        raise InputError(f"{path}: no checkpoint to resume from")
+    return load_checkpoint(path)
+
+
+def plot_losses(log_path, png_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps, losses = [], []
+    with open(log_path) as f:
+        for line in f:
+            entry = json.loads(line)
+            steps.append(entry["step"])
+            losses.append(entry["loss"])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, losses, lw=0.8, alpha=0.5, label="loss")
+    if len(losses) >= 10:
+        k = max(5, len(losses) // 50)
+        smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
+        ax.plot(steps[k - 1:], smooth, lw=1.5, label=f"mean of {k}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    tmp = f"{png_path}.tmp.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, png_path)
