@@ -10,7 +10,7 @@ SOURCES := $(wildcard pyx/*.pyx pyx/*.pxi pyx/*.h) setup.py pyproject.toml
 .PHONY: demo test test-all bench build clean
 
 demo: $(STAMP)
-	$(PY) examples/quickstart.py
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --timeout=600

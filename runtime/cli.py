@@ -46,6 +46,9 @@ def _setup(args):
 def _load(lm, path):
     if not Path(path).exists():
         raise CommandError(f"{path}: no such model file")
+    if str(path).endswith(".json"):  # a network description: fresh parameters
+        from .io import load_description
+        return load_description(path)
     return lm.load(path)
 
 
@@ -172,7 +175,7 @@ def cmd_train(args):
                               resume=ck, seed=args.seed, progress=not args.quiet, max_steps=args.max_steps)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    out = args.out or args.model
+    out = args.out or (args.model if not args.model.endswith(".json") else args.model[:-5] + ".lamina")
     lm.save(net, out)
     if losses:
         print(f"final loss {np.mean(losses[-20:]):.4f} after {len(losses)} steps; wrote {out}")
@@ -276,7 +279,7 @@ def parser():
     s.set_defaults(run=cmd_infer)
 
     s = sub.add_parser("train", parents=[common], help="fine-tune a model")
-    s.add_argument("model")
+    s.add_argument("model", help="a model file, or a .json network description to train from scratch")
     s.add_argument("data", nargs="+", help=".npz of arrays named after the inputs (text models: source files)")
     s.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "adagrad", "rmsprop"], default="adam")
     s.add_argument("--lr", type=float, default=1e-3)

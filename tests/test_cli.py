@@ -162,3 +162,15 @@ def test_text_model_end_to_end(tmp_path, capsys):
     assert "perplexity of the input" in out and "class Counter:" in out
     source, seconds = language.continue_code(trained, "def walk(", tokens=5, top_k=1)
     assert source.startswith("def walk(") and seconds > 0
+
+
+def test_train_from_a_description(tmp_path):
+    from lamina.io import save_description
+    net = classifier(tmp_path / "m.lamina")
+    save_description(net, tmp_path / "net.json")
+    data(tmp_path / "d.npz")
+    assert main(["train", str(tmp_path / "net.json"), str(tmp_path / "d.npz"), "--epochs", "2",
+                 "--checkpoint-dir", str(tmp_path / "run"), "--quiet"]) == 0
+    trained = lm.load(tmp_path / "net.lamina")
+    assert [n for n, _ in trained.named_parameters()] == [n for n, _ in net.named_parameters()]
+    assert not np.array_equal(trained.layer("head").weight.value, net.layer("head").weight.value)

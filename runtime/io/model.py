@@ -147,7 +147,8 @@ def _json(path, metadata, key, default=None):
 
 
 def _check_graph(path, graph, tensors):
-    """Structure, names and tensors of a graph description; raises ModelFileError."""
+    """Structure, names and tensors of a graph description (tensors None: a description with
+    fresh parameters); raises ModelFileError."""
     def fail(msg):
         raise ModelFileError(f"{path}: {msg}")
 
@@ -171,6 +172,8 @@ def _check_graph(path, graph, tensors):
             fail(f"layer '{name}' has unknown kind {spec.get('kind')!r}; known: {', '.join(sorted(REGISTRY))}")
         need(spec.get("config", {}), dict, f"layer '{name}''s config")
         for local, key in need(spec.get("params", {}), dict, f"layer '{name}''s params").items():
+            if tensors is None:
+                continue
             if not isinstance(key, str) or key not in tensors or key.startswith((ASSET, OPTIM)):
                 fail(f"layer '{name}' parameter '{local}' refers to tensor {key!r}, which the file lacks")
             if tensors[key].dtype not in (np.float32, np.float16):
@@ -184,7 +187,7 @@ def _check_graph(path, graph, tensors):
         if node.get("layer") not in layer_names:
             fail(f"node '{node.get('name')}' uses layer '{node.get('layer')}', which the file does not define")
         need(node.get("inputs"), list, f"node '{node.get('name')}''s inputs")
-    extra = [k for k in tensors if k not in used and not k.startswith((ASSET, OPTIM))]
+    extra = [k for k in tensors or () if k not in used and not k.startswith((ASSET, OPTIM))]
     if extra:
         fail(f"tensor '{extra[0]}' belongs to no layer (extra tensors: {len(extra)})")
 
@@ -202,6 +205,9 @@ def _build(path, graph, tensors):
                 raise ModelFileError(f"{path}: layer '{spec['name']}' has no parameter '{local}'")
             if key in shared:
                 layer.tie(local, shared[key])
+            elif tensors is None:  # a description: keep the fresh initial values
+                p.name = key
+                shared[key] = p
             else:
                 if tensors[key].shape != p.shape:
                     raise ModelFileError(f"{path}: tensor '{key}' has shape {tensors[key].shape}; layer "
@@ -242,3 +248,31 @@ def _load(path):
 def load(path):
     """Read a model file written by `save` (or a checkpoint); returns a validated Network."""
     return _load(path)[0]
+
+
+def save_description(net, path):
+    """Write the network's graph (no parameters) as JSON: `load_description` builds it again
+    with freshly initialised parameters (`lamina train` accepts such a file as its MODEL)."""
+    graph, _ = describe(net)
+    write_atomic(path, (json.dumps({"format": FORMAT, "version": VERSION, "graph": graph}, indent=1) + "\n").encode())
+
+
+def load_description(path):
+    """A Network from a JSON description written by save_description, parameters initialised
+    afresh (lamina.manual_seed makes them repeatable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read the description ({e.strerror})") from None
+    except ValueError as e:
+        raise ModelFileError(f"{path}: the description is not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        raise ModelFileError(f"{path}: expected a JSON object with format '{FORMAT}' and version {VERSION}")
+    try:
+        _check_graph(path, doc.get("graph"), None)
+        return _build(path, doc["graph"], None)
+    except ModelFileError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
+        raise ModelFileError(f"{path}: the description does not describe a valid network: {e}") from None

@@ -11,7 +11,10 @@ The saved graph serves training and inference:
 Inference carries last/cell over to h0/c0, so continuing a prompt costs one step per token.
 """
 import math
+import sysconfig
 import time
+import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +23,34 @@ from ..graph import Network
 from ..selection import sampled_selection
 from ..sequence import Sequences
 from ..text import PythonTokenizer
+
+
+# parts of the standard library left out of the data: test suites, third-party packages, tools
+SKIP = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__"}
+
+
+def stdlib_split():
+    """(training files, held-out files): every .py file of this Python's standard library
+    outside SKIP, sorted; a file is held out when crc32 of its relative path is 0 mod 10."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train, held = [], []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root)
+        if SKIP & set(rel.parts):
+            continue
+        (held if zlib.crc32(str(rel).encode()) % 10 == 0 else train).append(p)
+    return train, held
+
+
+def read_texts(paths):
+    """The text of each readable UTF-8 file."""
+    texts = []
+    for p in paths:
+        try:
+            texts.append(Path(p).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            pass
+    return texts
 
 
 def build(vocab_size, embedding_dim=64, hidden_size=256):

@@ -1,0 +1,110 @@
+"""`make demo`: load the two shipped models and run them, then fine-tune the language model for a
+few steps on a file of your choice.
+
+    .venv/bin/python examples/demo.py [--file SOURCE.py] [--steps 30]
+
+1. models/python_lm: continue a prompt of Python code (time per token), and the held-out
+   perplexity on the standard library files it never saw in training;
+2. models/denoise3d: denoise held-out synthetic volumes, PSNR before and after, a PNG of slices;
+3. fine-tune the language model on SOURCE.py (default: the standard library's json/decoder.py,
+   part of its training data; pass your own file) with the progress bar of `lamina train`.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import lamina as lm
+from lamina.cli import main as lamina_command
+from lamina.zoo import denoise, language
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = '''def read_config(path):
+    """Read a JSON configuration file."""
+    with open(path) as f:
+'''
+
+
+def opencl_note():
+    try:
+        import pyopencl as cl
+        found = [d.name.strip() for p in cl.get_platforms() for d in p.get_devices()]
+    except Exception:
+        found = []
+    if found:
+        print(f"OpenCL devices present ({', '.join(found)}), but this build runs on the CPU only: "
+              f"lamina's OpenCL backend is not part of it yet")
+
+
+def language_model(path, held_chunks):
+    net = lm.load(path)
+    print(f"== {path.relative_to(ROOT)}: {sum(p.size for p in net.parameters()):,} parameters, "
+          f"{os.path.getsize(path) / 1e6:.1f} MB")
+    source, seconds = language.continue_code(net, PROMPT, tokens=40, top_k=3, temperature=0.7)
+    print(f"prompt + 40 generated tokens ({seconds * 1e3:.2f} ms per token on the CPU):")
+    print("    | " + source.replace("\n", "\n    | "))
+    start = time.perf_counter()
+    ppl = language.perplexity(net, held_chunks)
+    tokens = sum(len(c) - 1 for c in held_chunks)
+    print(f"held-out perplexity {ppl:.2f} over {tokens} tokens of standard-library files not trained on "
+          f"({tokens / (time.perf_counter() - start):,.0f} tokens/s); the card says "
+          f"{net.assets.get('held_out_perplexity', float('nan')):.2f} on the full held-out set")
+
+
+def denoiser(path, out_png):
+    net = lm.load(path)
+    print(f"== {path.relative_to(ROOT)}: {sum(p.size for p in net.parameters()):,} parameters")
+    clean = denoise.shapes(16, np.random.default_rng(1))
+    noisy = denoise.noisy_copy(clean, np.random.default_rng(2))
+    start = time.perf_counter()
+    out = net.run({"noisy": noisy}, ["denoised"])["denoised"]
+    ms = (time.perf_counter() - start) * 1e3 / len(clean)
+    before, after = denoise.psnr(noisy, clean), denoise.psnr(out, clean)
+    denoise.save_slices_png(out_png, noisy[:3], out[:3], clean[:3], f"held out: {before:.1f} dB -> {after:.1f} dB")
+    print(f"PSNR on 16 held-out {denoise.SIZE}³ volumes: noisy {before:.2f} dB -> denoised {after:.2f} dB "
+          f"({ms:.1f} ms per volume); slices in {out_png}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--file", help="a Python source file to fine-tune the language model on")
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    out_dir = ROOT / "build" / "demo"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lm_path, dn_path = ROOT / "models/python_lm/model.lamina", ROOT / "models/denoise3d/model.lamina"
+    print(f"lamina {lm.__version__}, {lm.get_num_threads()} threads")
+    opencl_note()
+
+    _, held = language.stdlib_split()
+    net = lm.load(lm_path)
+    tok = language.tokenizer(net)
+    chunks = [c for t in language.read_texts(held[::4]) for c in language.chunk(tok.encode(t), 48)][:800]
+    language_model(lm_path, chunks)
+    print()
+    denoiser(dn_path, out_dir / "denoise_slices.png")
+    print()
+
+    import json as json_module
+    source = Path(args.file) if args.file else Path(json_module.__file__).with_name("decoder.py")
+    tuned = out_dir / "python_lm_tuned.lamina"
+    print(f"== fine-tuning the language model on {source} for {args.steps} steps "
+          f"(`lamina train {lm_path.relative_to(ROOT)} {source} ...`)")
+    with tempfile.TemporaryDirectory() as run:
+        code = lamina_command(["train", str(lm_path), str(source), "--lr", "5e-4", "--batch-size", "16",
+                               "--epochs", "100", "--max-steps", str(args.steps), "--checkpoint-dir", run,
+                               "--out", str(tuned)])
+        if code:
+            sys.exit(code)
+        log = [json.loads(line) for line in open(Path(run) / "log.jsonl")]
+    print(f"sampled-softmax loss {np.mean([e['loss'] for e in log[:5]]):.3f} (first 5 steps) -> "
+          f"{np.mean([e['loss'] for e in log[-5:]]):.3f} (last 5); tuned model in {tuned}")
+
+
+if __name__ == "__main__":
+    main()
