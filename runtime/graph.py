@@ -229,6 +229,23 @@ class Network:
                     p.frozen = frozen
         self._invalidate()
 
+    def to(self, device):
+        """Place the network on a device: 'cpu', 'opencl', 'opencl:N' or a backend object. Its
+        parameters and their optimizer state move along; every layer must run there (a layer
+        that cannot is named in the error)."""
+        from .backends import get_backend
+        backend = get_backend(device)
+        if backend.name != "cpu":
+            cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if not getattr(l, backend.name)]
+            if cannot:
+                raise GraphError(f"cannot place the network on {backend}: layer {', '.join(cannot)} "
+                                 f"has no {backend.name} kernels yet")
+        for p in self.parameters():
+            p.move(backend)
+        self.backend = backend
+        self._invalidate()
+        return self
+
     def astype(self, dtype):
         """Convert every parameter to dtype (float64 for gradient checks); inputs follow."""
         self.dtype = np.dtype(dtype)

@@ -78,7 +78,7 @@ class Optimizer:
         self._ids = {id(p) for p in self.params}
         self.lr, self.weight_decay, self.clip_norm = float(lr), float(weight_decay), clip_norm
         self.schedule = schedule or Constant()
-        self.backend = backend or _cpu()
+        self.backend = backend  # None: each parameter's own (where its values live)
         self.step_count = 0  # completed steps
         self.current_lr = self.lr * self.schedule(0)
         self.last_grad_norm = None
@@ -97,15 +97,18 @@ class Optimizer:
         else:
             self._deferred.append(p)
 
+    def _be(self, p):
+        """The backend that holds p."""
+        return self.backend or p.backend or _cpu()
+
     def end_step(self):
         if self._deferred:
-            be = self.backend
-            norm = math.sqrt(sum(be.sum_squares(p.dense_grad(be)) for p in self._deferred))
+            norm = math.sqrt(sum(self._be(p).sum_squares(p.dense_grad(self._be(p))) for p in self._deferred))
             self.last_grad_norm = norm
             scale = min(1.0, self.clip_norm / (norm + 1e-6))
             for p in self._deferred:
                 if scale < 1.0:
-                    be.axpby(scale, p.grad, 0.0, p.grad)
+                    self._be(p).axpby(scale, p.grad, 0.0, p.grad)
                 self._apply(p)
             self._deferred = []
         self.step_count += 1
@@ -122,7 +125,7 @@ class Optimizer:
         lr, weight_decay = self.current_lr * p.lr_mult, self.weight_decay * p.decay_mult
         # a sparse gradient (embedding rows) updates only its rows where that is exact
         if p.grad_rows is None or not self.apply_rows(p, lr, weight_decay):
-            p.dense_grad(self.backend)
+            p.dense_grad(self._be(p))
             self.apply(p, lr, weight_decay)
         p.grad_pending = False
         p.grad_rows = None
@@ -137,7 +140,7 @@ class Optimizer:
         """A state array of p, zero-initialised on first use."""
         a = p.state.get(name)
         if a is None or a.shape != p.shape or a.dtype != p.dtype:
-            a = p.state[name] = self.backend.zeros(p.shape, p.dtype)
+            a = p.state[name] = self._be(p).zeros(p.shape, p.dtype)
         return a
 
     def _count(self, p):
@@ -169,13 +172,13 @@ class SGD(Optimizer):
         if weight_decay or (self.momentum and not self.lazy):  # these move rows without a gradient
             return False
         v = self._state(p, "momentum_buffer") if self.momentum else None
-        self.backend.sgd_update_rows(p.buffer, p.grad, v, p.grad_rows, lr, self.momentum, self.dampening,
+        self._be(p).sgd_update_rows(p.buffer, p.grad, v, p.grad_rows, lr, self.momentum, self.dampening,
                                      self.nesterov)
         return True
 
     def apply(self, p, lr, weight_decay):
         v = self._state(p, "momentum_buffer") if self.momentum else None
-        self.backend.sgd_update(p.buffer, p.grad, v, lr, self.momentum, self.dampening, self.nesterov,
+        self._be(p).sgd_update(p.buffer, p.grad, v, lr, self.momentum, self.dampening, self.nesterov,
                                 weight_decay)
 
 
@@ -198,12 +201,12 @@ class Adam(Optimizer):
     def apply_rows(self, p, lr, weight_decay):
         if not self.lazy or weight_decay:
             return False
-        self.backend.adam_update_rows(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),
+        self._be(p).adam_update_rows(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),
                                       p.grad_rows, lr, self.beta1, self.beta2, self.eps, self._count(p))
         return True
 
     def apply(self, p, lr, weight_decay):
-        self.backend.adam_update(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),
+        self._be(p).adam_update(p.buffer, p.grad, self._state(p, "exp_avg"), self._state(p, "exp_avg_sq"),
                                  lr, self.beta1, self.beta2, self.eps, weight_decay, self.decoupled,
                                  self._count(p))
 
@@ -227,11 +230,11 @@ class AdaGrad(Optimizer):
     def apply_rows(self, p, lr, weight_decay):
         if weight_decay:
             return False
-        self.backend.adagrad_update_rows(p.buffer, p.grad, self._state(p, "sum"), p.grad_rows, lr, self.eps)
+        self._be(p).adagrad_update_rows(p.buffer, p.grad, self._state(p, "sum"), p.grad_rows, lr, self.eps)
         return True
 
     def apply(self, p, lr, weight_decay):
-        self.backend.adagrad_update(p.buffer, p.grad, self._state(p, "sum"), lr, self.eps, weight_decay)
+        self._be(p).adagrad_update(p.buffer, p.grad, self._state(p, "sum"), lr, self.eps, weight_decay)
 
 
 class RMSProp(Optimizer):
@@ -243,5 +246,5 @@ class RMSProp(Optimizer):
 
     def apply(self, p, lr, weight_decay):
         buf = self._state(p, "momentum_buffer") if self.momentum else None
-        self.backend.rmsprop_update(p.buffer, p.grad, self._state(p, "square_avg"), buf, lr, self.alpha,
+        self._be(p).rmsprop_update(p.buffer, p.grad, self._state(p, "square_avg"), buf, lr, self.alpha,
                                     self.eps, weight_decay, self.momentum)

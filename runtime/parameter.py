@@ -8,6 +8,11 @@ read-only view: write with `assign`.
 import numpy as np
 
 
+def host(a):
+    """A numpy array of a backend array (numpy arrays as they are; device arrays copied)."""
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
 class Parameter:
     """A trainable array. `buffer` is the kernel-facing storage (a backend array); `grad` its
     gradient (allocated by the scheduler unless frozen); `state` the optimizer's arrays."""
@@ -22,6 +27,7 @@ class Parameter:
         self.lr_mult = float(lr_mult)
         self.decay_mult = float(decay_mult)
         self.state = {}
+        self.backend = None  # where buffer lives: None for the CPU (numpy), else the backend
         self.version = 0
         # True while grad holds a gradient no optimizer has consumed: the next backward adds to it
         self.grad_pending = False
@@ -56,7 +62,7 @@ class Parameter:
     @property
     def value(self):
         """The values as a read-only numpy view (write with `assign`)."""
-        v = np.asarray(self.buffer).view()
+        v = host(self.buffer).view()
         v.flags.writeable = False
         return v
 
@@ -67,7 +73,10 @@ class Parameter:
             raise ValueError(f"parameter {self.name!r}: expected values of shape {self.shape}, found {values.shape}")
         if not np.all(np.isfinite(values)):
             raise ValueError(f"parameter {self.name!r}: values contain NaN or infinity")
-        np.copyto(self.buffer, values, casting="same_kind")
+        if isinstance(self.buffer, np.ndarray):
+            np.copyto(self.buffer, values, casting="same_kind")
+        else:
+            self.buffer.set(np.ascontiguousarray(values, dtype=self.dtype))
         self.changed()
 
     def dense_grad(self, backend):
@@ -85,9 +94,22 @@ class Parameter:
         """Record that the values changed in place (optimizers call this after an update)."""
         self.version += 1
 
+    def move(self, backend):
+        """Put the values and optimizer state on `backend` (the gradient is dropped)."""
+        values = np.ascontiguousarray(host(self.buffer))
+        self.buffer = values if backend.name == "cpu" else backend.from_host(values)
+        self.state = {k: v if v.ndim == 0 else (host(v) if backend.name == "cpu" else backend.from_host(host(v)))
+                      for k, v in self.state.items()}
+        self.backend = None if backend.name == "cpu" else backend
+        self.grad = None
+        self.grad_pending = False
+        self.grad_rows = None
+        self.changed()
+
     def astype(self, dtype):
         """Convert values to dtype; the gradient and optimizer state are dropped."""
-        self.buffer = np.ascontiguousarray(self.buffer, dtype=dtype)
+        values = np.ascontiguousarray(host(self.buffer), dtype=dtype)
+        self.buffer = values if self.backend is None else self.backend.from_host(values)
         self.grad = None
         self.state = {}
         self.grad_pending = False

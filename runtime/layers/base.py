@@ -27,6 +27,7 @@ class Layer:
     is_cost = False
     arity = (1, 1)  # (fewest, most) inputs
     output_labels = ("",)  # one per output; "" is the node's own name, others '<node>.<label>'
+    opencl = False  # whether every kernel it calls runs on the OpenCL backend
 
     def __init__(self, name=None):
         self.name = name

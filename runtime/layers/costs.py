@@ -7,6 +7,7 @@ from .base import Layer, common_rows, register, require_float
 
 class _Cost(Layer):
     is_cost = True
+    opencl = True
     arity = (2, 3)
     target_kind = "float"
 

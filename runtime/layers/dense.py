@@ -38,6 +38,7 @@ class Linear(_Activated):
     b [out]. Several inputs (in_features a list) each get their own weight: weight_0, weight_1…"""
 
     kind = "linear"
+    opencl = True
 
     def __init__(self, in_features, out_features, bias=True, activation="linear", slope=0.01, name=None):
         super().__init__(activation, slope, name)
@@ -105,6 +106,7 @@ class Add(_Activated):
     """y = act(x_0 + x_1 + …), inputs of one shape (Paddle's addto)."""
 
     kind = "add"
+    opencl = True
     arity = (1, 64)
 
     def __init__(self, activation="linear", slope=0.01, name=None):
@@ -135,6 +137,7 @@ class Concat(Layer):
     """y = [x_0, x_1, …] along the feature axis; x_i [N, f_i] → y [N, Σ f_i]."""
 
     kind = "concat"
+    opencl = True
     arity = (1, 64)
 
     def output_spec(self, specs):
@@ -163,6 +166,7 @@ class Activation(_Activated):
     """y = act(x), element-wise (softmax: along the last axis)."""
 
     kind = "activation"
+    opencl = True
 
     def __init__(self, activation, slope=0.01, name=None):
         super().__init__(activation, slope, name)
@@ -189,6 +193,7 @@ class Dropout(Layer):
     expected value is unchanged); inference: y = x."""
 
     kind = "dropout"
+    opencl = True
 
     def __init__(self, p=0.5, name=None):
         super().__init__(name)
@@ -226,6 +231,7 @@ class Scale(Layer):
     """y = factor * x."""
 
     kind = "scale"
+    opencl = True
 
     def __init__(self, factor, name=None):
         super().__init__(name)

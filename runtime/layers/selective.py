@@ -40,6 +40,7 @@ class SelectiveLinear(Linear):
     the selected rows (sparse: optimizers update just those rows where that is exact)."""
 
     kind = "selective_linear"
+    opencl = False  # the selection kernels have no OpenCL version yet
 
     def __init__(self, in_features, out_features, bias=True, activation="linear", path="auto",
                  dense_ratio=None, slope=0.01, name=None):

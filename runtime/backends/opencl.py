@@ -1,0 +1,363 @@
+"""The OpenCL backend: pyopencl arrays from a memory pool, kernels from runtime/opencl/*.cl built
+once per context and element type.
+
+Device choice: `OpenCLBackend(device)` with device an index ('opencl:N' counts every device of
+every platform, in `lamina devices` order), else PYOPENCL_CTX, else the first GPU, else the first
+device. One context, one in-order queue and one `pyopencl.tools.MemoryPool` per backend object.
+Programs are built with -D options (element type, GEMM tile sizes chosen per device type) and
+kept with their Kernel objects; a build error shows the build log and the file.
+
+What runs here so far: the dense layers (Linear, Add, Concat, Activation, Dropout, Scale), the
+costs SoftmaxCrossEntropy, SquareError and BCEWithLogits, and every optimizer. The other kernels of
+the interface raise NotImplementedError naming themselves, and `Network.to('opencl')` refuses a
+network with a layer that needs them, naming the layer (Layer.opencl).
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .base import ACTIVATIONS, Backend, check_activation
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
+# GEMM tiles per device type: (TSM, TSN, TSK, WPTM, WPTN); measured with bench/opencl.py
+# (a CPU device runs the gemm_rows kernel instead, RPW rows per work-item)
+TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}
+RPW, VW = int(os.environ.get("LAMINA_CL_RPW", 8)), int(os.environ.get("LAMINA_CL_VW", 8))
+LOCAL = 256  # work-group size of 1-D kernels
+
+
+class OpenCLError(RuntimeError):
+    pass
+
+
+def _cl():
+    try:
+        import pyopencl as cl
+        import pyopencl.array  # noqa: F401
+        import pyopencl.tools  # noqa: F401
+    except ImportError as e:
+        raise OpenCLError(f"the OpenCL backend needs pyopencl (pip install 'pyopencl[pocl]'): {e}") from None
+    return cl
+
+
+def devices():
+    """Every OpenCL device of every platform, in the order 'opencl:N' counts them."""
+    cl = _cl()
+    try:
+        return [d for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error:
+        return []
+
+
+def _pick(device):
+    cl = _cl()
+    found = devices()
+    if not found:
+        raise OpenCLError("no OpenCL device found (pip install 'pyopencl[pocl]' gives a CPU device)")
+    if device is None and os.environ.get("PYOPENCL_CTX"):
+        return cl.create_some_context(interactive=False).devices[0]
+    if device is None:
+        gpus = [d for d in found if d.type & cl.device_type.GPU]
+        return (gpus or found)[0]
+    index = int(str(device).split(":")[-1]) if str(device).split(":")[-1].isdigit() else None
+    if index is None or not 0 <= index < len(found):
+        raise OpenCLError(f"OpenCL device {device!r}: expected an index in 0..{len(found) - 1} "
+                          f"({', '.join(d.name.strip() for d in found)})")
+    return found[index]
+
+
+class OpenCLBackend(Backend):
+    name = "opencl"
+
+    def __init__(self, device=None):
+        cl = self.cl = _cl()
+        self.device = _pick(device)
+        self.context = cl.Context([self.device])
+        self.queue = cl.CommandQueue(self.context)
+        self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
+        self.fp64 = bool(self.device.double_fp_config)
+        kind = "gpu" if self.device.type & cl.device_type.GPU else "cpu" if self.device.type & cl.device_type.CPU else "other"
+        self.tiles = TILES[kind]
+        self.cpu_device = kind == "cpu"
+        self._programs = {}
+
+    def __repr__(self):
+        return f"OpenCLBackend({self.device.name.strip()!r})"
+
+    # -- programs
+    def _program(self, name, dtype):
+        dtype = np.dtype(dtype)
+        key = (name, dtype)
+        if key not in self._programs:
+            if dtype == np.float64 and not self.fp64:
+                raise OpenCLError(f"{self.device.name.strip()} has no float64 support")
+            path = KERNEL_DIR / f"{name}.cl"
+            tsm, tsn, tsk, wptm, wptn = self.tiles
+            options = [f"-DREAL={'double' if dtype == np.float64 else 'float'}", f"-DTSM={tsm}", f"-DTSN={tsn}",
+                       f"-DTSK={tsk}", f"-DWPTM={wptm}", f"-DWPTN={wptn}", f"-DRPW={RPW}", f"-DVW={VW}"]
+            if dtype == np.float64:
+                options.append("-DUSE_DOUBLE")
+            program = self.cl.Program(self.context, path.read_text())
+            try:
+                program.build(options=options)
+            except self.cl.RuntimeError as e:
+                raise OpenCLError(f"building {path} for {self.device.name.strip()} failed:\n{e}") from None
+            self._programs[key] = {k.function_name: k for k in program.all_kernels()}
+        return self._programs[key]
+
+    def _kernel(self, file, name, dtype):
+        return self._program(file, dtype)[name]
+
+    def _run(self, file, name, dtype, global_size, *args, local=None):
+        self._kernel(file, name, dtype)(self.queue, global_size, local, *args)
+
+    @staticmethod
+    def _buf(a):
+        if a.offset:
+            raise OpenCLError(f"an array view at offset {a.offset} reached a kernel that takes whole buffers")
+        return a.data
+
+    def _real(self, dtype, value):
+        return np.dtype(dtype).type(value)
+
+    @staticmethod
+    def _global(n):
+        return (max(1, -(-n // LOCAL) * LOCAL),)
+
+    @staticmethod
+    def _grid(rows, cols, tile=16):
+        return (max(1, -(-cols // tile) * tile), max(1, -(-rows // tile) * tile))
+
+    # -- arrays
+    def empty(self, shape, dtype):
+        return self.cl.array.empty(self.queue, tuple(shape), np.dtype(dtype), allocator=self.pool)
+
+    def fill(self, a, value):
+        a.fill(a.dtype.type(value))
+
+    def from_host(self, array):
+        return self.cl.array.to_device(self.queue, np.ascontiguousarray(array), allocator=self.pool)
+
+    def to_host(self, a):
+        return a.get()
+
+    def copy(self, src, dst):
+        if src.shape != dst.shape or src.dtype != dst.dtype:
+            raise ValueError(f"copy: dst {dst.shape} {dst.dtype} must match src {src.shape} {src.dtype}")
+        self.cl.enqueue_copy(self.queue, dst.base_data, src.base_data, byte_count=src.nbytes,
+                             src_offset=src.offset, dst_offset=dst.offset)
+
+    # -- products
+    def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        for name, x in (("a", a), ("b", b), ("c", c)):
+            if x.ndim != 2 or x.dtype != c.dtype:
+                raise ValueError(f"gemm: {name} must be a 2-D {c.dtype} array, found {x.dtype} {x.shape}")
+        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+        if k != kb or c.shape != (m, n):
+            raise ValueError(f"gemm: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n}; found "
+                             f"a {a.shape}{' transposed' if trans_a else ''}, b {b.shape}"
+                             f"{' transposed' if trans_b else ''}, c {c.shape}")
+        if m == 0 or n == 0:
+            return
+        size, real = c.dtype.itemsize, c.dtype.type
+        args = (np.int32(m), np.int32(n), np.int32(k), real(alpha),
+                a.base_data, np.int32(a.offset // size), np.int32(a.strides[0] // size), np.int32(trans_a),
+                b.base_data, np.int32(b.offset // size), np.int32(b.strides[0] // size), np.int32(trans_b),
+                real(beta), c.base_data, np.int32(c.offset // size), np.int32(c.strides[0] // size))
+        if self.cpu_device:  # no local memory, columns per work-item (see gemm.cl)
+            aligned = n % VW == 0 and not trans_b and (b.offset // size) % VW == 0 and (c.offset // size) % VW == 0 \
+                and (b.strides[0] // size) % VW == 0 and (c.strides[0] // size) % VW == 0
+            if aligned:
+                self._run("gemm", "gemm_rows8", c.dtype, (n // VW, -(-m // RPW)), *args, local=None)
+            else:
+                self._run("gemm", "gemm_rows", c.dtype, (-(-n // 64) * 64, -(-m // RPW)), *args, local=(64, 1))
+            return
+        tsm, tsn, _, wptm, wptn = self.tiles
+        gs = (-(-n // tsn) * (tsn // wptn), -(-m // tsm) * (tsm // wptm))
+        self._run("gemm", "gemm", c.dtype, gs, *args, local=(tsn // wptn, tsm // wptm))
+
+    def add_bias(self, y, b):
+        y2 = _rows(y)
+        self._run("elementwise", "add_bias", y.dtype, self._grid(*y2.shape), self._buf(y), self._buf(b),
+                  np.int32(y2.shape[0]), np.int32(y2.shape[1]), local=(16, 16))
+
+    def bias_grad(self, dy, db, beta=0.0):
+        d2 = _rows(dy)
+        self._run("elementwise", "bias_grad", dy.dtype, self._global(d2.shape[1]), self._buf(dy), self._buf(db),
+                  dy.dtype.type(beta), np.int32(d2.shape[0]), np.int32(d2.shape[1]))
+
+    # -- element-wise
+    def activation(self, kind, x, y, slope=0.01):
+        check_activation(kind, "activation")
+        if kind == "softmax":
+            x2 = _rows(x)
+            self._run("elementwise", "softmax_rows", x.dtype, self._global(x2.shape[0]), self._buf(x), self._buf(y),
+                      np.int32(x2.shape[0]), np.int32(x2.shape[1]))
+            return
+        self._run("elementwise", "activation", x.dtype, self._global(x.size), np.int32(ACTIVATIONS.index(kind)),
+                  self._buf(x), self._buf(y), x.dtype.type(slope), np.int32(x.size))
+
+    def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
+        check_activation(kind, "activation_backward")
+        if kind == "softmax":
+            y2 = _rows(y)
+            self._run("elementwise", "softmax_rows_backward", y.dtype, self._global(y2.shape[0]), self._buf(y),
+                      self._buf(dy), self._buf(dx), y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]))
+            return
+        self._run("elementwise", "activation_backward", y.dtype, self._global(y.size),
+                  np.int32(ACTIVATIONS.index(kind)), self._buf(y), self._buf(dy), self._buf(dx),
+                  y.dtype.type(beta), y.dtype.type(slope), np.int32(y.size))
+
+    def axpby(self, alpha, x, beta, y):
+        self._run("elementwise", "axpby", y.dtype, self._global(y.size), y.dtype.type(alpha), self._buf(x),
+                  y.dtype.type(beta), self._buf(y), np.int32(y.size))
+
+    def multiply(self, a, b, out, beta=0.0):
+        self._run("elementwise", "multiply", out.dtype, self._global(out.size), self._buf(a), self._buf(b),
+                  self._buf(out), out.dtype.type(beta), np.int32(out.size))
+
+    def sum_squares(self, x):
+        groups = min(64, max(1, -(-x.size // LOCAL)))
+        partial = self.empty((groups,), x.dtype)
+        self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), self._buf(x), partial.data,
+                  np.int32(x.size), self.cl.LocalMemory(LOCAL * x.dtype.itemsize), local=(LOCAL,))
+        return float(partial.get().astype(np.float64).sum())
+
+    def copy_to_columns(self, src, dst, col, beta=0.0):
+        self._run("elementwise", "copy_to_columns", dst.dtype, self._grid(*src.shape), self._buf(src), self._buf(dst),
+                  np.int32(dst.shape[1]), np.int32(col), dst.dtype.type(beta), np.int32(src.shape[0]),
+                  np.int32(src.shape[1]), local=(16, 16))
+
+    def copy_from_columns(self, src, col, dst, beta=0.0):
+        self._run("elementwise", "copy_from_columns", dst.dtype, self._grid(*dst.shape), self._buf(src),
+                  np.int32(src.shape[1]), np.int32(col), self._buf(dst), dst.dtype.type(beta),
+                  np.int32(dst.shape[0]), np.int32(dst.shape[1]), local=(16, 16))
+
+    def gather_rows(self, src, index, dst, col=0):
+        s2, d2 = _rows(src), _rows(dst)
+        self._run("elementwise", "gather_rows", dst.dtype, self._grid(*d2.shape), self._buf(src),
+                  np.int32(s2.shape[1]), self._buf(self._ids(index)), self._buf(dst), np.int32(d2.shape[0]),
+                  np.int32(d2.shape[1]), np.int32(col), local=(16, 16))
+
+    def scatter_rows(self, src, index, dst, beta=0.0, col=0):
+        s2, d2 = _rows(src), _rows(dst)
+        self._run("elementwise", "scatter_rows", dst.dtype, self._grid(*s2.shape), self._buf(src),
+                  self._buf(self._ids(index)), self._buf(dst), np.int32(d2.shape[1]), dst.dtype.type(beta),
+                  np.int32(s2.shape[0]), np.int32(s2.shape[1]), np.int32(col), local=(16, 16))
+
+    def scatter_add_rows(self, src, ids, dst):
+        s2 = _rows(src)
+        self._run("elementwise", "scatter_add_rows", dst.dtype, self._global(s2.shape[1]), self._buf(src),
+                  self._buf(self._ids(ids)), self._buf(dst), np.int32(s2.shape[0]), np.int32(s2.shape[1]))
+
+    def fill_rows(self, dst, rows, value):
+        d2 = _rows(dst)
+        if len(rows):
+            self._run("elementwise", "fill_rows", dst.dtype, self._grid(len(rows), d2.shape[1]), self._buf(dst),
+                      self._buf(self._ids(rows)), dst.dtype.type(value), np.int32(len(rows)),
+                      np.int32(d2.shape[1]), local=(16, 16))
+
+    def _ids(self, ids):
+        """int32 ids on the device (host ids are copied: they come from the user's feeds)."""
+        return ids if not isinstance(ids, np.ndarray) else self.from_host(ids.astype(np.int32))
+
+    def bernoulli_mask(self, mask, keep, rng):
+        if not 0 < keep <= 1:
+            raise ValueError(f"bernoulli_mask: keep must be in (0, 1], found {keep}")
+        seed = np.uint32(rng.integers(0, 2 ** 32, dtype=np.uint64))
+        self._run("elementwise", "bernoulli_mask", mask.dtype, self._global(mask.size), self._buf(mask),
+                  mask.dtype.type(keep), seed, np.int32(mask.size))
+
+    # -- costs
+    def _weights(self, w, dtype):
+        return (self._buf(w), np.int32(1)) if w is not None else (self._dummy(dtype), np.int32(0))
+
+    def _dummy(self, dtype):
+        key = ("dummy", np.dtype(dtype))
+        if key not in self._programs:
+            self._programs[key] = self.empty((1,), dtype)
+        return self._programs[key].data
+
+    def softmax_cross_entropy(self, x, labels, w, probs, cost):
+        x2 = _rows(x)
+        self._run("elementwise", "softmax_cross_entropy", x.dtype, self._global(x2.shape[0]), self._buf(x),
+                  self._buf(labels), *self._weights(w, x.dtype), self._buf(probs), self._buf(cost),
+                  np.int32(x2.shape[0]), np.int32(x2.shape[1]))
+
+    def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
+        p2 = _rows(probs)
+        self._run("elementwise", "softmax_cross_entropy_backward", dx.dtype, self._grid(*p2.shape),
+                  self._buf(probs), self._buf(labels), *self._weights(w, dx.dtype), self._buf(dcost),
+                  self._buf(dx), dx.dtype.type(beta), np.int32(p2.shape[0]), np.int32(p2.shape[1]), local=(16, 16))
+
+    def _pair(self, kind, x, t, w, cost):
+        x2 = _rows(x)
+        self._run("elementwise", "pair_cost", x.dtype, self._global(x2.shape[0]), np.int32(kind), self._buf(x),
+                  self._buf(t), *self._weights(w, x.dtype), self._buf(cost), np.int32(x2.shape[0]),
+                  np.int32(x2.shape[1]))
+
+    def _pair_backward(self, kind, x, t, w, dcost, dout, wrt_target, beta):
+        x2 = _rows(x)
+        self._run("elementwise", "pair_cost_backward", x.dtype, self._grid(*x2.shape), np.int32(kind),
+                  self._buf(x), self._buf(t), *self._weights(w, x.dtype), self._buf(dcost), self._buf(dout),
+                  np.int32(wrt_target), x.dtype.type(beta), np.int32(x2.shape[0]), np.int32(x2.shape[1]),
+                  local=(16, 16))
+
+    def square_error(self, x, t, w, cost):
+        self._pair(0, x, t, w, cost)
+
+    def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        self._pair_backward(0, x, t, w, dcost, dout, wrt_target, beta)
+
+    def bce_with_logits(self, x, t, w, cost):
+        self._pair(1, x, t, w, cost)
+
+    def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
+        self._pair_backward(1, x, t, w, dcost, dout, wrt_target, beta)
+
+    # -- optimizer updates
+    def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay):
+        r = p.dtype.type
+        self._run("elementwise", "sgd_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
+                  self._buf(v if momentum else p), r(lr), r(momentum), r(dampening), np.int32(nesterov),
+                  r(weight_decay), np.int32(p.size))
+
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step):
+        if step < 1:
+            raise ValueError(f"adam_update: step counts from 1, found {step}")
+        r = p.dtype.type
+        c1, c2 = 1 - beta1 ** step, 1 - beta2 ** step
+        self._run("elementwise", "adam_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
+                  self._buf(m), self._buf(v), r(lr), r(beta1), r(beta2), r(eps), r(weight_decay),
+                  np.int32(decoupled), r(lr / c1), r(np.sqrt(c2)), np.int32(p.size))
+
+    def adagrad_update(self, p, g, s, lr, eps, weight_decay):
+        r = p.dtype.type
+        self._run("elementwise", "adagrad_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
+                  self._buf(s), r(lr), r(eps), r(weight_decay), np.int32(p.size))
+
+    def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum):
+        r = p.dtype.type
+        self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
+                  self._buf(s), self._buf(buf if momentum else p), r(lr), r(alpha), r(eps), r(weight_decay),
+                  r(momentum), np.int32(p.size))
+
+
+def _rows(a):
+    """A [rows, features] view of an array with a leading batch axis."""
+    return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
+
+
+def _not_yet(name):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"OpenCLBackend.{name}: this kernel has no OpenCL version yet")
+    method.__name__ = name
+    return method
+
+
+for _name in sorted(Backend.__abstractmethods__):
+    if _name not in OpenCLBackend.__dict__:
+        setattr(OpenCLBackend, _name, _not_yet(_name))
+OpenCLBackend.__abstractmethods__ = frozenset()

@@ -1,0 +1,335 @@
+/* lamina's element-wise, row and optimizer kernels on OpenCL devices (OpenCL C 1.2).
+ * The same conventions as the CPU kernels (lamina.backends.base): row-major arrays, outputs
+ * written "with beta" (out = new + beta * out; beta == 0 never reads out). Sizes come as int
+ * arguments; one work-item per element, row or column as each kernel says.
+ * -D REAL=float|double; ACC is the accumulation type of reductions.
+ */
+#ifndef REAL
+#define REAL float
+#endif
+#ifdef USE_DOUBLE
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+#define ACC REAL
+
+#define WITH_BETA(out, value, beta) ((beta) == 0 ? (value) : (value) + (beta) * (out))
+
+/* activation codes: the positions in lamina.backends.base.ACTIVATIONS */
+#define LINEAR 0
+#define SIGMOID 1
+#define TANH 2
+#define RELU 3
+#define LEAKY_RELU 4
+#define EXPONENTIAL 5
+#define SOFTRELU 6
+
+__kernel void fill(__global REAL* x, const REAL value, const int n)
+{
+    const int i = get_global_id(0);
+    if (i < n) x[i] = value;
+}
+
+__kernel void axpby(const REAL alpha, __global const REAL* x, const REAL beta, __global REAL* y, const int n)
+{
+    const int i = get_global_id(0);
+    if (i < n) y[i] = WITH_BETA(y[i], alpha * x[i], beta);
+}
+
+__kernel void multiply(__global const REAL* a, __global const REAL* b, __global REAL* out, const REAL beta,
+                       const int n)
+{
+    const int i = get_global_id(0);
+    if (i < n) out[i] = WITH_BETA(out[i], a[i] * b[i], beta);
+}
+
+__kernel void add_bias(__global REAL* y, __global const REAL* b, const int rows, const int cols)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i < rows && j < cols) y[i * cols + j] += b[j];
+}
+
+/* db[j] = Σ_i dy[i, j] (with beta): one work-item per column */
+__kernel void bias_grad(__global const REAL* dy, __global REAL* db, const REAL beta, const int rows, const int cols)
+{
+    const int j = get_global_id(0);
+    if (j >= cols) return;
+    ACC s = 0;
+    for (int i = 0; i < rows; i++) s += dy[i * cols + j];
+    db[j] = WITH_BETA(db[j], s, beta);
+}
+
+inline REAL act(const int kind, const REAL x, const REAL slope)
+{
+    switch (kind) {
+    case SIGMOID: return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x));
+    case TANH: return tanh(x);
+    case RELU: return x > 0 ? x : 0;
+    case LEAKY_RELU: return x > 0 ? x : slope * x;
+    case EXPONENTIAL: return exp(x);
+    case SOFTRELU: return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+    default: return x;
+    }
+}
+
+/* d act / d x written in terms of the output y */
+inline REAL act_grad(const int kind, const REAL y, const REAL slope)
+{
+    switch (kind) {
+    case SIGMOID: return y * (1 - y);
+    case TANH: return 1 - y * y;
+    case RELU: return y > 0 ? 1 : 0;
+    case LEAKY_RELU: return y > 0 ? 1 : slope;
+    case EXPONENTIAL: return y;
+    case SOFTRELU: return 1 - exp(-y);
+    default: return 1;
+    }
+}
+
+__kernel void activation(const int kind, __global const REAL* x, __global REAL* y, const REAL slope, const int n)
+{
+    const int i = get_global_id(0);
+    if (i < n) y[i] = act(kind, x[i], slope);
+}
+
+__kernel void activation_backward(const int kind, __global const REAL* y, __global const REAL* dy,
+                                  __global REAL* dx, const REAL beta, const REAL slope, const int n)
+{
+    const int i = get_global_id(0);
+    if (i < n) dx[i] = WITH_BETA(dx[i], dy[i] * act_grad(kind, y[i], slope), beta);
+}
+
+/* row softmax: one work-item per row */
+__kernel void softmax_rows(__global const REAL* x, __global REAL* y, const int rows, const int cols)
+{
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    __global const REAL* xi = x + i * cols;
+    __global REAL* yi = y + i * cols;
+    REAL m = xi[0];
+    for (int j = 1; j < cols; j++) m = fmax(m, xi[j]);
+    ACC s = 0;
+    for (int j = 0; j < cols; j++) { yi[j] = exp(xi[j] - m); s += yi[j]; }
+    for (int j = 0; j < cols; j++) yi[j] = yi[j] / s;
+}
+
+__kernel void softmax_rows_backward(__global const REAL* y, __global const REAL* dy, __global REAL* dx,
+                                    const REAL beta, const int rows, const int cols)
+{
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    const int o = i * cols;
+    ACC d = 0;
+    for (int j = 0; j < cols; j++) d += dy[o + j] * y[o + j];
+    for (int j = 0; j < cols; j++) dx[o + j] = WITH_BETA(dx[o + j], y[o + j] * (dy[o + j] - d), beta);
+}
+
+/* probs = softmax(x) per row; cost[i] = -w[i] log probs[i, labels[i]] */
+__kernel void softmax_cross_entropy(__global const REAL* x, __global const int* labels, __global const REAL* w,
+                                    const int weighted, __global REAL* probs, __global REAL* cost,
+                                    const int rows, const int cols)
+{
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    const int o = i * cols;
+    REAL m = x[o];
+    for (int j = 1; j < cols; j++) m = fmax(m, x[o + j]);
+    ACC s = 0;
+    for (int j = 0; j < cols; j++) { probs[o + j] = exp(x[o + j] - m); s += probs[o + j]; }
+    for (int j = 0; j < cols; j++) probs[o + j] = probs[o + j] / s;
+    /* -log p from the logits: exact where p underflows */
+    cost[i] = (weighted ? w[i] : 1) * (m + log(s) - x[o + labels[i]]);
+}
+
+__kernel void softmax_cross_entropy_backward(__global const REAL* probs, __global const int* labels,
+                                             __global const REAL* w, const int weighted,
+                                             __global const REAL* dcost, __global REAL* dx, const REAL beta,
+                                             const int rows, const int cols)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= rows || j >= cols) return;
+    const REAL g = dcost[i] * (weighted ? w[i] : 1);
+    const REAL v = g * (probs[i * cols + j] - (j == labels[i] ? 1 : 0));
+    dx[i * cols + j] = WITH_BETA(dx[i * cols + j], v, beta);
+}
+
+/* pair costs: 0 square error Σ (x - t)², 1 binary cross-entropy of sigmoid(x) */
+inline REAL pair_term(const int kind, const REAL x, const REAL t)
+{
+    if (kind == 0) return (x - t) * (x - t);
+    return (x > 0 ? x : 0) - x * t + log1p(exp(-fabs(x)));
+}
+
+inline REAL pair_grad(const int kind, const REAL x, const REAL t, const int wrt_target)
+{
+    if (kind == 0) return wrt_target ? -2 * (x - t) : 2 * (x - t);
+    if (wrt_target) return -x;
+    return (x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x))) - t;
+}
+
+__kernel void pair_cost(const int kind, __global const REAL* x, __global const REAL* t, __global const REAL* w,
+                        const int weighted, __global REAL* cost, const int rows, const int cols)
+{
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    ACC s = 0;
+    for (int j = 0; j < cols; j++) s += pair_term(kind, x[i * cols + j], t[i * cols + j]);
+    cost[i] = (weighted ? w[i] : 1) * s;
+}
+
+__kernel void pair_cost_backward(const int kind, __global const REAL* x, __global const REAL* t,
+                                 __global const REAL* w, const int weighted, __global const REAL* dcost,
+                                 __global REAL* dout, const int wrt_target, const REAL beta,
+                                 const int rows, const int cols)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= rows || j >= cols) return;
+    const int o = i * cols + j;
+    const REAL v = dcost[i] * (weighted ? w[i] : 1) * pair_grad(kind, x[o], t[o], wrt_target);
+    dout[o] = WITH_BETA(dout[o], v, beta);
+}
+
+/* partial sums of squares: one value per work-group of 256 (the host adds them up) */
+__kernel void sum_squares(__global const REAL* x, __global REAL* partial, const int n,
+                          __local REAL* scratch)
+{
+    const int lid = get_local_id(0), size = get_local_size(0);
+    ACC s = 0;
+    for (int i = get_global_id(0); i < n; i += get_global_size(0)) s += x[i] * x[i];
+    scratch[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int half = size / 2; half > 0; half /= 2) {
+        if (lid < half) scratch[lid] += scratch[lid + half];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) partial[get_group_id(0)] = scratch[0];
+}
+
+/* ---- rows and columns */
+
+__kernel void gather_rows(__global const REAL* src, const int src_cols, __global const int* index,
+                          __global REAL* dst, const int rows, const int cols, const int col)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i < rows && j < cols) dst[i * cols + j] = src[index[i] * src_cols + col + j];
+}
+
+__kernel void scatter_rows(__global const REAL* src, __global const int* index, __global REAL* dst,
+                           const int dst_cols, const REAL beta, const int rows, const int cols, const int col)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= rows || j >= cols) return;
+    const int o = index[i] * dst_cols + col + j;
+    dst[o] = WITH_BETA(dst[o], src[i * cols + j], beta);
+}
+
+/* dst[ids[i]] += src[i]: one work-item per column walks every row, so repeated ids never race */
+__kernel void scatter_add_rows(__global const REAL* src, __global const int* ids, __global REAL* dst,
+                               const int rows, const int cols)
+{
+    const int j = get_global_id(0);
+    if (j >= cols) return;
+    for (int i = 0; i < rows; i++) dst[ids[i] * cols + j] += src[i * cols + j];
+}
+
+__kernel void fill_rows(__global REAL* dst, __global const int* rows_, const REAL value, const int n, const int cols)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i < n && j < cols) dst[rows_[i] * cols + j] = value;
+}
+
+__kernel void copy_to_columns(__global const REAL* src, __global REAL* dst, const int dst_cols, const int col,
+                              const REAL beta, const int rows, const int cols)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= rows || j >= cols) return;
+    const int o = i * dst_cols + col + j;
+    dst[o] = WITH_BETA(dst[o], src[i * cols + j], beta);
+}
+
+__kernel void copy_from_columns(__global const REAL* src, const int src_cols, const int col, __global REAL* dst,
+                                const REAL beta, const int rows, const int cols)
+{
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= rows || j >= cols) return;
+    dst[i * cols + j] = WITH_BETA(dst[i * cols + j], src[i * src_cols + col + j], beta);
+}
+
+/* dropout mask: 1/keep with probability keep, else 0, from a counter-based hash of
+ * (seed, i), so no generator state lives on the device */
+inline uint hash32(uint x)
+{
+    x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+    return x;
+}
+
+__kernel void bernoulli_mask(__global REAL* mask, const REAL keep, const uint seed, const int n)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const float u = (hash32(hash32((uint)i) ^ seed) >> 8) * (1.0f / 16777216.0f);
+    mask[i] = u < keep ? 1 / keep : 0;
+}
+
+/* ---- optimizer updates (PyTorch's formulas, as the CPU kernels) */
+
+__kernel void sgd_update(__global REAL* p, __global const REAL* g, __global REAL* v, const REAL lr,
+                         const REAL momentum, const REAL dampening, const int nesterov,
+                         const REAL weight_decay, const int n)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    REAL gi = g[i] + weight_decay * p[i];
+    if (momentum != 0) {
+        const REAL vi = momentum * v[i] + (1 - dampening) * gi;
+        v[i] = vi;
+        gi = nesterov ? gi + momentum * vi : vi;
+    }
+    p[i] -= lr * gi;
+}
+
+__kernel void adam_update(__global REAL* p, __global const REAL* g, __global REAL* m, __global REAL* v,
+                          const REAL lr, const REAL beta1, const REAL beta2, const REAL eps,
+                          const REAL weight_decay, const int decoupled, const REAL step_size,
+                          const REAL root_c2, const int n)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    REAL pi = p[i], gi = g[i];
+    if (decoupled) pi *= 1 - lr * weight_decay;
+    else gi += weight_decay * pi;
+    const REAL mi = beta1 * m[i] + (1 - beta1) * gi;
+    const REAL vi = beta2 * v[i] + (1 - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - step_size * mi / (sqrt(vi) / root_c2 + eps);
+}
+
+__kernel void adagrad_update(__global REAL* p, __global const REAL* g, __global REAL* s, const REAL lr,
+                             const REAL eps, const REAL weight_decay, const int n)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const REAL gi = g[i] + weight_decay * p[i];
+    const REAL si = s[i] + gi * gi;
+    s[i] = si;
+    p[i] -= lr * gi / (sqrt(si) + eps);
+}
+
+__kernel void rmsprop_update(__global REAL* p, __global const REAL* g, __global REAL* s, __global REAL* buf,
+                             const REAL lr, const REAL alpha, const REAL eps, const REAL weight_decay,
+                             const REAL momentum, const int n)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const REAL gi = g[i] + weight_decay * p[i];
+    const REAL si = alpha * s[i] + (1 - alpha) * gi * gi;
+    s[i] = si;
+    const REAL step = gi / (sqrt(si) + eps);
+    if (momentum != 0) {
+        const REAL b = momentum * buf[i] + step;
+        buf[i] = b;
+        p[i] -= lr * b;
+    } else {
+        p[i] -= lr * step;
+    }
+}

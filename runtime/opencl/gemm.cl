@@ -1,0 +1,183 @@
+/* C = alpha op(A) op(B) + beta C, row-major, op = identity or transpose: lamina's GEMM on
+ * OpenCL devices (OpenCL C 1.2).
+ *
+ * Each work-group computes a TSM x TSN tile of C from TSK-deep tiles of op(A) and op(B) staged in
+ * local memory; each work-item keeps a WPTM x WPTN block of C in registers (2-D register
+ * blocking, after Nugteren's "myGEMM" kernels), so every value loaded from local memory feeds
+ * several multiply-adds. Dimension 0 runs along the columns of C, so neighbouring work-items
+ * touch neighbouring addresses when they store. Tiles that hang over the matrix edges are
+ * padded with zeros, so any M, N, K work. beta == 0 never reads C.
+ *
+ * Compile-time options (-D): REAL (float or double), TSM, TSN, TSK, WPTM, WPTN.
+ */
+#ifndef REAL
+#define REAL float
+#endif
+#ifndef TSM
+#define TSM 64
+#endif
+#ifndef TSN
+#define TSN 64
+#endif
+#ifndef TSK
+#define TSK 16
+#endif
+#ifndef WPTM
+#define WPTM 8
+#endif
+#ifndef WPTN
+#define WPTN 8
+#endif
+#define RTSM (TSM / WPTM)
+#define RTSN (TSN / WPTN)
+#define THREADS (RTSM * RTSN)
+
+__kernel __attribute__((reqd_work_group_size(RTSN, RTSM, 1)))
+void gemm(const int M, const int N, const int K, const REAL alpha,
+          __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
+          __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
+          const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
+{
+    const int tn = get_local_id(0), tm = get_local_id(1);
+    const int tid = tm * RTSN + tn;
+    const int m0 = TSM * get_group_id(1), n0 = TSN * get_group_id(0);
+    A += offa;
+    B += offb;
+    C += offc;
+    __local REAL Asub[TSK][TSM];
+    __local REAL Bsub[TSK][TSN];
+    REAL acc[WPTM][WPTN];
+    for (int wm = 0; wm < WPTM; wm++)
+        for (int wn = 0; wn < WPTN; wn++)
+            acc[wm][wn] = 0;
+
+    for (int k0 = 0; k0 < K; k0 += TSK) {
+        /* stage op(A)[m0:m0+TSM, k0:k0+TSK] and op(B)[k0:k0+TSK, n0:n0+TSN] */
+        for (int l = tid; l < TSK * TSM; l += THREADS) {
+            const int kk = trans_a ? l / TSM : l % TSK, mm = trans_a ? l % TSM : l / TSK;
+            const int i = m0 + mm, k = k0 + kk;
+            Asub[kk][mm] = (i < M && k < K) ? (trans_a ? A[k * lda + i] : A[i * lda + k]) : (REAL)0;
+        }
+        for (int l = tid; l < TSK * TSN; l += THREADS) {
+            const int kk = trans_b ? l % TSK : l / TSN, nn = trans_b ? l / TSK : l % TSN;
+            const int j = n0 + nn, k = k0 + kk;
+            Bsub[kk][nn] = (j < N && k < K) ? (trans_b ? B[j * ldb + k] : B[k * ldb + j]) : (REAL)0;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < TSK; kk++) {
+            REAL a[WPTM], b[WPTN];
+            for (int wm = 0; wm < WPTM; wm++)
+                a[wm] = Asub[kk][tm + wm * RTSM];
+            for (int wn = 0; wn < WPTN; wn++)
+                b[wn] = Bsub[kk][tn + wn * RTSN];
+            for (int wm = 0; wm < WPTM; wm++)
+                for (int wn = 0; wn < WPTN; wn++)
+                    acc[wm][wn] = mad(a[wm], b[wn], acc[wm][wn]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int wm = 0; wm < WPTM; wm++) {
+        const int i = m0 + tm + wm * RTSM;
+        if (i >= M)
+            continue;
+        for (int wn = 0; wn < WPTN; wn++) {
+            const int j = n0 + tn + wn * RTSN;
+            if (j < N) {
+                const REAL v = alpha * acc[wm][wn];
+                C[i * ldc + j] = beta == 0 ? v : v + beta * C[i * ldc + j];
+            }
+        }
+    }
+}
+
+/* The same product for CPU devices (PoCL and other CPU OpenCL drivers), which turn the
+ * work-items of a group into a loop and vectorise it: no local memory and no barriers (both
+ * cost a CPU driver more than they save), one column of C per work-item, so neighbouring
+ * work-items read neighbouring elements of B (one vector load) and share the element of A
+ * (a broadcast), and RPW rows of C per work-item held in registers, so each load of B feeds
+ * RPW multiply-adds. -D RPW (rows per work-item). */
+#ifndef RPW
+#define RPW 8
+#endif
+
+__kernel void gemm_rows(const int M, const int N, const int K, const REAL alpha,
+                        __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
+                        __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
+                        const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
+{
+    const int j = min((int)get_global_id(0), N - 1);  /* extra work-items redo the last column */
+    const int i0 = get_global_id(1) * RPW;
+    A += offa;
+    B += offb;
+    C += offc;
+    int rows[RPW];
+    for (int r = 0; r < RPW; r++)
+        rows[r] = min(i0 + r, M - 1);  /* rows past the end repeat the last one; never stored */
+    REAL acc[RPW];
+    for (int r = 0; r < RPW; r++)
+        acc[r] = 0;
+    for (int k = 0; k < K; k++) {
+        const REAL b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
+        for (int r = 0; r < RPW; r++)
+            acc[r] += (trans_a ? A[k * lda + rows[r]] : A[rows[r] * lda + k]) * b;
+    }
+    if ((int)get_global_id(0) >= N)
+        return;
+    for (int r = 0; r < RPW; r++) {
+        const int i = i0 + r;
+        if (i < M) {
+            const REAL v = alpha * acc[r];
+            C[i * ldc + j] = beta == 0 ? v : v + beta * C[i * ldc + j];
+        }
+    }
+}
+
+/* gemm_rows with explicit 8-wide vectors (for CPU devices when N is a multiple of 8 and B is
+ * not transposed): each work-item computes RPW rows x 8 columns of C, one vload8 of B and RPW
+ * broadcasts of A per step of k. */
+#ifndef VW
+#define VW 8
+#endif
+#if defined(USE_DOUBLE)
+#define REAL8 double8
+#else
+#define REAL8 float8
+#endif
+#define VTYPE_(t, w) t##w
+#define VTYPE(t, w) VTYPE_(t, w)
+#define VLOAD_(w) vload##w
+#define VLOAD(w) VLOAD_(w)
+#define VSTORE_(w) vstore##w
+#define VSTORE(w) VSTORE_(w)
+
+__kernel void gemm_rows8(const int M, const int N, const int K, const REAL alpha,
+                         __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
+                         __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
+                         const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
+{
+    const int j = get_global_id(0) * VW;
+    const int i0 = get_global_id(1) * RPW;
+    if (j >= N)
+        return;
+    A += offa;
+    B += offb;
+    C += offc;
+    int rows[RPW];
+    for (int r = 0; r < RPW; r++)
+        rows[r] = min(i0 + r, M - 1);
+    VTYPE(REAL, VW) acc[RPW];
+    for (int r = 0; r < RPW; r++)
+        acc[r] = (VTYPE(REAL, VW))(0);
+    for (int k = 0; k < K; k++) {
+        const VTYPE(REAL, VW) b = VLOAD(VW)(0, B + k * ldb + j);
+        for (int r = 0; r < RPW; r++)
+            acc[r] += (trans_a ? A[k * lda + rows[r]] : A[rows[r] * lda + k]) * b;
+    }
+    for (int r = 0; r < RPW; r++) {
+        const int i = i0 + r;
+        if (i < M) {
+            const VTYPE(REAL, VW) v = alpha * acc[r];
+            VSTORE(VW)(beta == 0 ? v : v + beta * VLOAD(VW)(0, C + i * ldc + j), 0, C + i * ldc + j);
+        }
+    }
+}
