@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,21 +23,28 @@ from lamina.cli import main as lamina_command
 from lamina.zoo import denoise, language
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPT = '''def read_config(path):
-    """Read a JSON configuration file."""
-    with open(path) as f:
+PROMPT = '''class Node:
+    def __init__(self, name, parent=None):
+        self.name = name
 '''
 
 
-def opencl_note():
+def opencl_note(paths):
+    """Whether the shipped models run on an OpenCL device here, and why not."""
     try:
-        import pyopencl as cl
-        found = [d.name.strip() for p in cl.get_platforms() for d in p.get_devices()]
-    except Exception:
-        found = []
-    if found:
-        print(f"OpenCL devices present ({', '.join(found)}), but this build runs on the CPU only: "
-              f"lamina's OpenCL backend is not part of it yet")
+        from lamina.backends.opencl import OpenCLBackend, devices
+        if not devices():
+            print("no OpenCL device: the models run on the CPU")
+            return
+        device = OpenCLBackend()
+    except Exception as e:  # no pyopencl, no platform
+        print(f"no OpenCL device ({e}): the models run on the CPU")
+        return
+    for path in paths:
+        try:
+            lm.load(path).to(device)
+        except lm.GraphError as e:
+            print(f"OpenCL ({device.device.name.strip()}): {path.parent.name} stays on the CPU: {e}")
 
 
 def language_model(path, held_chunks):
@@ -79,7 +85,7 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     lm_path, dn_path = ROOT / "models/python_lm/model.lamina", ROOT / "models/denoise3d/model.lamina"
     print(f"lamina {lm.__version__}, {lm.get_num_threads()} threads")
-    opencl_note()
+    opencl_note([lm_path, dn_path])
 
     _, held = language.stdlib_split()
     net = lm.load(lm_path)
@@ -95,13 +101,15 @@ def main():
     tuned = out_dir / "python_lm_tuned.lamina"
     print(f"== fine-tuning the language model on {source} for {args.steps} steps "
           f"(`lamina train {lm_path.relative_to(ROOT)} {source} ...`)")
-    with tempfile.TemporaryDirectory() as run:
-        code = lamina_command(["train", str(lm_path), str(source), "--lr", "5e-4", "--batch-size", "16",
-                               "--epochs", "100", "--max-steps", str(args.steps), "--checkpoint-dir", run,
-                               "--out", str(tuned)])
-        if code:
-            sys.exit(code)
-        log = [json.loads(line) for line in open(Path(run) / "log.jsonl")]
+    run = out_dir / "finetune"
+    if (run / "log.jsonl").exists():
+        (run / "log.jsonl").unlink()  # a fresh log for this run
+    code = lamina_command(["train", str(lm_path), str(source), "--lr", "5e-4", "--batch-size", "16",
+                           "--epochs", "100", "--max-steps", str(args.steps), "--checkpoint-dir", str(run),
+                           "--out", str(tuned)])
+    if code:
+        sys.exit(code)
+    log = [json.loads(line) for line in open(run / "log.jsonl")]
     print(f"sampled-softmax loss {np.mean([e['loss'] for e in log[:5]]):.3f} (first 5 steps) -> "
           f"{np.mean([e['loss'] for e in log[-5:]]):.3f} (last 5); tuned model in {tuned}")
 

@@ -118,7 +118,10 @@ def continue_code(net, prompt, tokens=40, top_k=5, temperature=0.8, seed=0):
     generated token). Samples from the top_k most likely tokens at `temperature` (top_k=1:
     greedy)."""
     tok = tokenizer(net)
-    ids = tok.encode(prompt) or [tok.index["<nl>"]]
+    ids = tok.encode(prompt)
+    while ids and ids[-1] == tok.index["<dedent>"]:  # tokenize closes open blocks at the end
+        ids.pop()
+    ids = ids or [tok.index["<nl>"]]
     rng = np.random.default_rng(seed)
     h = c = zero_state(net, 1)
     feed = np.asarray(ids, np.int32)
