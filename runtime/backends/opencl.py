@@ -95,16 +95,31 @@ class OpenCLBackend(Backend):
             path = KERNEL_DIR / f"{name}.cl"
             tsm, tsn, tsk, wptm, wptn = self.tiles
             options = [f"-DREAL={'double' if dtype == np.float64 else 'float'}", f"-DTSM={tsm}", f"-DTSN={tsn}",
-                       f"-DTSK={tsk}", f"-DWPTM={wptm}", f"-DWPTN={wptn}", f"-DRPW={RPW}", f"-DVW={VW}"]
+                       f"-DTSK={tsk}", f"-DWPTM={wptm}", f"-DWPTN={wptn}", f"-DRPW={RPW}", f"-DVW={self._vector_width(dtype)}"]
             if dtype == np.float64:
                 options.append("-DUSE_DOUBLE")
             program = self.cl.Program(self.context, path.read_text())
             try:
                 program.build(options=options)
             except self.cl.RuntimeError as e:
-                raise OpenCLError(f"building {path} for {self.device.name.strip()} failed:\n{e}") from None
-            self._programs[key] = {k.function_name: k for k in program.all_kernels()}
+                try:
+                    log = program.get_build_info(self.device, self.cl.program_build_info.LOG)
+                except self.cl.Error:
+                    log = ""
+                raise OpenCLError(f"building {path} ({' '.join(options)}) for {self.device.name.strip()} "
+                                  f"failed:\n{log or e}") from None
+            kernels = {k.function_name: k for k in program.all_kernels()}
+            if not kernels:
+                raise OpenCLError(f"building {path} for {self.device.name.strip()} gave no kernels:\n"
+                                  f"{program.get_build_info(self.device, self.cl.program_build_info.LOG)}")
+            self._programs[key] = kernels
         return self._programs[key]
+
+    @staticmethod
+    def _vector_width(dtype):
+        """Vector width of gemm_rows8: VW floats, or as many doubles in the same 32 bytes (wider
+        double vectors break PoCL's code generation without AVX-512)."""
+        return VW if np.dtype(dtype) == np.float32 else max(1, VW // 2)
 
     def _kernel(self, file, name, dtype):
         return self._program(file, dtype)[name]
@@ -167,10 +182,11 @@ class OpenCLBackend(Backend):
                 b.base_data, np.int32(b.offset // size), np.int32(b.strides[0] // size), np.int32(trans_b),
                 real(beta), c.base_data, np.int32(c.offset // size), np.int32(c.strides[0] // size))
         if self.cpu_device:  # no local memory, columns per work-item (see gemm.cl)
-            aligned = n % VW == 0 and not trans_b and (b.offset // size) % VW == 0 and (c.offset // size) % VW == 0 \
-                and (b.strides[0] // size) % VW == 0 and (c.strides[0] // size) % VW == 0
+            vw = self._vector_width(c.dtype)
+            aligned = n % vw == 0 and not trans_b and all(
+                v % vw == 0 for v in (b.offset // size, c.offset // size, b.strides[0] // size, c.strides[0] // size))
             if aligned:
-                self._run("gemm", "gemm_rows8", c.dtype, (n // VW, -(-m // RPW)), *args, local=None)
+                self._run("gemm", "gemm_rows8", c.dtype, (n // vw, -(-m // RPW)), *args, local=None)
             else:
                 self._run("gemm", "gemm_rows", c.dtype, (-(-n // 64) * 64, -(-m // RPW)), *args, local=(64, 1))
             return

@@ -197,8 +197,8 @@ __kernel void sum_squares(__global const REAL* x, __global REAL* partial, const 
     for (int i = get_global_id(0); i < n; i += get_global_size(0)) s += x[i] * x[i];
     scratch[lid] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int half = size / 2; half > 0; half /= 2) {
-        if (lid < half) scratch[lid] += scratch[lid + half];
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+        if (lid < stride) scratch[lid] += scratch[lid + stride];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (lid == 0) partial[get_group_id(0)] = scratch[0];

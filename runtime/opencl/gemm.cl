@@ -13,6 +13,9 @@
 #ifndef REAL
 #define REAL float
 #endif
+#ifdef USE_DOUBLE
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
 #ifndef TSM
 #define TSM 64
 #endif

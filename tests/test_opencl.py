@@ -1,0 +1,287 @@
+"""The OpenCL backend on every OpenCL device here (PYOPENCL_TEST picks one, as pyopencl's own
+tests do; `make test` installs PoCL so every machine has a CPU device): kernel conformance
+against the numpy reference at sizes that are not tile multiples, layers against the CPU
+backend (outputs and every gradient), training from one start on both, moving a network and its
+optimizer state, a steady memory pool, and a clear error for layers without kernels."""
+import os
+
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.backends.reference import ReferenceBackend
+from lamina.errors import GraphError
+from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Linear, LSTM, Scale,
+                           SoftmaxCrossEntropy, SquareError)
+
+try:
+    from lamina.backends.opencl import OpenCLBackend, devices
+    FOUND = devices()
+    WHY = "no OpenCL device (pip install 'pyopencl[pocl]')"
+except Exception as e:  # pyopencl missing or no platform
+    FOUND, WHY = [], f"no OpenCL: {e}"
+
+if os.environ.get("PYOPENCL_TEST"):
+    FOUND = [d for d in FOUND if os.environ["PYOPENCL_TEST"].lower() in d.name.lower()]
+
+pytestmark = pytest.mark.skipif(not FOUND, reason=WHY)
+REF = ReferenceBackend()
+SIZES = [1, 7, 33, 129]
+
+
+@pytest.fixture(scope="module", params=range(len(FOUND)) if FOUND else [None],
+                ids=[d.name.strip() for d in FOUND] if FOUND else ["none"])
+def cl(request):
+    return OpenCLBackend(request.param)
+
+
+def dtypes(cl):
+    return [np.float32] + ([np.float64] if cl.fp64 else [])
+
+
+def close(got, want, dtype):
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(got, want, **tol)
+
+
+# ---------------------------------------------------------------- kernels
+
+def test_gemm(cl):
+    rng = np.random.default_rng(0)
+    for dtype in dtypes(cl):
+        for m in SIZES:
+            for n, k in ((7, 129), (33, 1), (129, 33), (64, 40)):
+                for ta in (False, True):
+                    for tb in (False, True):
+                        for beta in (0.0, 1.0):
+                            a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+                            b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+                            start = rng.standard_normal((m, n)).astype(dtype) if beta else np.full((m, n), np.nan, dtype)
+                            c = cl.from_host(start)
+                            want = start.astype(np.float64).copy()
+                            cl.gemm(cl.from_host(a), cl.from_host(b), c, ta, tb, 0.75, beta)
+                            REF.gemm(a.astype(np.float64), b.astype(np.float64), want, ta, tb, 0.75, beta)
+                            np.testing.assert_allclose(c.get(), want, rtol=1e-4 if dtype == np.float32 else 1e-10,
+                                                       atol=1e-4 if dtype == np.float32 else 1e-10,
+                                                       err_msg=f"{m}x{n}x{k} ta={ta} tb={tb} beta={beta}")
+
+
+def test_elementwise_and_row_kernels(cl):
+    rng = np.random.default_rng(1)
+    for dtype in dtypes(cl):
+        for rows in SIZES:
+            cols = 33
+            x = rng.standard_normal((rows, cols)).astype(dtype)
+            dy = rng.standard_normal((rows, cols)).astype(dtype)
+            b = rng.standard_normal(cols).astype(dtype)
+            for kind in lm.backends.base.ALL_ACTIVATIONS:
+                y, y_ref = cl.empty(x.shape, dtype), np.empty_like(x)
+                cl.activation(kind, cl.from_host(x), y, 0.1)
+                REF.activation(kind, x, y_ref, 0.1)
+                close(y.get(), y_ref, dtype)
+                for beta in (0.0, 1.0):
+                    start = x.copy() if beta else np.full_like(x, np.nan)
+                    dx, dx_ref = cl.from_host(start), start.copy()
+                    cl.activation_backward(kind, cl.from_host(y_ref), cl.from_host(dy), dx, beta, 0.1)
+                    REF.activation_backward(kind, y_ref, dy, dx_ref, beta, 0.1)
+                    close(dx.get(), dx_ref, dtype)
+            got, want = cl.from_host(x), x.copy()
+            cl.add_bias(got, cl.from_host(b))
+            REF.add_bias(want, b)
+            close(got.get(), want, dtype)
+            db, db_ref = cl.from_host(b), b.copy()
+            cl.bias_grad(cl.from_host(dy), db, 1.0)
+            REF.bias_grad(dy, db_ref, 1.0)
+            close(db.get(), db_ref, dtype)
+            out, out_ref = cl.from_host(dy), dy.copy()
+            cl.axpby(0.5, cl.from_host(x), 2.0, out)
+            REF.axpby(0.5, x, 2.0, out_ref)
+            close(out.get(), out_ref, dtype)
+            cl.multiply(cl.from_host(x), cl.from_host(dy), out, 1.0)
+            REF.multiply(x, dy, out_ref, 1.0)
+            close(out.get(), out_ref, dtype)
+            np.testing.assert_allclose(cl.sum_squares(cl.from_host(x)), REF.sum_squares(x), rtol=1e-5)
+            # rows and columns
+            index = rng.permutation(rows).astype(np.int32)
+            wide = rng.standard_normal((rows, cols + 5)).astype(dtype)
+            g, g_ref = cl.empty(x.shape, dtype), np.empty_like(x)
+            cl.gather_rows(cl.from_host(wide), index, g, col=2)
+            REF.gather_rows(wide, index, g_ref, col=2)
+            close(g.get(), g_ref, dtype)
+            w2, w2_ref = cl.from_host(wide), wide.copy()
+            cl.scatter_rows(cl.from_host(x), index, w2, 1.0, col=3)
+            REF.scatter_rows(x, index, w2_ref, 1.0, col=3)
+            close(w2.get(), w2_ref, dtype)
+            ids = rng.integers(0, 3, rows).astype(np.int32)
+            base = rng.standard_normal((3, cols)).astype(dtype)
+            acc, acc_ref = cl.from_host(base), base.copy()
+            cl.scatter_add_rows(cl.from_host(x), ids, acc)
+            REF.scatter_add_rows(x, ids, acc_ref)
+            close(acc.get(), acc_ref, dtype)
+            cc, cc_ref = cl.from_host(wide), wide.copy()
+            cl.copy_to_columns(cl.from_host(x), cc, 4, 1.0)
+            REF.copy_to_columns(x, cc_ref, 4, 1.0)
+            close(cc.get(), cc_ref, dtype)
+            back, back_ref = cl.empty(x.shape, dtype), np.empty_like(x)
+            cl.copy_from_columns(cl.from_host(wide), 5, back)
+            REF.copy_from_columns(wide, 5, back_ref)
+            close(back.get(), back_ref, dtype)
+
+
+def test_cost_and_optimizer_kernels(cl):
+    rng = np.random.default_rng(2)
+    for dtype in dtypes(cl):
+        for rows in SIZES:
+            x = (2 * rng.standard_normal((rows, 7))).astype(dtype)
+            t = rng.random((rows, 7)).astype(dtype)
+            labels = rng.integers(0, 7, rows).astype(np.int32)
+            w = rng.random(rows).astype(dtype)
+            dcost = rng.standard_normal(rows).astype(dtype)
+            for weights in (None, w):
+                dw = None if weights is None else cl.from_host(weights)
+                probs, cost = cl.empty(x.shape, dtype), cl.empty((rows,), dtype)
+                probs_ref, cost_ref = np.empty_like(x), np.empty(rows, dtype)
+                cl.softmax_cross_entropy(cl.from_host(x), cl.from_host(labels), dw, probs, cost)
+                REF.softmax_cross_entropy(x, labels, weights, probs_ref, cost_ref)
+                close(cost.get(), cost_ref, dtype)
+                dx, dx_ref = cl.from_host(x), x.copy()
+                cl.softmax_cross_entropy_backward(probs, cl.from_host(labels), dw, cl.from_host(dcost), dx, 1.0)
+                REF.softmax_cross_entropy_backward(probs_ref, labels, weights, dcost, dx_ref, 1.0)
+                close(dx.get(), dx_ref, dtype)
+                for name in ("square_error", "bce_with_logits"):
+                    cost, cost_ref = cl.empty((rows,), dtype), np.empty(rows, dtype)
+                    getattr(cl, name)(cl.from_host(x), cl.from_host(t), dw, cost)
+                    getattr(REF, name)(x, t, weights, cost_ref)
+                    close(cost.get(), cost_ref, dtype)
+                    for wrt in (False, True):
+                        d, d_ref = cl.empty(x.shape, dtype), np.empty_like(x)
+                        getattr(cl, name + "_backward")(cl.from_host(x), cl.from_host(t), dw, cl.from_host(dcost), d, wrt)
+                        getattr(REF, name + "_backward")(x, t, weights, dcost, d_ref, wrt)
+                        close(d.get(), d_ref, dtype)
+        n = 129
+        p, g, s, m, v = rng.standard_normal((5, n)).astype(dtype)
+        s, v = np.abs(s), np.abs(v)
+        runs = []
+        for be, put in ((cl, cl.from_host), (REF, np.copy)):
+            arrays = [put(a) for a in (p, s, m, v)]
+            pp, ss, mm, vv = arrays
+            gg = put(g)
+            be.sgd_update(pp, gg, mm, 0.1, 0.9, 0.1, False, 0.01)
+            be.sgd_update(pp, gg, mm, 0.1, 0.9, 0.0, True, 0.0)
+            be.adam_update(pp, gg, mm, vv, 0.01, 0.9, 0.999, 1e-8, 0.01, False, 3)
+            be.adam_update(pp, gg, mm, vv, 0.01, 0.9, 0.999, 1e-8, 0.01, True, 4)
+            be.adagrad_update(pp, gg, ss, 0.1, 1e-10, 0.01)
+            be.rmsprop_update(pp, gg, ss, mm, 0.01, 0.99, 1e-8, 0.01, 0.9)
+            runs.append([a if isinstance(a, np.ndarray) else a.get() for a in arrays])
+        for got, want in zip(*runs):
+            close(got, want, dtype)
+
+
+def test_dropout_mask(cl):
+    mask = cl.empty((100000,), np.float32)
+    cl.bernoulli_mask(mask, 0.8, np.random.default_rng(0))
+    m = mask.get()
+    assert set(np.unique(m)) == {0.0, np.float32(1 / 0.8)}
+    assert abs((m > 0).mean() - 0.8) < 0.01
+
+
+# ---------------------------------------------------------------- layers and networks
+
+def dense_net(seed=0):
+    lm.manual_seed(seed)
+    net = lm.Network()
+    x = net.input("x", 6)
+    z = net.input("z", 4)
+    y = net.input("y", dtype="int32")
+    t = net.input("t", 5)
+    h = Linear(6, 8, activation="tanh", name="a")(x)
+    g = Linear([8, 4], 8, activation="leaky_relu", name="b")(h, z)
+    s = Add(activation="sigmoid", name="add")(g, Scale(0.5, name="half")(h))
+    c = Concat(name="cat")(s, Activation("softrelu", name="act")(h))
+    logits = Linear(16, 3, name="logits")(c)
+    reg = Linear(16, 5, activation="exponential", name="reg")(Dropout(0.0, name="drop")(c))
+    net.outputs(xent=SoftmaxCrossEntropy(name="xent")(logits, y), se=SquareError(name="se")(reg, t),
+                bce=BCEWithLogits(name="bce")(Linear(16, 5, name="bl")(c), t),
+                probs=Activation("softmax", name="sm")(logits))
+    net.values["x"].requires_grad = True
+    return net
+
+
+def dense_feeds(rows=33, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((rows, 6)).astype(np.float32),
+            "z": rng.standard_normal((rows, 4)).astype(np.float32),
+            "y": rng.integers(0, 3, rows).astype(np.int32),
+            "t": rng.random((rows, 5)).astype(np.float32)}
+
+
+def test_layers_agree_with_the_cpu(cl):
+    feeds = dense_feeds()
+    cpu, dev = dense_net(), dense_net().to(cl)
+    want = cpu.run(feeds)
+    got = dev.run(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    for net in (cpu, dev):
+        net.forward(feeds)
+        net.backward()
+    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-4, atol=1e-6)
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_training_from_one_start(cl):
+    """20 Adam steps on the CPU and on the device from the same start: the same losses."""
+    losses = {}
+    for where in ("cpu", cl):
+        net = dense_net().to(where) if where != "cpu" else dense_net()
+        opt = lm.optim.Adam(net, lr=0.01, clip_norm=10.0)
+        losses[str(where)] = [net.train_step(dense_feeds(seed=s), opt) for s in range(20)]
+    cpu, dev = losses.values()
+    np.testing.assert_allclose(dev, cpu, rtol=1e-3)
+    assert cpu[-1] < cpu[0]
+
+
+def test_moving_keeps_results_and_optimizer_state(cl, tmp_path):
+    net = dense_net()
+    opt = lm.optim.Adam(net, lr=0.01)
+    for s in range(3):
+        net.train_step(dense_feeds(seed=s), opt)
+    reference = dense_net()
+    ref_opt = lm.optim.Adam(reference, lr=0.01)
+    for s in range(6):
+        reference.train_step(dense_feeds(seed=s), ref_opt)
+    net.to(cl)
+    for s in range(3, 5):
+        net.train_step(dense_feeds(seed=s), opt)
+    net.to("cpu")
+    net.train_step(dense_feeds(seed=5), opt)
+    for (name, p), (_, q) in zip(reference.named_parameters(), net.named_parameters()):
+        np.testing.assert_allclose(q.value, p.value, rtol=1e-4, atol=1e-6, err_msg=name)
+    # a model saved on the device loads on the CPU and back
+    net.to(cl)
+    lm.save(net, tmp_path / "m.lamina")
+    feeds = dense_feeds(seed=9)
+    loaded = lm.load(tmp_path / "m.lamina")
+    np.testing.assert_allclose(loaded.run(feeds)["probs"], net.run(feeds)["probs"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(loaded.to(cl).run(feeds)["probs"], net.run(feeds)["probs"])
+
+
+def test_memory_pool_stays_flat(cl):
+    net = dense_net().to(cl)
+    opt = lm.optim.Adam(net, lr=0.001)
+    feeds = dense_feeds()
+    held = []
+    for step in range(1000):
+        net.train_step(feeds, opt)
+        if step in (10, 999):
+            held.append((cl.pool.held_blocks, cl.pool.active_blocks))
+    assert held[0] == held[1]
+
+
+def test_layers_without_kernels_are_named(cl):
+    net = lm.Network()
+    x = net.input("x", 3, sequence=True)
+    net.outputs(y=LSTM(3, 4, name="encoder")(x)[0])
+    with pytest.raises(GraphError, match=r"layer 'encoder' \(LSTM\) has no opencl kernels yet"):
+        net.to(cl)
