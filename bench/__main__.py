@@ -7,10 +7,10 @@ import argparse
 import importlib.util
 import sys
 
-from . import conv, fc, rnn, selective
+from . import conv, fc, opencl, rnn, selective
 from .harness import Bench, print_table, write_json
 
-SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run, "selective": selective.run}
+SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run, "selective": selective.run, "opencl": opencl.run}
 
 
 def main(argv=None):

@@ -185,7 +185,9 @@ class OpenCLBackend(Backend):
             vw = self._vector_width(c.dtype)
             aligned = n % vw == 0 and not trans_b and all(
                 v % vw == 0 for v in (b.offset // size, c.offset // size, b.strides[0] // size, c.strides[0] // size))
-            if aligned:
+            if trans_b and not trans_a:
+                self._run("gemm", "gemm_nt", c.dtype, (-(-n // 2), -(-m // 4)), *args, local=None)
+            elif aligned:
                 self._run("gemm", "gemm_rows8", c.dtype, (n // vw, -(-m // RPW)), *args, local=None)
             else:
                 self._run("gemm", "gemm_rows", c.dtype, (-(-n // 64) * 64, -(-m // RPW)), *args, local=(64, 1))

@@ -184,3 +184,52 @@ __kernel void gemm_rows8(const int M, const int N, const int K, const REAL alpha
         }
     }
 }
+
+/* C = alpha A Bᵀ + beta C for CPU devices (A not transposed, B transposed: a layer's x Wᵀ): rows
+ * of A and of B are both contiguous along k, so each work-item computes a 4 x 2 block of C as
+ * dot products, VW values of k at a time, and adds each accumulator's lanes at the end. The
+ * last K % VW values of k run one at a time. */
+__kernel void gemm_nt(const int M, const int N, const int K, const REAL alpha,
+                      __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
+                      __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
+                      const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
+{
+    const int j0 = get_global_id(0) * 2, i0 = get_global_id(1) * 4;
+    A += offa;
+    B += offb;
+    C += offc;
+    __global const REAL* a[4];
+    __global const REAL* b[2];
+    for (int r = 0; r < 4; r++)
+        a[r] = A + min(i0 + r, M - 1) * lda;
+    for (int c = 0; c < 2; c++)
+        b[c] = B + min(j0 + c, N - 1) * ldb;
+    VTYPE(REAL, VW) acc[4][2];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 2; c++)
+            acc[r][c] = (VTYPE(REAL, VW))(0);
+    const int kv = K - K % VW;
+    for (int k = 0; k < kv; k += VW) {
+        const VTYPE(REAL, VW) b0 = VLOAD(VW)(0, b[0] + k), b1 = VLOAD(VW)(0, b[1] + k);
+        for (int r = 0; r < 4; r++) {
+            const VTYPE(REAL, VW) av = VLOAD(VW)(0, a[r] + k);
+            acc[r][0] += av * b0;
+            acc[r][1] += av * b1;
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        const int i = i0 + r;
+        for (int c = 0; c < 2; c++) {
+            const int j = j0 + c;
+            REAL s = 0;
+            for (int l = 0; l < VW; l++)
+                s += ((REAL*)&acc[r][c])[l];
+            for (int k = kv; k < K; k++)
+                s += a[r][k] * b[c][k];
+            if (i < M && j < N) {
+                const REAL v = alpha * s;
+                C[i * ldc + j] = beta == 0 ? v : v + beta * C[i * ldc + j];
+            }
+        }
+    }
+}
