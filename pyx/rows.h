@@ -1,8 +1,10 @@
-/* Row primitives for the selective kernels: dot products and axpbys over contiguous rows.
+/* Row primitives for the selective kernels: dot products, axpbys, streaming copies and
+ * prefetches over contiguous rows.
  *
- * Each is compiled twice (gcc's target_clones): for x86-64-v3 (AVX2 + FMA) and for the baseline,
- * and the loader picks the one the CPU runs. The dots keep four independent vector accumulators:
- * a single one would wait on each add's latency (measured: 4x slower on 512-float rows). */
+ * The dots and axpbys are compiled twice (gcc's target_clones): for x86-64-v3 (AVX2 + FMA) and
+ * for the baseline, and the loader picks the one the CPU runs. The dots keep four independent
+ * vector accumulators: a single one would wait on each add's latency (measured: 4x slower on
+ * 512-float rows). */
 #ifndef LAMINA_ROWS_H
 #define LAMINA_ROWS_H
 
@@ -16,38 +18,6 @@
 #define LAMINA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define LAMINA_CLONES
-/* dst = src, bypassing the caches where the CPU can (non-temporal stores): for rows written
- * once and not read again soon, this saves reading each destination line before writing it.
- * Call lamina_store_fence() before another thread reads dst. */
-static inline void lamina_stream_copy_f(float* dst, const float* src, long n) {
-    long j = 0;
-#if defined(__x86_64__)
-    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
-    for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
-#endif
-    for (; j < n; j++) dst[j] = src[j];
-}
-
-static inline void lamina_stream_copy_d(double* dst, const double* src, long n) {
-    long j = 0;
-#if defined(__x86_64__)
-    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
-    for (; j + 2 <= n; j += 2) _mm_stream_pd(dst + j, _mm_loadu_pd(src + j));
-#endif
-    for (; j < n; j++) dst[j] = src[j];
-}
-
-static inline void lamina_store_fence(void) {
-#if defined(__x86_64__)
-    _mm_sfence();
-#endif
-}
-
-/* ask for a row that a loop will read soon (one hint per 64-byte line) */
-static inline void lamina_prefetch(const void* p, long bytes) {
-    for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char*)p + off, 0, 0);
-}
-
 #endif
 
 typedef float lamina_v8f __attribute__((vector_size(32)));
@@ -81,41 +51,44 @@ LAMINA_CLONES static double lamina_dot_d(const double* a, const double* b, long 
 }
 
 /* y = alpha x + beta y; beta == 0 never reads y */
-LAMINA_CLONES static void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n) {
-    if (beta == 0.0f) {
-        for (long j = 0; j < n; j++) y[j] = alpha * x[j];
-    } else {
-        for (long j = 0; j < n; j++) y[j] = alpha * x[j] + beta * y[j];
+#define LAMINA_AXPBY_BODY                                                          \
+    if (beta == 0) {                                                              \
+        for (long j = 0; j < n; j++) y[j] = alpha * x[j];                         \
+    } else {                                                                      \
+        for (long j = 0; j < n; j++) y[j] = alpha * x[j] + beta * y[j];           \
     }
+
+LAMINA_CLONES static void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n) {
+    LAMINA_AXPBY_BODY
 }
 
 LAMINA_CLONES static void lamina_axpby_d(double alpha, const double* x, double beta, double* y, long n) {
-    if (beta == 0.0) {
-        for (long j = 0; j < n; j++) y[j] = alpha * x[j];
-    } else {
-        for (long j = 0; j < n; j++) y[j] = alpha * x[j] + beta * y[j];
-    }
+    LAMINA_AXPBY_BODY
 }
 
 /* dst = src, bypassing the caches where the CPU can (non-temporal stores): for rows written
  * once and not read again soon, this saves reading each destination line before writing it.
  * Call lamina_store_fence() before another thread reads dst. */
-static inline void lamina_stream_copy_f(float* dst, const float* src, long n) {
-    long j = 0;
-#if defined(__x86_64__)
-    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
-    for (; j + 4 <= n; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
-#endif
+#define LAMINA_STREAM_BODY(STREAM, LOAD, LANES)                                    \
+    long j = 0;                                                                   \
+    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];            \
+    for (; j + LANES <= n; j += LANES) STREAM(dst + j, LOAD(src + j));            \
     for (; j < n; j++) dst[j] = src[j];
+
+static inline void lamina_stream_copy_f(float* dst, const float* src, long n) {
+#if defined(__x86_64__)
+    LAMINA_STREAM_BODY(_mm_stream_ps, _mm_loadu_ps, 4)
+#else
+    memcpy(dst, src, n * sizeof *dst);
+#endif
 }
 
 static inline void lamina_stream_copy_d(double* dst, const double* src, long n) {
-    long j = 0;
 #if defined(__x86_64__)
-    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];
-    for (; j + 2 <= n; j += 2) _mm_stream_pd(dst + j, _mm_loadu_pd(src + j));
+    LAMINA_STREAM_BODY(_mm_stream_pd, _mm_loadu_pd, 2)
+#else
+    memcpy(dst, src, n * sizeof *dst);
 #endif
-    for (; j < n; j++) dst[j] = src[j];
 }
 
 static inline void lamina_store_fence(void) {

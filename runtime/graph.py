@@ -238,8 +238,8 @@ class Network:
         if backend.name != "cpu":
             cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if not getattr(l, backend.name)]
             if cannot:
-                raise GraphError(f"cannot place the network on {backend}: layer {', '.join(cannot)} "
-                                 f"has no {backend.name} kernels yet")
+                which = f"layer {cannot[0]} has" if len(cannot) == 1 else f"layers {', '.join(cannot)} have"
+                raise GraphError(f"cannot place the network on {backend}: {which} no {backend.name} kernels yet")
         for p in self.parameters():
             p.move(backend)
         self.backend = backend

@@ -18,10 +18,10 @@ from .dense import Linear
 
 # A per-row selection with more entries than this fraction of the full product (rows x out)
 # runs on the dense path. Measured on this machine (`python -m bench selective --only crossover`,
-# 2 threads, batch 128, 512 -> 50 000): fwd+bwd sparse/dense time 0.10 at density 0.005, 0.34 at
-# 0.04, 0.51 at 0.08, 0.87 at 0.16; the sparse path streams the selected rows of W at memory
-# speed, so it stays ahead up to about 0.18 (Paddle's legacy layer switched at 0.02).
-DENSE_RATIO = 0.18
+# 2 threads, batch 128, 512 -> 50 000): fwd+bwd sparse/dense time 0.085 at density 0.005, 0.28
+# at 0.04, 0.59 at 0.08, 1.2 at 0.16; the sparse path streams the selected rows of W at memory
+# speed, so it stays ahead up to about 0.14 (Paddle's legacy layer switched at 0.02).
+DENSE_RATIO = 0.14
 # a shared selection runs as a GEMM over gathered rows of W; the full GEMM only pays when nearly
 # every column is selected
 SHARED_DENSE_RATIO = 0.9
