@@ -11,7 +11,7 @@ import pytest
 import lamina as lm
 from lamina.backends.reference import ReferenceBackend
 from lamina.errors import GraphError
-from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Linear, LSTM, Scale,
+from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Conv3d, Dropout, Linear, Scale,
                            SoftmaxCrossEntropy, SquareError)
 
 try:
@@ -281,7 +281,89 @@ def test_memory_pool_stays_flat(cl):
 
 def test_layers_without_kernels_are_named(cl):
     net = lm.Network()
-    x = net.input("x", 3, sequence=True)
-    net.outputs(y=LSTM(3, 4, name="encoder")(x)[0])
-    with pytest.raises(GraphError, match=r"layer 'encoder' \(LSTM\) has no opencl kernels yet"):
+    x = net.input("x", (2, 5, 5, 5))
+    net.outputs(y=Conv3d(2, 3, 3, name="encoder")(x))
+    with pytest.raises(GraphError, match=r"layer 'encoder' \(Conv3d\) has no opencl kernels yet"):
         net.to(cl)
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("RNN", dict(nonlinearity="tanh")), ("RNN", dict(nonlinearity="relu", bidirectional=True)),
+    ("LSTM", dict()), ("LSTM", dict(bidirectional=True, num_layers=2)), ("LSTM", dict(reverse=True)),
+    ("GRU", dict()), ("GRU", dict(bidirectional=True, num_layers=2)),
+])
+def test_recurrent_layers_agree_with_the_cpu(cl, kind, options):
+    """Outputs, last states and every gradient (inputs, initial states, weights) of a
+    recurrent layer on the device against the CPU, over ragged sequences with ties."""
+    layer_cls = getattr(lm.layers, kind)
+    D = 2 if options.get("bidirectional") else 1
+    L = options.get("num_layers", 1)
+    states = 2 if kind == "LSTM" else 1
+
+    def build():
+        lm.manual_seed(4)
+        net = lm.Network()
+        x = net.input("x", 5, sequence=True)
+        inits = [net.input(f"s{i}", (L * D, 7)) for i in range(states)]
+        outs = layer_cls(5, 7, name="rec", **options)(x, *inits)
+        net.outputs(out=outs[0], last=outs[1])
+        for name in ["x"] + [f"s{i}" for i in range(states)]:
+            net.values[name].requires_grad = True
+        return net
+
+    rng = np.random.default_rng(7)
+    seqs = lm.Sequences.from_list([rng.standard_normal((n, 5)).astype(np.float32) for n in (4, 1, 6, 4, 2)])
+    feeds = {"x": seqs, **{f"s{i}": rng.standard_normal((5, L * D, 7)).astype(np.float32) for i in range(states)}}
+    grads = {"out": rng.standard_normal((seqs.total_steps, D * 7)).astype(np.float32),
+             "last": rng.standard_normal((5, L * D, 7)).astype(np.float32)}
+    cpu, dev = build(), build().to(cl)
+    for net in (cpu, dev):
+        net.forward(feeds, grad_outputs=["out", "last"])
+        net.backward(grad_outputs=grads)
+    want, got = cpu.run(feeds), dev.run(feeds)
+    np.testing.assert_allclose(got["out"].values, want["out"].values, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["last"], want["last"], rtol=1e-4, atol=1e-5)
+    for name in feeds:
+        np.testing.assert_allclose(dev.grad(name).get(), cpu.grad(name), rtol=1e-4, atol=1e-5, err_msg=name)
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_cell_kernels(cl):
+    rng = np.random.default_rng(3)
+    for dtype in dtypes(cl):
+        for rows, H in ((1, 1), (7, 33), (33, 7)):
+            for has_prev in (False, True):
+                g = rng.standard_normal((rows, 4 * H)).astype(dtype)
+                prev = rng.standard_normal((rows, H)).astype(dtype) if has_prev else None
+                dev_prev = cl.from_host(prev) if has_prev else None
+                gd, c, h = cl.from_host(g), cl.empty((rows, H), dtype), cl.empty((rows, H), dtype)
+                g_ref, c_ref, h_ref = g.copy(), np.empty((rows, H), dtype), np.empty((rows, H), dtype)
+                cl.lstm_step(gd, dev_prev, c, h)
+                REF.lstm_step(g_ref, prev, c_ref, h_ref)
+                for a, b in ((gd, g_ref), (c, c_ref), (h, h_ref)):
+                    close(a.get(), b, dtype)
+                dh, dc = rng.standard_normal((2, rows, H)).astype(dtype)
+                dg, dg_ref = cl.empty((rows, 4 * H), dtype), np.empty((rows, 4 * H), dtype)
+                dcp, dcp_ref = (cl.from_host(dc), dc.copy()) if has_prev else (None, None)
+                cl.lstm_step_backward(gd, dev_prev, c, cl.from_host(dh), cl.from_host(dc), dg, dcp)
+                REF.lstm_step_backward(g_ref, prev, c_ref, dh, dc, dg_ref, dcp_ref)
+                close(dg.get(), dg_ref, dtype)
+                if has_prev:
+                    close(dcp.get(), dcp_ref, dtype)
+                g3 = rng.standard_normal((rows, 3 * H)).astype(dtype)
+                hh = rng.standard_normal((rows, 3 * H)).astype(dtype)
+                g3d, h, g3_ref, h_ref = cl.from_host(g3), cl.empty((rows, H), dtype), g3.copy(), np.empty((rows, H), dtype)
+                cl.gru_step(g3d, cl.from_host(hh), dev_prev, h)
+                REF.gru_step(g3_ref, hh, prev, h_ref)
+                close(g3d.get(), g3_ref, dtype)
+                close(h.get(), h_ref, dtype)
+                dgx, dgh = cl.empty((rows, 3 * H), dtype), cl.empty((rows, 3 * H), dtype)
+                dgx_ref, dgh_ref = np.empty((rows, 3 * H), dtype), np.empty((rows, 3 * H), dtype)
+                dhp, dhp_ref = (cl.from_host(dc), dc.copy()) if has_prev else (None, None)
+                cl.gru_step_backward(g3d, cl.from_host(hh), dev_prev, cl.from_host(dh), dgx, dgh, dhp)
+                REF.gru_step_backward(g3_ref, hh, prev, dh, dgx_ref, dgh_ref, dhp_ref)
+                close(dgx.get(), dgx_ref, dtype)
+                close(dgh.get(), dgh_ref, dtype)
+                if has_prev:
+                    close(dhp.get(), dhp_ref, dtype)

@@ -8,11 +8,13 @@ Programs are built with -D options (element type, GEMM tile sizes chosen per dev
 kept with their Kernel objects; a build error shows the build log and the file.
 
 What runs here so far: the dense layers (Linear, Add, Concat, Activation, Dropout, Scale), the
-costs SoftmaxCrossEntropy, SquareError and BCEWithLogits, and every optimizer. The other kernels of
+recurrent layers (RNN, LSTM, GRU), the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
+and every optimizer. The other kernels of
 the interface raise NotImplementedError naming themselves, and `Network.to('opencl')` refuses a
 network with a layer that needs them, naming the layer (Layer.opencl).
 """
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +83,7 @@ class OpenCLBackend(Backend):
         self.tiles = TILES[kind]
         self.cpu_device = kind == "cpu"
         self._programs = {}
+        self._host_ids = {}  # id(host array) -> (weak reference, device copy)
 
     def __repr__(self):
         return f"OpenCLBackend({self.device.name.strip()!r})"
@@ -125,13 +128,15 @@ class OpenCLBackend(Backend):
         return self._program(file, dtype)[name]
 
     def _run(self, file, name, dtype, global_size, *args, local=None):
-        self._kernel(file, name, dtype)(self.queue, global_size, local, *args)
-
-    @staticmethod
-    def _buf(a):
-        if a.offset:
-            raise OpenCLError(f"an array view at offset {a.offset} reached a kernel that takes whole buffers")
-        return a.data
+        """Launch a kernel; an array argument becomes (buffer, offset in elements), as the
+        kernels of elementwise.cl take them."""
+        flat = []
+        for a in args:
+            if isinstance(a, self.cl.array.Array):
+                flat += [a.base_data, np.int32(a.offset // a.dtype.itemsize)]
+            else:
+                flat.append(a)
+        self._kernel(file, name, dtype)(self.queue, global_size, local, *flat)
 
     def _real(self, dtype, value):
         return np.dtype(dtype).type(value)
@@ -198,12 +203,12 @@ class OpenCLBackend(Backend):
 
     def add_bias(self, y, b):
         y2 = _rows(y)
-        self._run("elementwise", "add_bias", y.dtype, self._grid(*y2.shape), self._buf(y), self._buf(b),
+        self._run("elementwise", "add_bias", y.dtype, self._grid(*y2.shape), y, b,
                   np.int32(y2.shape[0]), np.int32(y2.shape[1]), local=(16, 16))
 
     def bias_grad(self, dy, db, beta=0.0):
         d2 = _rows(dy)
-        self._run("elementwise", "bias_grad", dy.dtype, self._global(d2.shape[1]), self._buf(dy), self._buf(db),
+        self._run("elementwise", "bias_grad", dy.dtype, self._global(d2.shape[1]), dy, db,
                   dy.dtype.type(beta), np.int32(d2.shape[0]), np.int32(d2.shape[1]))
 
     # -- element-wise
@@ -211,115 +216,150 @@ class OpenCLBackend(Backend):
         check_activation(kind, "activation")
         if kind == "softmax":
             x2 = _rows(x)
-            self._run("elementwise", "softmax_rows", x.dtype, self._global(x2.shape[0]), self._buf(x), self._buf(y),
+            self._run("elementwise", "softmax_rows", x.dtype, self._global(x2.shape[0]), x, y,
                       np.int32(x2.shape[0]), np.int32(x2.shape[1]))
             return
         self._run("elementwise", "activation", x.dtype, self._global(x.size), np.int32(ACTIVATIONS.index(kind)),
-                  self._buf(x), self._buf(y), x.dtype.type(slope), np.int32(x.size))
+                  x, y, x.dtype.type(slope), np.int32(x.size))
 
     def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
         check_activation(kind, "activation_backward")
         if kind == "softmax":
             y2 = _rows(y)
-            self._run("elementwise", "softmax_rows_backward", y.dtype, self._global(y2.shape[0]), self._buf(y),
-                      self._buf(dy), self._buf(dx), y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]))
+            self._run("elementwise", "softmax_rows_backward", y.dtype, self._global(y2.shape[0]), y,
+                      dy, dx, y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]))
             return
         self._run("elementwise", "activation_backward", y.dtype, self._global(y.size),
-                  np.int32(ACTIVATIONS.index(kind)), self._buf(y), self._buf(dy), self._buf(dx),
+                  np.int32(ACTIVATIONS.index(kind)), y, dy, dx,
                   y.dtype.type(beta), y.dtype.type(slope), np.int32(y.size))
 
     def axpby(self, alpha, x, beta, y):
-        self._run("elementwise", "axpby", y.dtype, self._global(y.size), y.dtype.type(alpha), self._buf(x),
-                  y.dtype.type(beta), self._buf(y), np.int32(y.size))
+        self._run("elementwise", "axpby", y.dtype, self._global(y.size), y.dtype.type(alpha), x,
+                  y.dtype.type(beta), y, np.int32(y.size))
 
     def multiply(self, a, b, out, beta=0.0):
-        self._run("elementwise", "multiply", out.dtype, self._global(out.size), self._buf(a), self._buf(b),
-                  self._buf(out), out.dtype.type(beta), np.int32(out.size))
+        self._run("elementwise", "multiply", out.dtype, self._global(out.size), a, b,
+                  out, out.dtype.type(beta), np.int32(out.size))
 
     def sum_squares(self, x):
         groups = min(64, max(1, -(-x.size // LOCAL)))
         partial = self.empty((groups,), x.dtype)
-        self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), self._buf(x), partial.data,
+        self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), x, partial,
                   np.int32(x.size), self.cl.LocalMemory(LOCAL * x.dtype.itemsize), local=(LOCAL,))
         return float(partial.get().astype(np.float64).sum())
 
     def copy_to_columns(self, src, dst, col, beta=0.0):
-        self._run("elementwise", "copy_to_columns", dst.dtype, self._grid(*src.shape), self._buf(src), self._buf(dst),
+        self._run("elementwise", "copy_to_columns", dst.dtype, self._grid(*src.shape), src, dst,
                   np.int32(dst.shape[1]), np.int32(col), dst.dtype.type(beta), np.int32(src.shape[0]),
                   np.int32(src.shape[1]), local=(16, 16))
 
     def copy_from_columns(self, src, col, dst, beta=0.0):
-        self._run("elementwise", "copy_from_columns", dst.dtype, self._grid(*dst.shape), self._buf(src),
-                  np.int32(src.shape[1]), np.int32(col), self._buf(dst), dst.dtype.type(beta),
+        self._run("elementwise", "copy_from_columns", dst.dtype, self._grid(*dst.shape), src,
+                  np.int32(src.shape[1]), np.int32(col), dst, dst.dtype.type(beta),
                   np.int32(dst.shape[0]), np.int32(dst.shape[1]), local=(16, 16))
 
     def gather_rows(self, src, index, dst, col=0):
         s2, d2 = _rows(src), _rows(dst)
-        self._run("elementwise", "gather_rows", dst.dtype, self._grid(*d2.shape), self._buf(src),
-                  np.int32(s2.shape[1]), self._buf(self._ids(index)), self._buf(dst), np.int32(d2.shape[0]),
+        self._run("elementwise", "gather_rows", dst.dtype, self._grid(*d2.shape), src,
+                  np.int32(s2.shape[1]), self._ids(index), dst, np.int32(d2.shape[0]),
                   np.int32(d2.shape[1]), np.int32(col), local=(16, 16))
 
     def scatter_rows(self, src, index, dst, beta=0.0, col=0):
         s2, d2 = _rows(src), _rows(dst)
-        self._run("elementwise", "scatter_rows", dst.dtype, self._grid(*s2.shape), self._buf(src),
-                  self._buf(self._ids(index)), self._buf(dst), np.int32(d2.shape[1]), dst.dtype.type(beta),
+        self._run("elementwise", "scatter_rows", dst.dtype, self._grid(*s2.shape), src,
+                  self._ids(index), dst, np.int32(d2.shape[1]), dst.dtype.type(beta),
                   np.int32(s2.shape[0]), np.int32(s2.shape[1]), np.int32(col), local=(16, 16))
 
     def scatter_add_rows(self, src, ids, dst):
         s2 = _rows(src)
-        self._run("elementwise", "scatter_add_rows", dst.dtype, self._global(s2.shape[1]), self._buf(src),
-                  self._buf(self._ids(ids)), self._buf(dst), np.int32(s2.shape[0]), np.int32(s2.shape[1]))
+        self._run("elementwise", "scatter_add_rows", dst.dtype, self._global(s2.shape[1]), src,
+                  self._ids(ids), dst, np.int32(s2.shape[0]), np.int32(s2.shape[1]))
 
     def fill_rows(self, dst, rows, value):
         d2 = _rows(dst)
         if len(rows):
-            self._run("elementwise", "fill_rows", dst.dtype, self._grid(len(rows), d2.shape[1]), self._buf(dst),
-                      self._buf(self._ids(rows)), dst.dtype.type(value), np.int32(len(rows)),
+            self._run("elementwise", "fill_rows", dst.dtype, self._grid(len(rows), d2.shape[1]), dst,
+                      self._ids(rows), dst.dtype.type(value), np.int32(len(rows)),
                       np.int32(d2.shape[1]), local=(16, 16))
 
     def _ids(self, ids):
-        """int32 ids on the device (host ids are copied: they come from the user's feeds)."""
-        return ids if not isinstance(ids, np.ndarray) else self.from_host(ids.astype(np.int32))
+        """int32 ids on the device. Host ids (a batch's time-major order, computed once per batch
+        from the feeds' offsets) are copied once and the copy kept while the host array lives."""
+        if not isinstance(ids, np.ndarray):
+            return ids
+        key = id(ids)
+        hit = self._host_ids.get(key)
+        if hit is not None and hit[0]() is ids:
+            return hit[1]
+        if len(self._host_ids) > 256:
+            self._host_ids = {k: v for k, v in self._host_ids.items() if v[0]() is not None}
+        device = self.from_host(np.ascontiguousarray(ids, dtype=np.int32))
+        self._host_ids[key] = (weakref.ref(ids), device)
+        return device
 
     def bernoulli_mask(self, mask, keep, rng):
         if not 0 < keep <= 1:
             raise ValueError(f"bernoulli_mask: keep must be in (0, 1], found {keep}")
         seed = np.uint32(rng.integers(0, 2 ** 32, dtype=np.uint64))
-        self._run("elementwise", "bernoulli_mask", mask.dtype, self._global(mask.size), self._buf(mask),
+        self._run("elementwise", "bernoulli_mask", mask.dtype, self._global(mask.size), mask,
                   mask.dtype.type(keep), seed, np.int32(mask.size))
+
+    # -- recurrent cells (a None state is absent: a dummy array and a 0 flag)
+    def _opt(self, a, dtype):
+        return (a, np.int32(1)) if a is not None else (self._dummy(dtype), np.int32(0))
+
+    def lstm_step(self, g, c_prev, c, h):
+        rows, H = h.shape
+        self._run("cells", "lstm_step", h.dtype, self._grid(rows, H), g, *self._opt(c_prev, h.dtype), c, h,
+                  np.int32(rows), np.int32(H), local=(16, 16))
+
+    def lstm_step_backward(self, g, c_prev, c, dh, dc, dg, dc_prev):
+        rows, H = dh.shape
+        self._run("cells", "lstm_step_backward", dh.dtype, self._grid(rows, H), g, *self._opt(c_prev, dh.dtype),
+                  c, dh, dc, dg, *self._opt(dc_prev, dh.dtype), np.int32(rows), np.int32(H), local=(16, 16))
+
+    def gru_step(self, g, hh, h_prev, h):
+        rows, H = h.shape
+        self._run("cells", "gru_step", h.dtype, self._grid(rows, H), g, hh, *self._opt(h_prev, h.dtype), h,
+                  np.int32(rows), np.int32(H), local=(16, 16))
+
+    def gru_step_backward(self, g, hh, h_prev, dh, dgx, dgh, dh_prev):
+        rows, H = dh.shape
+        self._run("cells", "gru_step_backward", dh.dtype, self._grid(rows, H), g, hh, *self._opt(h_prev, dh.dtype),
+                  dh, dgx, dgh, *self._opt(dh_prev, dh.dtype), np.int32(rows), np.int32(H), local=(16, 16))
 
     # -- costs
     def _weights(self, w, dtype):
-        return (self._buf(w), np.int32(1)) if w is not None else (self._dummy(dtype), np.int32(0))
+        return (w, np.int32(1)) if w is not None else (self._dummy(dtype), np.int32(0))
 
     def _dummy(self, dtype):
         key = ("dummy", np.dtype(dtype))
         if key not in self._programs:
             self._programs[key] = self.empty((1,), dtype)
-        return self._programs[key].data
+        return self._programs[key]
 
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         x2 = _rows(x)
-        self._run("elementwise", "softmax_cross_entropy", x.dtype, self._global(x2.shape[0]), self._buf(x),
-                  self._buf(labels), *self._weights(w, x.dtype), self._buf(probs), self._buf(cost),
+        self._run("elementwise", "softmax_cross_entropy", x.dtype, self._global(x2.shape[0]), x,
+                  labels, *self._weights(w, x.dtype), probs, cost,
                   np.int32(x2.shape[0]), np.int32(x2.shape[1]))
 
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
         p2 = _rows(probs)
         self._run("elementwise", "softmax_cross_entropy_backward", dx.dtype, self._grid(*p2.shape),
-                  self._buf(probs), self._buf(labels), *self._weights(w, dx.dtype), self._buf(dcost),
-                  self._buf(dx), dx.dtype.type(beta), np.int32(p2.shape[0]), np.int32(p2.shape[1]), local=(16, 16))
+                  probs, labels, *self._weights(w, dx.dtype), dcost,
+                  dx, dx.dtype.type(beta), np.int32(p2.shape[0]), np.int32(p2.shape[1]), local=(16, 16))
 
     def _pair(self, kind, x, t, w, cost):
         x2 = _rows(x)
-        self._run("elementwise", "pair_cost", x.dtype, self._global(x2.shape[0]), np.int32(kind), self._buf(x),
-                  self._buf(t), *self._weights(w, x.dtype), self._buf(cost), np.int32(x2.shape[0]),
+        self._run("elementwise", "pair_cost", x.dtype, self._global(x2.shape[0]), np.int32(kind), x,
+                  t, *self._weights(w, x.dtype), cost, np.int32(x2.shape[0]),
                   np.int32(x2.shape[1]))
 
     def _pair_backward(self, kind, x, t, w, dcost, dout, wrt_target, beta):
         x2 = _rows(x)
         self._run("elementwise", "pair_cost_backward", x.dtype, self._grid(*x2.shape), np.int32(kind),
-                  self._buf(x), self._buf(t), *self._weights(w, x.dtype), self._buf(dcost), self._buf(dout),
+                  x, t, *self._weights(w, x.dtype), dcost, dout,
                   np.int32(wrt_target), x.dtype.type(beta), np.int32(x2.shape[0]), np.int32(x2.shape[1]),
                   local=(16, 16))
 
@@ -338,8 +378,8 @@ class OpenCLBackend(Backend):
     # -- optimizer updates
     def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay):
         r = p.dtype.type
-        self._run("elementwise", "sgd_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
-                  self._buf(v if momentum else p), r(lr), r(momentum), r(dampening), np.int32(nesterov),
+        self._run("elementwise", "sgd_update", p.dtype, self._global(p.size), p, g,
+                  v if momentum else p, r(lr), r(momentum), r(dampening), np.int32(nesterov),
                   r(weight_decay), np.int32(p.size))
 
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step):
@@ -347,19 +387,19 @@ class OpenCLBackend(Backend):
             raise ValueError(f"adam_update: step counts from 1, found {step}")
         r = p.dtype.type
         c1, c2 = 1 - beta1 ** step, 1 - beta2 ** step
-        self._run("elementwise", "adam_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
-                  self._buf(m), self._buf(v), r(lr), r(beta1), r(beta2), r(eps), r(weight_decay),
+        self._run("elementwise", "adam_update", p.dtype, self._global(p.size), p, g,
+                  m, v, r(lr), r(beta1), r(beta2), r(eps), r(weight_decay),
                   np.int32(decoupled), r(lr / c1), r(np.sqrt(c2)), np.int32(p.size))
 
     def adagrad_update(self, p, g, s, lr, eps, weight_decay):
         r = p.dtype.type
-        self._run("elementwise", "adagrad_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
-                  self._buf(s), r(lr), r(eps), r(weight_decay), np.int32(p.size))
+        self._run("elementwise", "adagrad_update", p.dtype, self._global(p.size), p, g,
+                  s, r(lr), r(eps), r(weight_decay), np.int32(p.size))
 
     def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum):
         r = p.dtype.type
-        self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), self._buf(p), self._buf(g),
-                  self._buf(s), self._buf(buf if momentum else p), r(lr), r(alpha), r(eps), r(weight_decay),
+        self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), p, g,
+                  s, buf if momentum else p, r(lr), r(alpha), r(eps), r(weight_decay),
                   r(momentum), np.int32(p.size))
 
 

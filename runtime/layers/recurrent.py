@@ -34,6 +34,7 @@ from .base import Layer, register, require_float, uniform
 class _Recurrent(Layer):
     gates = 1
     cell_state = False
+    opencl = True
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False,
                  reverse=False, packed=None, name=None):
