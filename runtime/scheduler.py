@@ -81,6 +81,15 @@ class Context:
         grads = self.bindings.grads
         return [grads.get(n) for n in self._out]
 
+    def host_input(self, slot):
+        """Input `slot` as a numpy array: the user's own array when the input is one the caller
+        fed (no copy from the device), else a copy from the device."""
+        name = self._in[slot]
+        host = self.bindings.host_feeds.get(name)
+        if host is not None:
+            return host
+        return self.be.to_host(self.bindings.values[name])
+
     def input_grad(self, slot):
         """Where to write the gradient of input `slot`, or None when none is needed."""
         beta = self._in_grads[slot]
@@ -216,6 +225,7 @@ class Bindings:
         self.batch, self.steps = batch, steps  # samples (or sequences); total steps of sequences
         self.starts, self._order = None, None  # set for each batch by the scheduler
         self.values, self.grads, self._workspaces = {}, {}, {}
+        self.host_feeds = {}  # the caller's arrays behind each fed input (for host-side checks)
         # selected values (one per entry of the batch's selection) change length from batch to
         # batch: their writer sizes them in buffers that grow as needed (size_selected)
         self._selected, self.layouts = {}, {}
@@ -413,7 +423,9 @@ class Scheduler:
             if isinstance(a, Selection):
                 b.values[name] = a
             else:
-                b.values[name] = self.network.backend.from_host(a.values if isinstance(a, Sequences) else a)
+                host = a.values if isinstance(a, Sequences) else a
+                b.host_feeds[name] = host
+                b.values[name] = self.network.backend.from_host(host)
 
     # ------------------------------------------------------------------ runs
     def run(self, feeds, outputs=None):

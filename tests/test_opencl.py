@@ -367,3 +367,63 @@ def test_cell_kernels(cl):
                 close(dgh.get(), dgh_ref, dtype)
                 if has_prev:
                     close(dhp.get(), dhp_ref, dtype)
+
+
+@pytest.mark.parametrize("mode", ["last", "first", "average", "sum", "max"])
+def test_sequence_layers_agree_with_the_cpu(cl, mode):
+    """Embedding -> LSTM -> SequencePool and SequenceSoftmax attention, outputs and gradients."""
+    def build():
+        lm.manual_seed(5)
+        net = lm.Network()
+        ids = net.input("ids", dtype="int32", sequence=True)
+        y = net.input("y", dtype="int32")
+        h = lm.layers.LSTM(4, 6, name="lstm")(lm.layers.Embedding(11, 4, name="emb")(ids))[0]
+        score = lm.layers.SequenceSoftmax(name="attend")(Linear(6, 1, name="score")(h))
+        pooled = lm.layers.SequencePool(mode, name="pool")(h)
+        net.outputs(loss=SoftmaxCrossEntropy(name="xent")(Linear(6, 3, name="out")(pooled), y), attention=score)
+        return net
+
+    rng = np.random.default_rng(8)
+    feeds = {"ids": lm.Sequences.from_list([rng.integers(0, 11, n).astype(np.int32) for n in (3, 1, 5, 3)]),
+             "y": rng.integers(0, 3, 4).astype(np.int32)}
+    cpu, dev = build(), build().to(cl)
+    want, got = cpu.run(feeds), dev.run(feeds)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got["attention"].values, want["attention"].values, rtol=1e-4, atol=1e-6)
+    for net in (cpu, dev):
+        net.forward(feeds)
+        net.backward()
+    checked = 0
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        assert p.grad_pending == q.grad_pending, name
+        if p.grad_pending:  # the attention branch feeds no cost: no gradient there
+            np.testing.assert_allclose(q.dense_grad(dev.backend).get(), p.dense_grad(cpu.backend), rtol=1e-4,
+                                       atol=1e-6, err_msg=name)
+            checked += 1
+    assert checked == 7
+
+
+@pytest.mark.parametrize("make", [lambda n: lm.optim.SGD(n, lr=0.1), lambda n: lm.optim.AdaGrad(n, lr=0.1),
+                                  lambda n: lm.optim.Adam(n, lr=0.01, lazy=True),
+                                  lambda n: lm.optim.SGD(n, lr=0.1, momentum=0.9, lazy=True)])
+def test_sparse_row_updates_agree_with_the_cpu(cl, make):
+    def build():
+        lm.manual_seed(6)
+        net = lm.Network()
+        ids = net.input("ids", dtype="int32")
+        y = net.input("y", dtype="int32")
+        net.outputs(loss=SoftmaxCrossEntropy()(Linear(4, 3, name="out")(lm.layers.Embedding(50, 4, name="emb")(ids)), y))
+        return net
+
+    rng = np.random.default_rng(9)
+    batches = [{"ids": rng.integers(0, 50, 16).astype(np.int32), "y": rng.integers(0, 3, 16).astype(np.int32)}
+               for _ in range(5)]
+    nets = []
+    for where in ("cpu", cl):
+        net = build() if where == "cpu" else build().to(where)
+        opt = make(net)
+        for b in batches:
+            net.train_step(b, opt)
+        nets.append(net)
+    np.testing.assert_allclose(nets[1].layer("emb").weight.value, nets[0].layer("emb").weight.value,
+                               rtol=1e-4, atol=1e-6)

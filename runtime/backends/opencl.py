@@ -8,7 +8,8 @@ Programs are built with -D options (element type, GEMM tile sizes chosen per dev
 kept with their Kernel objects; a build error shows the build log and the file.
 
 What runs here so far: the dense layers (Linear, Add, Concat, Activation, Dropout, Scale), the
-recurrent layers (RNN, LSTM, GRU), the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
+recurrent layers (RNN, LSTM, GRU), Embedding (sparse gradients and row updates), SequencePool,
+SequenceSoftmax, the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
 and every optimizer. The other kernels of
 the interface raise NotImplementedError naming themselves, and `Network.to('opencl')` refuses a
 network with a layer that needs them, naming the layer (Layer.opencl).
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import ACTIVATIONS, Backend, check_activation
+from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
 # GEMM tiles per device type: (TSM, TSN, TSK, WPTM, WPTN); measured with bench/opencl.py
@@ -303,6 +304,51 @@ class OpenCLBackend(Backend):
         seed = np.uint32(rng.integers(0, 2 ** 32, dtype=np.uint64))
         self._run("elementwise", "bernoulli_mask", mask.dtype, self._global(mask.size), mask,
                   mask.dtype.type(keep), seed, np.int32(mask.size))
+
+    # -- sequences (starts are host offsets, copied once per batch by _ids)
+    def sequence_pool(self, mode, x, starts, out, argmax):
+        x2, o2 = _rows(x), _rows(out)
+        self._run("sequences", "sequence_pool", x.dtype, self._grid(*o2.shape), np.int32(POOL_MODES.index(mode)),
+                  x2, self._ids(starts), o2, argmax, np.int32(o2.shape[0]), np.int32(o2.shape[1]), local=(16, 16))
+
+    def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
+        d2 = _rows(dy)
+        self._run("sequences", "sequence_pool_backward", dy.dtype, self._grid(*d2.shape),
+                  np.int32(POOL_MODES.index(mode)), d2, self._ids(starts), argmax, _rows(dx), dy.dtype.type(beta),
+                  np.int32(d2.shape[0]), np.int32(d2.shape[1]), local=(16, 16))
+
+    def sequence_softmax(self, x, starts, y):
+        n = len(starts) - 1
+        self._run("sequences", "sequence_softmax", x.dtype, self._global(n), x, self._ids(starts), y, np.int32(n))
+
+    def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
+        n = len(starts) - 1
+        self._run("sequences", "sequence_softmax_backward", y.dtype, self._global(n), y, dy, self._ids(starts), dx,
+                  y.dtype.type(beta), np.int32(n))
+
+    # -- optimizer updates of listed rows (sparse gradients)
+    def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
+        r, cols = p.dtype.type, p.size // p.shape[0]
+        if len(rows):
+            self._run("sequences", "sgd_update_rows", p.dtype, self._grid(len(rows), cols), p, g,
+                      v if momentum else p, self._ids(rows), r(lr), r(momentum), r(dampening), np.int32(nesterov),
+                      np.int32(len(rows)), np.int32(cols), local=(16, 16))
+
+    def adagrad_update_rows(self, p, g, s, rows, lr, eps):
+        r, cols = p.dtype.type, p.size // p.shape[0]
+        if len(rows):
+            self._run("sequences", "adagrad_update_rows", p.dtype, self._grid(len(rows), cols), p, g, s,
+                      self._ids(rows), r(lr), r(eps), np.int32(len(rows)), np.int32(cols), local=(16, 16))
+
+    def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
+        if step < 1:
+            raise ValueError(f"adam_update_rows: step counts from 1, found {step}")
+        r, cols = p.dtype.type, p.size // p.shape[0]
+        c1, c2 = 1 - beta1 ** step, 1 - beta2 ** step
+        if len(rows):
+            self._run("sequences", "adam_update_rows", p.dtype, self._grid(len(rows), cols), p, g, m, v,
+                      self._ids(rows), r(beta1), r(beta2), r(eps), r(lr / c1), r(np.sqrt(c2)), np.int32(len(rows)),
+                      np.int32(cols), local=(16, 16))
 
     # -- recurrent cells (a None state is absent: a dummy array and a 0 flag)
     def _opt(self, a, dtype):

@@ -16,6 +16,7 @@ class Embedding(Layer):
     are written, and SGD and AdaGrad update only those rows (where that is exact)."""
 
     kind = "embedding"
+    opencl = True
 
     def __init__(self, num_embeddings, embedding_dim, name=None):
         super().__init__(name)
@@ -41,17 +42,16 @@ class Embedding(Layer):
         return ()
 
     def forward(self, ctx):
-        ids = ctx.inputs[0]
+        ids = ctx.host_input(0)  # checked on the host, where the caller's ids are
         if len(ids) and (ids.min() < 0 or ids.max() >= self.num_embeddings):
             bad = ids[(ids < 0) | (ids >= self.num_embeddings)][0]
             raise InputError(f"{ctx.node.describe()}: ids must lie in [0, {self.num_embeddings}), found {bad}")
-        ctx.be.gather_rows(self.weight.buffer, ids, ctx.output)
+        ctx.be.gather_rows(self.weight.buffer, ctx.inputs[0], ctx.output)
 
     def backward(self, ctx):
-        ids = ctx.inputs[0]
-        grad = ctx.sparse_param_grad("weight", ids)
+        grad = ctx.sparse_param_grad("weight", ctx.host_input(0))
         if grad is not None:
-            ctx.be.scatter_add_rows(ctx.grad_output, ids, grad)
+            ctx.be.scatter_add_rows(ctx.grad_output, ctx.inputs[0], grad)
 
 
 @register
@@ -59,6 +59,7 @@ class SequencePool(Layer):
     """One row per sequence: the last, first, average, sum or max of its rows."""
 
     kind = "sequence_pool"
+    opencl = True
 
     def __init__(self, mode="last", name=None):
         super().__init__(name)
@@ -94,6 +95,7 @@ class SequenceSoftmax(Layer):
     """Softmax over the steps of each sequence, for one value per step ([] or [1] per row)."""
 
     kind = "sequence_softmax"
+    opencl = True
 
     def output_spec(self, specs):
         x = specs[0]
