@@ -427,3 +427,58 @@ def test_sparse_row_updates_agree_with_the_cpu(cl, make):
         nets.append(net)
     np.testing.assert_allclose(nets[1].layer("emb").weight.value, nets[0].layer("emb").weight.value,
                                rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["sparse", "dense"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("activation,cost", [("linear", "ce"), ("exponential", "self_normalized")])
+def test_selective_layer_agrees_with_the_cpu(cl, path, shared, activation, cost):
+    def build():
+        lm.manual_seed(12)
+        net = lm.Network()
+        x0, x1 = net.input("x0", 6), net.input("x1", 3)
+        sel = net.input("sel", dtype="selection")
+        y = net.input("y", dtype="int32")
+        scores = lm.layers.SelectiveLinear([6, 3], 23, activation=activation, path=path, name="out")(x0, x1, sel)
+        c = lm.layers.SelectedCrossEntropy() if cost == "ce" else lm.layers.SelfNormalizedCost(0.3)
+        net.outputs(loss=c(scores, y, sel), scores=scores)
+        net.values["x0"].requires_grad = True
+        return net
+
+    rng = np.random.default_rng(13)
+    if shared:
+        sel, labels = lm.Selection.shared(np.array([3, 5, 7, 11, 0, 22], np.int32)), np.array([11, 5, 0, 5], np.int32)
+    else:
+        sel = lm.sampled_selection(np.array([2, 4, 8, 1], np.int32), 23, 6, rng=rng)
+        labels = np.array([2, 4, 8, 1], np.int32)
+    feeds = {"x0": rng.standard_normal((4, 6)).astype(np.float32), "x1": rng.standard_normal((4, 3)).astype(np.float32),
+             "sel": sel, "y": labels}
+    cpu, dev = build(), build().to(cl)
+    want, got = cpu.run(feeds), dev.run(feeds)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(getattr(got["scores"], "values", got["scores"]),
+                               getattr(want["scores"], "values", want["scores"]), rtol=1e-4, atol=1e-6)
+    for net in (cpu, dev):
+        net.forward(feeds)
+        net.backward()
+    np.testing.assert_allclose(dev.grad("x0").get(), cpu.grad("x0"), rtol=1e-4, atol=1e-6)
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        assert (p.grad_rows is None) == (q.grad_rows is None)
+        np.testing.assert_allclose(q.dense_grad(dev.backend).get(), p.dense_grad(cpu.backend), rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+
+
+def test_shipped_language_model_runs_on_the_device(cl):
+    """models/python_lm on the device gives the CPU's scores, and trains a step from there."""
+    from pathlib import Path
+    from lamina.zoo import language
+    path = Path(__file__).resolve().parent.parent / "models/python_lm/model.lamina"
+    cpu, dev = lm.load(path), lm.load(path).to(cl)
+    tok = language.tokenizer(cpu)
+    chunks = language.chunk(tok.encode("import os\n\ndef main(argv):\n    return os.path.join(argv[0], 'x')\n"), 48)
+    np.testing.assert_allclose(language.perplexity(dev, chunks), language.perplexity(cpu, chunks), rtol=1e-4)
+    assert language.continue_code(dev, "import os\n", tokens=8, top_k=1)[0] == \
+        language.continue_code(cpu, "import os\n", tokens=8, top_k=1)[0]
+    feeds = language.training_feeds(cpu, chunks, 16, np.random.default_rng(0))
+    losses = [net.train_step(feeds, lm.optim.Adam(net, lr=1e-3)) for net in (cpu, dev)]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)

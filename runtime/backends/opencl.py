@@ -9,7 +9,7 @@ kept with their Kernel objects; a build error shows the build log and the file.
 
 What runs here so far: the dense layers (Linear, Add, Concat, Activation, Dropout, Scale), the
 recurrent layers (RNN, LSTM, GRU), Embedding (sparse gradients and row updates), SequencePool,
-SequenceSoftmax, the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
+SequenceSoftmax, SelectiveLinear with SelectedCrossEntropy and SelfNormalizedCost, the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
 and every optimizer. The other kernels of
 the interface raise NotImplementedError naming themselves, and `Network.to('opencl')` refuses a
 network with a layer that needs them, naming the layer (Layer.opencl).
@@ -284,18 +284,24 @@ class OpenCLBackend(Backend):
                       np.int32(d2.shape[1]), local=(16, 16))
 
     def _ids(self, ids):
-        """int32 ids on the device. Host ids (a batch's time-major order, computed once per batch
-        from the feeds' offsets) are copied once and the copy kept while the host array lives."""
-        if not isinstance(ids, np.ndarray):
-            return ids
-        key = id(ids)
+        """int32 ids on the device (see _device)."""
+        return self._device(ids, np.int32)
+
+    def _device(self, host, dtype, derive=None, tag=None):
+        """A device copy of a host array (or of derive(host)), made once and kept while the host
+        array lives: a batch's time-major order, a selection's columns or label positions are
+        computed on the host once per batch, from the caller's feeds, and copied once."""
+        if not isinstance(host, np.ndarray):
+            return host
+        key = (id(host), tag, np.dtype(dtype))
         hit = self._host_ids.get(key)
-        if hit is not None and hit[0]() is ids:
+        if hit is not None and hit[0]() is host:
             return hit[1]
         if len(self._host_ids) > 256:
             self._host_ids = {k: v for k, v in self._host_ids.items() if v[0]() is not None}
-        device = self.from_host(np.ascontiguousarray(ids, dtype=np.int32))
-        self._host_ids[key] = (weakref.ref(ids), device)
+        value = derive(host) if derive is not None else host
+        device = self.from_host(np.ascontiguousarray(value, dtype=dtype))
+        self._host_ids[key] = (weakref.ref(host), device)
         return device
 
     def bernoulli_mask(self, mask, keep, rng):
@@ -350,6 +356,85 @@ class OpenCLBackend(Backend):
                       self._ids(rows), r(beta1), r(beta2), r(eps), r(lr / c1), r(np.sqrt(c2)), np.int32(len(rows)),
                       np.int32(cols), local=(16, 16))
 
+    # -- selections: the CSC arrays come from lamina.Selection.by_column (host, once per batch)
+    def _csc(self, by_column):
+        columns, bucket, entries, entry_rows = by_column
+        cols_of_k = self._device(entries, np.int32, lambda _: np.repeat(columns, np.diff(bucket)), "cols_of_k")
+        return [self._ids(a) for a in by_column] + [cols_of_k]
+
+    def _csr(self, by_column, rows):
+        """(starts, cols) of the entries in row order, from the CSC arrays."""
+        columns, bucket, entries, entry_rows = by_column
+        starts = self._device(entries, np.int32, lambda _: np.concatenate(
+            [[0], np.cumsum(np.bincount(entry_rows, minlength=rows))]), ("starts", rows))
+        def cols(_):
+            out = np.empty(len(entries), np.int32)
+            out[entries] = np.repeat(columns, np.diff(bucket))
+            return out
+        return starts, self._device(entries, np.int32, cols, "cols")
+
+    def selected_dots(self, x, w, by_column, out, beta=0.0):
+        columns, bucket, entries, entry_rows, cols_of_k = self._csc(by_column)
+        nnz = len(by_column[2])
+        self._run("selective", "selected_dots", x.dtype, self._global(nnz), x, w, entries, entry_rows, cols_of_k,
+                  out, x.dtype.type(beta), np.int32(nnz), np.int32(x.shape[1]))
+
+    def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        n, r = x.shape[1], g.dtype.type
+        if dx is not None:
+            starts, cols = self._csr(by_column, x.shape[0])
+            self._run("selective", "selected_input_grad", g.dtype, self._grid(x.shape[0], n), g, w, starts, cols,
+                      dx, r(dx_beta), np.int32(x.shape[0]), np.int32(n), local=(16, 16))
+        if dw is not None:
+            columns, bucket, entries, entry_rows, _ = self._csc(by_column)
+            distinct = len(by_column[0])
+            self._run("selective", "selected_weight_grad", g.dtype, self._grid(distinct, n), g, x, columns, bucket,
+                      entries, entry_rows, dw, r(dw_beta), np.int32(distinct), np.int32(n), local=(16, 16))
+
+    def selected_bias_grad(self, g, by_column, db, beta=0.0):
+        columns, bucket, entries, _, _ = self._csc(by_column)
+        distinct = len(by_column[0])
+        self._run("selective", "selected_bias_grad", g.dtype, self._global(distinct), g, columns, bucket, entries,
+                  db, g.dtype.type(beta), np.int32(distinct))
+
+    def add_selected_bias(self, out, b, cols):
+        self._run("selective", "add_selected_bias", out.dtype, self._global(len(cols)), out, b, self._ids(cols),
+                  np.int32(len(cols)))
+
+    def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
+        rows = full.shape[0]
+        self._run("selective", "gather_entries", full.dtype, self._global(rows), full, self._ids(starts),
+                  self._ids(cols), np.int32(shared), out, full.dtype.type(beta), np.int32(rows),
+                  np.int32(full.shape[1]))
+
+    def scatter_entries(self, g, starts, cols, shared, full):
+        rows = full.shape[0]
+        self._run("selective", "scatter_entries", g.dtype, self._global(rows), g, self._ids(starts), self._ids(cols),
+                  np.int32(shared), full, np.int32(rows), np.int32(full.shape[1]))
+
+    def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
+        rows = len(starts) - 1
+        shift = (self._device(shift, z.dtype), np.int32(1)) if shift is not None else (self._dummy(z.dtype), np.int32(0))
+        self._run("selective", "segment_cross_entropy", z.dtype, self._global(rows), z, self._ids(starts),
+                  self._ids(pos), *shift, *self._weights(w, z.dtype), probs, cost, np.int32(rows))
+
+    def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
+        rows = len(starts) - 1
+        self._run("selective", "segment_cross_entropy_backward", dz.dtype, self._global(rows), probs,
+                  self._ids(starts), self._ids(pos), *self._weights(w, dz.dtype), dcost, dz, dz.dtype.type(beta),
+                  np.int32(rows))
+
+    def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
+        rows = len(starts) - 1
+        self._run("selective", "segment_self_normalized", o.dtype, self._global(rows), o, self._ids(starts),
+                  self._ids(pos), o.dtype.type(alpha), *self._weights(w, o.dtype), cost, np.int32(rows))
+
+    def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
+        rows = len(starts) - 1
+        self._run("selective", "segment_self_normalized_backward", o.dtype, self._global(rows), o, self._ids(starts),
+                  self._ids(pos), o.dtype.type(alpha), *self._weights(w, o.dtype), dcost, do, o.dtype.type(beta),
+                  np.int32(rows))
+
     # -- recurrent cells (a None state is absent: a dummy array and a 0 flag)
     def _opt(self, a, dtype):
         return (a, np.int32(1)) if a is not None else (self._dummy(dtype), np.int32(0))
@@ -376,7 +461,7 @@ class OpenCLBackend(Backend):
 
     # -- costs
     def _weights(self, w, dtype):
-        return (w, np.int32(1)) if w is not None else (self._dummy(dtype), np.int32(0))
+        return (self._device(w, dtype), np.int32(1)) if w is not None else (self._dummy(dtype), np.int32(0))
 
     def _dummy(self, dtype):
         key = ("dummy", np.dtype(dtype))

@@ -40,7 +40,6 @@ class SelectiveLinear(Linear):
     the selected rows (sparse: optimizers update just those rows where that is exact)."""
 
     kind = "selective_linear"
-    opencl = False  # the selection kernels have no OpenCL version yet
 
     def __init__(self, in_features, out_features, bias=True, activation="linear", path="auto",
                  dense_ratio=None, slope=0.01, name=None):
@@ -211,6 +210,7 @@ class _SelectedCost(Layer):
     row does not select is an error naming the row); output one cost per row."""
 
     is_cost = True
+    opencl = True
     arity = (3, 4)
 
     def output_spec(self, specs):
@@ -232,12 +232,13 @@ class _SelectedCost(Layer):
     def _prepare(self, ctx):
         """(scores, selection, entry offsets, label entries, row weights or None)."""
         inputs = ctx.inputs
-        scores, labels, sel = inputs[:3]
+        scores, sel = inputs[0], inputs[2]
+        labels = ctx.host_input(1)  # positions are found on the host, where the caller's labels are
         rows = len(labels)
         starts = sel.starts(rows)
-        if starts[-1] != len(scores):
+        if starts[-1] != scores.shape[0]:
             raise InputError(f"{ctx.node.describe()}: {rows} labels, but the scores hold "
-                             f"{len(scores)} entries, not those of {rows} rows of {sel}")
+                             f"{scores.shape[0]} entries, not those of {rows} rows of {sel}")
         try:
             pos = sel.label_entries(labels)
         except InputError as e:
