@@ -1,5 +1,6 @@
-"""`make demo`: load the two shipped models and run them, then fine-tune the language model for a
-few steps on a file of your choice.
+"""`make demo`: load the two shipped models and run them on the CPU, and on an OpenCL device where
+one exists and lamina has kernels for every layer, then fine-tune the language model for a few
+steps on a file of your choice.
 
     .venv/bin/python examples/demo.py [--file SOURCE.py] [--steps 30]
 
@@ -29,25 +30,31 @@ PROMPT = '''class Node:
 '''
 
 
-def opencl_note(paths):
-    """Whether the shipped models run on an OpenCL device here, and why not."""
+def opencl_device():
+    """lamina's OpenCL backend on the default device, or None (with the reason printed)."""
     try:
         from lamina.backends.opencl import OpenCLBackend, devices
         if not devices():
-            print("no OpenCL device: the models run on the CPU")
-            return
-        device = OpenCLBackend()
+            print("no OpenCL device: everything runs on the CPU")
+            return None
+        return OpenCLBackend()
     except Exception as e:  # no pyopencl, no platform
-        print(f"no OpenCL device ({e}): the models run on the CPU")
-        return
-    for path in paths:
-        try:
-            lm.load(path).to(device)
-        except lm.GraphError as e:
-            print(f"OpenCL ({device.device.name.strip()}): {path.parent.name} stays on the CPU: {e}")
+        print(f"no OpenCL device ({e}): everything runs on the CPU")
+        return None
 
 
-def language_model(path, held_chunks):
+def on_device(path, device):
+    """The model at path placed on the OpenCL device, or None (saying which layers lack kernels)."""
+    if device is None:
+        return None
+    try:
+        return lm.load(path).to(device)
+    except lm.GraphError as e:
+        print(f"OpenCL ({device.device.name.strip()}): {path.parent.name} stays on the CPU: {e}")
+        return None
+
+
+def language_model(path, held_chunks, device):
     net = lm.load(path)
     print(f"== {path.relative_to(ROOT)}: {sum(p.size for p in net.parameters()):,} parameters, "
           f"{os.path.getsize(path) / 1e6:.1f} MB")
@@ -60,9 +67,18 @@ def language_model(path, held_chunks):
     print(f"held-out perplexity {ppl:.2f} over {tokens} tokens of standard-library files not trained on "
           f"({tokens / (time.perf_counter() - start):,.0f} tokens/s); the card says "
           f"{net.assets.get('held_out_perplexity', float('nan')):.2f} on the full held-out set")
+    dev = on_device(path, device)
+    if dev is not None:
+        name = device.device.name.strip()
+        source_cl, seconds_cl = language.continue_code(dev, PROMPT, tokens=40, top_k=3, temperature=0.7)
+        some = held_chunks[:100]
+        ppl_cpu, ppl_cl = language.perplexity(net, some), language.perplexity(dev, some)
+        print(f"on OpenCL ({name}): {seconds_cl * 1e3:.2f} ms per token, "
+              f"{'the same' if source_cl == source else 'a different'} continuation; perplexity on "
+              f"{sum(len(c) - 1 for c in some)} held-out tokens {ppl_cl:.4f} (CPU {ppl_cpu:.4f})")
 
 
-def denoiser(path, out_png):
+def denoiser(path, out_png, device):
     net = lm.load(path)
     print(f"== {path.relative_to(ROOT)}: {sum(p.size for p in net.parameters()):,} parameters")
     clean = denoise.shapes(16, np.random.default_rng(1))
@@ -74,6 +90,7 @@ def denoiser(path, out_png):
     denoise.save_slices_png(out_png, noisy[:3], out[:3], clean[:3], f"held out: {before:.1f} dB -> {after:.1f} dB")
     print(f"PSNR on 16 held-out {denoise.SIZE}³ volumes: noisy {before:.2f} dB -> denoised {after:.2f} dB "
           f"({ms:.1f} ms per volume); slices in {out_png}")
+    on_device(path, device)
 
 
 def main():
@@ -85,15 +102,15 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     lm_path, dn_path = ROOT / "models/python_lm/model.lamina", ROOT / "models/denoise3d/model.lamina"
     print(f"lamina {lm.__version__}, {lm.get_num_threads()} threads")
-    opencl_note([lm_path, dn_path])
+    device = opencl_device()
 
     _, held = language.stdlib_split()
     net = lm.load(lm_path)
     tok = language.tokenizer(net)
     chunks = [c for t in language.read_texts(held[::4]) for c in language.chunk(tok.encode(t), 48)][:800]
-    language_model(lm_path, chunks)
+    language_model(lm_path, chunks, device)
     print()
-    denoiser(dn_path, out_dir / "denoise_slices.png")
+    denoiser(dn_path, out_dir / "denoise_slices.png", device)
     print()
 
     import json as json_module

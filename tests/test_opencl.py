@@ -282,8 +282,8 @@ def test_memory_pool_stays_flat(cl):
 def test_layers_without_kernels_are_named(cl):
     net = lm.Network()
     x = net.input("x", (2, 5, 5, 5))
-    net.outputs(y=Conv3d(2, 3, 3, name="encoder")(x))
-    with pytest.raises(GraphError, match=r"layer 'encoder' \(Conv3d\) has no opencl kernels yet"):
+    net.outputs(y=lm.layers.MaxPool3d(2, name="pool")(Conv3d(2, 3, 3, name="encoder")(x)))
+    with pytest.raises(GraphError, match=r"layer 'pool' \(MaxPool3d\) has no opencl kernels yet"):
         net.to(cl)
 
 
@@ -480,5 +480,54 @@ def test_shipped_language_model_runs_on_the_device(cl):
     assert language.continue_code(dev, "import os\n", tokens=8, top_k=1)[0] == \
         language.continue_code(cpu, "import os\n", tokens=8, top_k=1)[0]
     feeds = language.training_feeds(cpu, chunks, 16, np.random.default_rng(0))
+    losses = [net.train_step(feeds, lm.optim.Adam(net, lr=1e-3)) for net in (cpu, dev)]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("Conv3d", dict(kernel_size=3, padding=1)),
+    ("Conv3d", dict(kernel_size=2, stride=2, dilation=1, groups=2)),
+    ("Conv3d", dict(kernel_size=3, stride=(1, 2, 1), padding=2, dilation=2)),
+    ("ConvTranspose3d", dict(kernel_size=3, stride=2, padding=1, output_padding=1)),
+    ("ConvTranspose3d", dict(kernel_size=4, stride=2, padding=1, groups=2)),
+    ("Conv2d", dict(kernel_size=3, stride=2, padding=1)),
+    ("ConvTranspose2d", dict(kernel_size=3, stride=2, padding=0, dilation=2)),
+])
+def test_convolutions_agree_with_the_cpu(cl, kind, options):
+    nd = 3 if kind.endswith("3d") else 2
+    spatial = (5, 6, 4)[:nd] if nd == 3 else (7, 6)
+
+    def build():
+        lm.manual_seed(14)
+        net = lm.Network()
+        x = net.input("x", (4,) + spatial)
+        net.outputs(y=getattr(lm.layers, kind)(4, 6, name="conv", **options)(x))
+        net.values["x"].requires_grad = True
+        return net
+
+    rng = np.random.default_rng(15)
+    feeds = {"x": rng.standard_normal((2, 4) + spatial).astype(np.float32)}
+    cpu, dev = build(), build().to(cl)
+    want, got = cpu.run(feeds)["y"], dev.run(feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    g = {"y": rng.standard_normal(want.shape).astype(np.float32)}
+    for net in (cpu, dev):
+        net.forward(feeds, grad_outputs=["y"])
+        net.backward(grad_outputs=g)
+    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-4, atol=1e-5)
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_shipped_denoiser_runs_on_the_device(cl):
+    from pathlib import Path
+    from lamina.zoo import denoise
+    path = Path(__file__).resolve().parent.parent / "models/denoise3d/model.lamina"
+    cpu, dev = lm.load(path), lm.load(path).to(cl)
+    clean = denoise.shapes(2, np.random.default_rng(1))
+    noisy = denoise.noisy_copy(clean, np.random.default_rng(2))
+    np.testing.assert_allclose(dev.run({"noisy": noisy}, ["denoised"])["denoised"],
+                               cpu.run({"noisy": noisy}, ["denoised"])["denoised"], rtol=1e-4, atol=1e-5)
+    feeds = {"noisy": noisy, "clean": clean}
     losses = [net.train_step(feeds, lm.optim.Adam(net, lr=1e-3)) for net in (cpu, dev)]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)

@@ -311,6 +311,33 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "bernoulli_mask", mask.dtype, self._global(mask.size), mask,
                   mask.dtype.type(keep), seed, np.int32(mask.size))
 
+    # -- volumes (one sample [C, D, H, W]; see Backend.vol2col)
+    def _volume_args(self, x, col, geometry, rows):
+        kernel, stride, padding, dilation, grid = geometry
+        r0, r1 = rows if rows is not None else (0, grid[0] * grid[1])
+        return [np.int32(v) for v in (*kernel, *stride, *padding, *dilation, *grid, r0, r1)], r1 - r0
+
+    def vol2col(self, x, col, geometry, rows=None):
+        args, nrows = self._volume_args(x, col, geometry, rows)
+        cols = nrows * geometry[4][2]
+        self._run("volumes", "vol2col", x.dtype, self._grid(col.shape[0], cols), x,
+                  *[np.int32(v) for v in x.shape], col, *args, local=(16, 16))
+
+    def col2vol(self, col, x, geometry, rows=None):
+        args, _ = self._volume_args(x, col, geometry, rows)
+        self._run("volumes", "col2vol", x.dtype, self._global(x.size), col, x, *[np.int32(v) for v in x.shape],
+                  *args)
+
+    def channel_bias(self, y, b):
+        N, C, S = y.shape[0], y.shape[1], y.size // (y.shape[0] * y.shape[1])
+        self._run("volumes", "channel_bias", y.dtype, self._grid(N * C, S), y, b, np.int32(N), np.int32(C),
+                  np.int32(S), local=(16, 16))
+
+    def channel_bias_grad(self, dy, db, beta=0.0):
+        N, C, S = dy.shape[0], dy.shape[1], dy.size // (dy.shape[0] * dy.shape[1])
+        self._run("volumes", "channel_bias_grad", dy.dtype, self._global(C), dy, db, dy.dtype.type(beta),
+                  np.int32(N), np.int32(C), np.int32(S))
+
     # -- sequences (starts are host offsets, copied once per batch by _ids)
     def sequence_pool(self, mode, x, starts, out, argmax):
         x2, o2 = _rows(x), _rows(out)

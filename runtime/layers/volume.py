@@ -179,6 +179,7 @@ class ConcatChannels(Layer):
     """y = [x_0, x_1, …] along the channel axis; inputs [C_i, *spatial] of one spatial size."""
 
     kind = "concat_channels"
+    opencl = True
     arity = (1, 64)
 
     def output_spec(self, specs):
