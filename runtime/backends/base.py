@@ -220,8 +220,9 @@ class Backend(ABC):
         """out = window maxima; argmax [N·C, out positions] = flat winning position (int32)."""
 
     @abstractmethod
-    def max_pool_backward(self, dy, argmax, dx, beta=0.0):
-        """dx = dy routed to each window's winner, summed (with beta)."""
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
+        """dx = dy routed to each window's winner, summed (with beta); window is the forward's
+        (a backend that gathers per input element needs it)."""
 
     @abstractmethod
     def avg_pool(self, x, out, window, count_include_pad=True):

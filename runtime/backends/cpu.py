@@ -431,7 +431,7 @@ class CPUBackend(Backend):
         check_array("max_pool", "argmax", argmax, dtype=np.int32, shape=(out.shape[0] * out.shape[1], int(np.prod(out.shape[2:]))))
         K.max_pool(self._planes(x), self._planes(out), argmax, *window[0], *window[1], *window[2])
 
-    def max_pool_backward(self, dy, argmax, dx, beta=0.0):
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
         _float("max_pool_backward", "dy", dy)
         check_array("max_pool_backward", "dx", dx, dtype=dy.dtype, ndim=dy.ndim)
         K.max_pool_backward(self._planes(dy), argmax, dx.reshape(dx.shape[0] * dx.shape[1], -1), beta)

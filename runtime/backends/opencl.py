@@ -338,6 +338,37 @@ class OpenCLBackend(Backend):
         self._run("volumes", "channel_bias_grad", dy.dtype, self._global(C), dy, db, dy.dtype.type(beta),
                   np.int32(N), np.int32(C), np.int32(S))
 
+    # -- pooling: x [N, C, *spatial] as planes [N·C, D, H, W]; window = (kernel, stride, padding)
+    @staticmethod
+    def _plane_shape(a):
+        spatial = (1,) * (5 - a.ndim) + tuple(a.shape[2:])
+        return [np.int32(a.shape[0] * a.shape[1])] + [np.int32(v) for v in spatial]
+
+    @staticmethod
+    def _window_args(window):
+        return [np.int32(v) for part in window for v in part]
+
+    def max_pool(self, x, out, argmax, window):
+        P, D, H, W = self._plane_shape(x)
+        self._run("volumes", "max_pool", x.dtype, self._global(out.size), x, out, argmax, P, D, H, W,
+                  *self._plane_shape(out)[1:], *self._window_args(window))
+
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
+        if window is None:
+            raise ValueError("max_pool_backward: the OpenCL kernel gathers per input element and needs the window")
+        self._run("volumes", "max_pool_backward", dy.dtype, self._global(dx.size), dy, argmax, dx,
+                  dy.dtype.type(beta), *self._plane_shape(dx), *self._plane_shape(dy)[1:],
+                  *self._window_args(window))
+
+    def avg_pool(self, x, out, window, count_include_pad=True):
+        self._run("volumes", "avg_pool", x.dtype, self._global(out.size), x, out, *self._plane_shape(x),
+                  *self._plane_shape(out)[1:], *self._window_args(window), np.int32(count_include_pad))
+
+    def avg_pool_backward(self, dy, dx, window, count_include_pad=True, beta=0.0):
+        self._run("volumes", "avg_pool_backward", dy.dtype, self._global(dx.size), dy, dx, dy.dtype.type(beta),
+                  *self._plane_shape(dx), *self._plane_shape(dy)[1:], *self._window_args(window),
+                  np.int32(count_include_pad))
+
     # -- sequences (starts are host offsets, copied once per batch by _ids)
     def sequence_pool(self, mode, x, starts, out, argmax):
         x2, o2 = _rows(x), _rows(out)

@@ -299,7 +299,7 @@ class ReferenceBackend(Backend):
             out5.reshape(-1, *out5.shape[2:])[(slice(None),) + pos] = vals[np.arange(len(vals)), best]
             argmax[:, j] = [np.ravel_multi_index(cells[b], spatial) for b in best]
 
-    def max_pool_backward(self, dy, argmax, dx, beta=0.0):
+    def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
         grad = np.zeros((dx.shape[0] * dx.shape[1], int(np.prod(dx.shape[2:]))))
         flat_dy = dy.reshape(grad.shape[0], -1)
         for q in range(grad.shape[0]):

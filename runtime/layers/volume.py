@@ -7,6 +7,7 @@ from .base import Layer, int_tuple, register, require_float, require_volume
 
 
 class _Pool(Layer):
+    opencl = True
     nd = 3
 
     def __init__(self, kernel_size, stride=None, padding=0, name=None):
@@ -49,7 +50,7 @@ class _MaxPool(_Pool):
     def backward(self, ctx):
         dx = ctx.input_grad(0)
         if dx is not None:
-            ctx.be.max_pool_backward(ctx.grad_output, self._argmax(ctx), dx.array, dx.beta)
+            ctx.be.max_pool_backward(ctx.grad_output, self._argmax(ctx), dx.array, dx.beta, self._window())
 
 
 class _AvgPool(_Pool):

@@ -88,3 +88,126 @@ __kernel void channel_bias_grad(ARG(const REAL, dy), ARG(REAL, db), const REAL b
         for (int s = 0; s < S; s++) acc += dy[(n * C + c) * S + s];
     db[c] = WITH_BETA(db[c], acc, beta);
 }
+
+/* ---- pooling: planes [P, D, H, W] (N·C planes), window kernel (kd, kh, kw), stride, padding */
+#define WINDOW const int kd, const int kh, const int kw, const int sd, const int sh, const int sw, \
+               const int pd, const int ph, const int pw
+
+/* one work-item per output element; argmax keeps the winner's flat position in its plane */
+__kernel void max_pool(ARG(const REAL, x), ARG(REAL, out), ARG(int, argmax), const int P, const int D,
+                       const int H, const int W, const int oD, const int oH, const int oW, WINDOW)
+{
+    AT(const REAL, x); AT(REAL, out); AT(int, argmax);
+    const int i = get_global_id(0);
+    if (i >= P * oD * oH * oW) return;
+    const int ow = i % oW, oh = (i / oW) % oH, od = (i / (oW * oH)) % oD, q = i / (oW * oH * oD);
+    __global const REAL* plane = x + q * D * H * W;
+    int best_at = -1;
+    REAL best = 0;
+    for (int a = 0; a < kd; a++) {
+        const int i_d = od * sd - pd + a;
+        if (i_d < 0 || i_d >= D) continue;
+        for (int b = 0; b < kh; b++) {
+            const int i_h = oh * sh - ph + b;
+            if (i_h < 0 || i_h >= H) continue;
+            for (int e = 0; e < kw; e++) {
+                const int i_w = ow * sw - pw + e;
+                if (i_w < 0 || i_w >= W) continue;
+                const int at = (i_d * H + i_h) * W + i_w;
+                if (best_at < 0 || plane[at] > best) { best = plane[at]; best_at = at; }
+            }
+        }
+    }
+    out[i] = best;
+    argmax[i] = best_at;
+}
+
+/* the windows [o_lo, o_hi) along one axis whose taps cover input position i */
+inline void covering(const int i, const int k, const int s, const int p, const int n_out, int* lo, int* hi)
+{
+    const int first = i + p - k + 1;  /* o·s >= i + p - k + 1 */
+    *lo = first <= 0 ? 0 : (first + s - 1) / s;
+    *hi = min(n_out, (i + p) / s + 1);
+}
+
+/* dx = Σ over the windows whose winner is this element of dy (with beta): one work-item per
+ * input element, gathering, so overlapping windows never race */
+__kernel void max_pool_backward(ARG(const REAL, dy), ARG(const int, argmax), ARG(REAL, dx), const REAL beta,
+                                const int P, const int D, const int H, const int W, const int oD, const int oH,
+                                const int oW, WINDOW)
+{
+    AT(const REAL, dy); AT(const int, argmax); AT(REAL, dx);
+    const int i = get_global_id(0);
+    if (i >= P * D * H * W) return;
+    const int at = i % (D * H * W), q = i / (D * H * W);
+    const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
+    int d0, d1, h0, h1, w0, w1;
+    covering(i_d, kd, sd, pd, oD, &d0, &d1);
+    covering(i_h, kh, sh, ph, oH, &h0, &h1);
+    covering(i_w, kw, sw, pw, oW, &w0, &w1);
+    REAL acc = 0;
+    for (int od = d0; od < d1; od++)
+        for (int oh = h0; oh < h1; oh++)
+            for (int ow = w0; ow < w1; ow++) {
+                const int o = ((q * oD + od) * oH + oh) * oW + ow;
+                if (argmax[o] == at) acc += dy[o];
+            }
+    dx[i] = WITH_BETA(dx[i], acc, beta);
+}
+
+inline int window_count(const int od, const int oh, const int ow, const int D, const int H, const int W,
+                        const int kd, const int kh, const int kw, const int sd, const int sh, const int sw,
+                        const int pd, const int ph, const int pw, const int count_include_pad)
+{
+    if (count_include_pad) return kd * kh * kw;
+    const int d = min(od * sd - pd + kd, D) - max(od * sd - pd, 0);
+    const int h = min(oh * sh - ph + kh, H) - max(oh * sh - ph, 0);
+    const int w = min(ow * sw - pw + kw, W) - max(ow * sw - pw, 0);
+    return d * h * w;
+}
+
+__kernel void avg_pool(ARG(const REAL, x), ARG(REAL, out), const int P, const int D, const int H, const int W,
+                       const int oD, const int oH, const int oW, WINDOW, const int count_include_pad)
+{
+    AT(const REAL, x); AT(REAL, out);
+    const int i = get_global_id(0);
+    if (i >= P * oD * oH * oW) return;
+    const int ow = i % oW, oh = (i / oW) % oH, od = (i / (oW * oH)) % oD, q = i / (oW * oH * oD);
+    __global const REAL* plane = x + q * D * H * W;
+    REAL acc = 0;
+    for (int a = 0; a < kd; a++) {
+        const int i_d = od * sd - pd + a;
+        if (i_d < 0 || i_d >= D) continue;
+        for (int b = 0; b < kh; b++) {
+            const int i_h = oh * sh - ph + b;
+            if (i_h < 0 || i_h >= H) continue;
+            for (int e = 0; e < kw; e++) {
+                const int i_w = ow * sw - pw + e;
+                if (i_w >= 0 && i_w < W) acc += plane[(i_d * H + i_h) * W + i_w];
+            }
+        }
+    }
+    out[i] = acc / window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, count_include_pad);
+}
+
+__kernel void avg_pool_backward(ARG(const REAL, dy), ARG(REAL, dx), const REAL beta, const int P, const int D,
+                                const int H, const int W, const int oD, const int oH, const int oW, WINDOW,
+                                const int count_include_pad)
+{
+    AT(const REAL, dy); AT(REAL, dx);
+    const int i = get_global_id(0);
+    if (i >= P * D * H * W) return;
+    const int at = i % (D * H * W), q = i / (D * H * W);
+    const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
+    int d0, d1, h0, h1, w0, w1;
+    covering(i_d, kd, sd, pd, oD, &d0, &d1);
+    covering(i_h, kh, sh, ph, oH, &h0, &h1);
+    covering(i_w, kw, sw, pw, oW, &w0, &w1);
+    REAL acc = 0;
+    for (int od = d0; od < d1; od++)
+        for (int oh = h0; oh < h1; oh++)
+            for (int ow = w0; ow < w1; ow++)
+                acc += dy[((q * oD + od) * oH + oh) * oW + ow] /
+                       window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, count_include_pad);
+    dx[i] = WITH_BETA(dx[i], acc, beta);
+}
