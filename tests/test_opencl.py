@@ -280,11 +280,47 @@ def test_memory_pool_stays_flat(cl):
 
 
 def test_layers_without_kernels_are_named(cl):
+    class Custom(lm.layers.Scale):  # a user's layer that does not declare OpenCL support
+        opencl = False
     net = lm.Network()
-    x = net.input("x", (2, 5, 5, 5))
-    net.outputs(y=lm.layers.BatchNorm3d(3, name="norm")(Conv3d(2, 3, 3, name="encoder")(x)))
-    with pytest.raises(GraphError, match=r"layer 'norm' \(BatchNorm3d\) has no opencl kernels yet"):
+    x = net.input("x", 3)
+    net.outputs(y=Custom(2.0, name="mine")(x))
+    with pytest.raises(GraphError, match=r"layer 'mine' \(Custom\) has no opencl kernels yet"):
         net.to(cl)
+
+
+def test_every_layer_kind_has_opencl_kernels():
+    missing = [kind for kind, cls in lm.layers.REGISTRY.items() if not cls.opencl]
+    assert missing == []
+
+
+@pytest.mark.parametrize("kind,affine", [("BatchNorm3d", True), ("BatchNorm3d", False), ("BatchNorm2d", True)])
+def test_batch_norm_agrees_with_the_cpu(cl, kind, affine):
+    nd = 3 if kind.endswith("3d") else 2
+    spatial = (3, 4, 5)[:nd] if nd == 3 else (6, 5)
+
+    def build():
+        lm.manual_seed(17)
+        net = lm.Network()
+        x = net.input("x", (4,) + spatial)
+        net.outputs(y=getattr(lm.layers, kind)(4, affine=affine, name="bn")(x))
+        net.values["x"].requires_grad = True
+        return net
+
+    rng = np.random.default_rng(18)
+    feeds = {"x": (2 + 3 * rng.standard_normal((3, 4) + spatial)).astype(np.float32)}
+    g = {"y": rng.standard_normal((3, 4) + spatial).astype(np.float32)}
+    cpu, dev = build(), build().to(cl)
+    for net in (cpu, dev):
+        for _ in range(2):
+            net.forward(feeds, grad_outputs=["y"])
+            net.backward(grad_outputs=g)
+    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-4, atol=1e-5)
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        np.testing.assert_allclose(q.value, p.value, rtol=1e-5, atol=1e-6, err_msg=name)  # running statistics
+        if p.grad_pending:
+            np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(dev.run(feeds)["y"], cpu.run(feeds)["y"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind,options", [

@@ -238,6 +238,20 @@ class Backend(ABC):
         """Per-channel mean and biased variance over N and space."""
 
     @abstractmethod
+    def stat_dtype(self, dtype):
+        """The type of batch-norm statistics for data of `dtype`."""
+
+    @abstractmethod
+    def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
+        """Training: invstd = 1/sqrt(var + eps) and running averages r = (1 - momentum) r +
+        momentum · stat (the variance unbiased by count/(count - 1)); inference: mean =
+        running_mean, invstd = 1/sqrt(running_var + eps)."""
+
+    @abstractmethod
+    def add_cast(self, src, dst, beta=0.0):
+        """dst = src (converted to dst's type) + beta dst."""
+
+    @abstractmethod
     def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
         """y = (x - mean) invstd gamma + beta (gamma None: no affine)."""
 

@@ -458,6 +458,22 @@ class CPUBackend(Backend):
             check_array("batch_norm_stats", name, a, dtype=np.float64, shape=(x.shape[1],))
         K.batch_norm_stats(self._ncs(x), mean, var)
 
+    def stat_dtype(self, dtype):
+        return np.dtype(np.float64)  # C values, kept in double on the host
+
+    def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
+        if training:
+            np.divide(1.0, np.sqrt(var + eps), out=invstd)
+            for run, value, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
+                run *= 1 - momentum
+                run += momentum * scale * value
+        else:
+            mean[...] = running_mean
+            np.divide(1.0, np.sqrt(running_var + eps), out=invstd)
+
+    def add_cast(self, src, dst, beta=0.0):
+        dst[...] = src if beta == 0 else src + beta * dst
+
     def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
         _float("batch_norm_apply", "x", x)
         _same("batch_norm_apply", "x", x, y=y)

@@ -9,7 +9,8 @@ kept with their Kernel objects; a build error shows the build log and the file.
 
 What runs here so far: the dense layers (Linear, Add, Concat, Activation, Dropout, Scale), the
 recurrent layers (RNN, LSTM, GRU), Embedding (sparse gradients and row updates), SequencePool,
-SequenceSoftmax, SelectiveLinear with SelectedCrossEntropy and SelfNormalizedCost, the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
+SequenceSoftmax, SelectiveLinear with SelectedCrossEntropy and SelfNormalizedCost, the
+convolutions (Conv3d/2d, ConvTranspose3d/2d), pooling, BatchNorm3d/2d, ConcatChannels, the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
 and every optimizer. The other kernels of
 the interface raise NotImplementedError naming themselves, and `Network.to('opencl')` refuses a
 network with a layer that needs them, naming the layer (Layer.opencl).
@@ -368,6 +369,42 @@ class OpenCLBackend(Backend):
         self._run("volumes", "avg_pool_backward", dy.dtype, self._global(dx.size), dy, dx, dy.dtype.type(beta),
                   *self._plane_shape(dx), *self._plane_shape(dy)[1:], *self._window_args(window),
                   np.int32(count_include_pad))
+
+    # -- batch normalisation: x [N, C, *spatial]; statistics are C values of x's type here
+    def stat_dtype(self, dtype):
+        return np.dtype(dtype)
+
+    @staticmethod
+    def _ncs_shape(x):
+        return [np.int32(x.shape[0]), np.int32(x.shape[1]), np.int32(x.size // (x.shape[0] * x.shape[1]))]
+
+    def batch_norm_stats(self, x, mean, var):
+        self._run("volumes", "batch_norm_stats", x.dtype, self._global(x.shape[1]), x, mean, var, *self._ncs_shape(x))
+
+    def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
+        r = mean.dtype.type
+        self._run("volumes", "batch_norm_statistics", mean.dtype, self._global(len(mean)), mean, var, invstd,
+                  running_mean, running_var, r(eps), r(momentum), r(count / max(count - 1, 1)), np.int32(training),
+                  np.int32(len(mean)))
+
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+        affine = gamma is not None
+        dummy = self._dummy(x.dtype)
+        self._run("volumes", "batch_norm_apply", x.dtype, self._global(x.size), x, mean, invstd,
+                  gamma if affine else dummy, beta if affine else dummy, np.int32(affine), y, *self._ncs_shape(x))
+
+    def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
+        shape = self._ncs_shape(x)
+        self._run("volumes", "batch_norm_sums", x.dtype, self._global(x.shape[1]), x, dy, mean, invstd, dgamma, dbeta,
+                  *shape)
+        if dx is not None:
+            affine = gamma is not None
+            self._run("volumes", "batch_norm_dx", x.dtype, self._global(x.size), x, dy, mean, invstd,
+                      gamma if affine else self._dummy(x.dtype), np.int32(affine), np.int32(batch_stats), dgamma,
+                      dbeta, dx, x.dtype.type(beta), *shape)
+
+    def add_cast(self, src, dst, beta=0.0):
+        self.axpby(1.0, src, beta, dst)
 
     # -- sequences (starts are host offsets, copied once per batch by _ids)
     def sequence_pool(self, mode, x, starts, out, argmax):

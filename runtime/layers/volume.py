@@ -101,6 +101,7 @@ class _BatchNorm(Layer):
     statistics. running_mean and running_var are saved with the model and never trained."""
 
     nd = 3
+    opencl = True
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, name=None):
         super().__init__(name)
@@ -122,37 +123,29 @@ class _BatchNorm(Layer):
             raise ValueError(f"input 0 has {x.shape[0]} channels, expected num_features={self.num_features}")
         return x
 
-    def _stats(self, ctx):
-        C = self.num_features
-        return ctx.workspace("mean", (C,), np.float64), ctx.workspace("invstd", (C,), np.float64)
+    def _stat(self, ctx, key):
+        """A workspace of C statistics, of the backend's statistics type."""
+        return ctx.workspace(key, (self.num_features,), ctx.be.stat_dtype(ctx.inputs[0].dtype))
 
     def forward(self, ctx):
         be, x = ctx.be, ctx.inputs[0]
-        mean, invstd = self._stats(ctx)
+        mean, var, invstd = (self._stat(ctx, k) for k in ("mean", "var", "invstd"))
+        running_mean, running_var = self.params["running_mean"], self.params["running_var"]
         if ctx.training:
-            var = ctx.workspace("var", (self.num_features,), np.float64)
             be.batch_norm_stats(x, mean, var)
-            # per-channel vectors of C values, kept on the host
-            np.divide(1.0, np.sqrt(var + self.eps), out=invstd)
-            m = x.size // self.num_features
-            for stat, value, scale in (("running_mean", mean, 1.0), ("running_var", var, m / max(m - 1, 1))):
-                p = self.params[stat]
-                p.buffer *= 1 - self.momentum
-                p.buffer += self.momentum * scale * value
-                p.changed()
-        else:
-            mean[...] = self.params["running_mean"].buffer
-            np.divide(1.0, np.sqrt(self.params["running_var"].buffer + self.eps), out=invstd)
+        be.batch_norm_statistics(mean, var, invstd, running_mean.buffer, running_var.buffer, self.eps,
+                                 self.momentum, x.size // self.num_features, ctx.training)
+        if ctx.training:
+            running_mean.changed()
+            running_var.changed()
         gamma = self.params["weight"].buffer if self.affine else None
         bias = self.params["bias"].buffer if self.affine else None
         be.batch_norm_apply(x, mean, invstd, gamma, bias, ctx.output)
 
     def backward(self, ctx):
         be, x = ctx.be, ctx.inputs[0]
-        mean, invstd = self._stats(ctx)
+        mean, invstd, dgamma, dbeta = (self._stat(ctx, k) for k in ("mean", "invstd", "dgamma", "dbeta"))
         dx = ctx.input_grad(0)
-        C = self.num_features
-        dgamma, dbeta = ctx.workspace("dgamma", (C,), np.float64), ctx.workspace("dbeta", (C,), np.float64)
         gamma = self.params["weight"].buffer if self.affine else None
         be.batch_norm_backward(x, ctx.grad_output, mean, invstd, gamma, ctx.training,
                                dx.array if dx is not None else None, dx.beta if dx is not None else 0.0,
@@ -160,8 +153,8 @@ class _BatchNorm(Layer):
         if self.affine:
             for name, value in (("weight", dgamma), ("bias", dbeta)):
                 target = ctx.param_grad(name)
-                if target is not None:  # C values, host side
-                    target.array[...] = value + target.beta * target.array if target.beta else value
+                if target is not None:
+                    be.add_cast(value, target.array, target.beta)
 
 
 @register

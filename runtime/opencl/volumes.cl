@@ -211,3 +211,92 @@ __kernel void avg_pool_backward(ARG(const REAL, dy), ARG(REAL, dx), const REAL b
                        window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, count_include_pad);
     dx[i] = WITH_BETA(dx[i], acc, beta);
 }
+
+/* ---- batch normalisation: x [N, C, S]; statistics are C values of the network's type */
+
+/* mean and biased variance per channel (two passes): one work-item per channel */
+__kernel void batch_norm_stats(ARG(const REAL, x), ARG(REAL, mean), ARG(REAL, var), const int N, const int C,
+                               const int S)
+{
+    AT(const REAL, x); AT(REAL, mean); AT(REAL, var);
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    REAL acc = 0;
+    for (int n = 0; n < N; n++)
+        for (int s = 0; s < S; s++) acc += x[(n * C + c) * S + s];
+    const REAL m = acc / (N * S);
+    acc = 0;
+    for (int n = 0; n < N; n++)
+        for (int s = 0; s < S; s++) { const REAL d = x[(n * C + c) * S + s] - m; acc += d * d; }
+    mean[c] = m;
+    var[c] = acc / (N * S);
+}
+
+/* training: invstd from the batch variance, running averages updated (the variance unbiased);
+ * inference: mean and invstd from the running statistics */
+__kernel void batch_norm_statistics(ARG(REAL, mean), ARG(const REAL, var), ARG(REAL, invstd),
+                                    ARG(REAL, running_mean), ARG(REAL, running_var), const REAL eps,
+                                    const REAL momentum, const REAL unbias, const int training, const int C)
+{
+    AT(REAL, mean); AT(const REAL, var); AT(REAL, invstd); AT(REAL, running_mean); AT(REAL, running_var);
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    if (training) {
+        invstd[c] = 1 / sqrt(var[c] + eps);
+        running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c];
+        running_var[c] = (1 - momentum) * running_var[c] + momentum * unbias * var[c];
+    } else {
+        mean[c] = running_mean[c];
+        invstd[c] = 1 / sqrt(running_var[c] + eps);
+    }
+}
+
+__kernel void batch_norm_apply(ARG(const REAL, x), ARG(const REAL, mean), ARG(const REAL, invstd),
+                               ARG(const REAL, gamma), ARG(const REAL, beta_), const int affine, ARG(REAL, y),
+                               const int N, const int C, const int S)
+{
+    AT(const REAL, x); AT(const REAL, mean); AT(const REAL, invstd); AT(const REAL, gamma); AT(const REAL, beta_);
+    AT(REAL, y);
+    const int i = get_global_id(0);
+    if (i >= N * C * S) return;
+    const int c = (i / S) % C;
+    const REAL xhat = (x[i] - mean[c]) * invstd[c];
+    y[i] = affine ? xhat * gamma[c] + beta_[c] : xhat;
+}
+
+/* dgamma = Σ dy x̂, dbeta = Σ dy per channel */
+__kernel void batch_norm_sums(ARG(const REAL, x), ARG(const REAL, dy), ARG(const REAL, mean),
+                              ARG(const REAL, invstd), ARG(REAL, dgamma), ARG(REAL, dbeta), const int N, const int C,
+                              const int S)
+{
+    AT(const REAL, x); AT(const REAL, dy); AT(const REAL, mean); AT(const REAL, invstd); AT(REAL, dgamma);
+    AT(REAL, dbeta);
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    REAL dg = 0, db = 0;
+    for (int n = 0; n < N; n++)
+        for (int s = 0; s < S; s++) {
+            const int i = (n * C + c) * S + s;
+            dg += dy[i] * (x[i] - mean[c]) * invstd[c];
+            db += dy[i];
+        }
+    dgamma[c] = dg;
+    dbeta[c] = db;
+}
+
+/* dx = invstd gamma (dy - dbeta/m - x̂ dgamma/m) with batch statistics, invstd gamma dy without */
+__kernel void batch_norm_dx(ARG(const REAL, x), ARG(const REAL, dy), ARG(const REAL, mean), ARG(const REAL, invstd),
+                            ARG(const REAL, gamma), const int affine, const int batch_stats, ARG(const REAL, dgamma),
+                            ARG(const REAL, dbeta), ARG(REAL, dx), const REAL beta, const int N, const int C,
+                            const int S)
+{
+    AT(const REAL, x); AT(const REAL, dy); AT(const REAL, mean); AT(const REAL, invstd); AT(const REAL, gamma);
+    AT(const REAL, dgamma); AT(const REAL, dbeta); AT(REAL, dx);
+    const int i = get_global_id(0);
+    if (i >= N * C * S) return;
+    const int c = (i / S) % C;
+    const REAL g = invstd[c] * (affine ? gamma[c] : 1), m = N * S;
+    const REAL xhat = (x[i] - mean[c]) * invstd[c];
+    const REAL v = batch_stats ? g * (dy[i] - dbeta[c] / m - xhat * dgamma[c] / m) : g * dy[i];
+    dx[i] = WITH_BETA(dx[i], v, beta);
+}
