@@ -32,7 +32,7 @@ def _input(c):
     return np.random.default_rng(0).standard_normal((c["n"], c["cin"]) + (c["size"],) * 3).astype(np.float32)
 
 
-def lamina_conv(case, mode):
+def lamina_conv(case, mode, device="cpu"):
     import lamina as lm
     c = CASES[case]
     net = lm.Network()
@@ -46,7 +46,7 @@ def lamina_conv(case, mode):
     y = layer(x)
     net.outputs(y=y)
     grad = {"y": np.random.default_rng(1).standard_normal((c["n"],) + y.spec.shape).astype(np.float32)}
-    return lamina_step(net, {"x": _input(c)}, grad, mode)
+    return lamina_step(net, {"x": _input(c)}, grad, mode, device)
 
 
 def torch_conv(case, mode, memory_format):

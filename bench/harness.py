@@ -113,18 +113,24 @@ class Bench:
 
 # ---------------------------------------------------------------- helpers run inside workers
 
-def lamina_step(net, feeds, grads, mode):
+def lamina_step(net, feeds, grads, mode, device="cpu"):
     """What a lamina case times: a forward in inference mode ('fwd'/'infer'), or a training step
-    ('fwd+bwd'/'train'): forward, backward from the given output gradients, weight gradients."""
+    ('fwd+bwd'/'train'): forward, backward from the given output gradients, weight gradients.
+    On an OpenCL device ('opencl:N') the network moves there and each call waits for the queue."""
     outputs = list(grads)
+    if device != "cpu":
+        net.to(device)
+    done = net.backend.queue.finish if device != "cpu" else (lambda: None)
 
     def forward():
         net.forward(feeds, training=False)
+        done()
 
     def forward_backward():
         net.forward(feeds, training=True, grad_outputs=outputs)
         net.backward(grad_outputs=grads)
         net.zero_grad()
+        done()
     return forward if mode in ("fwd", "infer") else forward_backward
 
 

@@ -1,9 +1,9 @@
 """Suite `opencl`: lamina's OpenCL backend on every OpenCL device here (rows `lamina-opencl`),
-beside the CPU backend measured in the same run:
-- the GEMM kernel alone, square n = 256, 512, 1024 (the CPU backend's sgemm as the peer);
-- a fully-connected network (the dense layers that have OpenCL kernels), forward and
-  forward+backward, batch 256, 1024 -> 1024 -> 1024 -> 10.
-The recurrent, convolution and selective cases join as their kernels do."""
+beside the CPU backend measured in the same run (rows `lamina-cpu`):
+- the GEMM kernel alone, square n = 256, 512, 1024;
+- a fully-connected network, forward and forward+backward, batch 256, 1024 -> 1024 -> 1024 -> 10;
+- the cases of the other suites: LSTM 256 (rnn), conv case C (conv), the per-row selection of
+  500 columns over 50 000 classes (selective), inference and training."""
 import numpy as np
 
 from .harness import lamina_step
@@ -69,4 +69,14 @@ def run(bench, threads, rounds, have_torch):
             impls = {"lamina-opencl": ("bench.opencl:mlp_case", [device, mode]),
                      "lamina-cpu": ("bench.opencl:mlp_case", ["cpu", mode])}
             rows += bench.time_case("opencl", f"{device} mlp {mode} b256", threads, impls, mult * flops, rounds)
+        for name, factory, args in (("lstm 256 infer", "bench.rnn:lamina_rnn", ["lstm", "infer", 256]),
+                                    ("lstm 256 train", "bench.rnn:lamina_rnn", ["lstm", "train", 256]),
+                                    ("conv C fwd", "bench.conv:lamina_conv", ["C", "fwd"]),
+                                    ("conv C fwd+bwd", "bench.conv:lamina_conv", ["C", "fwd+bwd"]),
+                                    ("selective per-row fwd", "bench.selective:lamina_selective", ["fwd", "per-row"]),
+                                    ("selective per-row fwd+bwd", "bench.selective:lamina_selective",
+                                     ["fwd+bwd", "per-row"])):
+            extra = [500, "auto"] if "selective" in factory else []
+            impls = {"lamina-opencl": (factory, args + extra + [device]), "lamina-cpu": (factory, args + extra + ["cpu"])}
+            rows += bench.time_case("opencl", f"{device} {name}", threads, impls, None, max(2, rounds // 2))
     return rows

@@ -29,7 +29,7 @@ def useful_flops(kind, size, mode):
     return forward * (3 if mode == "train" else 1)
 
 
-def lamina_rnn(kind, mode, size):
+def lamina_rnn(kind, mode, size, device="cpu"):
     import lamina as lm
     net = lm.Network()
     x = net.input("x", size, sequence=True)
@@ -38,7 +38,7 @@ def lamina_rnn(kind, mode, size):
     net.outputs(out=layer(x)[0])
     seqs = lm.Sequences.from_list(_sequences(size))
     grad = {"out": np.random.default_rng(2).standard_normal((seqs.total_steps, size)).astype(np.float32)}
-    return lamina_step(net, {"x": seqs}, grad, mode)
+    return lamina_step(net, {"x": seqs}, grad, mode, device)
 
 
 def torch_rnn(kind, mode, size, layout):

@@ -33,7 +33,7 @@ def _data(entries):
             rng.standard_normal(entries).astype(np.float32))
 
 
-def lamina_selective(mode, kind, k=K, path="auto"):
+def lamina_selective(mode, kind, k=K, path="auto", device="cpu"):
     import lamina as lm
     net = lm.Network()
     x = net.input("x", N_IN)
@@ -42,7 +42,7 @@ def lamina_selective(mode, kind, k=K, path="auto"):
     if cols is None:
         net.outputs(y=lm.layers.SelectiveLinear(N_IN, N_OUT)(x))
         X, G = _data(BATCH * N_OUT)
-        return lamina_step(net, {"x": X}, {"y": G.reshape(BATCH, N_OUT)}, mode)
+        return lamina_step(net, {"x": X}, {"y": G.reshape(BATCH, N_OUT)}, mode, device)
     sel = net.input("sel", dtype="selection")
     net.outputs(y=lm.layers.SelectiveLinear(N_IN, N_OUT, path=path)(x, sel))
     if kind == "per-row":
@@ -50,7 +50,7 @@ def lamina_selective(mode, kind, k=K, path="auto"):
     else:
         selection = lm.Selection.shared(cols)
     X, G = _data(selection.num_entries(BATCH))
-    return lamina_step(net, {"x": X, "sel": selection}, {"y": G}, mode)
+    return lamina_step(net, {"x": X, "sel": selection}, {"y": G}, mode, device)
 
 
 def torch_selective(mode, kind, formulation):

@@ -34,13 +34,20 @@ def _setup(args):
             raise CommandError(f"--threads must be at least 1, found {args.threads}")
         lm.set_num_threads(args.threads)
     device = args.device or "cpu"
-    if device != "cpu":
-        kind = device.split(":")[0]
-        if kind != "opencl":
-            raise CommandError(f"--device must be cpu or opencl[:N], found {device!r}")
-        raise CommandError(f"--device {device}: this build of lamina runs on the CPU only; the OpenCL "
-                           f"backend is not part of it yet (`lamina devices` lists the devices found)")
+    if device != "cpu" and device.split(":")[0] != "opencl":
+        raise CommandError(f"--device must be cpu or opencl[:N], found {device!r}")
     return lm
+
+
+def _place(net, args):
+    """Put a loaded network on the --device (OpenCL errors become one clear line)."""
+    if (args.device or "cpu") == "cpu":
+        return net
+    from .backends import get_backend
+    try:
+        return net.to(get_backend(args.device))
+    except Exception as e:  # no pyopencl, no device, a layer without kernels
+        raise CommandError(f"--device {args.device}: {e}") from None
 
 
 def _load(lm, path):
@@ -111,7 +118,7 @@ def _describe(value):
 
 def cmd_infer(args):
     lm = _setup(args)
-    net = _load(lm, args.model)
+    net = _place(_load(lm, args.model), args)
     if _is_text_model(net) and (args.text is not None or (args.input and not args.input.endswith(".npz"))):
         from .zoo import language
         text = args.text if args.text is not None else Path(args.input).read_text(encoding="utf-8")
@@ -151,7 +158,7 @@ def cmd_train(args):
     from . import training
     folder = Path(args.checkpoint_dir)
     ck = training.resume_from(folder) if args.resume else None
-    net = ck.net if ck else _load(lm, args.model)
+    net = _place(ck.net if ck else _load(lm, args.model), args)
     for name in args.freeze:
         try:
             net.freeze(name)
@@ -166,6 +173,8 @@ def cmd_train(args):
     opt = _optimizer(lm, net, args)
     if ck:
         ck.restore(opt)
+        if net.backend.name != "cpu":  # the restored state is host arrays: move it along
+            net.to(net.backend)
         print(f"resuming from {folder / training.CHECKPOINT}: epoch {ck.fields['epoch']}, "
               f"batch {ck.fields['batch']}, step {ck.step_count}")
     print(f"training {args.model} on {len(data)} samples: {args.epochs} epoch(s) of batches of "
@@ -196,6 +205,9 @@ def cmd_inspect(args):
     print(net.summary())
     trainable = sum(p.size for p in net.parameters() if not p.frozen)
     print(f"{trainable} trainable")
+    if (args.device or "cpu") != "cpu":
+        _place(net, args)
+        print(f"places on {net.backend}")
     if net.assets:
         shown = {k: (f"array {list(v.shape)}" if isinstance(v, np.ndarray) else
                      f"list of {len(v)}" if isinstance(v, list) else v) for k, v in net.assets.items()}
@@ -232,18 +244,13 @@ def cmd_devices(args):
     except ImportError:
         print("opencl: pyopencl is not installed, no OpenCL devices listed")
         return 0
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error as e:
-        print(f"opencl: no platform ({e})")
-        return 0
-    n = 0
-    for plat in platforms:
-        for dev in plat.get_devices():
-            print(f"opencl:{n}: {dev.name.strip()} ({cl.device_type.to_string(dev.type)}, {plat.name.strip()}, "
-                  f"{dev.max_compute_units} compute units, {dev.global_mem_size / 2**30:.1f} GiB)")
-            n += 1
-    if not n:
+    from .backends.opencl import devices
+    found = devices()
+    for n, dev in enumerate(found):
+        print(f"opencl:{n}: {dev.name.strip()} ({cl.device_type.to_string(dev.type)}, {dev.platform.name.strip()}, "
+              f"{dev.max_compute_units} compute units, {dev.global_mem_size / 2**30:.1f} GiB"
+              f"{', float64' if dev.double_fp_config else ''})")
+    if not found:
         print("opencl: no devices")
     return 0
 

@@ -134,8 +134,10 @@ def test_errors_are_one_clear_line(tmp_path, capsys):
     np.savez(tmp_path / "wrong.npz", z=np.zeros(3))
     assert main(["infer", str(tmp_path / "m.lamina"), str(tmp_path / "wrong.npz")]) == 2
     assert "no array is named after an input" in capsys.readouterr().err
-    assert main(["infer", str(tmp_path / "m.lamina"), str(tmp_path / "wrong.npz"), "--device", "opencl:0"]) == 2
-    assert "OpenCL backend" in capsys.readouterr().err
+    assert main(["infer", str(tmp_path / "m.lamina"), str(tmp_path / "wrong.npz"), "--device", "gpu"]) == 2
+    assert "--device must be cpu or opencl[:N], found 'gpu'" in capsys.readouterr().err
+    assert main(["infer", str(tmp_path / "m.lamina"), str(tmp_path / "wrong.npz"), "--device", "opencl:99"]) == 2
+    assert "--device opencl:99" in capsys.readouterr().err
     assert main(["train", str(tmp_path / "m.lamina"), str(tmp_path / "wrong.npz"), "--resume",
                  "--checkpoint-dir", str(tmp_path / "none")]) == 2
     assert "no checkpoint to resume from" in capsys.readouterr().err
@@ -174,3 +176,25 @@ def test_train_from_a_description(tmp_path):
     trained = lm.load(tmp_path / "net.lamina")
     assert [n for n, _ in trained.named_parameters()] == [n for n, _ in net.named_parameters()]
     assert not np.array_equal(trained.layer("head").weight.value, net.layer("head").weight.value)
+
+
+
+def test_infer_and_train_on_opencl(tmp_path, capsys):
+    from lamina.backends.opencl import devices
+    if not devices():
+        pytest.skip("no OpenCL device")
+    net = classifier(tmp_path / "m.lamina")
+    data(tmp_path / "d.npz")
+    assert main(["infer", str(tmp_path / "m.lamina"), str(tmp_path / "d.npz"), "-o", str(tmp_path / "out.npz"),
+                 "--device", "opencl:0"]) == 0
+    x = np.load(tmp_path / "d.npz")["x"]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["logits"], net.run({"x": x})["logits"], rtol=1e-4, atol=1e-6)
+    args = ["train", str(tmp_path / "m.lamina"), str(tmp_path / "d.npz"), "--epochs", "2", "--batch-size", "16",
+            "--checkpoint-dir", str(tmp_path / "run"), "--quiet", "--device", "opencl:0"]
+    assert main(args + ["--max-steps", "3", "--out", str(tmp_path / "a.lamina")]) == 0
+    assert main(args + ["--resume", "--out", str(tmp_path / "b.lamina")]) == 0
+    assert main(["train", str(tmp_path / "m.lamina"), str(tmp_path / "d.npz"), "--epochs", "2", "--batch-size", "16",
+                 "--checkpoint-dir", str(tmp_path / "cpu"), "--quiet", "--out", str(tmp_path / "c.lamina")]) == 0
+    for (name, p), (_, q) in zip(lm.load(tmp_path / "b.lamina").named_parameters(),
+                                 lm.load(tmp_path / "c.lamina").named_parameters()):
+        np.testing.assert_allclose(p.value, q.value, rtol=1e-4, atol=1e-5, err_msg=name)

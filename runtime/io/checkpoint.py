@@ -12,6 +12,7 @@ import json
 import numpy as np
 
 from .. import random as lm_random
+from ..parameter import host
 from .model import OPTIM, ModelFileError, _load, _pack, write_atomic
 
 
@@ -21,7 +22,7 @@ def save_checkpoint(path, net, optimizer, **fields):
     tensors = {}
     for p in optimizer.params:
         for state, value in p.state.items():
-            tensors[f"{OPTIM}{names[id(p)]}/{state}"] = np.ascontiguousarray(np.atleast_1d(value))
+            tensors[f"{OPTIM}{names[id(p)]}/{state}"] = np.ascontiguousarray(np.atleast_1d(host(value)))
     info = {"step_count": optimizer.step_count, "optimizer": type(optimizer).__name__,
             "dropout_rng": net.rng.bit_generator.state, "init_rng": lm_random.generator().bit_generator.state,
             "fields": fields}
