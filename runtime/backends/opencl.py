@@ -171,6 +171,18 @@ class OpenCLBackend(Backend):
                              src_offset=src.offset, dst_offset=dst.offset)
 
     # -- products
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
+        """No packed format here: the 'pack' keeps op(B) and alpha, and packed_gemm is a GEMM."""
+        if b.ndim != 2 or 0 in b.shape:
+            raise ValueError(f"pack: b must be a non-empty 2-D array, found shape {b.shape}")
+        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
+        return _Packed(b, trans, alpha, k, n)
+
+    def packed_gemm(self, a, packed, c, beta=0.0):
+        if a.ndim != 2 or a.shape[1] != packed.k:
+            raise ValueError(f"packed_gemm: a must have {packed.k} columns, found shape {a.shape}")
+        self.gemm(a, packed.b, c, trans_b=packed.trans, alpha=packed.alpha, beta=beta)
+
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         for name, x in (("a", a), ("b", b), ("c", c)):
             if x.ndim != 2 or x.dtype != c.dtype:
@@ -452,14 +464,19 @@ class OpenCLBackend(Backend):
                       np.int32(cols), local=(16, 16))
 
     # -- selections: the CSC arrays come from lamina.Selection.by_column (host, once per batch)
+    @staticmethod
+    def _host(a):
+        return a if isinstance(a, np.ndarray) else a.get()
+
     def _csc(self, by_column):
+        by_column = [self._host(a) for a in by_column]
         columns, bucket, entries, entry_rows = by_column
         cols_of_k = self._device(entries, np.int32, lambda _: np.repeat(columns, np.diff(bucket)), "cols_of_k")
         return [self._ids(a) for a in by_column] + [cols_of_k]
 
     def _csr(self, by_column, rows):
         """(starts, cols) of the entries in row order, from the CSC arrays."""
-        columns, bucket, entries, entry_rows = by_column
+        columns, bucket, entries, entry_rows = (self._host(a) for a in by_column)
         starts = self._device(entries, np.int32, lambda _: np.concatenate(
             [[0], np.cumsum(np.bincount(entry_rows, minlength=rows))]), ("starts", rows))
         def cols(_):
@@ -627,6 +644,13 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), p, g,
                   s, buf if momentum else p, r(lr), r(alpha), r(eps), r(weight_decay),
                   r(momentum), np.int32(p.size))
+
+
+class _Packed:
+    """alpha · op(B) for packed_gemm (OpenCL keeps B as it is)."""
+
+    def __init__(self, b, trans, alpha, k, n):
+        self.b, self.trans, self.alpha, self.k, self.n, self.dtype = b, trans, alpha, k, n, b.dtype
 
 
 def _rows(a):
