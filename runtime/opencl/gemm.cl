@@ -233,3 +233,53 @@ __kernel void gemm_nt(const int M, const int N, const int K, const REAL alpha,
         }
     }
 }
+
+/* gemm_rows8 with CV vectors of columns per work-item: RPW x (CV·VW) of C in registers, so each
+ * step of k loads CV vectors of B and RPW values of A for RPW·CV vector multiply-adds. For A and
+ * B as stored (neither transposed) and N a multiple of CV·VW; the host sends other cases to the
+ * kernels above. */
+#ifndef CV
+#define CV 2
+#endif
+
+__kernel void gemm_block(const int M, const int N, const int K, const REAL alpha,
+                         __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
+                         __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
+                         const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
+{
+    /* dimension 0 walks down the rows of C, so consecutive work-items (and work-groups) reuse
+     * one strip of B from the cache while they stream rows of A */
+    const int i0 = get_global_id(0) * RPW;
+    const int j = get_global_id(1) * (VW * CV);
+    if (j >= N)
+        return;
+    A += offa;
+    B += offb;
+    C += offc;
+    __global const REAL* arow[RPW];
+    for (int r = 0; r < RPW; r++)
+        arow[r] = A + min(i0 + r, M - 1) * lda;
+    VTYPE(REAL, VW) acc[RPW][CV];
+    for (int r = 0; r < RPW; r++)
+        for (int v = 0; v < CV; v++)
+            acc[r][v] = (VTYPE(REAL, VW))(0);
+    for (int k = 0; k < K; k++) {
+        VTYPE(REAL, VW) b[CV];
+        for (int v = 0; v < CV; v++)
+            b[v] = VLOAD(VW)(0, B + k * ldb + j + v * VW);
+        for (int r = 0; r < RPW; r++) {
+            const REAL a = arow[r][k];
+            for (int v = 0; v < CV; v++)
+                acc[r][v] += a * b[v];
+        }
+    }
+    for (int r = 0; r < RPW; r++) {
+        const int i = i0 + r;
+        if (i < M)
+            for (int v = 0; v < CV; v++) {
+                __global REAL* c = C + i * ldc + j + v * VW;
+                const VTYPE(REAL, VW) out = alpha * acc[r][v];
+                VSTORE(VW)(beta == 0 ? out : out + beta * VLOAD(VW)(0, c), 0, c);
+            }
+    }
+}
