@@ -27,8 +27,9 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
 # GEMM tiles per device type: (TSM, TSN, TSK, WPTM, WPTN); measured with bench/opencl.py
 # (a CPU device runs the gemm_rows kernel instead, RPW rows per work-item)
 TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}
-# CPU devices: RPW rows x (CV vectors of VW) columns of C per work-item (measured on PoCL, 2 cores:
-# 8 x 2 x 8 ran 31-37 GFLOP/s at n = 1024, 8 x 1 x 8 24-32, 12 x 2 x 8 22-35)
+# CPU devices: RPW rows x (CV vectors of VW) columns of C per work-item over panels of op(B)
+# (measured on PoCL, 2 cores, n = 1024: 8 x 2 x 8 with panels 47-63 GFLOP/s; without panels
+# 31-37; 8 x 1 x 8 24-32; 12 x 2 x 8 22-35)
 RPW, VW, CV = 8, 8, 2
 LOCAL = 256  # work-group size of 1-D kernels
 
@@ -202,15 +203,22 @@ class OpenCLBackend(Backend):
                 a.base_data, np.int32(a.offset // size), np.int32(a.strides[0] // size), np.int32(trans_a),
                 b.base_data, np.int32(b.offset // size), np.int32(b.strides[0] // size), np.int32(trans_b),
                 real(beta), c.base_data, np.int32(c.offset // size), np.int32(c.strides[0] // size))
-        if self.cpu_device:  # no local memory, columns per work-item (see gemm.cl)
+        if self.cpu_device:  # no local memory, registers blocks of C per work-item (see gemm.cl)
             vw = self._vector_width(c.dtype)
-            aligned = n % vw == 0 and not trans_b and all(
-                v % vw == 0 for v in (b.offset // size, c.offset // size, b.strides[0] // size, c.strides[0] // size))
-            if trans_b and not trans_a:
-                self._run("gemm", "gemm_nt", c.dtype, (-(-n // 2), -(-m // 4)), *args, local=None)
-            elif aligned and not trans_a and n % (vw * CV) == 0:
-                self._run("gemm", "gemm_block", c.dtype, (-(-m // RPW), n // (vw * CV)), *args, local=(1, 1))
-            elif aligned:
+            c_ok = (c.offset // size) % vw == 0 and (c.strides[0] // size) % vw == 0
+            if not trans_a and n % vw == 0 and c_ok:
+                pw = CV * vw
+                panels = -(-n // pw)
+                packed = self.empty((panels * k * pw,), c.dtype)
+                self._run("gemm", "pack_panels", c.dtype, self._grid(k, panels * pw), b.base_data,
+                          np.int32(b.offset // size), np.int32(b.strides[0] // size), np.int32(trans_b),
+                          np.int32(k), np.int32(n), packed.data, local=(16, 16))
+                self._run("gemm", "gemm_panels", c.dtype, (-(-m // RPW), panels), np.int32(m), np.int32(n),
+                          np.int32(k), real(alpha), a.base_data, np.int32(a.offset // size),
+                          np.int32(a.strides[0] // size), packed.data, real(beta), c.base_data,
+                          np.int32(c.offset // size), np.int32(c.strides[0] // size), local=(1, 1))
+            elif n % vw == 0 and not trans_b and c_ok and all(
+                    v % vw == 0 for v in (b.offset // size, b.strides[0] // size)):
                 self._run("gemm", "gemm_rows8", c.dtype, (n // vw, -(-m // RPW)), *args, local=None)
             else:
                 self._run("gemm", "gemm_rows", c.dtype, (-(-n // 64) * 64, -(-m // RPW)), *args, local=(64, 1))

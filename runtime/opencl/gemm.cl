@@ -185,80 +185,43 @@ __kernel void gemm_rows8(const int M, const int N, const int K, const REAL alpha
     }
 }
 
-/* C = alpha A Bᵀ + beta C for CPU devices (A not transposed, B transposed: a layer's x Wᵀ): rows
- * of A and of B are both contiguous along k, so each work-item computes a 4 x 2 block of C as
- * dot products, VW values of k at a time, and adds each accumulator's lanes at the end. The
- * last K % VW values of k run one at a time. */
-__kernel void gemm_nt(const int M, const int N, const int K, const REAL alpha,
-                      __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
-                      __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
-                      const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
-{
-    const int j0 = get_global_id(0) * 2, i0 = get_global_id(1) * 4;
-    A += offa;
-    B += offb;
-    C += offc;
-    __global const REAL* a[4];
-    __global const REAL* b[2];
-    for (int r = 0; r < 4; r++)
-        a[r] = A + min(i0 + r, M - 1) * lda;
-    for (int c = 0; c < 2; c++)
-        b[c] = B + min(j0 + c, N - 1) * ldb;
-    VTYPE(REAL, VW) acc[4][2];
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < 2; c++)
-            acc[r][c] = (VTYPE(REAL, VW))(0);
-    const int kv = K - K % VW;
-    for (int k = 0; k < kv; k += VW) {
-        const VTYPE(REAL, VW) b0 = VLOAD(VW)(0, b[0] + k), b1 = VLOAD(VW)(0, b[1] + k);
-        for (int r = 0; r < 4; r++) {
-            const VTYPE(REAL, VW) av = VLOAD(VW)(0, a[r] + k);
-            acc[r][0] += av * b0;
-            acc[r][1] += av * b1;
-        }
-    }
-    for (int r = 0; r < 4; r++) {
-        const int i = i0 + r;
-        for (int c = 0; c < 2; c++) {
-            const int j = j0 + c;
-            REAL s = 0;
-            for (int l = 0; l < VW; l++)
-                s += ((REAL*)&acc[r][c])[l];
-            for (int k = kv; k < K; k++)
-                s += a[r][k] * b[c][k];
-            if (i < M && j < N) {
-                const REAL v = alpha * s;
-                C[i * ldc + j] = beta == 0 ? v : v + beta * C[i * ldc + j];
-            }
-        }
-    }
-}
-
-/* gemm_rows8 with CV vectors of columns per work-item: RPW x (CV·VW) of C in registers, so each
- * step of k loads CV vectors of B and RPW values of A for RPW·CV vector multiply-adds. For A and
- * B as stored (neither transposed) and N a multiple of CV·VW; the host sends other cases to the
- * kernels above. */
+/* For CPU devices, the fastest form: op(B) first copied into panels of PW = CV·VW columns
+ * (panel p holds columns [p·PW, p·PW + PW) of op(B), K rows of PW contiguous values, zero past
+ * column N), so the product reads B at consecutive addresses instead of one row apart (rows a
+ * power of two apart alias in the cache); then each work-item keeps an RPW x PW block of C in
+ * registers, loading CV vectors of the panel and RPW values of A per step of k. Dimension 0
+ * walks down the rows of C, so consecutive work-items reuse one panel from the cache. A is as
+ * stored (not transposed); N a multiple of VW. */
 #ifndef CV
 #define CV 2
 #endif
+#define PW (CV * VW)
 
-__kernel void gemm_block(const int M, const int N, const int K, const REAL alpha,
-                         __global const REAL* restrict A, const int offa, const int lda, const int trans_a,
-                         __global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
-                         const REAL beta, __global REAL* restrict C, const int offc, const int ldc)
+__kernel void pack_panels(__global const REAL* restrict B, const int offb, const int ldb, const int trans_b,
+                          const int K, const int N, __global REAL* restrict P)
 {
-    /* dimension 0 walks down the rows of C, so consecutive work-items (and work-groups) reuse
-     * one strip of B from the cache while they stream rows of A */
+    const int j = get_global_id(0), k = get_global_id(1);
+    const int panels = (N + PW - 1) / PW;
+    if (j >= panels * PW || k >= K) return;
+    B += offb;
+    P[((j / PW) * K + k) * PW + j % PW] = j < N ? (trans_b ? B[j * ldb + k] : B[k * ldb + j]) : (REAL)0;
+}
+
+__kernel void gemm_panels(const int M, const int N, const int K, const REAL alpha,
+                          __global const REAL* restrict A, const int offa, const int lda,
+                          __global const REAL* restrict P, const REAL beta,
+                          __global REAL* restrict C, const int offc, const int ldc)
+{
     const int i0 = get_global_id(0) * RPW;
-    const int j = get_global_id(1) * (VW * CV);
+    const int panel = get_global_id(1), j = panel * PW;
     if (j >= N)
         return;
     A += offa;
-    B += offb;
     C += offc;
     __global const REAL* arow[RPW];
     for (int r = 0; r < RPW; r++)
         arow[r] = A + min(i0 + r, M - 1) * lda;
+    __global const REAL* bp = P + panel * K * PW;
     VTYPE(REAL, VW) acc[RPW][CV];
     for (int r = 0; r < RPW; r++)
         for (int v = 0; v < CV; v++)
@@ -266,7 +229,7 @@ __kernel void gemm_block(const int M, const int N, const int K, const REAL alpha
     for (int k = 0; k < K; k++) {
         VTYPE(REAL, VW) b[CV];
         for (int v = 0; v < CV; v++)
-            b[v] = VLOAD(VW)(0, B + k * ldb + j + v * VW);
+            b[v] = VLOAD(VW)(0, bp + k * PW + v * VW);
         for (int r = 0; r < RPW; r++) {
             const REAL a = arow[r][k];
             for (int v = 0; v < CV; v++)
@@ -275,11 +238,14 @@ __kernel void gemm_block(const int M, const int N, const int K, const REAL alpha
     }
     for (int r = 0; r < RPW; r++) {
         const int i = i0 + r;
-        if (i < M)
-            for (int v = 0; v < CV; v++) {
-                __global REAL* c = C + i * ldc + j + v * VW;
-                const VTYPE(REAL, VW) out = alpha * acc[r][v];
-                VSTORE(VW)(beta == 0 ? out : out + beta * VLOAD(VW)(0, c), 0, c);
-            }
+        if (i >= M)
+            continue;
+        for (int v = 0; v < CV; v++) {
+            if (j + v * VW >= N)
+                break;
+            __global REAL* c = C + i * ldc + j + v * VW;
+            const VTYPE(REAL, VW) out = alpha * acc[r][v];
+            VSTORE(VW)(beta == 0 ? out : out + beta * VLOAD(VW)(0, c), 0, c);
+        }
     }
 }
