@@ -96,7 +96,7 @@ extensions = [
 setup(
     packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io", "lamina.zoo"],
     package_dir={"lamina": "runtime"},
-    package_data={"lamina": ["opencl/*.cl"]},
+    package_data={"lamina": ["opencl/*.cl", "opencl/*.h"]},
     ext_modules=cythonize(
         extensions,
         compiler_directives={

@@ -9,6 +9,7 @@ Two rules hold for every kernel:
   every later one, so gradients add up without zero-fill passes.
 - kernels write into outputs the caller allocated; none allocates in the hot path.
 """
+import numpy as np
 from abc import ABC, abstractmethod
 
 # position = the activation's code in the compiled kernels
@@ -18,6 +19,18 @@ ROW_ACTIVATIONS = ("softmax",)
 ALL_ACTIVATIONS = ACTIVATIONS + ROW_ACTIVATIONS
 # sequence pooling modes, in the compiled kernels' order
 POOL_MODES = ("last", "first", "average", "sum", "max")
+
+
+def host_batch_norm_statistics(mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
+    """Backend.batch_norm_statistics on numpy vectors (the CPU keeps the C statistics on the host)."""
+    if training:
+        np.divide(1.0, np.sqrt(var + eps), out=invstd)
+        for run, value, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
+            run *= 1 - momentum
+            run += momentum * scale * value
+    else:
+        mean[...] = running_mean
+        np.divide(1.0, np.sqrt(running_var + eps), out=invstd)
 
 
 def check_activation(kind, where):

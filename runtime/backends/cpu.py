@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _kernels as K
 from .. import _mkl, _selective
-from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
+from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, host_batch_norm_statistics
 from .blas import default_provider, provider
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -462,14 +462,7 @@ class CPUBackend(Backend):
         return np.dtype(np.float64)  # C values, kept in double on the host
 
     def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
-        if training:
-            np.divide(1.0, np.sqrt(var + eps), out=invstd)
-            for run, value, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
-                run *= 1 - momentum
-                run += momentum * scale * value
-        else:
-            mean[...] = running_mean
-            np.divide(1.0, np.sqrt(running_var + eps), out=invstd)
+        host_batch_norm_statistics(mean, var, invstd, running_mean, running_var, eps, momentum, count, training)
 
     def add_cast(self, src, dst, beta=0.0):
         dst[...] = src if beta == 0 else src + beta * dst

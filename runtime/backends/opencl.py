@@ -106,7 +106,9 @@ class OpenCLBackend(Backend):
                        f"-DTSK={tsk}", f"-DWPTM={wptm}", f"-DWPTN={wptn}", f"-DRPW={RPW}", f"-DVW={self._vector_width(dtype)}", f"-DCV={CV}"]
             if dtype == np.float64:
                 options.append("-DUSE_DOUBLE")
-            program = self.cl.Program(self.context, path.read_text())
+            # common.h goes in as text, not through -I: driver caches key on the source they see
+            source = path.read_text().replace('#include "common.h"', (KERNEL_DIR / "common.h").read_text())
+            program = self.cl.Program(self.context, source)
             try:
                 program.build(options=options)
             except self.cl.RuntimeError as e:

@@ -5,7 +5,7 @@ Written from the math in base.py's docstrings, independently of the compiled ker
 """
 import numpy as np
 
-from .base import Backend, check_activation
+from .base import Backend, check_activation, host_batch_norm_statistics
 
 
 def _with_beta(out, value, beta):
@@ -332,14 +332,7 @@ class ReferenceBackend(Backend):
         return np.dtype(np.float64)  # C values, kept in double on the host
 
     def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
-        if training:
-            np.divide(1.0, np.sqrt(var + eps), out=invstd)
-            for run, value, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
-                run *= 1 - momentum
-                run += momentum * scale * value
-        else:
-            mean[...] = running_mean
-            np.divide(1.0, np.sqrt(running_var + eps), out=invstd)
+        host_batch_norm_statistics(mean, var, invstd, running_mean, running_var, eps, momentum, count, training)
 
     def add_cast(self, src, dst, beta=0.0):
         dst[...] = src if beta == 0 else src + beta * dst

@@ -1,17 +1,10 @@
 /* Recurrent cells on OpenCL devices: one work-item per (row, hidden unit) of a step's block,
  * the same math as pyx/cells_impl.h. Arrays come as (buffer, offset in elements); a NULL
  * previous state is passed as has_prev = 0. -D REAL=float|double. */
-#ifndef REAL
-#define REAL float
-#endif
-#ifdef USE_DOUBLE
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.h"
 
 inline REAL sigm(const REAL x) { return (REAL)0.5 + (REAL)0.5 * tanh((REAL)0.5 * x); }
 
-#define ARG(T, x) __global T* x##_base, const int x##_off
-#define AT(T, x) __global T* x = x##_base + x##_off
 
 /* g: [rows, 4H] gate pre-activations in, activated i, f, g, o out; c = f c_prev + i g; h = o tanh(c) */
 __kernel void lstm_step(ARG(REAL, g), ARG(const REAL, c_prev), const int has_prev, ARG(REAL, c), ARG(REAL, h),

@@ -6,15 +6,10 @@
  * of a sequence batch) work as they are.
  * -D REAL=float|double; ACC is the accumulation type of reductions.
  */
-#ifndef REAL
-#define REAL float
-#endif
-#ifdef USE_DOUBLE
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.h"
+
 #define ACC REAL
 
-#define WITH_BETA(out, value, beta) ((beta) == 0 ? (value) : (value) + (beta) * (out))
 
 /* activation codes: the positions in lamina.backends.base.ACTIVATIONS */
 #define LINEAR 0

@@ -10,12 +10,7 @@
  *
  * Compile-time options (-D): REAL (float or double), TSM, TSN, TSK, WPTM, WPTN.
  */
-#ifndef REAL
-#define REAL float
-#endif
-#ifdef USE_DOUBLE
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
+#include "common.h"
 #ifndef TSM
 #define TSM 64
 #endif

@@ -2,15 +2,7 @@
  * A selection's entries come both ways: row-major (CSR: starts, cols) and grouped by column
  * (CSC: columns, bucket starts, entries, entry rows, and the column of each CSC position), so
  * every kernel writes its outputs without races. Arrays come as (buffer, offset in elements). */
-#ifndef REAL
-#define REAL float
-#endif
-#ifdef USE_DOUBLE
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
-#define ARG(T, x) __global T* x##_base, const int x##_off
-#define AT(T, x) __global T* x = x##_base + x##_off
-#define WITH_BETA(out, value, beta) ((beta) == 0 ? (value) : (value) + (beta) * (out))
+#include "common.h"
 
 /* out[e] = x[row(e)] · w[col(e)] (with beta): one work-item per entry */
 __kernel void selected_dots(ARG(const REAL, x), ARG(const REAL, w), ARG(const int, entries),

@@ -1,15 +1,7 @@
 /* Sequence batches and sparse row updates on OpenCL devices: pooling to one row per sequence,
  * softmax over each sequence's steps, and optimizer updates of listed rows. Same math as the
  * CPU kernels (pyx/_kernels.pyx); arrays come as (buffer, offset in elements). */
-#ifndef REAL
-#define REAL float
-#endif
-#ifdef USE_DOUBLE
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
-#define ARG(T, x) __global T* x##_base, const int x##_off
-#define AT(T, x) __global T* x = x##_base + x##_off
-#define WITH_BETA(out, value, beta) ((beta) == 0 ? (value) : (value) + (beta) * (out))
+#include "common.h"
 
 /* pooling modes: the positions in lamina.backends.base.POOL_MODES */
 #define POOL_LAST 0

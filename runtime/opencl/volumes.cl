@@ -2,15 +2,7 @@
  * bias; the same math as pyx/_kernels.pyx. A sample is [C, D, H, W]; the column matrix has one
  * row per (c, a, b, e) tap and one column per window (od, oh, ow) of the rows r = od·oH + oh in
  * [r0, r1). Arrays come as (buffer, offset in elements). */
-#ifndef REAL
-#define REAL float
-#endif
-#ifdef USE_DOUBLE
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#endif
-#define ARG(T, x) __global T* x##_base, const int x##_off
-#define AT(T, x) __global T* x = x##_base + x##_off
-#define WITH_BETA(out, value, beta) ((beta) == 0 ? (value) : (value) + (beta) * (out))
+#include "common.h"
 
 /* geometry: kernel (kd, kh, kw), stride, padding, dilation, grid (oD, oH, oW) */
 #define GEOMETRY const int kd, const int kh, const int kw, const int sd, const int sh, const int sw, \
