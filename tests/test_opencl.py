@@ -66,6 +66,27 @@ def test_gemm(cl):
                                                        err_msg=f"{m}x{n}x{k} ta={ta} tb={tb} beta={beta}")
 
 
+def test_gpu_gemm_kernel(cl):
+    """The tiled local-memory kernel GPUs get, run here too (PoCL executes it correctly, if
+    slowly), so its edges and transposes are checked on every machine."""
+    rng = np.random.default_rng(4)
+    was = cl.cpu_device
+    cl.cpu_device = False
+    try:
+        for m, n, k in ((1, 1, 1), (7, 33, 129), (129, 7, 33), (65, 130, 17)):
+            for ta in (False, True):
+                for tb in (False, True):
+                    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+                    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+                    start = rng.standard_normal((m, n)).astype(np.float32)
+                    c = cl.from_host(start)
+                    cl.gemm(cl.from_host(a), cl.from_host(b), c, ta, tb, 0.5, 1.0)
+                    want = 0.5 * (a.T if ta else a).astype(np.float64) @ (b.T if tb else b) + start
+                    np.testing.assert_allclose(c.get(), want, rtol=1e-4, atol=1e-4, err_msg=f"{m}x{n}x{k} {ta} {tb}")
+    finally:
+        cl.cpu_device = was
+
+
 def test_elementwise_and_row_kernels(cl):
     rng = np.random.default_rng(1)
     for dtype in dtypes(cl):
