@@ -30,16 +30,16 @@ class Selection:
             raise InputError(f"Selection: column ids must be int32, found {columns.dtype}")
         if columns.ndim != 1 or len(columns) == 0:
             raise InputError(f"Selection: column ids must be a non-empty 1-D array, found shape {columns.shape}")
-        self.columns = np.ascontiguousarray(columns)
+        self.columns = np.array(columns, copy=True)  # its own copy: the caches below rely on it
         if starts is not None:
             try:
                 starts = _check_starts(starts, len(columns), "Selection")
             except SequenceError as e:
                 raise InputError(str(e).replace("sequence", "row")) from None
-            starts = np.ascontiguousarray(starts)
+            starts = np.array(starts, copy=True)
         self._starts = starts
         if logq is not None:
-            logq = np.ascontiguousarray(logq, dtype=np.float64)
+            logq = np.array(logq, dtype=np.float64, copy=True)
             if logq.shape != columns.shape:
                 raise InputError(f"Selection: logq must hold one value per column id {columns.shape}, "
                                  f"found {logq.shape}")

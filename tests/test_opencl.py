@@ -618,3 +618,19 @@ def test_pooling_agrees_with_the_cpu(cl, kind, options):
         net.forward(feeds, grad_outputs=["y"])
         net.backward(grad_outputs=g)
     np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-5, atol=1e-6)
+
+
+
+def test_host_arrays_changed_in_place_are_copied_again(cl):
+    """Offsets the caller reuses and rewrites between runs reach the device anew."""
+    net = lm.Network()
+    x = net.input("x", 2, sequence=True)
+    net.outputs(y=lm.layers.SequencePool("sum")(x))
+    net.to(cl)
+    values = np.arange(12, dtype=np.float32).reshape(6, 2)
+    starts = np.array([0, 2, 6], np.int32)
+    first = net.run({"x": lm.Sequences(values, starts)})["y"]
+    starts[1] = 4  # the same array, new offsets
+    second = net.run({"x": lm.Sequences(values, starts)})["y"]
+    np.testing.assert_array_equal(first, [[2, 4], [28, 32]])
+    np.testing.assert_array_equal(second, [[12, 16], [18, 20]])

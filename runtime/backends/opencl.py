@@ -316,19 +316,20 @@ class OpenCLBackend(Backend):
 
     def _device(self, host, dtype, derive=None, tag=None):
         """A device copy of a host array (or of derive(host)), made once and kept while the host
-        array lives: a batch's time-major order, a selection's columns or label positions are
-        computed on the host once per batch, from the caller's feeds, and copied once."""
+        array lives and holds the same values: a batch's time-major order, a selection's columns
+        or label positions are computed on the host once per batch, from the caller's feeds, and
+        copied once. (A host array changed in place is noticed and copied again.)"""
         if not isinstance(host, np.ndarray):
             return host
         key = (id(host), tag, np.dtype(dtype))
         hit = self._host_ids.get(key)
-        if hit is not None and hit[0]() is host:
-            return hit[1]
+        if hit is not None and hit[0]() is host and np.array_equal(hit[1], host):
+            return hit[2]
         if len(self._host_ids) > 256:
             self._host_ids = {k: v for k, v in self._host_ids.items() if v[0]() is not None}
         value = derive(host) if derive is not None else host
         device = self.from_host(np.ascontiguousarray(value, dtype=dtype))
-        self._host_ids[key] = (weakref.ref(host), device)
+        self._host_ids[key] = (weakref.ref(host), host.copy(), device)
         return device
 
     def bernoulli_mask(self, mask, keep, rng):
