@@ -20,7 +20,6 @@ def _device_count():
 
 
 def gemm_case(device, n):
-    import lamina as lm
     from lamina.backends import get_backend
     be = get_backend(device)
     rng = np.random.default_rng(0)

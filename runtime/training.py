@@ -16,7 +16,6 @@ import numpy as np
 
 from .errors import InputError
 from .io.checkpoint import load_checkpoint, save_checkpoint
-from .selection import Selection
 from .sequence import Sequences
 
 CHECKPOINT = "checkpoint.lamina"

@@ -1,7 +1,6 @@
 """The `lamina` command and the training loop: infer, train (checkpoints, log, loss curve,
 resume, Ctrl-C), inspect, devices, clear errors; a small text model end to end."""
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -11,7 +11,7 @@ import pytest
 import lamina as lm
 from lamina.backends.reference import ReferenceBackend
 from lamina.errors import GraphError
-from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Conv3d, Dropout, Linear, Scale,
+from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Linear, Scale,
                            SoftmaxCrossEntropy, SquareError)
 
 try:

@@ -7,7 +7,7 @@ import pytest
 import lamina as lm
 from lamina.backends.reference import ReferenceBackend
 from lamina.errors import GraphError, InputError
-from lamina.layers import Linear, SelectedCrossEntropy, SelectiveLinear, SelfNormalizedCost, SoftmaxCrossEntropy
+from lamina.layers import SelectedCrossEntropy, SelectiveLinear, SelfNormalizedCost, SoftmaxCrossEntropy
 from lamina.testing import check_gradients
 
 REF = ReferenceBackend()

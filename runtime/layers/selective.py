@@ -122,7 +122,7 @@ class SelectiveLinear(Linear):
             return super().backward(ctx)
         be, sel = ctx.be, ctx.inputs[n]
         rows = ctx.inputs[0].shape[0]
-        starts, cols = sel.starts(rows), sel.columns
+        starts = sel.starts(rows)
         dz = self._selected_grad_pre_activation(ctx, starts)
         path = self._choose_path(sel, rows)
         if path == "dense":
