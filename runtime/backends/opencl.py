@@ -7,13 +7,9 @@ device. One context, one in-order queue and one `pyopencl.tools.MemoryPool` per 
 Programs are built with -D options (element type, GEMM tile sizes chosen per device type) and
 kept with their Kernel objects; a build error shows the build log and the file.
 
-What runs here so far: the dense layers (Linear, Add, Concat, Activation, Dropout, Scale), the
-recurrent layers (RNN, LSTM, GRU), Embedding (sparse gradients and row updates), SequencePool,
-SequenceSoftmax, SelectiveLinear with SelectedCrossEntropy and SelfNormalizedCost, the
-convolutions (Conv3d/2d, ConvTranspose3d/2d), pooling, BatchNorm3d/2d, ConcatChannels, the costs SoftmaxCrossEntropy, SquareError and BCEWithLogits,
-and every optimizer. The other kernels of
-the interface raise NotImplementedError naming themselves, and `Network.to('opencl')` refuses a
-network with a layer that needs them, naming the layer (Layer.opencl).
+Every kernel of the interface runs here, so every layer of lamina does; `Network.to('opencl')`
+still refuses, by name, a layer that does not declare OpenCL support (Layer.opencl: a user's
+own layer that calls something else).
 """
 import os
 import weakref
@@ -24,8 +20,8 @@ import numpy as np
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
-# GEMM tiles per device type: (TSM, TSN, TSK, WPTM, WPTN); measured with bench/opencl.py
-# (a CPU device runs the gemm_rows kernel instead, RPW rows per work-item)
+# Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
+# device runs the panel kernels instead (below); its entry only builds the tiled kernel.
 TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}
 # CPU devices: RPW rows x (CV vectors of VW) columns of C per work-item over panels of op(B)
 # (measured on PoCL, 2 cores, n = 1024: 8 x 2 x 8 with panels 47-63 GFLOP/s; without panels
@@ -88,7 +84,8 @@ class OpenCLBackend(Backend):
         self.tiles = TILES[kind]
         self.cpu_device = kind == "cpu"
         self._programs = {}
-        self._host_ids = {}  # id(host array) -> (weak reference, device copy)
+        self._host_ids = {}  # (id(host array), tag, dtype) -> (weak reference, snapshot, device copy)
+        self._dummies = {}  # dtype -> placeholder array
 
     def __repr__(self):
         return f"OpenCLBackend({self.device.name.strip()!r})"
@@ -103,7 +100,8 @@ class OpenCLBackend(Backend):
             path = KERNEL_DIR / f"{name}.cl"
             tsm, tsn, tsk, wptm, wptn = self.tiles
             options = [f"-DREAL={'double' if dtype == np.float64 else 'float'}", f"-DTSM={tsm}", f"-DTSN={tsn}",
-                       f"-DTSK={tsk}", f"-DWPTM={wptm}", f"-DWPTN={wptn}", f"-DRPW={RPW}", f"-DVW={self._vector_width(dtype)}", f"-DCV={CV}"]
+                       f"-DTSK={tsk}", f"-DWPTM={wptm}", f"-DWPTN={wptn}", f"-DRPW={RPW}",
+                       f"-DVW={self._vector_width(dtype)}", f"-DCV={CV}"]
             if dtype == np.float64:
                 options.append("-DUSE_DOUBLE")
             # common.h goes in as text, not through -I: driver caches key on the source they see
@@ -127,7 +125,7 @@ class OpenCLBackend(Backend):
 
     @staticmethod
     def _vector_width(dtype):
-        """Vector width of gemm_rows8: VW floats, or as many doubles in the same 32 bytes (wider
+        """Vector width of the CPU-device GEMMs: VW floats, or as many doubles in the same 32 bytes (wider
         double vectors break PoCL's code generation without AVX-512)."""
         return VW if np.dtype(dtype) == np.float32 else max(1, VW // 2)
 
@@ -135,8 +133,8 @@ class OpenCLBackend(Backend):
         return self._program(file, dtype)[name]
 
     def _run(self, file, name, dtype, global_size, *args, local=None):
-        """Launch a kernel; an array argument becomes (buffer, offset in elements), as the
-        kernels of elementwise.cl take them."""
+        """Launch a kernel; an array argument becomes (buffer, offset in elements), as every
+        kernel but the GEMMs takes them."""
         flat = []
         for a in args:
             if isinstance(a, self.cl.array.Array):
@@ -309,6 +307,20 @@ class OpenCLBackend(Backend):
             self._run("elementwise", "fill_rows", dst.dtype, self._grid(len(rows), d2.shape[1]), dst,
                       self._ids(rows), dst.dtype.type(value), np.int32(len(rows)),
                       np.int32(d2.shape[1]), local=(16, 16))
+
+    def _optional(self, a, dtype):
+        """An optional array argument as the kernels take it: (the array, 1), or (a placeholder,
+        0) for None. Host arrays (row weights, logQ shifts) are copied to the device once."""
+        if a is not None:
+            return self._device(a, dtype), np.int32(1)
+        return self._dummy(dtype), np.int32(0)
+
+    def _dummy(self, dtype):
+        """A one-element placeholder for an absent array argument."""
+        dtype = np.dtype(dtype)
+        if dtype not in self._dummies:
+            self._dummies[dtype] = self.empty((1,), dtype)
+        return self._dummies[dtype]
 
     def _ids(self, ids):
         """int32 ids on the device (see _device)."""
@@ -541,83 +553,73 @@ class OpenCLBackend(Backend):
 
     def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
         rows = len(starts) - 1
-        shift = (self._device(shift, z.dtype), np.int32(1)) if shift is not None else (self._dummy(z.dtype), np.int32(0))
         self._run("selective", "segment_cross_entropy", z.dtype, self._global(rows), z, self._ids(starts),
-                  self._ids(pos), *shift, *self._weights(w, z.dtype), probs, cost, np.int32(rows))
+                  self._ids(pos), *self._optional(shift, z.dtype), *self._optional(w, z.dtype), probs, cost,
+                  np.int32(rows))
 
     def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
         rows = len(starts) - 1
         self._run("selective", "segment_cross_entropy_backward", dz.dtype, self._global(rows), probs,
-                  self._ids(starts), self._ids(pos), *self._weights(w, dz.dtype), dcost, dz, dz.dtype.type(beta),
+                  self._ids(starts), self._ids(pos), *self._optional(w, dz.dtype), dcost, dz, dz.dtype.type(beta),
                   np.int32(rows))
 
     def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
         rows = len(starts) - 1
         self._run("selective", "segment_self_normalized", o.dtype, self._global(rows), o, self._ids(starts),
-                  self._ids(pos), o.dtype.type(alpha), *self._weights(w, o.dtype), cost, np.int32(rows))
+                  self._ids(pos), o.dtype.type(alpha), *self._optional(w, o.dtype), cost, np.int32(rows))
 
     def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
         rows = len(starts) - 1
         self._run("selective", "segment_self_normalized_backward", o.dtype, self._global(rows), o, self._ids(starts),
-                  self._ids(pos), o.dtype.type(alpha), *self._weights(w, o.dtype), dcost, do, o.dtype.type(beta),
+                  self._ids(pos), o.dtype.type(alpha), *self._optional(w, o.dtype), dcost, do, o.dtype.type(beta),
                   np.int32(rows))
 
-    # -- recurrent cells (a None state is absent: a dummy array and a 0 flag)
-    def _opt(self, a, dtype):
-        return (a, np.int32(1)) if a is not None else (self._dummy(dtype), np.int32(0))
+    # -- recurrent cells (a None state is absent: see _optional)
 
     def lstm_step(self, g, c_prev, c, h):
         rows, H = h.shape
-        self._run("cells", "lstm_step", h.dtype, self._grid(rows, H), g, *self._opt(c_prev, h.dtype), c, h,
+        self._run("cells", "lstm_step", h.dtype, self._grid(rows, H), g, *self._optional(c_prev, h.dtype), c, h,
                   np.int32(rows), np.int32(H), local=(16, 16))
 
     def lstm_step_backward(self, g, c_prev, c, dh, dc, dg, dc_prev):
         rows, H = dh.shape
-        self._run("cells", "lstm_step_backward", dh.dtype, self._grid(rows, H), g, *self._opt(c_prev, dh.dtype),
-                  c, dh, dc, dg, *self._opt(dc_prev, dh.dtype), np.int32(rows), np.int32(H), local=(16, 16))
+        self._run("cells", "lstm_step_backward", dh.dtype, self._grid(rows, H), g, *self._optional(c_prev, dh.dtype),
+                  c, dh, dc, dg, *self._optional(dc_prev, dh.dtype), np.int32(rows), np.int32(H), local=(16, 16))
 
     def gru_step(self, g, hh, h_prev, h):
         rows, H = h.shape
-        self._run("cells", "gru_step", h.dtype, self._grid(rows, H), g, hh, *self._opt(h_prev, h.dtype), h,
+        self._run("cells", "gru_step", h.dtype, self._grid(rows, H), g, hh, *self._optional(h_prev, h.dtype), h,
                   np.int32(rows), np.int32(H), local=(16, 16))
 
     def gru_step_backward(self, g, hh, h_prev, dh, dgx, dgh, dh_prev):
         rows, H = dh.shape
-        self._run("cells", "gru_step_backward", dh.dtype, self._grid(rows, H), g, hh, *self._opt(h_prev, dh.dtype),
-                  dh, dgx, dgh, *self._opt(dh_prev, dh.dtype), np.int32(rows), np.int32(H), local=(16, 16))
+        self._run("cells", "gru_step_backward", dh.dtype, self._grid(rows, H), g, hh, *self._optional(h_prev, dh.dtype),
+                  dh, dgx, dgh, *self._optional(dh_prev, dh.dtype), np.int32(rows), np.int32(H), local=(16, 16))
 
     # -- costs
-    def _weights(self, w, dtype):
-        return (self._device(w, dtype), np.int32(1)) if w is not None else (self._dummy(dtype), np.int32(0))
-
-    def _dummy(self, dtype):
-        key = ("dummy", np.dtype(dtype))
-        if key not in self._programs:
-            self._programs[key] = self.empty((1,), dtype)
-        return self._programs[key]
 
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         x2 = _rows(x)
         self._run("elementwise", "softmax_cross_entropy", x.dtype, self._global(x2.shape[0]), x,
-                  labels, *self._weights(w, x.dtype), probs, cost,
+                  labels, *self._optional(w, x.dtype), probs, cost,
                   np.int32(x2.shape[0]), np.int32(x2.shape[1]))
 
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
         p2 = _rows(probs)
         self._run("elementwise", "softmax_cross_entropy_backward", dx.dtype, self._grid(*p2.shape),
-                  probs, labels, *self._weights(w, dx.dtype), dcost,
+                  probs, labels, *self._optional(w, dx.dtype), dcost,
                   dx, dx.dtype.type(beta), np.int32(p2.shape[0]), np.int32(p2.shape[1]), local=(16, 16))
 
     def _pair(self, kind, x, t, w, cost):
         x2 = _rows(x)
         self._run("elementwise", "pair_cost", x.dtype, self._global(x2.shape[0]), np.int32(kind), x,
-                  t, *self._weights(w, x.dtype), cost, np.int32(x2.shape[0]),
+                  t, *self._optional(w, x.dtype), cost, np.int32(x2.shape[0]),
                   np.int32(x2.shape[1]))
 
     def _pair_backward(self, kind, x, t, w, dcost, dout, wrt_target, beta):
         x2 = _rows(x)
         self._run("elementwise", "pair_cost_backward", x.dtype, self._grid(*x2.shape), np.int32(kind),
-                  x, t, *self._weights(w, x.dtype), dcost, dout,
+                  x, t, *self._optional(w, x.dtype), dcost, dout,
                   np.int32(wrt_target), x.dtype.type(beta), np.int32(x2.shape[0]), np.int32(x2.shape[1]),
                   local=(16, 16))
 
@@ -671,16 +673,3 @@ class _Packed:
 def _rows(a):
     """A [rows, features] view of an array with a leading batch axis."""
     return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
-
-
-def _not_yet(name):
-    def method(self, *args, **kwargs):
-        raise NotImplementedError(f"OpenCLBackend.{name}: this kernel has no OpenCL version yet")
-    method.__name__ = name
-    return method
-
-
-for _name in sorted(Backend.__abstractmethods__):
-    if _name not in OpenCLBackend.__dict__:
-        setattr(OpenCLBackend, _name, _not_yet(_name))
-OpenCLBackend.__abstractmethods__ = frozenset()
