@@ -125,8 +125,8 @@ class OpenCLBackend(Backend):
 
     @staticmethod
     def _vector_width(dtype):
-        """Vector width of the CPU-device GEMMs: VW floats, or as many doubles in the same 32 bytes (wider
-        double vectors break PoCL's code generation without AVX-512)."""
+        """Vector width of the CPU-device GEMMs: VW floats, or as many doubles in the same 32
+        bytes (wider double vectors break PoCL's code generation without AVX-512)."""
         return VW if np.dtype(dtype) == np.float32 else max(1, VW // 2)
 
     def _kernel(self, file, name, dtype):
