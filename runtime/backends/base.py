@@ -21,18 +21,6 @@ ALL_ACTIVATIONS = ACTIVATIONS + ROW_ACTIVATIONS
 POOL_MODES = ("last", "first", "average", "sum", "max")
 
 
-def host_batch_norm_statistics(mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
-    """Backend.batch_norm_statistics on numpy vectors (the CPU keeps the C statistics on the host)."""
-    if training:
-        np.divide(1.0, np.sqrt(var + eps), out=invstd)
-        for run, value, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
-            run *= 1 - momentum
-            run += momentum * scale * value
-    else:
-        mean[...] = running_mean
-        np.divide(1.0, np.sqrt(running_var + eps), out=invstd)
-
-
 def check_activation(kind, where):
     if kind not in ALL_ACTIVATIONS:
         raise ValueError(f"{where}: unknown activation {kind!r}; expected one of {', '.join(ALL_ACTIVATIONS)}")
@@ -335,3 +323,23 @@ class Backend(ABC):
     @abstractmethod
     def rmsprop_update(self, p, g, s, buf, lr, alpha, eps, weight_decay, momentum): ...
 
+
+class HostStatistics:
+    """Batch-norm statistics as float64 numpy vectors of C values on the host: the CPU and
+    reference backends share these three methods (the OpenCL backend keeps them on the device)."""
+
+    def stat_dtype(self, dtype):
+        return np.dtype(np.float64)
+
+    def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
+        if training:
+            np.divide(1.0, np.sqrt(var + eps), out=invstd)
+            for run, value, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
+                run *= 1 - momentum
+                run += momentum * scale * value
+        else:
+            mean[...] = running_mean
+            np.divide(1.0, np.sqrt(running_var + eps), out=invstd)
+
+    def add_cast(self, src, dst, beta=0.0):
+        dst[...] = src if beta == 0 else src + beta * dst

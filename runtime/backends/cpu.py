@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _kernels as K
 from .. import _mkl, _selective
-from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, host_batch_norm_statistics
+from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
 from .blas import default_provider, provider
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -79,7 +79,7 @@ class PackedMatrix:
         self.handle, self.k, self.n, self.dtype, self.max_rows = handle, k, n, dtype, max_rows
 
 
-class CPUBackend(Backend):
+class CPUBackend(HostStatistics, Backend):
     name = "cpu"
 
     def __init__(self, blas=None):
@@ -457,15 +457,6 @@ class CPUBackend(Backend):
         for name, a in (("mean", mean), ("var", var)):
             check_array("batch_norm_stats", name, a, dtype=np.float64, shape=(x.shape[1],))
         K.batch_norm_stats(self._ncs(x), mean, var)
-
-    def stat_dtype(self, dtype):
-        return np.dtype(np.float64)  # C values, kept in double on the host
-
-    def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
-        host_batch_norm_statistics(mean, var, invstd, running_mean, running_var, eps, momentum, count, training)
-
-    def add_cast(self, src, dst, beta=0.0):
-        dst[...] = src if beta == 0 else src + beta * dst
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
         _float("batch_norm_apply", "x", x)

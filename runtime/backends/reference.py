@@ -5,7 +5,7 @@ Written from the math in base.py's docstrings, independently of the compiled ker
 """
 import numpy as np
 
-from .base import Backend, check_activation, host_batch_norm_statistics
+from .base import Backend, check_activation, HostStatistics
 
 
 def _with_beta(out, value, beta):
@@ -46,7 +46,7 @@ def _w(w, rows, dtype):
     return np.ones(rows, dtype) if w is None else w
 
 
-class ReferenceBackend(Backend):
+class ReferenceBackend(HostStatistics, Backend):
     name = "reference"
 
     def empty(self, shape, dtype):
@@ -327,15 +327,6 @@ class ReferenceBackend(Backend):
         axes = tuple(i for i in range(x.ndim) if i != 1)
         mean[...] = x.mean(axes)
         var[...] = x.var(axes)
-
-    def stat_dtype(self, dtype):
-        return np.dtype(np.float64)  # C values, kept in double on the host
-
-    def batch_norm_statistics(self, mean, var, invstd, running_mean, running_var, eps, momentum, count, training):
-        host_batch_norm_statistics(mean, var, invstd, running_mean, running_var, eps, momentum, count, training)
-
-    def add_cast(self, src, dst, beta=0.0):
-        dst[...] = src if beta == 0 else src + beta * dst
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
         shape = (1, -1) + (1,) * (x.ndim - 2)
