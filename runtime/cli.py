@@ -76,37 +76,6 @@ def _save_npz(path, outputs):
     os.replace(tmp, path)
 
 
-def _read_feeds(lm, net, path):
-    """Feeds from an .npz: arrays named after inputs; sequences as NAME + NAME.starts;
-    selections as NAME.columns (+ NAME.starts for per-row ones)."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as e:
-        raise CommandError(f"{path}: cannot read the input file ({e})") from None
-    feeds = {}
-    for name in net.input_names:
-        spec = net.values[name].spec
-        if spec.kind == "selection":
-            if f"{name}.columns" in arrays:
-                starts = arrays.get(f"{name}.starts")
-                feeds[name] = lm.Selection(arrays[f"{name}.columns"].astype(np.int32),
-                                           None if starts is None else starts.astype(np.int32))
-        elif name in arrays:
-            dtype = net.dtype if spec.kind == "float" else np.int32
-            values = np.ascontiguousarray(arrays[name], dtype=dtype)
-            if spec.sequence:
-                if f"{name}.starts" not in arrays:
-                    raise CommandError(f"{path}: sequence input '{name}' needs '{name}.starts' beside it")
-                feeds[name] = lm.Sequences(values, arrays[f"{name}.starts"].astype(np.int32))
-            else:
-                feeds[name] = values
-    if not feeds:
-        raise CommandError(f"{path}: no array is named after an input of the model "
-                           f"({', '.join(net.input_names)}); found {', '.join(arrays) or 'nothing'}")
-    return feeds
-
-
 def _describe(value):
     import lamina as lm
     if isinstance(value, lm.Sequences):
@@ -133,7 +102,8 @@ def cmd_infer(args):
         return 0
     if not args.input:
         raise CommandError("infer needs an INPUT .npz (or --text for a text model)")
-    feeds = _read_feeds(lm, net, args.input)
+    from .io.arrays import load_feeds
+    feeds = load_feeds(net, args.input)
     outputs = net.run(feeds)
     if args.output:
         _save_npz(args.output, outputs)

@@ -15,43 +15,30 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
+from .io.arrays import load_feeds
 from .io.checkpoint import load_checkpoint, save_checkpoint
+from .selection import Selection
 from .sequence import Sequences
 
 CHECKPOINT = "checkpoint.lamina"
 
 
 class ArrayData:
-    """Samples from an .npz file: one array per network input, named after it; a sequence
-    input as '<name>' (the rows) and '<name>.starts' (int32 offsets). Batches take whole samples
+    """Samples from an .npz file (lamina.io.arrays.load_feeds). Batches take whole samples
     (whole sequences)."""
 
     def __init__(self, net, path):
-        self.net = net
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                arrays = {k: f[k] for k in f.files}
-        except (OSError, ValueError) as e:
-            raise InputError(f"{path}: cannot read the data file ({e})") from None
-        self.arrays, self.count = {}, None
-        for name in net.input_names:
-            spec = net.values[name].spec
-            if name not in arrays:
-                continue
-            a = arrays[name]
-            if spec.sequence:
-                if f"{name}.starts" not in arrays:
-                    raise InputError(f"{path}: sequence input '{name}' needs '{name}.starts' beside it")
-                value = Sequences(a, arrays[f"{name}.starts"].astype(np.int32))
-                n = value.num_sequences
-            else:
-                value, n = a, len(a)
+        self.net, self.arrays, self.count = net, {}, None
+        for name, value in load_feeds(net, path).items():
+            if isinstance(value, Selection):
+                continue  # a selection belongs to a batch, not to samples
+            n = value.num_sequences if isinstance(value, Sequences) else len(value)
             if self.count is not None and n != self.count:
                 raise InputError(f"{path}: '{name}' holds {n} samples, the other arrays {self.count}")
             self.arrays[name], self.count = value, n
         if not self.arrays:
-            raise InputError(f"{path}: no array is named after an input of the model "
-                             f"({', '.join(net.input_names)}); found {', '.join(arrays)}")
+            raise InputError(f"{path}: no array of samples for an input of the model "
+                             f"({', '.join(net.input_names)})")
 
     def __len__(self):
         return self.count
@@ -62,8 +49,7 @@ class ArrayData:
             if isinstance(value, Sequences):
                 feeds[name] = Sequences.from_list([value.values[value.starts[i]:value.starts[i + 1]] for i in index])
             else:
-                dtype = self.net.dtype if self.net.values[name].spec.kind == "float" else np.int32
-                feeds[name] = np.ascontiguousarray(value[index], dtype=dtype)
+                feeds[name] = np.ascontiguousarray(value[index])
         return feeds
 
 
