@@ -20,43 +20,43 @@
 #define EXPONENTIAL 5
 #define SOFTRELU 6
 
-__kernel void fill(__global REAL* x_base, const int x_off, const REAL value, const int n)
+__kernel void fill(ARG(REAL, x), const REAL value, const int n)
 {
-    __global REAL* x = x_base + x_off;
+    AT(REAL, x);
     const int i = get_global_id(0);
     if (i < n) x[i] = value;
 }
 
-__kernel void axpby(const REAL alpha, __global const REAL* x_base, const int x_off, const REAL beta, __global REAL* y_base, const int y_off, const int n)
+__kernel void axpby(const REAL alpha, ARG(const REAL, x), const REAL beta, ARG(REAL, y), const int n)
 {
-    __global const REAL* x = x_base + x_off;
-    __global REAL* y = y_base + y_off;
+    AT(const REAL, x);
+    AT(REAL, y);
     const int i = get_global_id(0);
     if (i < n) y[i] = WITH_BETA(y[i], alpha * x[i], beta);
 }
 
-__kernel void multiply(__global const REAL* a_base, const int a_off, __global const REAL* b_base, const int b_off, __global REAL* out_base, const int out_off, const REAL beta, const int n)
+__kernel void multiply(ARG(const REAL, a), ARG(const REAL, b), ARG(REAL, out), const REAL beta, const int n)
 {
-    __global const REAL* a = a_base + a_off;
-    __global const REAL* b = b_base + b_off;
-    __global REAL* out = out_base + out_off;
+    AT(const REAL, a);
+    AT(const REAL, b);
+    AT(REAL, out);
     const int i = get_global_id(0);
     if (i < n) out[i] = WITH_BETA(out[i], a[i] * b[i], beta);
 }
 
-__kernel void add_bias(__global REAL* y_base, const int y_off, __global const REAL* b_base, const int b_off, const int rows, const int cols)
+__kernel void add_bias(ARG(REAL, y), ARG(const REAL, b), const int rows, const int cols)
 {
-    __global REAL* y = y_base + y_off;
-    __global const REAL* b = b_base + b_off;
+    AT(REAL, y);
+    AT(const REAL, b);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i < rows && j < cols) y[i * cols + j] += b[j];
 }
 
 /* db[j] = Σ_i dy[i, j] (with beta): one work-item per column */
-__kernel void bias_grad(__global const REAL* dy_base, const int dy_off, __global REAL* db_base, const int db_off, const REAL beta, const int rows, const int cols)
+__kernel void bias_grad(ARG(const REAL, dy), ARG(REAL, db), const REAL beta, const int rows, const int cols)
 {
-    __global const REAL* dy = dy_base + dy_off;
-    __global REAL* db = db_base + db_off;
+    AT(const REAL, dy);
+    AT(REAL, db);
     const int j = get_global_id(0);
     if (j >= cols) return;
     ACC s = 0;
@@ -91,28 +91,28 @@ inline REAL act_grad(const int kind, const REAL y, const REAL slope)
     }
 }
 
-__kernel void activation(const int kind, __global const REAL* x_base, const int x_off, __global REAL* y_base, const int y_off, const REAL slope, const int n)
+__kernel void activation(const int kind, ARG(const REAL, x), ARG(REAL, y), const REAL slope, const int n)
 {
-    __global const REAL* x = x_base + x_off;
-    __global REAL* y = y_base + y_off;
+    AT(const REAL, x);
+    AT(REAL, y);
     const int i = get_global_id(0);
     if (i < n) y[i] = act(kind, x[i], slope);
 }
 
-__kernel void activation_backward(const int kind, __global const REAL* y_base, const int y_off, __global const REAL* dy_base, const int dy_off, __global REAL* dx_base, const int dx_off, const REAL beta, const REAL slope, const int n)
+__kernel void activation_backward(const int kind, ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta, const REAL slope, const int n)
 {
-    __global const REAL* y = y_base + y_off;
-    __global const REAL* dy = dy_base + dy_off;
-    __global REAL* dx = dx_base + dx_off;
+    AT(const REAL, y);
+    AT(const REAL, dy);
+    AT(REAL, dx);
     const int i = get_global_id(0);
     if (i < n) dx[i] = WITH_BETA(dx[i], dy[i] * act_grad(kind, y[i], slope), beta);
 }
 
 /* row softmax: one work-item per row */
-__kernel void softmax_rows(__global const REAL* x_base, const int x_off, __global REAL* y_base, const int y_off, const int rows, const int cols)
+__kernel void softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, const int cols)
 {
-    __global const REAL* x = x_base + x_off;
-    __global REAL* y = y_base + y_off;
+    AT(const REAL, x);
+    AT(REAL, y);
     const int i = get_global_id(0);
     if (i >= rows) return;
     __global const REAL* xi = x + i * cols;
@@ -124,11 +124,11 @@ __kernel void softmax_rows(__global const REAL* x_base, const int x_off, __globa
     for (int j = 0; j < cols; j++) yi[j] = yi[j] / s;
 }
 
-__kernel void softmax_rows_backward(__global const REAL* y_base, const int y_off, __global const REAL* dy_base, const int dy_off, __global REAL* dx_base, const int dx_off, const REAL beta, const int rows, const int cols)
+__kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta, const int rows, const int cols)
 {
-    __global const REAL* y = y_base + y_off;
-    __global const REAL* dy = dy_base + dy_off;
-    __global REAL* dx = dx_base + dx_off;
+    AT(const REAL, y);
+    AT(const REAL, dy);
+    AT(REAL, dx);
     const int i = get_global_id(0);
     if (i >= rows) return;
     const int o = i * cols;
@@ -138,13 +138,13 @@ __kernel void softmax_rows_backward(__global const REAL* y_base, const int y_off
 }
 
 /* probs = softmax(x) per row; cost[i] = -w[i] log probs[i, labels[i]] */
-__kernel void softmax_cross_entropy(__global const REAL* x_base, const int x_off, __global const int* labels_base, const int labels_off, __global const REAL* w_base, const int w_off, const int weighted, __global REAL* probs_base, const int probs_off, __global REAL* cost_base, const int cost_off, const int rows, const int cols)
+__kernel void softmax_cross_entropy(ARG(const REAL, x), ARG(const int, labels), ARG(const REAL, w), const int weighted, ARG(REAL, probs), ARG(REAL, cost), const int rows, const int cols)
 {
-    __global const REAL* x = x_base + x_off;
-    __global const int* labels = labels_base + labels_off;
-    __global const REAL* w = w_base + w_off;
-    __global REAL* probs = probs_base + probs_off;
-    __global REAL* cost = cost_base + cost_off;
+    AT(const REAL, x);
+    AT(const int, labels);
+    AT(const REAL, w);
+    AT(REAL, probs);
+    AT(REAL, cost);
     const int i = get_global_id(0);
     if (i >= rows) return;
     const int o = i * cols;
@@ -157,13 +157,13 @@ __kernel void softmax_cross_entropy(__global const REAL* x_base, const int x_off
     cost[i] = (weighted ? w[i] : 1) * (m + log(s) - x[o + labels[i]]);
 }
 
-__kernel void softmax_cross_entropy_backward(__global const REAL* probs_base, const int probs_off, __global const int* labels_base, const int labels_off, __global const REAL* w_base, const int w_off, const int weighted, __global const REAL* dcost_base, const int dcost_off, __global REAL* dx_base, const int dx_off, const REAL beta, const int rows, const int cols)
+__kernel void softmax_cross_entropy_backward(ARG(const REAL, probs), ARG(const int, labels), ARG(const REAL, w), const int weighted, ARG(const REAL, dcost), ARG(REAL, dx), const REAL beta, const int rows, const int cols)
 {
-    __global const REAL* probs = probs_base + probs_off;
-    __global const int* labels = labels_base + labels_off;
-    __global const REAL* w = w_base + w_off;
-    __global const REAL* dcost = dcost_base + dcost_off;
-    __global REAL* dx = dx_base + dx_off;
+    AT(const REAL, probs);
+    AT(const int, labels);
+    AT(const REAL, w);
+    AT(const REAL, dcost);
+    AT(REAL, dx);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= rows || j >= cols) return;
     const REAL g = dcost[i] * (weighted ? w[i] : 1);
@@ -185,12 +185,12 @@ inline REAL pair_grad(const int kind, const REAL x, const REAL t, const int wrt_
     return (x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x))) - t;
 }
 
-__kernel void pair_cost(const int kind, __global const REAL* x_base, const int x_off, __global const REAL* t_base, const int t_off, __global const REAL* w_base, const int w_off, const int weighted, __global REAL* cost_base, const int cost_off, const int rows, const int cols)
+__kernel void pair_cost(const int kind, ARG(const REAL, x), ARG(const REAL, t), ARG(const REAL, w), const int weighted, ARG(REAL, cost), const int rows, const int cols)
 {
-    __global const REAL* x = x_base + x_off;
-    __global const REAL* t = t_base + t_off;
-    __global const REAL* w = w_base + w_off;
-    __global REAL* cost = cost_base + cost_off;
+    AT(const REAL, x);
+    AT(const REAL, t);
+    AT(const REAL, w);
+    AT(REAL, cost);
     const int i = get_global_id(0);
     if (i >= rows) return;
     ACC s = 0;
@@ -198,13 +198,13 @@ __kernel void pair_cost(const int kind, __global const REAL* x_base, const int x
     cost[i] = (weighted ? w[i] : 1) * s;
 }
 
-__kernel void pair_cost_backward(const int kind, __global const REAL* x_base, const int x_off, __global const REAL* t_base, const int t_off, __global const REAL* w_base, const int w_off, const int weighted, __global const REAL* dcost_base, const int dcost_off, __global REAL* dout_base, const int dout_off, const int wrt_target, const REAL beta, const int rows, const int cols)
+__kernel void pair_cost_backward(const int kind, ARG(const REAL, x), ARG(const REAL, t), ARG(const REAL, w), const int weighted, ARG(const REAL, dcost), ARG(REAL, dout), const int wrt_target, const REAL beta, const int rows, const int cols)
 {
-    __global const REAL* x = x_base + x_off;
-    __global const REAL* t = t_base + t_off;
-    __global const REAL* w = w_base + w_off;
-    __global const REAL* dcost = dcost_base + dcost_off;
-    __global REAL* dout = dout_base + dout_off;
+    AT(const REAL, x);
+    AT(const REAL, t);
+    AT(const REAL, w);
+    AT(const REAL, dcost);
+    AT(REAL, dout);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= rows || j >= cols) return;
     const int o = i * cols + j;
@@ -213,10 +213,10 @@ __kernel void pair_cost_backward(const int kind, __global const REAL* x_base, co
 }
 
 /* partial sums of squares: one value per work-group of 256 (the host adds them up) */
-__kernel void sum_squares(__global const REAL* x_base, const int x_off, __global REAL* partial_base, const int partial_off, const int n, __local REAL* scratch)
+__kernel void sum_squares(ARG(const REAL, x), ARG(REAL, partial), const int n, __local REAL* scratch)
 {
-    __global const REAL* x = x_base + x_off;
-    __global REAL* partial = partial_base + partial_off;
+    AT(const REAL, x);
+    AT(REAL, partial);
     const int lid = get_local_id(0), size = get_local_size(0);
     ACC s = 0;
     for (int i = get_global_id(0); i < n; i += get_global_size(0)) s += x[i] * x[i];
@@ -231,20 +231,20 @@ __kernel void sum_squares(__global const REAL* x_base, const int x_off, __global
 
 /* ---- rows and columns */
 
-__kernel void gather_rows(__global const REAL* src_base, const int src_off, const int src_cols, __global const int* index_base, const int index_off, __global REAL* dst_base, const int dst_off, const int rows, const int cols, const int col)
+__kernel void gather_rows(ARG(const REAL, src), const int src_cols, ARG(const int, index), ARG(REAL, dst), const int rows, const int cols, const int col)
 {
-    __global const REAL* src = src_base + src_off;
-    __global const int* index = index_base + index_off;
-    __global REAL* dst = dst_base + dst_off;
+    AT(const REAL, src);
+    AT(const int, index);
+    AT(REAL, dst);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i < rows && j < cols) dst[i * cols + j] = src[index[i] * src_cols + col + j];
 }
 
-__kernel void scatter_rows(__global const REAL* src_base, const int src_off, __global const int* index_base, const int index_off, __global REAL* dst_base, const int dst_off, const int dst_cols, const REAL beta, const int rows, const int cols, const int col)
+__kernel void scatter_rows(ARG(const REAL, src), ARG(const int, index), ARG(REAL, dst), const int dst_cols, const REAL beta, const int rows, const int cols, const int col)
 {
-    __global const REAL* src = src_base + src_off;
-    __global const int* index = index_base + index_off;
-    __global REAL* dst = dst_base + dst_off;
+    AT(const REAL, src);
+    AT(const int, index);
+    AT(REAL, dst);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= rows || j >= cols) return;
     const int o = index[i] * dst_cols + col + j;
@@ -252,38 +252,38 @@ __kernel void scatter_rows(__global const REAL* src_base, const int src_off, __g
 }
 
 /* dst[ids[i]] += src[i]: one work-item per column walks every row, so repeated ids never race */
-__kernel void scatter_add_rows(__global const REAL* src_base, const int src_off, __global const int* ids_base, const int ids_off, __global REAL* dst_base, const int dst_off, const int rows, const int cols)
+__kernel void scatter_add_rows(ARG(const REAL, src), ARG(const int, ids), ARG(REAL, dst), const int rows, const int cols)
 {
-    __global const REAL* src = src_base + src_off;
-    __global const int* ids = ids_base + ids_off;
-    __global REAL* dst = dst_base + dst_off;
+    AT(const REAL, src);
+    AT(const int, ids);
+    AT(REAL, dst);
     const int j = get_global_id(0);
     if (j >= cols) return;
     for (int i = 0; i < rows; i++) dst[ids[i] * cols + j] += src[i * cols + j];
 }
 
-__kernel void fill_rows(__global REAL* dst_base, const int dst_off, __global const int* rows__base, const int rows__off, const REAL value, const int n, const int cols)
+__kernel void fill_rows(ARG(REAL, dst), ARG(const int, rows_), const REAL value, const int n, const int cols)
 {
-    __global REAL* dst = dst_base + dst_off;
-    __global const int* rows_ = rows__base + rows__off;
+    AT(REAL, dst);
+    AT(const int, rows_);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i < n && j < cols) dst[rows_[i] * cols + j] = value;
 }
 
-__kernel void copy_to_columns(__global const REAL* src_base, const int src_off, __global REAL* dst_base, const int dst_off, const int dst_cols, const int col, const REAL beta, const int rows, const int cols)
+__kernel void copy_to_columns(ARG(const REAL, src), ARG(REAL, dst), const int dst_cols, const int col, const REAL beta, const int rows, const int cols)
 {
-    __global const REAL* src = src_base + src_off;
-    __global REAL* dst = dst_base + dst_off;
+    AT(const REAL, src);
+    AT(REAL, dst);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= rows || j >= cols) return;
     const int o = i * dst_cols + col + j;
     dst[o] = WITH_BETA(dst[o], src[i * cols + j], beta);
 }
 
-__kernel void copy_from_columns(__global const REAL* src_base, const int src_off, const int src_cols, const int col, __global REAL* dst_base, const int dst_off, const REAL beta, const int rows, const int cols)
+__kernel void copy_from_columns(ARG(const REAL, src), const int src_cols, const int col, ARG(REAL, dst), const REAL beta, const int rows, const int cols)
 {
-    __global const REAL* src = src_base + src_off;
-    __global REAL* dst = dst_base + dst_off;
+    AT(const REAL, src);
+    AT(REAL, dst);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= rows || j >= cols) return;
     dst[i * cols + j] = WITH_BETA(dst[i * cols + j], src[i * src_cols + col + j], beta);
@@ -297,9 +297,9 @@ inline uint hash32(uint x)
     return x;
 }
 
-__kernel void bernoulli_mask(__global REAL* mask_base, const int mask_off, const REAL keep, const uint seed, const int n)
+__kernel void bernoulli_mask(ARG(REAL, mask), const REAL keep, const uint seed, const int n)
 {
-    __global REAL* mask = mask_base + mask_off;
+    AT(REAL, mask);
     const int i = get_global_id(0);
     if (i >= n) return;
     const float u = (hash32(hash32((uint)i) ^ seed) >> 8) * (1.0f / 16777216.0f);
@@ -308,11 +308,11 @@ __kernel void bernoulli_mask(__global REAL* mask_base, const int mask_off, const
 
 /* ---- optimizer updates (PyTorch's formulas, as the CPU kernels) */
 
-__kernel void sgd_update(__global REAL* p_base, const int p_off, __global const REAL* g_base, const int g_off, __global REAL* v_base, const int v_off, const REAL lr, const REAL momentum, const REAL dampening, const int nesterov, const REAL weight_decay, const int n)
+__kernel void sgd_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, v), const REAL lr, const REAL momentum, const REAL dampening, const int nesterov, const REAL weight_decay, const int n)
 {
-    __global REAL* p = p_base + p_off;
-    __global const REAL* g = g_base + g_off;
-    __global REAL* v = v_base + v_off;
+    AT(REAL, p);
+    AT(const REAL, g);
+    AT(REAL, v);
     const int i = get_global_id(0);
     if (i >= n) return;
     REAL gi = g[i] + weight_decay * p[i];
@@ -324,12 +324,12 @@ __kernel void sgd_update(__global REAL* p_base, const int p_off, __global const 
     p[i] -= lr * gi;
 }
 
-__kernel void adam_update(__global REAL* p_base, const int p_off, __global const REAL* g_base, const int g_off, __global REAL* m_base, const int m_off, __global REAL* v_base, const int v_off, const REAL lr, const REAL beta1, const REAL beta2, const REAL eps, const REAL weight_decay, const int decoupled, const REAL step_size, const REAL root_c2, const int n)
+__kernel void adam_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, m), ARG(REAL, v), const REAL lr, const REAL beta1, const REAL beta2, const REAL eps, const REAL weight_decay, const int decoupled, const REAL step_size, const REAL root_c2, const int n)
 {
-    __global REAL* p = p_base + p_off;
-    __global const REAL* g = g_base + g_off;
-    __global REAL* m = m_base + m_off;
-    __global REAL* v = v_base + v_off;
+    AT(REAL, p);
+    AT(const REAL, g);
+    AT(REAL, m);
+    AT(REAL, v);
     const int i = get_global_id(0);
     if (i >= n) return;
     REAL pi = p[i], gi = g[i];
@@ -342,11 +342,11 @@ __kernel void adam_update(__global REAL* p_base, const int p_off, __global const
     p[i] = pi - step_size * mi / (sqrt(vi) / root_c2 + eps);
 }
 
-__kernel void adagrad_update(__global REAL* p_base, const int p_off, __global const REAL* g_base, const int g_off, __global REAL* s_base, const int s_off, const REAL lr, const REAL eps, const REAL weight_decay, const int n)
+__kernel void adagrad_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), const REAL lr, const REAL eps, const REAL weight_decay, const int n)
 {
-    __global REAL* p = p_base + p_off;
-    __global const REAL* g = g_base + g_off;
-    __global REAL* s = s_base + s_off;
+    AT(REAL, p);
+    AT(const REAL, g);
+    AT(REAL, s);
     const int i = get_global_id(0);
     if (i >= n) return;
     const REAL gi = g[i] + weight_decay * p[i];
@@ -355,12 +355,12 @@ __kernel void adagrad_update(__global REAL* p_base, const int p_off, __global co
     p[i] -= lr * gi / (sqrt(si) + eps);
 }
 
-__kernel void rmsprop_update(__global REAL* p_base, const int p_off, __global const REAL* g_base, const int g_off, __global REAL* s_base, const int s_off, __global REAL* buf_base, const int buf_off, const REAL lr, const REAL alpha, const REAL eps, const REAL weight_decay, const REAL momentum, const int n)
+__kernel void rmsprop_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), ARG(REAL, buf), const REAL lr, const REAL alpha, const REAL eps, const REAL weight_decay, const REAL momentum, const int n)
 {
-    __global REAL* p = p_base + p_off;
-    __global const REAL* g = g_base + g_off;
-    __global REAL* s = s_base + s_off;
-    __global REAL* buf = buf_base + buf_off;
+    AT(REAL, p);
+    AT(const REAL, g);
+    AT(REAL, s);
+    AT(REAL, buf);
     const int i = get_global_id(0);
     if (i >= n) return;
     const REAL gi = g[i] + weight_decay * p[i];

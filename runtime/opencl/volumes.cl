@@ -122,6 +122,19 @@ inline void covering(const int i, const int k, const int s, const int p, const i
     *hi = min(n_out, (i + p) / s + 1);
 }
 
+/* for input element i of the planes: its plane (returned), its position in the plane, and the
+ * output windows [d0, d1) x [h0, h1) x [w0, w1) that cover it */
+inline int covering_windows(const int i, const int D, const int H, const int W, const int oD, const int oH,
+                            const int oW, WINDOW, int* at, int* d0, int* d1, int* h0, int* h1, int* w0, int* w1)
+{
+    *at = i % (D * H * W);
+    const int i_w = *at % W, i_h = (*at / W) % H, i_d = *at / (W * H);
+    covering(i_d, kd, sd, pd, oD, d0, d1);
+    covering(i_h, kh, sh, ph, oH, h0, h1);
+    covering(i_w, kw, sw, pw, oW, w0, w1);
+    return i / (D * H * W);
+}
+
 /* dx = Σ over the windows whose winner is this element of dy (with beta): one work-item per
  * input element, gathering, so overlapping windows never race */
 __kernel void max_pool_backward(ARG(const REAL, dy), ARG(const int, argmax), ARG(REAL, dx), const REAL beta,
@@ -131,12 +144,9 @@ __kernel void max_pool_backward(ARG(const REAL, dy), ARG(const int, argmax), ARG
     AT(const REAL, dy); AT(const int, argmax); AT(REAL, dx);
     const int i = get_global_id(0);
     if (i >= P * D * H * W) return;
-    const int at = i % (D * H * W), q = i / (D * H * W);
-    const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
-    int d0, d1, h0, h1, w0, w1;
-    covering(i_d, kd, sd, pd, oD, &d0, &d1);
-    covering(i_h, kh, sh, ph, oH, &h0, &h1);
-    covering(i_w, kw, sw, pw, oW, &w0, &w1);
+    int at, d0, d1, h0, h1, w0, w1;
+    const int q = covering_windows(i, D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, pd, ph, pw, &at,
+                                   &d0, &d1, &h0, &h1, &w0, &w1);
     REAL acc = 0;
     for (int od = d0; od < d1; od++)
         for (int oh = h0; oh < h1; oh++)
@@ -189,12 +199,9 @@ __kernel void avg_pool_backward(ARG(const REAL, dy), ARG(REAL, dx), const REAL b
     AT(const REAL, dy); AT(REAL, dx);
     const int i = get_global_id(0);
     if (i >= P * D * H * W) return;
-    const int at = i % (D * H * W), q = i / (D * H * W);
-    const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
-    int d0, d1, h0, h1, w0, w1;
-    covering(i_d, kd, sd, pd, oD, &d0, &d1);
-    covering(i_h, kh, sh, ph, oH, &h0, &h1);
-    covering(i_w, kw, sw, pw, oW, &w0, &w1);
+    int at, d0, d1, h0, h1, w0, w1;
+    const int q = covering_windows(i, D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, pd, ph, pw, &at,
+                                   &d0, &d1, &h0, &h1, &w0, &w1);
     REAL acc = 0;
     for (int od = d0; od < d1; od++)
         for (int oh = h0; oh < h1; oh++)
