@@ -99,7 +99,8 @@ __kernel void activation(const int kind, ARG(const REAL, x), ARG(REAL, y), const
     if (i < n) y[i] = act(kind, x[i], slope);
 }
 
-__kernel void activation_backward(const int kind, ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta, const REAL slope, const int n)
+__kernel void activation_backward(const int kind, ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx),
+                                  const REAL beta, const REAL slope, const int n)
 {
     AT(const REAL, y);
     AT(const REAL, dy);
@@ -124,7 +125,8 @@ __kernel void softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, con
     for (int j = 0; j < cols; j++) yi[j] = yi[j] / s;
 }
 
-__kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta, const int rows, const int cols)
+__kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta,
+                                    const int rows, const int cols)
 {
     AT(const REAL, y);
     AT(const REAL, dy);
@@ -138,7 +140,9 @@ __kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG
 }
 
 /* probs = softmax(x) per row; cost[i] = -w[i] log probs[i, labels[i]] */
-__kernel void softmax_cross_entropy(ARG(const REAL, x), ARG(const int, labels), ARG(const REAL, w), const int weighted, ARG(REAL, probs), ARG(REAL, cost), const int rows, const int cols)
+__kernel void softmax_cross_entropy(ARG(const REAL, x), ARG(const int, labels), ARG(const REAL, w),
+                                    const int weighted, ARG(REAL, probs), ARG(REAL, cost), const int rows,
+                                    const int cols)
 {
     AT(const REAL, x);
     AT(const int, labels);
@@ -157,7 +161,9 @@ __kernel void softmax_cross_entropy(ARG(const REAL, x), ARG(const int, labels), 
     cost[i] = (weighted ? w[i] : 1) * (m + log(s) - x[o + labels[i]]);
 }
 
-__kernel void softmax_cross_entropy_backward(ARG(const REAL, probs), ARG(const int, labels), ARG(const REAL, w), const int weighted, ARG(const REAL, dcost), ARG(REAL, dx), const REAL beta, const int rows, const int cols)
+__kernel void softmax_cross_entropy_backward(ARG(const REAL, probs), ARG(const int, labels),
+                                             ARG(const REAL, w), const int weighted, ARG(const REAL, dcost),
+                                             ARG(REAL, dx), const REAL beta, const int rows, const int cols)
 {
     AT(const REAL, probs);
     AT(const int, labels);
@@ -185,7 +191,8 @@ inline REAL pair_grad(const int kind, const REAL x, const REAL t, const int wrt_
     return (x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x))) - t;
 }
 
-__kernel void pair_cost(const int kind, ARG(const REAL, x), ARG(const REAL, t), ARG(const REAL, w), const int weighted, ARG(REAL, cost), const int rows, const int cols)
+__kernel void pair_cost(const int kind, ARG(const REAL, x), ARG(const REAL, t), ARG(const REAL, w),
+                        const int weighted, ARG(REAL, cost), const int rows, const int cols)
 {
     AT(const REAL, x);
     AT(const REAL, t);
@@ -198,7 +205,9 @@ __kernel void pair_cost(const int kind, ARG(const REAL, x), ARG(const REAL, t), 
     cost[i] = (weighted ? w[i] : 1) * s;
 }
 
-__kernel void pair_cost_backward(const int kind, ARG(const REAL, x), ARG(const REAL, t), ARG(const REAL, w), const int weighted, ARG(const REAL, dcost), ARG(REAL, dout), const int wrt_target, const REAL beta, const int rows, const int cols)
+__kernel void pair_cost_backward(const int kind, ARG(const REAL, x), ARG(const REAL, t), ARG(const REAL, w),
+                                 const int weighted, ARG(const REAL, dcost), ARG(REAL, dout),
+                                 const int wrt_target, const REAL beta, const int rows, const int cols)
 {
     AT(const REAL, x);
     AT(const REAL, t);
@@ -231,7 +240,8 @@ __kernel void sum_squares(ARG(const REAL, x), ARG(REAL, partial), const int n, _
 
 /* ---- rows and columns */
 
-__kernel void gather_rows(ARG(const REAL, src), const int src_cols, ARG(const int, index), ARG(REAL, dst), const int rows, const int cols, const int col)
+__kernel void gather_rows(ARG(const REAL, src), const int src_cols, ARG(const int, index), ARG(REAL, dst),
+                          const int rows, const int cols, const int col)
 {
     AT(const REAL, src);
     AT(const int, index);
@@ -240,7 +250,8 @@ __kernel void gather_rows(ARG(const REAL, src), const int src_cols, ARG(const in
     if (i < rows && j < cols) dst[i * cols + j] = src[index[i] * src_cols + col + j];
 }
 
-__kernel void scatter_rows(ARG(const REAL, src), ARG(const int, index), ARG(REAL, dst), const int dst_cols, const REAL beta, const int rows, const int cols, const int col)
+__kernel void scatter_rows(ARG(const REAL, src), ARG(const int, index), ARG(REAL, dst), const int dst_cols,
+                           const REAL beta, const int rows, const int cols, const int col)
 {
     AT(const REAL, src);
     AT(const int, index);
@@ -252,7 +263,8 @@ __kernel void scatter_rows(ARG(const REAL, src), ARG(const int, index), ARG(REAL
 }
 
 /* dst[ids[i]] += src[i]: one work-item per column walks every row, so repeated ids never race */
-__kernel void scatter_add_rows(ARG(const REAL, src), ARG(const int, ids), ARG(REAL, dst), const int rows, const int cols)
+__kernel void scatter_add_rows(ARG(const REAL, src), ARG(const int, ids), ARG(REAL, dst), const int rows,
+                               const int cols)
 {
     AT(const REAL, src);
     AT(const int, ids);
@@ -270,7 +282,8 @@ __kernel void fill_rows(ARG(REAL, dst), ARG(const int, rows_), const REAL value,
     if (i < n && j < cols) dst[rows_[i] * cols + j] = value;
 }
 
-__kernel void copy_to_columns(ARG(const REAL, src), ARG(REAL, dst), const int dst_cols, const int col, const REAL beta, const int rows, const int cols)
+__kernel void copy_to_columns(ARG(const REAL, src), ARG(REAL, dst), const int dst_cols, const int col,
+                              const REAL beta, const int rows, const int cols)
 {
     AT(const REAL, src);
     AT(REAL, dst);
@@ -280,7 +293,8 @@ __kernel void copy_to_columns(ARG(const REAL, src), ARG(REAL, dst), const int ds
     dst[o] = WITH_BETA(dst[o], src[i * cols + j], beta);
 }
 
-__kernel void copy_from_columns(ARG(const REAL, src), const int src_cols, const int col, ARG(REAL, dst), const REAL beta, const int rows, const int cols)
+__kernel void copy_from_columns(ARG(const REAL, src), const int src_cols, const int col, ARG(REAL, dst),
+                                const REAL beta, const int rows, const int cols)
 {
     AT(const REAL, src);
     AT(REAL, dst);
@@ -308,7 +322,8 @@ __kernel void bernoulli_mask(ARG(REAL, mask), const REAL keep, const uint seed, 
 
 /* ---- optimizer updates (PyTorch's formulas, as the CPU kernels) */
 
-__kernel void sgd_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, v), const REAL lr, const REAL momentum, const REAL dampening, const int nesterov, const REAL weight_decay, const int n)
+__kernel void sgd_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, v), const REAL lr, const REAL momentum,
+                         const REAL dampening, const int nesterov, const REAL weight_decay, const int n)
 {
     AT(REAL, p);
     AT(const REAL, g);
@@ -324,7 +339,9 @@ __kernel void sgd_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, v), const R
     p[i] -= lr * gi;
 }
 
-__kernel void adam_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, m), ARG(REAL, v), const REAL lr, const REAL beta1, const REAL beta2, const REAL eps, const REAL weight_decay, const int decoupled, const REAL step_size, const REAL root_c2, const int n)
+__kernel void adam_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, m), ARG(REAL, v), const REAL lr,
+                          const REAL beta1, const REAL beta2, const REAL eps, const REAL weight_decay,
+                          const int decoupled, const REAL step_size, const REAL root_c2, const int n)
 {
     AT(REAL, p);
     AT(const REAL, g);
@@ -342,7 +359,8 @@ __kernel void adam_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, m), ARG(RE
     p[i] = pi - step_size * mi / (sqrt(vi) / root_c2 + eps);
 }
 
-__kernel void adagrad_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), const REAL lr, const REAL eps, const REAL weight_decay, const int n)
+__kernel void adagrad_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), const REAL lr, const REAL eps,
+                             const REAL weight_decay, const int n)
 {
     AT(REAL, p);
     AT(const REAL, g);
@@ -355,7 +373,9 @@ __kernel void adagrad_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), con
     p[i] -= lr * gi / (sqrt(si) + eps);
 }
 
-__kernel void rmsprop_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), ARG(REAL, buf), const REAL lr, const REAL alpha, const REAL eps, const REAL weight_decay, const REAL momentum, const int n)
+__kernel void rmsprop_update(ARG(REAL, p), ARG(const REAL, g), ARG(REAL, s), ARG(REAL, buf), const REAL lr,
+                             const REAL alpha, const REAL eps, const REAL weight_decay, const REAL momentum,
+                             const int n)
 {
     AT(REAL, p);
     AT(const REAL, g);
