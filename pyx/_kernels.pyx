@@ -26,6 +26,10 @@ cdef enum:
 cdef enum:
     CELL_PARALLEL_MIN = 65536
 
+# panel GEMM: below this many multiply-adds one thread is faster
+cdef enum:
+    PANEL_PARALLEL_MIN = 1 << 20
+
 # columns per block in bias_grad (a private accumulator of this many values per thread)
 cdef enum:
     BIAS_CHUNK = 512
@@ -70,6 +74,19 @@ cdef extern from "cells.h" nogil:
                             float* dgx, float* dgh, float* dh_prev)
     void gru_row_backward_d(long H, const double* g, const double* hh, const double* h_prev, const double* dh,
                             double* dgx, double* dgh, double* dh_prev)
+
+
+cdef extern from "panels.h" nogil:
+    long panel_count_f(long n)
+    long panel_count_d(long n)
+    void panel_pack_f(const float* b, long ldb, int trans, long k, long n, float alpha, long p0, long p1,
+                      float* out)
+    void panel_pack_d(const double* b, long ldb, int trans, long k, long n, double alpha, long p0, long p1,
+                      double* out)
+    void panel_gemm_f(long m, long k, long n, const float* a, long lda, const float* packed, long p0, long p1,
+                      float* c, long ldc, float beta)
+    void panel_gemm_d(long m, long k, long n, const double* a, long lda, const double* packed, long p0,
+                      long p1, double* c, long ldc, double beta)
 
 
 def fast_tanh(float[::1] x, float[::1] y):
@@ -548,6 +565,53 @@ def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint
         else:
             gru_row_backward_d(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
                                &dgx[b, 0], &dgh[b, 0], _row(dh_prev, b, want_dh_prev))
+
+
+# ---------------------------------------------------------------- panel-packed GEMM (panels.h)
+# The recurrent step's product with a weight packed once per version; the panels are split
+# between the threads in contiguous runs (each thread writes its own columns of c).
+
+def panel_size(real[:, ::1] b, bint trans):
+    """How many values the panels of op(b) take."""
+    cdef long k = b.shape[1] if trans else b.shape[0]
+    cdef long n = b.shape[0] if trans else b.shape[1]
+    if real is float:
+        return panel_count_f(n) * k * 16
+    return panel_count_d(n) * k * 8
+
+
+def panel_pack(real[:, ::1] b, bint trans, double alpha, real[::1] out):
+    """out = the panels of alpha·op(b) (op(b) is k x n); out holds panel_size(b, trans) values."""
+    cdef long k = b.shape[1] if trans else b.shape[0]
+    cdef long n = b.shape[0] if trans else b.shape[1]
+    cdef long ldb = b.shape[1], panels, t, nt = openmp.omp_get_max_threads(), chunk
+    panels = panel_count_f(n) if real is float else panel_count_d(n)
+    chunk = (panels + nt - 1) // nt
+    for t in prange(nt, nogil=True, schedule="static", use_threads_if=k * n > PARALLEL_MIN):
+        if real is float:
+            panel_pack_f(&b[0, 0], ldb, trans, k, n, <float>alpha, min(panels, t * chunk),
+                         min(panels, (t + 1) * chunk), &out[0])
+        else:
+            panel_pack_d(&b[0, 0], ldb, trans, k, n, alpha, min(panels, t * chunk),
+                         min(panels, (t + 1) * chunk), &out[0])
+
+
+def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double beta):
+    """c = a @ P + beta * c, P (a.shape[1] x n) packed by panel_pack."""
+    cdef long m = a.shape[0], k = a.shape[1], panels, t, chunk
+    cdef long lda = a.strides[0] // sizeof(real), ldc = c.strides[0] // sizeof(real)
+    cdef long nt = openmp.omp_get_max_threads() if m * n * k >= PANEL_PARALLEL_MIN else 1
+    if m == 0:
+        return
+    panels = panel_count_f(n) if real is float else panel_count_d(n)
+    chunk = (panels + nt - 1) // nt
+    for t in prange(nt, nogil=True, schedule="static", num_threads=nt, use_threads_if=nt > 1):
+        if real is float:
+            panel_gemm_f(m, k, n, &a[0, 0], lda, &packed[0], min(panels, t * chunk), min(panels, (t + 1) * chunk),
+                         &c[0, 0], ldc, <float>beta)
+        else:
+            panel_gemm_d(m, k, n, &a[0, 0], lda, &packed[0], min(panels, t * chunk), min(panels, (t + 1) * chunk),
+                         &c[0, 0], ldc, beta)
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows

@@ -2,6 +2,7 @@
 #ifndef LAMINA_CELLS_H
 #define LAMINA_CELLS_H
 #include <math.h>
+#include "clones.h"
 
 /* Fast float32 tanh: Eigen's rational approximation (odd degree-13 numerator, degree-6
  * denominator), within 4e-7 of tanh over the float range; multiply-adds and one division, so

@@ -1,8 +1,7 @@
 /* Row primitives for the selective kernels: dot products, axpbys, streaming copies and
  * prefetches over contiguous rows.
  *
- * The dots and axpbys are compiled twice (gcc's target_clones): for x86-64-v3 (AVX2 + FMA) and
- * for the baseline, and the loader picks the one the CPU runs. The dots keep four independent
+ * The dots and axpbys are compiled for AVX2 + FMA and for the baseline (clones.h). The dots keep four independent
  * vector accumulators: a single one would wait on each add's latency (measured: 4x slower on
  * 512-float rows). */
 #ifndef LAMINA_ROWS_H
@@ -14,11 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LAMINA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define LAMINA_CLONES
-#endif
+#include "clones.h"
 
 typedef float lamina_v8f __attribute__((vector_size(32)));
 typedef double lamina_v4d __attribute__((vector_size(32)));

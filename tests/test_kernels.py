@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from lamina.backends.base import ALL_ACTIVATIONS
+from lamina.backends.cpu import CPUBackend
 from lamina.backends.reference import ReferenceBackend
 
 REF = ReferenceBackend()
@@ -44,18 +45,33 @@ def test_gemm(backend, dtype, m, n, k, trans_a, trans_b, beta):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("trans", [False, True])
-@pytest.mark.parametrize("rows", [1, 5, 64])
-def test_packed_gemm(backend, dtype, trans, rows):
-    rng = rng_for("pack", trans, rows)
-    k, n = 33, 17
+@pytest.mark.parametrize("rows", [1, 5, 7, 64])
+@pytest.mark.parametrize("n", [17, 40])
+def test_packed_gemm(backend, dtype, trans, rows, n):
+    # n: whole and partial panels (16 floats or 8 doubles wide); rows: whole and partial tiles of 6
+    rng = rng_for("pack", trans, rows, n)
+    k = 33
     b = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
     packed = backend.pack(b, trans=trans, alpha=1.5, max_rows=64)
-    for beta in (0.0, 1.0):
+    for beta in (0.0, 1.0, 0.5):
         a = rng.standard_normal((rows, k)).astype(dtype)
         c, c_ref = out_pair((rows, n), dtype, beta, rng)
         backend.packed_gemm(a, packed, c, beta)
         REF.packed_gemm(a, REF.pack(b, trans, 1.5), c_ref, beta)
         close(c, c_ref, dtype)
+
+
+@pytest.mark.parametrize("provider", ["openblas", "mkl"])
+def test_packed_gemm_recurrent_shape(provider):
+    """The recurrent step's shape, big enough that the panels are split between threads."""
+    be = CPUBackend(provider)
+    rng = rng_for("pack-big", provider)
+    w = rng.standard_normal((2048, 512)).astype(np.float32)
+    a = rng.standard_normal((64, 512)).astype(np.float32)
+    c = rng.standard_normal((64, 2048)).astype(np.float32)
+    expect = a.astype(np.float64) @ w.T.astype(np.float64) + c
+    be.packed_gemm(a, be.pack(w, trans=True, max_rows=64), c, beta=1.0)
+    np.testing.assert_allclose(c, expect, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

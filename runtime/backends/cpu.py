@@ -73,10 +73,12 @@ def _rows(a):
 
 
 class PackedMatrix:
-    """alpha * op(B) in MKL's packed format, for up to max_rows rows on the left."""
+    """alpha * op(B) packed for products with up to max_rows rows on the left: MKL's packed format
+    (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h)."""
 
-    def __init__(self, handle, k, n, dtype, max_rows):
-        self.handle, self.k, self.n, self.dtype, self.max_rows = handle, k, n, dtype, max_rows
+    def __init__(self, k, n, dtype, max_rows, handle=None, panels=None):
+        self.k, self.n, self.dtype, self.max_rows = k, n, dtype, max_rows
+        self.handle, self.panels = handle, panels
 
 
 class CPUBackend(HostStatistics, Backend):
@@ -131,8 +133,11 @@ class CPUBackend(HostStatistics, Backend):
         k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         if k == 0 or n == 0:
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
-        handle = _mkl.pack_b(b, trans, alpha, max_rows)
-        return PackedMatrix(handle, k, n, b.dtype, max(max_rows, 1))
+        if self.blas_name == "mkl":
+            return PackedMatrix(k, n, b.dtype, max(max_rows, 1), handle=_mkl.pack_b(b, trans, alpha, max_rows))
+        panels = np.empty(K.panel_size(b, trans), b.dtype)
+        K.panel_pack(b, trans, alpha, panels)
+        return PackedMatrix(k, n, b.dtype, max(max_rows, 1), panels=panels)
 
     def packed_gemm(self, a, packed, c, beta=0.0):
         check_array("packed_gemm", "a", a, dtype=packed.dtype, ndim=2)
@@ -143,7 +148,10 @@ class CPUBackend(HostStatistics, Backend):
         if a.shape[0] > packed.max_rows:
             raise ValueError(f"packed_gemm: a has {a.shape[0]} rows, the pack was made for at most "
                              f"{packed.max_rows}")
-        _mkl.packed_gemm(a, packed.handle, c, beta)
+        if packed.handle is not None:
+            _mkl.packed_gemm(a, packed.handle, c, beta)
+        else:
+            K.panel_gemm(a, packed.panels, packed.n, c, beta)
 
     # -- bias, element-wise, rows
     def add_bias(self, y, b):

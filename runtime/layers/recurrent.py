@@ -9,7 +9,8 @@ Per layer and direction, nothing pads:
   holds every sequence longer than t, and the first rows of step t-1 are their previous states);
 - the input projection of every step is one GEMM, G = X W_ihᵀ + b;
 - each step adds h_{t-1} W_hhᵀ to its block of G with one GEMM over the running sequences
-  (with MKL's packed weight where enabled) and applies the cell in one fused kernel;
+  against W_hh packed once per weight version (MKL's packed GEMM where MKL is the provider, else
+  lamina's panel GEMM, pyx/panels.h) and applies the cell in one fused kernel;
 - backward walks the steps in reverse, adding dG_t W_hh into the previous step's rows, and
   after the loop computes every weight gradient as one GEMM over all steps: dW_hh = dGᵀ H_prev,
   where H_prev holds each row's previous state (time-major, built by copying step blocks). One
@@ -94,8 +95,8 @@ class _Recurrent(Layer):
 
     # ------------------------------------------------------------------ shared pieces
     def _use_packed(self, be):
-        if self.packed is None:  # MKL's packed GEMM where MKL is the provider (it gains little elsewhere)
-            return getattr(be, "blas_name", None) == "mkl"
+        if self.packed is None:  # the CPU backend packs (MKL's format on MKL, lamina's panels elsewhere)
+            return be.name == "cpu"
         return bool(self.packed)
 
     def _recurrent_product(self, ctx, a, name, out, beta, transpose):

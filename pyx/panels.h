@@ -1,0 +1,52 @@
+/* Panel-packed GEMM for products with a fixed right-hand matrix and few rows on the left: the
+ * recurrent step of RNN, LSTM and GRU (c[b x n] = h_prev[b x k] · W_hhᵀ, b <= batch size).
+ *
+ * A general BLAS packs its right-hand operand again on every call; for the step's shapes
+ * (k = 512, n = 2048, b <= 64) that is a 4 MB copy per step for 134 MFLOP of work, and why
+ * OpenBLAS ran the recurrent steps of a 512-wide LSTM at 60% of its own large-GEMM rate here.
+ * This packs alpha·op(B) once (the caller caches the pack per weight version, as MKL's packed
+ * GEMM is used) into panels of NR columns stored k-major, zero-padded to a whole panel:
+ *
+ *     panel p, row kk:  alpha · op(B)[kk, p·NR .. p·NR + NR)
+ *
+ * and computes MR x NR tiles of c in registers (MR = 6 rows; NR = two vectors: 16 floats or 8
+ * doubles): per kk, two vector loads of the panel, six broadcasts of a, twelve fused
+ * multiply-adds. A panel (k·NR values, 32 KB for k = 512) stays in cache while every row tile
+ * of a passes over it. Callers split the panels between threads.
+ *
+ * Compiled for AVX2 + FMA and for the baseline (clones.h). */
+#ifndef LAMINA_PANELS_H
+#define LAMINA_PANELS_H
+
+#include <string.h>
+#include "clones.h"
+
+#define PANEL_MR 6
+
+typedef float lamina_pv8f __attribute__((vector_size(32)));
+typedef double lamina_pv4d __attribute__((vector_size(32)));
+
+#define SUFFIXED_(name, sfx) name##_##sfx
+#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
+
+#define REAL float
+#define VEC lamina_pv8f
+#define LANES 8
+#define SUFFIXED(name) SUFFIXED2(name, f)
+#include "panels_impl.h"
+#undef REAL
+#undef VEC
+#undef LANES
+#undef SUFFIXED
+
+#define REAL double
+#define VEC lamina_pv4d
+#define LANES 4
+#define SUFFIXED(name) SUFFIXED2(name, d)
+#include "panels_impl.h"
+#undef REAL
+#undef VEC
+#undef LANES
+#undef SUFFIXED
+
+#endif
