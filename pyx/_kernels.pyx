@@ -26,6 +26,12 @@ cdef enum:
 cdef enum:
     CELL_PARALLEL_MIN = 65536
 
+# vol2col / col2vol: blocks of the column matrix are sized to stay in cache (about 2^18 values,
+# lamina.layers.conv.COL_BLOCK), so they go parallel well below PARALLEL_MIN (at PARALLEL_MIN
+# every block ran on one thread: 27 of the 66 ms of a training step of the issue's case A)
+cdef enum:
+    VOLUME_PARALLEL_MIN = 16384
+
 # panel GEMM: below this many multiply-adds one thread is faster
 cdef enum:
     PANEL_PARALLEL_MIN = 1 << 20
@@ -774,7 +780,7 @@ def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int 
     cdef Py_ssize_t c, a, b, e, r, od, oh, ow, row, p, i_d, i_h, off, lo, hi
     cdef real* dst
     cdef const real* src
-    for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > PARALLEL_MIN):
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > VOLUME_PARALLEL_MIN):
         for a in range(kd):
             for b in range(kh):
                 for e in range(kw):
@@ -813,7 +819,9 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
     channels run in parallel, and a channel's rows only touch that channel, so nothing races."""
     cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t c, a, b, e, r, od, oh, ow, row, p, i_d, i_h, off, lo, hi
-    for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > PARALLEL_MIN):
+    cdef real* dst
+    cdef const real* src
+    for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > VOLUME_PARALLEL_MIN):
         for a in range(kd):
             for b in range(kh):
                 for e in range(kw):
@@ -827,8 +835,14 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
                         i_h = oh * sh - ph + b * dh
                         if 0 <= i_d < D and 0 <= i_h < H:
                             p = (r - r0) * oW
-                            for ow in range(lo, hi):
-                                x[c, i_d, i_h, ow * sw + off] += col[row, p + ow]
+                            src = &col[row, p]
+                            dst = &x[c, i_d, i_h, 0]
+                            if sw == 1:
+                                for ow in range(lo, hi):
+                                    dst[ow + off] += src[ow]
+                            else:
+                                for ow in range(lo, hi):
+                                    dst[ow * sw + off] += src[ow]
 
 
 def channel_bias(real[:, :, ::1] y, real[::1] b):

@@ -2,8 +2,12 @@
 threading layer share gcc's libgomp) and OpenBLAS's own pool.
 
 `LAMINA_THREADS` sets the starting value; `set_num_threads` changes it at run time.
+`split_work` runs independent pieces of one layer (the samples of a convolution) on the threads
+instead, each with single-threaded kernels and BLAS.
 """
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from . import _kernels, _mkl, _openblas
 
@@ -37,6 +41,46 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _current
+
+
+_pool = None
+_split_lock = threading.Lock()
+
+
+def split_work(count, work, threads=None):
+    """work(t, items) for t < T, where the T runs `items` cover range(count) in order and each
+    is non-empty, T = min(threads or lamina's thread count, count); returns T. With T > 1 each
+    run gets a worker thread whose kernels and BLAS calls are single-threaded (the kernels
+    release the GIL), so the pieces run side by side with no team to wake inside them; BLAS
+    returns to the full thread count afterwards. The first exception raised by a run is
+    re-raised here, after every run has finished."""
+    global _pool
+    count = int(count)
+    threads = min(threads or _current, count)
+    if threads <= 1:
+        if count:
+            work(0, range(count))
+        return max(threads, 0)
+    with _split_lock:  # one split at a time: BLAS thread counts are process-wide
+        if _pool is None or _pool._max_workers < threads:
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="lamina")
+
+        def run(t):
+            _kernels.set_num_threads(1)  # OpenMP's thread count is per calling thread
+            work(t, range(t * count // threads, (t + 1) * count // threads))
+
+        _mkl.set_num_threads(1)
+        _openblas.set_num_threads(1)
+        try:
+            futures = [_pool.submit(run, t) for t in range(threads)]
+            errors = [f.exception() for f in futures]
+        finally:
+            _mkl.set_num_threads(_current)
+            _openblas.set_num_threads(_current)
+        for e in errors:
+            if e is not None:
+                raise e
+    return threads
 
 
 set_num_threads(_default_threads())

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..graph import Spec
 from ..random import generator
+from ..threads import get_num_threads, split_work
 from .base import Layer, int_tuple, register, require_volume, uniform
 
 
@@ -125,6 +126,25 @@ class _ConvNd(Layer):
             if db is not None:
                 ctx.be.channel_bias_grad(ctx.grad_output, db.array, db.beta)
 
+    # The samples of a batch are independent convolutions, each a chain of small GEMMs and
+    # copies; on the CPU backend they are split between the threads (lamina.threads.split_work),
+    # each thread with its own column buffer and single-threaded kernels, instead of waking a
+    # team of threads for every block. Weight gradients: the first thread adds into the
+    # parameter's gradient, the others into their own buffers, summed at the end.
+    def _threads(self, ctx):
+        return min(get_num_threads(), ctx.inputs[0].shape[0]) if ctx.be.name == "cpu" else 1
+
+    def _weight_grad_parts(self, ctx, dw, threads):
+        """Per thread, (array, beta of its first write): the gradient itself for thread 0."""
+        if dw is None:
+            return [(None, 0.0)] * threads
+        return [(dw.array, dw.beta)] + [(ctx.workspace(("dweight", t), dw.array.shape), 0.0)
+                                        for t in range(1, threads)]
+
+    def _sum_weight_grad_parts(self, ctx, parts):
+        for part, _ in parts[1:]:
+            ctx.be.axpby(1.0, part, 1.0, parts[0][0])
+
 
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
 # values) stays in cache between being written and being read by the GEMM
@@ -135,13 +155,13 @@ class _Blocks:
     """The column-matrix blocks of one convolution: window rows [r0, r1) of a grid, a buffer
     sized for the largest block, and each block's [rows, columns] view of it."""
 
-    def __init__(self, ctx, col_rows, grid):
+    def __init__(self, ctx, col_rows, grid, key="col"):
         self.grid, self.rows = grid, col_rows
         per_row = col_rows * grid[-1]
         self.step = max(1, COL_BLOCK // per_row)
         total = int(np.prod(grid[:-1]))
         self.ranges = [(r0, min(total, r0 + self.step)) for r0 in range(0, total, self.step)]
-        self.buffer = ctx.workspace("col", (col_rows * min(self.step, total) * grid[-1],))
+        self.buffer = ctx.workspace(key, (col_rows * min(self.step, total) * grid[-1],))
 
     def __iter__(self):
         width = self.grid[-1]
@@ -171,13 +191,17 @@ class _Conv(_ConvNd):
         geometry = self._geometry(grid)
         w = self._weight_groups()
         k_rows, out_g = w.shape[2], self.out_channels // self.groups
-        blocks = _Blocks(ctx, self.in_channels * int(np.prod(self.kernel_size)), geometry[4])
-        for n in range(x.shape[0]):
-            xn, yn = self._volume(x[n]), y[n].reshape(self.out_channels, -1)
-            for rows, cols, col in blocks:
-                be.vol2col(xn, col, geometry, rows)
-                for g in range(self.groups):
-                    be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
+        col_rows = self.in_channels * int(np.prod(self.kernel_size))
+
+        def work(t, samples):
+            blocks = _Blocks(ctx, col_rows, geometry[4], ("col", t))
+            for n in samples:
+                xn, yn = self._volume(x[n]), y[n].reshape(self.out_channels, -1)
+                for rows, cols, col in blocks:
+                    be.vol2col(xn, col, geometry, rows)
+                    for g in range(self.groups):
+                        be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
+        split_work(x.shape[0], work, self._threads(ctx))
         self._bias_forward(ctx)
 
     def backward(self, ctx):
@@ -187,32 +211,40 @@ class _Conv(_ConvNd):
         geometry = self._geometry(dy.shape[2:])
         w = self._weight_groups()
         k_rows, out_g = w.shape[2], self.out_channels // self.groups
-        blocks = _Blocks(ctx, self.in_channels * int(np.prod(self.kernel_size)), geometry[4])
+        col_rows = self.in_channels * int(np.prod(self.kernel_size))
         dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
-        dwg = self._grad_groups(dw.array) if dw is not None else None
-        first = True
-        for n in range(x.shape[0]):
-            dyn, xn = dy[n].reshape(self.out_channels, -1), self._volume(x[n])
-            if dx is not None:
-                dxn = self._volume(dx.array[n])
-                if dx.beta == 0:
-                    be.fill(dxn, 0)
-            for rows, cols, col in blocks:
-                if dwg is not None:  # dW_g += dy_g col_gᵀ
-                    be.vol2col(xn, col, geometry, rows)
-                    for g in range(self.groups):
-                        be.gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
-                                trans_b=True, beta=dw.beta if first else 1.0)
-                    first = False
-                if dx is not None:  # dx += col2vol(W_gᵀ dy_g)
-                    for g in range(self.groups):
-                        be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
-                                trans_a=True)
-                    be.col2vol(col, dxn, geometry, rows)
+        threads = self._threads(ctx)
+        parts = self._weight_grad_parts(ctx, dw, threads)
+
+        def work(t, samples):
+            blocks = _Blocks(ctx, col_rows, geometry[4], ("col", t))
+            dwt, beta = parts[t]
+            dwg = self._grad_groups(dwt) if dwt is not None else None
+            for n in samples:
+                dyn, xn = dy[n].reshape(self.out_channels, -1), self._volume(x[n])
+                if dx is not None:
+                    dxn = self._volume(dx.array[n])
+                    if dx.beta == 0:
+                        be.fill(dxn, 0)
+                for rows, cols, col in blocks:
+                    if dwg is not None:  # dW_g += dy_g col_gᵀ
+                        be.vol2col(xn, col, geometry, rows)
+                        for g in range(self.groups):
+                            be.gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
+                                    trans_b=True, beta=beta)
+                        beta = 1.0
+                    if dx is not None:  # dx += col2vol(W_gᵀ dy_g)
+                        for g in range(self.groups):
+                            be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                                    trans_a=True)
+                        be.col2vol(col, dxn, geometry, rows)
+        split_work(x.shape[0], work, threads)
+        if dw is not None:
+            self._sum_weight_grad_parts(ctx, parts)
         self._bias_backward(ctx)
 
     # ---------------------------------------------------------------- depth taps (stride_d = 1)
-    def _slabs(self, ctx):
+    def _slabs(self, ctx, key="col2d"):
         """Blocks of output depth slices [o0, o1), each with the input slices [i_lo, i_hi) it
         reads (its own plus a halo of (kd - 1)·dd), a column-matrix view for those input slices,
         and the taps (a, od0, od1, first column slice) that land in the block. Blocks keep the
@@ -223,7 +255,7 @@ class _Conv(_ConvNd):
         plane = int(np.prod(ctx.output.shape[3:]))
         halo = (kd - 1) * dd
         slab = max(COL_BLOCK // (col_rows * plane), 4 * halo, 1)
-        buffer = ctx.workspace("col2d", (col_rows * min(slab + halo, depth) * plane,))
+        buffer = ctx.workspace(key, (col_rows * min(slab + halo, depth) * plane,))
         for o0 in range(0, out_depth, slab):
             o1 = min(out_depth, o0 + slab)
             i_lo, i_hi = max(0, o0 - pd), min(depth, o1 - 1 - pd + halo + 1)
@@ -261,15 +293,18 @@ class _Conv(_ConvNd):
         geometry, out_h = self._plane_geometry(ctx), y.shape[3]
         wt = self._tap_weights()
         rows, out_g = wt.shape[3], self.out_channels // self.groups
-        for n in range(x.shape[0]):
-            yn = y[n].reshape(self.out_channels, -1)
-            be.fill(yn, 0)
-            for (i_lo, i_hi), col, taps in self._slabs(ctx):
-                be.vol2col(x[n], col, geometry, (i_lo * out_h, i_hi * out_h))
-                for a, out_cols, col_cols in taps:
-                    for g in range(self.groups):
-                        be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
-                                yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
+
+        def work(t, samples):
+            for n in samples:
+                yn = y[n].reshape(self.out_channels, -1)
+                be.fill(yn, 0)
+                for (i_lo, i_hi), col, taps in self._slabs(ctx, ("col2d", t)):
+                    be.vol2col(x[n], col, geometry, (i_lo * out_h, i_hi * out_h))
+                    for a, out_cols, col_cols in taps:
+                        for g in range(self.groups):
+                            be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
+                                    yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
+        split_work(x.shape[0], work, self._threads(ctx))
         self._bias_forward(ctx)
 
     def _backward_depth_taps(self, ctx):
@@ -278,29 +313,38 @@ class _Conv(_ConvNd):
         wt = self._tap_weights()
         rows, out_g = wt.shape[3], self.out_channels // self.groups
         dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
-        dwt = ctx.workspace("dweight_taps", wt.shape) if dw is not None else None
-        if dwt is not None:
-            be.fill(dwt, 0)
-        for n in range(x.shape[0]):
-            dyn = dy[n].reshape(self.out_channels, -1)
-            if dx is not None and dx.beta == 0:
-                be.fill(dx.array[n], 0)
-            for (i_lo, i_hi), col, taps in self._slabs(ctx):
-                window = (i_lo * out_h, i_hi * out_h)
-                if dwt is not None:  # dW_a,g += dy_g[output slices] col_g[their input slices]ᵀ
-                    be.vol2col(x[n], col, geometry, window)
-                    for a, out_cols, col_cols in taps:
-                        for g in range(self.groups):
-                            be.gemm(dyn[g * out_g:(g + 1) * out_g, out_cols], col[g * rows:(g + 1) * rows, col_cols],
-                                    dwt[a, g], trans_b=True, beta=1.0)
-                if dx is not None:  # dcol[input slices] += W_a,gᵀ dy_g[output slices]; dx += col2vol(dcol)
-                    be.fill(col, 0)
-                    for a, out_cols, col_cols in taps:
-                        for g in range(self.groups):
-                            be.gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, out_cols],
-                                    col[g * rows:(g + 1) * rows, col_cols], trans_a=True, beta=1.0)
-                    be.col2vol(col, dx.array[n], geometry, window)
-        if dwt is not None:  # back to PyTorch's layout [out, in_g, kd, kh, kw] (a layout copy)
+        threads = self._threads(ctx)
+        # tap-major weight gradients, one per thread, all starting from zero
+        dwts = [ctx.workspace(("dweight_taps", t), wt.shape) for t in range(threads)] if dw is not None else None
+
+        def work(t, samples):
+            dwt = dwts[t] if dwts is not None else None
+            if dwt is not None:
+                be.fill(dwt, 0)
+            for n in samples:
+                dyn = dy[n].reshape(self.out_channels, -1)
+                if dx is not None and dx.beta == 0:
+                    be.fill(dx.array[n], 0)
+                for (i_lo, i_hi), col, taps in self._slabs(ctx, ("col2d", t)):
+                    window = (i_lo * out_h, i_hi * out_h)
+                    if dwt is not None:  # dW_a,g += dy_g[output slices] col_g[their input slices]ᵀ
+                        be.vol2col(x[n], col, geometry, window)
+                        for a, out_cols, col_cols in taps:
+                            for g in range(self.groups):
+                                be.gemm(dyn[g * out_g:(g + 1) * out_g, out_cols],
+                                        col[g * rows:(g + 1) * rows, col_cols], dwt[a, g], trans_b=True, beta=1.0)
+                    if dx is not None:  # dcol[input slices] += W_a,gᵀ dy_g[output slices]; dx += col2vol(dcol)
+                        be.fill(col, 0)
+                        for a, out_cols, col_cols in taps:
+                            for g in range(self.groups):
+                                be.gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, out_cols],
+                                        col[g * rows:(g + 1) * rows, col_cols], trans_a=True, beta=1.0)
+                        be.col2vol(col, dx.array[n], geometry, window)
+        split_work(x.shape[0], work, threads)
+        if dwts is not None:  # back to PyTorch's layout [out, in_g, kd, kh, kw] (a layout copy)
+            dwt = dwts[0]
+            for other in dwts[1:]:
+                be.axpby(1.0, other, 1.0, dwt)
             kd, k2 = self.kernel_size[0], self.kernel_size[1] * self.kernel_size[2]
             in_g = self.in_channels // self.groups
             back = dwt.reshape(kd, self.groups, out_g, in_g, k2).transpose(1, 2, 3, 0, 4).reshape(dw.array.shape)
@@ -322,14 +366,19 @@ class _ConvTranspose(_ConvNd):
         geometry = self._geometry(x.shape[2:])
         w = self._weight_groups()  # [groups, in_g, out_g·K]
         in_g, k_rows = w.shape[1], w.shape[2]
-        blocks = _Blocks(ctx, self.out_channels * int(np.prod(self.kernel_size)), geometry[4])
-        for n in range(x.shape[0]):
-            xn, yn = x[n].reshape(self.in_channels, -1), self._volume(y[n])
-            be.fill(yn, 0)
-            for rows, cols, col in blocks:
-                for g in range(self.groups):
-                    be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows], trans_a=True)
-                be.col2vol(col, yn, geometry, rows)
+        col_rows = self.out_channels * int(np.prod(self.kernel_size))
+
+        def work(t, samples):
+            blocks = _Blocks(ctx, col_rows, geometry[4], ("col", t))
+            for n in samples:
+                xn, yn = x[n].reshape(self.in_channels, -1), self._volume(y[n])
+                be.fill(yn, 0)
+                for rows, cols, col in blocks:
+                    for g in range(self.groups):
+                        be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                                trans_a=True)
+                    be.col2vol(col, yn, geometry, rows)
+        split_work(x.shape[0], work, self._threads(ctx))
         self._bias_forward(ctx)
 
     def backward(self, ctx):
@@ -337,23 +386,30 @@ class _ConvTranspose(_ConvNd):
         geometry = self._geometry(x.shape[2:])
         w = self._weight_groups()
         in_g, k_rows = w.shape[1], w.shape[2]
-        blocks = _Blocks(ctx, self.out_channels * int(np.prod(self.kernel_size)), geometry[4])
+        col_rows = self.out_channels * int(np.prod(self.kernel_size))
         dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
-        dwg = self._grad_groups(dw.array) if dw is not None else None
-        first = True
-        for n in range(x.shape[0]):
-            xn, dyn = x[n].reshape(self.in_channels, -1), self._volume(dy[n])
-            dxn = dx.array[n].reshape(self.in_channels, -1) if dx is not None else None
-            for rows, cols, col in blocks:
-                be.vol2col(dyn, col, geometry, rows)
-                for g in range(self.groups):
-                    colg = col[g * k_rows:(g + 1) * k_rows]
-                    if dxn is not None:  # dx_g = W_g dcol_g (blocks of columns are disjoint)
-                        be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)
-                    if dwg is not None:  # dW_g += x_g dcol_gᵀ
-                        be.gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True,
-                                beta=dw.beta if first else 1.0)
-                first = False
+        threads = self._threads(ctx)
+        parts = self._weight_grad_parts(ctx, dw, threads)
+
+        def work(t, samples):
+            blocks = _Blocks(ctx, col_rows, geometry[4], ("col", t))
+            dwt, beta = parts[t]
+            dwg = self._grad_groups(dwt) if dwt is not None else None
+            for n in samples:
+                xn, dyn = x[n].reshape(self.in_channels, -1), self._volume(dy[n])
+                dxn = dx.array[n].reshape(self.in_channels, -1) if dx is not None else None
+                for rows, cols, col in blocks:
+                    be.vol2col(dyn, col, geometry, rows)
+                    for g in range(self.groups):
+                        colg = col[g * k_rows:(g + 1) * k_rows]
+                        if dxn is not None:  # dx_g = W_g dcol_g (blocks of columns are disjoint)
+                            be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)
+                        if dwg is not None:  # dW_g += x_g dcol_gᵀ
+                            be.gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True, beta=beta)
+                    beta = 1.0
+        split_work(x.shape[0], work, threads)
+        if dw is not None:
+            self._sum_weight_grad_parts(ctx, parts)
         self._bias_backward(ctx)
 
 
