@@ -185,19 +185,25 @@ def test_blocked_column_matrix_gives_the_same_result(case, monkeypatch):
     results = []
     for block in (1 << 18, 7):
         monkeypatch.setattr(conv, "COL_BLOCK", block)
-        net, x, layer = conv_net(case, seed=3)
-        y = layer(x)
-        net.outputs(y=y)
-        net.astype("float64")
-        x.requires_grad = True
-        rng = np.random.default_rng(4)
-        X = rng.standard_normal((2,) + x.spec.shape)
-        G = rng.standard_normal((2,) + y.spec.shape)
-        out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
-        net.backward(grad_outputs={"y": G})
-        results.append([out, net.grad("x").copy()] + [p.grad.copy() for p in net.parameters()])
+        results.append(output_and_gradients(case, batch=2, passes=1))
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def output_and_gradients(case, batch, passes):
+    """float64 output, input gradient and parameter gradients after `passes` backward passes."""
+    net, x, layer = conv_net(case, seed=3)
+    y = layer(x)
+    net.outputs(y=y)
+    net.astype("float64")
+    x.requires_grad = True
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((batch,) + x.spec.shape)
+    G = rng.standard_normal((batch,) + y.spec.shape)
+    for _ in range(passes):
+        out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
+        net.backward(grad_outputs={"y": G})
+    return [out, net.grad("x").copy()] + [p.grad.copy() for p in net.parameters()]
 
 
 @pytest.mark.parametrize("case", BLOCKED, ids=[f"{c[0].__name__}-{c[3]}" for c in BLOCKED])
@@ -210,19 +216,7 @@ def test_samples_split_between_threads_give_the_one_thread_result(case):
     try:
         for threads in (1, 2, 3):
             lm.set_num_threads(threads)
-            net, x, layer = conv_net(case, seed=3)
-            y = layer(x)
-            net.outputs(y=y)
-            net.astype("float64")
-            x.requires_grad = True
-            rng = np.random.default_rng(5)
-            X = rng.standard_normal((5,) + x.spec.shape)
-            G = rng.standard_normal((5,) + y.spec.shape)
-            out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
-            net.backward(grad_outputs={"y": G})
-            net.forward({"x": X}, grad_outputs=["y"])
-            net.backward(grad_outputs={"y": G})  # parameter gradients add up: twice the first
-            results.append([out, net.grad("x").copy()] + [p.grad.copy() for p in net.parameters()])
+            results.append(output_and_gradients(case, batch=5, passes=2))  # parameter gradients add up
     finally:
         lm.set_num_threads(before)
     for other in results[1:]:

@@ -134,6 +134,17 @@ class _ConvNd(Layer):
     def _threads(self, ctx):
         return min(get_num_threads(), ctx.inputs[0].shape[0]) if ctx.be.name == "cpu" else 1
 
+    def _grad_setup(self, ctx):
+        """(weight-gradient target, input-gradient target, threads, per-thread weight parts)."""
+        dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
+        threads = self._threads(ctx)
+        return dw, dx, threads, self._weight_grad_parts(ctx, dw, threads)
+
+    def _thread_start(self, ctx, t, col_rows, grid, parts):
+        """Thread t's column blocks, its weight-gradient part by groups and that part's first beta."""
+        part, beta = parts[t]
+        return _Blocks(ctx, col_rows, grid, ("col", t)), (self._grad_groups(part) if part is not None else None), beta
+
     def _weight_grad_parts(self, ctx, dw, threads):
         """Per thread, (array, beta of its first write): the gradient itself for thread 0."""
         if dw is None:
@@ -212,14 +223,10 @@ class _Conv(_ConvNd):
         w = self._weight_groups()
         k_rows, out_g = w.shape[2], self.out_channels // self.groups
         col_rows = self.in_channels * int(np.prod(self.kernel_size))
-        dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
-        threads = self._threads(ctx)
-        parts = self._weight_grad_parts(ctx, dw, threads)
+        dw, dx, threads, parts = self._grad_setup(ctx)
 
         def work(t, samples):
-            blocks = _Blocks(ctx, col_rows, geometry[4], ("col", t))
-            dwt, beta = parts[t]
-            dwg = self._grad_groups(dwt) if dwt is not None else None
+            blocks, dwg, beta = self._thread_start(ctx, t, col_rows, geometry[4], parts)
             for n in samples:
                 dyn, xn = dy[n].reshape(self.out_channels, -1), self._volume(x[n])
                 if dx is not None:
@@ -387,14 +394,10 @@ class _ConvTranspose(_ConvNd):
         w = self._weight_groups()
         in_g, k_rows = w.shape[1], w.shape[2]
         col_rows = self.out_channels * int(np.prod(self.kernel_size))
-        dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
-        threads = self._threads(ctx)
-        parts = self._weight_grad_parts(ctx, dw, threads)
+        dw, dx, threads, parts = self._grad_setup(ctx)
 
         def work(t, samples):
-            blocks = _Blocks(ctx, col_rows, geometry[4], ("col", t))
-            dwt, beta = parts[t]
-            dwg = self._grad_groups(dwt) if dwt is not None else None
+            blocks, dwg, beta = self._thread_start(ctx, t, col_rows, geometry[4], parts)
             for n in samples:
                 xn, dyn = x[n].reshape(self.in_channels, -1), self._volume(dy[n])
                 dxn = dx.array[n].reshape(self.in_channels, -1) if dx is not None else None
