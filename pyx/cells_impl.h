@@ -8,18 +8,19 @@
 static inline REAL SUFFIXED(sigm)(REAL x) { return (REAL)0.5 + (REAL)0.5 * TANH((REAL)0.5 * x); }
 
 /* g: the row's 4H gate pre-activations in, activated i, f, g, o out; c = f c_prev + i g;
- * h = o tanh(c). c_prev NULL means zero. */
-LAMINA_CLONES static void SUFFIXED(lstm_row)(long H, REAL *restrict g, const REAL *restrict c_prev,
-                                      REAL *restrict c, REAL *restrict h) {
-    for (long j = 0; j < H; j++) {
+ * h = o tanh(c). c_prev NULL means zero. Units [0, n) of the row: gate k of unit j at g[k·H + j]
+ * (n = H for a whole row; a thread of the fused recurrence takes a block of units). */
+LAMINA_CLONES static void SUFFIXED(lstm_row)(long n, long H, REAL *restrict g, const REAL *restrict c_prev,
+                                             REAL *restrict c, REAL *restrict h) {
+    for (long j = 0; j < n; j++) {
         REAL gi = SUFFIXED(sigm)(g[j]), gf = SUFFIXED(sigm)(g[H + j]);
         REAL gg = TANH(g[2 * H + j]), go = SUFFIXED(sigm)(g[3 * H + j]);
         g[j] = gi; g[H + j] = gf; g[2 * H + j] = gg; g[3 * H + j] = go;
         c[j] = gi * gg;
     }
     if (c_prev)
-        for (long j = 0; j < H; j++) c[j] += g[H + j] * c_prev[j];
-    for (long j = 0; j < H; j++) h[j] = g[3 * H + j] * TANH(c[j]);
+        for (long j = 0; j < n; j++) c[j] += g[H + j] * c_prev[j];
+    for (long j = 0; j < n; j++) h[j] = g[3 * H + j] * TANH(c[j]);
 }
 
 /* dg: gradient of the row's gate pre-activations, from dh and the carried cell gradient dc;
@@ -41,18 +42,19 @@ LAMINA_CLONES static void SUFFIXED(lstm_row_backward)(long H, const REAL *restri
 }
 
 /* g: the row's 3H input parts (x W_ihᵀ + b_ih) in, activated r, z, n out; hh = h_prev W_hhᵀ + b_hh;
- * h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n). h_prev NULL means zero. */
-LAMINA_CLONES static void SUFFIXED(gru_row)(long H, REAL *restrict g, const REAL *restrict hh,
-                                     const REAL *restrict h_prev, REAL *restrict h) {
-    for (long j = 0; j < H; j++) {
+ * h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n). h_prev NULL means zero. Units [0, n)
+ * of the row, gate k of unit j at k·H + j (as lstm_row). */
+LAMINA_CLONES static void SUFFIXED(gru_row)(long n, long H, REAL *restrict g, const REAL *restrict hh,
+                                            const REAL *restrict h_prev, REAL *restrict h) {
+    for (long j = 0; j < n; j++) {
         REAL r = SUFFIXED(sigm)(g[j] + hh[j]);
         REAL z = SUFFIXED(sigm)(g[H + j] + hh[H + j]);
-        REAL n = TANH(g[2 * H + j] + r * hh[2 * H + j]);
-        g[j] = r; g[H + j] = z; g[2 * H + j] = n;
-        h[j] = (1 - z) * n;
+        REAL nn = TANH(g[2 * H + j] + r * hh[2 * H + j]);
+        g[j] = r; g[H + j] = z; g[2 * H + j] = nn;
+        h[j] = (1 - z) * nn;
     }
     if (h_prev)
-        for (long j = 0; j < H; j++) h[j] += g[H + j] * h_prev[j];
+        for (long j = 0; j < n; j++) h[j] += g[H + j] * h_prev[j];
 }
 
 /* dgx, dgh: gradients of the input part g and the recurrent part hh; dh_prev += dh z unless NULL. */

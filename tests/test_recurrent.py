@@ -6,6 +6,8 @@ import pytest
 
 import lamina as lm
 from lamina.layers import GRU, LSTM, RNN
+from lamina.backends.cpu import CPUBackend
+from lamina.layers.recurrent import _Recurrent
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 
 LAYERS = {"rnn": RNN, "rnn_relu": RNN, "lstm": LSTM, "gru": GRU}
@@ -128,8 +130,8 @@ def test_matches_the_per_sequence_reference(kind, options, initial):
         np.testing.assert_allclose(got[outs[2].name], cell, rtol=1e-12, atol=1e-12)
 
 
-def probed(kind, options, initial, lengths, packed=False):
-    net, layer, outs = network(kind, options, initial, packed=packed)
+def probed(kind, options, initial, lengths, packed=False, hidden=3):
+    net, layer, outs = network(kind, options, initial, packed=packed, hidden=hidden)
     probes = [add_probe_cost(net, v) for v in outs]
     net.astype("float64")
     seqs = batch(lengths, 2, seed=3)
@@ -137,9 +139,9 @@ def probed(kind, options, initial, lengths, packed=False):
     states = layer.num_layers * layer.directions
     feeds = {"x": seqs}
     if initial:
-        feeds["h0"] = rng.standard_normal((len(lengths), states, 3))
+        feeds["h0"] = rng.standard_normal((len(lengths), states, hidden))
         if kind == "lstm":
-            feeds["c0"] = rng.standard_normal((len(lengths), states, 3))
+            feeds["c0"] = rng.standard_normal((len(lengths), states, hidden))
     for name, v in zip(probes, outs):
         feeds[name] = probe_feed(net, name, seqs if v.spec.sequence else len(lengths), seed=5)
     return net, feeds
@@ -167,21 +169,66 @@ def test_gradients_packed_path(kind):
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
-def test_packed_and_plain_paths_agree(kind):
+def test_gradients_fused_recurrence(kind, monkeypatch):
+    """Hidden size 16 in float64 is two panels of units: the fused forward recurrence
+    (pyx/recurrence.h) runs on two threads, each owning one, meeting at a barrier per step."""
+    calls = spy_fused(monkeypatch)
+    net, feeds = probed(kind, dict(bidirectional=True), True, LENGTHS, packed=True, hidden=16)
+    net.to(CPUBackend(blas="openblas"))  # the fused path is for lamina's panels, not MKL's packs
+    check_gradients(net, feeds, max_points=300)
+    assert calls and set(calls) == {2}
+
+
+def spy_fused(monkeypatch):
+    """Force the fused recurrence onto every thread; returns the list of thread counts it ran with."""
+    import lamina.layers.recurrent as recurrent
+    calls, real = [], recurrent._kernels.recurrence_forward
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(recurrent._kernels, name)
+
+        @staticmethod
+        def recurrence_forward(*args):
+            calls.append(args[-1])
+            return real(*args)
+    monkeypatch.setattr(_Recurrent, "FUSED_PARALLEL_MIN", 0)
+    monkeypatch.setattr(recurrent, "_kernels", Spy())
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_packed_and_plain_paths_agree(kind, threads, monkeypatch):
+    """Step by step with plain GEMMs against the packed weight; with hidden size 32 on the
+    OpenBLAS provider that is the fused recurrence, here on up to 3 threads over 2 panels."""
+    calls = spy_fused(monkeypatch)
+    before = lm.get_num_threads()
+    lm.set_num_threads(threads)
+    try:
+        results = packed_and_plain_results(kind)
+    finally:
+        lm.set_num_threads(before)
+    assert calls and set(calls) == {threads}
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def packed_and_plain_results(kind):
     results = []
     for packed in (False, True):
         lm.manual_seed(7)
         net, layer, outs = network(kind, dict(num_layers=2, bidirectional=True), packed=packed, in_size=16, hidden=32)
         net.outputs(*outs)
+        net.to(CPUBackend(blas="openblas"))
         seqs = batch([7, 3, 7, 1, 5], 16, seed=8, dtype=np.float32)
         net.forward({"x": seqs}, grad_outputs=[outs[0].name])
         g = np.random.default_rng(9).standard_normal(seqs.values.shape[:1] + (64,)).astype(np.float32)
         net.backward(grad_outputs={outs[0].name: g})
         results.append((net.scheduler.current.values[outs[0].name].copy(),
                         [p.grad.copy() for p in net.parameters()]))
-    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
-    for a, b in zip(results[0][1], results[1][1]):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    return results
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])

@@ -25,9 +25,13 @@ first row, as in PyTorch.
 """
 import math
 
+import numpy as np
+
+from .. import _kernels
 from ..graph import Spec
 from ..packing import PackedWeight
 from ..scheduler import GradTarget
+from ..threads import get_num_threads
 from ..random import generator
 from .base import Layer, register, require_float, uniform
 
@@ -103,12 +107,16 @@ class _Recurrent(Layer):
         """out = a @ W_hhᵀ (transpose) or a @ W_hh, plus beta * out; packed when enabled."""
         be, w = ctx.be, self.params[name]
         if self._use_packed(be):
-            key = (id(w), transpose)
-            if key not in self._packs or self._packs[key].param is not w:
-                self._packs[key] = PackedWeight(be, w, trans=transpose)
-            be.packed_gemm(a, self._packs[key].get(ctx.order.num_sequences), out, beta)
+            be.packed_gemm(a, self._pack(ctx, w, transpose), out, beta)
         else:
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
+
+    def _pack(self, ctx, w, transpose):
+        """op(w) packed for the backend, rebuilt whenever w's values change (lamina.packing)."""
+        key = (id(w), transpose)
+        if key not in self._packs or self._packs[key].param is not w:
+            self._packs[key] = PackedWeight(ctx.be, w, trans=transpose)
+        return self._packs[key].get(ctx.order.num_sequences)
 
     def _sorted_state(self, ctx, state, k, key):
         """Initial state k of every sequence, in the batch order's sorted order, or None."""
@@ -153,6 +161,20 @@ class _Recurrent(Layer):
         cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
         init_h = self._sorted_state(ctx, h0, k, "h0")
         init_c = self._sorted_state(ctx, c0, k, "c0")
+        if self._fused(ctx):
+            self._fused_steps(ctx, sfx, l, d, g, hs, cs, init_h, init_c)
+        else:
+            self._steps(ctx, sfx, l, d, g, hs, cs, init_h, init_c)
+        be.scatter_rows(hs, index, layer_out, col=d * H)
+        last = ctx.workspace(("last", l, d), (order.num_sequences, H))
+        for state, out in ((hs, outs[1]), (cs, outs[2] if cs is not None else None)):
+            if state is not None:
+                be.gather_rows(state, order.last_rows, last)
+                be.scatter_rows(last, order.order, out, col=k * H)
+
+    def _steps(self, ctx, sfx, l, d, g, hs, cs, init_h, init_c):
+        """The recurrence one step at a time: a (packed) GEMM and a cell kernel per step."""
+        order = ctx.order
         for t in range(order.steps):
             r0, b = order.step(t)
             rows = slice(r0, r0 + b)
@@ -165,12 +187,32 @@ class _Recurrent(Layer):
                 prev_c = cs[p0:p0 + b] if cs is not None else None
             self.cell_forward(ctx, sfx, l, d, rows, g[rows], prev_h, prev_c, hs[rows],
                               cs[rows] if cs is not None else None)
-        be.scatter_rows(hs, index, layer_out, col=d * H)
-        last = ctx.workspace(("last", l, d), (order.num_sequences, H))
-        for state, out in ((hs, outs[1]), (cs, outs[2] if cs is not None else None)):
-            if state is not None:
-                be.gather_rows(state, order.last_rows, last)
-                be.scatter_rows(last, order.order, out, col=k * H)
+
+    # multiply-adds of a direction's recurrent products below which the fused recurrence runs on
+    # one thread (a barrier per step costs more than it saves on small layers)
+    FUSED_PARALLEL_MIN = 1 << 24
+
+    # The CPU backend's panel-packed weights (non-MKL providers) also run the whole recurrence
+    # as one parallel region (pyx/recurrence.h): threads own blocks of hidden units and meet at
+    # a spin barrier once per step, instead of a team woken for every step's GEMM and a cell
+    # pass on one thread. Hidden sizes that are not whole panels step from Python.
+    def _fused(self, ctx):
+        be = ctx.be
+        return (self._use_packed(be) and be.name == "cpu" and getattr(be, "blas_name", "mkl") != "mkl"
+                and self.hidden_size % (16 if ctx.inputs[0].dtype == np.float32 else 8) == 0)
+
+    def _fused_steps(self, ctx, sfx, l, d, g, hs, cs, init_h, init_c):
+        order, H = ctx.order, self.hidden_size
+        w = self.params["weight_hh" + sfx]
+        packed = self._pack(ctx, w, transpose=True)
+        gru = self.kind == "gru"
+        hh = self._ws(ctx, "hh", l, d, 3 * H) if gru else g
+        b_hh = self.params["bias_hh" + sfx].buffer if gru and self.has_bias else packed.panels
+        _kernels.recurrence_forward(
+            self._fused_kind, order.step_starts, g, hh, gru and self.has_bias, b_hh, packed.panels, hs,
+            cs if cs is not None else hs, cs is not None, init_h if init_h is not None else hs,
+            init_h is not None, init_c if init_c is not None else hs, init_c is not None,
+            get_num_threads() if g.shape[0] * g.shape[1] * H >= self.FUSED_PARALLEL_MIN else 1)
 
     # ------------------------------------------------------------------ backward
     def backward(self, ctx):
@@ -284,6 +326,10 @@ class RNN(_Recurrent):
     kind = "rnn"
     separate_recurrent_bias = False
 
+    @property
+    def _fused_kind(self):
+        return 1 if self.nonlinearity == "relu" else 0
+
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
                  bidirectional=False, reverse=False, packed=None, name=None):
         if nonlinearity not in ("tanh", "relu"):
@@ -308,6 +354,7 @@ class LSTM(_Recurrent):
     """i, f, g, o = σ, σ, tanh, σ of (x W_ihᵀ + b_ih + h W_hhᵀ + b_hh); c = f c + i g; h = o tanh(c)."""
 
     kind = "lstm"
+    _fused_kind = 2
     gates = 4
     cell_state = True
     separate_recurrent_bias = False
@@ -327,6 +374,7 @@ class GRU(_Recurrent):
     h' = (1 - z) n + z h."""
 
     kind = "gru"
+    _fused_kind = 3
     gates = 3
     separate_recurrent_bias = True  # b_hh sits inside r * (...), so it cannot join b_ih
 
