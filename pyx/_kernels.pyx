@@ -70,15 +70,15 @@ cdef extern from "cells.h" nogil:
     float lamina_fast_tanhf(float x)
     void lstm_row_f(long n, long H, float* g, const float* c_prev, float* c, float* h)
     void lstm_row_d(long n, long H, double* g, const double* c_prev, double* c, double* h)
-    void lstm_row_backward_f(long H, const float* g, const float* c_prev, const float* c, const float* dh,
+    void lstm_row_backward_f(long n, long H, const float* g, const float* c_prev, const float* c, const float* dh,
                              const float* dc, float* dg, float* dc_prev)
-    void lstm_row_backward_d(long H, const double* g, const double* c_prev, const double* c, const double* dh,
+    void lstm_row_backward_d(long n, long H, const double* g, const double* c_prev, const double* c, const double* dh,
                              const double* dc, double* dg, double* dc_prev)
     void gru_row_f(long n, long H, float* g, const float* hh, const float* h_prev, float* h)
     void gru_row_d(long n, long H, double* g, const double* hh, const double* h_prev, double* h)
-    void gru_row_backward_f(long H, const float* g, const float* hh, const float* h_prev, const float* dh,
+    void gru_row_backward_f(long n, long H, const float* g, const float* hh, const float* h_prev, const float* dh,
                             float* dgx, float* dgh, float* dh_prev)
-    void gru_row_backward_d(long H, const double* g, const double* hh, const double* h_prev, const double* dh,
+    void gru_row_backward_d(long n, long H, const double* g, const double* hh, const double* h_prev, const double* dh,
                             double* dgx, double* dgh, double* dh_prev)
 
 
@@ -102,6 +102,14 @@ cdef extern from "recurrence.h" nogil:
     void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g, double* hh,
                               const double* b_hh, const double* packed, double* hs, double* cs,
                               const double* init_h, const double* init_c, int threads)
+    void recurrence_backward_f(int kind, long steps, const long* starts, long H, long G, const float* g,
+                               const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
+                               float* dg, float* dgh, const float* packed, const float* init_h,
+                               const float* init_c, float* dh0, float* dc0, int threads)
+    void recurrence_backward_d(int kind, long steps, const long* starts, long H, long G, const double* g,
+                               const double* hh, const double* hs, const double* cs, double* dhs, double* dcs,
+                               double* dg, double* dgh, const double* packed, const double* init_h,
+                               const double* init_c, double* dh0, double* dc0, int threads)
 
 
 def fast_tanh(float[::1] x, float[::1] y):
@@ -548,10 +556,10 @@ def lstm_step_backward(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[
     cdef Py_ssize_t b, rows = g.shape[0], H = dh.shape[1]
     for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
         if real is float:
-            lstm_row_backward_f(H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &dh[b, 0], &dc[b, 0],
+            lstm_row_backward_f(H, H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &dh[b, 0], &dc[b, 0],
                                 &dg[b, 0], _row(dc_prev, b, want_dc_prev))
         else:
-            lstm_row_backward_d(H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &dh[b, 0], &dc[b, 0],
+            lstm_row_backward_d(H, H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &dh[b, 0], &dc[b, 0],
                                 &dg[b, 0], _row(dc_prev, b, want_dc_prev))
 
 
@@ -575,10 +583,10 @@ def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint
     cdef Py_ssize_t b, rows = g.shape[0], H = dh.shape[1]
     for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
         if real is float:
-            gru_row_backward_f(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
+            gru_row_backward_f(H, H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
                                &dgx[b, 0], &dgh[b, 0], _row(dh_prev, b, want_dh_prev))
         else:
-            gru_row_backward_d(H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
+            gru_row_backward_d(H, H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &dh[b, 0],
                                &dgx[b, 0], &dgh[b, 0], _row(dh_prev, b, want_dh_prev))
 
 
@@ -653,6 +661,28 @@ def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] 
             recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads)
+
+
+def recurrence_backward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,
+                        real[:, ::1] cs, real[:, ::1] dhs, real[:, ::1] dcs, bint has_cell, real[:, ::1] dg,
+                        real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
+                        real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
+                        real[:, ::1] dc0, bint want_dc0, int threads):
+    """Every step of one direction's backward recurrence in one parallel region (recurrence.h);
+    packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders."""
+    cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
+    threads = max(1, min(threads, H // (16 if real is float else 8)))
+    with nogil:
+        if real is float:
+            recurrence_backward_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
+                                  _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
+                                  &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads)
+        else:
+            recurrence_backward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
+                                  _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
+                                  &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads)
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows

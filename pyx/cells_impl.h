@@ -24,12 +24,12 @@ LAMINA_CLONES static void SUFFIXED(lstm_row)(long n, long H, REAL *restrict g, c
 }
 
 /* dg: gradient of the row's gate pre-activations, from dh and the carried cell gradient dc;
- * dc_prev += (dc + dh o tanh'(c)) f unless NULL. */
-LAMINA_CLONES static void SUFFIXED(lstm_row_backward)(long H, const REAL *restrict g, const REAL *restrict c_prev,
-                                               const REAL *restrict c, const REAL *restrict dh,
-                                               const REAL *restrict dc, REAL *restrict dg,
-                                               REAL *restrict dc_prev) {
-    for (long j = 0; j < H; j++) {
+ * dc_prev += (dc + dh o tanh'(c)) f unless NULL. Units [0, n) (as lstm_row). */
+LAMINA_CLONES static void SUFFIXED(lstm_row_backward)(long n, long H, const REAL *restrict g,
+                                                      const REAL *restrict c_prev, const REAL *restrict c,
+                                                      const REAL *restrict dh, const REAL *restrict dc,
+                                                      REAL *restrict dg, REAL *restrict dc_prev) {
+    for (long j = 0; j < n; j++) {
         REAL gi = g[j], gf = g[H + j], gg = g[2 * H + j], go = g[3 * H + j];
         REAL tc = TANH(c[j]);
         REAL dct = dc[j] + dh[j] * go * (1 - tc * tc);
@@ -57,15 +57,17 @@ LAMINA_CLONES static void SUFFIXED(gru_row)(long n, long H, REAL *restrict g, co
         for (long j = 0; j < n; j++) h[j] += g[H + j] * h_prev[j];
 }
 
-/* dgx, dgh: gradients of the input part g and the recurrent part hh; dh_prev += dh z unless NULL. */
-LAMINA_CLONES static void SUFFIXED(gru_row_backward)(long H, const REAL *restrict g, const REAL *restrict hh,
-                                              const REAL *restrict h_prev, const REAL *restrict dh,
-                                              REAL *restrict dgx, REAL *restrict dgh, REAL *restrict dh_prev) {
-    for (long j = 0; j < H; j++) {
-        REAL r = g[j], z = g[H + j], n = g[2 * H + j], d = dh[j];
+/* dgx, dgh: gradients of the input part g and the recurrent part hh; dh_prev += dh z unless NULL.
+ * Units [0, n) (as gru_row). */
+LAMINA_CLONES static void SUFFIXED(gru_row_backward)(long n, long H, const REAL *restrict g,
+                                                     const REAL *restrict hh, const REAL *restrict h_prev,
+                                                     const REAL *restrict dh, REAL *restrict dgx,
+                                                     REAL *restrict dgh, REAL *restrict dh_prev) {
+    for (long j = 0; j < n; j++) {
+        REAL r = g[j], z = g[H + j], nn = g[2 * H + j], d = dh[j];
         REAL hp = h_prev ? h_prev[j] : 0;
-        REAL dn = d * (1 - z) * (1 - n * n);
-        REAL dz = d * (hp - n) * z * (1 - z);
+        REAL dn = d * (1 - z) * (1 - nn * nn);
+        REAL dz = d * (hp - nn) * z * (1 - z);
         REAL dr = dn * hh[2 * H + j] * r * (1 - r);
         dgx[j] = dr; dgx[H + j] = dz; dgx[2 * H + j] = dn;
         dgh[j] = dr; dgh[H + j] = dz; dgh[2 * H + j] = dn * r;

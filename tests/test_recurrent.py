@@ -181,22 +181,27 @@ def test_gradients_fused_recurrence(kind, monkeypatch):
         check_gradients(net, feeds, max_points=300)
     finally:
         lm.set_num_threads(before)
-    assert calls and set(calls) == {2}
+    assert set(calls) == {("forward", 2), ("backward", 2)}
 
 
 def spy_fused(monkeypatch):
-    """Force the fused recurrence onto every thread; returns the list of thread counts it ran with."""
+    """Force the fused recurrence onto every thread; returns (forward|backward, threads) per call."""
     import lamina.layers.recurrent as recurrent
-    calls, real = [], recurrent._kernels.recurrence_forward
+    calls, kernels = [], recurrent._kernels
 
     class Spy:
         def __getattr__(self, name):
-            return getattr(recurrent._kernels, name)
+            return getattr(kernels, name)
 
         @staticmethod
         def recurrence_forward(*args):
-            calls.append(args[-1])
-            return real(*args)
+            calls.append(("forward", args[-1]))
+            return kernels.recurrence_forward(*args)
+
+        @staticmethod
+        def recurrence_backward(*args):
+            calls.append(("backward", args[-1]))
+            return kernels.recurrence_backward(*args)
     monkeypatch.setattr(_Recurrent, "FUSED_PARALLEL_MIN", 0)
     monkeypatch.setattr(recurrent, "_kernels", Spy())
     return calls
@@ -214,7 +219,7 @@ def test_packed_and_plain_paths_agree(kind, threads, monkeypatch):
         results = packed_and_plain_results(kind)
     finally:
         lm.set_num_threads(before)
-    assert calls and set(calls) == {threads}
+    assert set(calls) == {("forward", threads), ("backward", threads)}
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(results[0][1], results[1][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -212,7 +212,10 @@ class _Recurrent(Layer):
             self._fused_kind, order.step_starts, g, hh, gru and self.has_bias, b_hh, packed.panels, hs,
             cs if cs is not None else hs, cs is not None, init_h if init_h is not None else hs,
             init_h is not None, init_c if init_c is not None else hs, init_c is not None,
-            get_num_threads() if g.shape[0] * g.shape[1] * H >= self.FUSED_PARALLEL_MIN else 1)
+            self._fused_threads(g))
+
+    def _fused_threads(self, g):
+        return get_num_threads() if g.shape[0] * g.shape[1] * self.hidden_size >= self.FUSED_PARALLEL_MIN else 1
 
     # ------------------------------------------------------------------ backward
     def backward(self, ctx):
@@ -270,6 +273,16 @@ class _Recurrent(Layer):
 
         dg = self._ws(ctx, "dg", l, d, self.gates * H)
         dgh = self._ws(ctx, "dgh", l, d, self.gates * H) if self.separate_recurrent_bias else dg
+        if self._fused(ctx):
+            self._fused_backward_steps(ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0)
+        else:
+            self._backward_steps(ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0)
+        self._weight_grads(ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target, c0_target,
+                           dh0, dc0)
+
+    def _backward_steps(self, ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0):
+        """The backward recurrence one step at a time: a cell kernel and a (packed) GEMM per step."""
+        order = ctx.order
         for t in reversed(range(order.steps)):
             r0, b = order.step(t)
             rows = slice(r0, r0 + b)
@@ -290,7 +303,24 @@ class _Recurrent(Layer):
             if dprev_h is not None:  # dh_{t-1} += dG_t W_hh
                 self._recurrent_product(ctx, dgh[rows], "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
 
-        # weight gradients: one GEMM each over every step
+    def _fused_backward_steps(self, ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0):
+        H = self.hidden_size
+        packed = self._pack(ctx, self.params["weight_hh" + sfx], transpose=False)
+        hh = self._ws(ctx, "hh", l, d, 3 * H) if self.kind == "gru" else g
+
+        def given(a):  # (array, present): absent arrays pass a placeholder
+            return (a, True) if a is not None else (hs, False)
+        cell = cs is not None
+        _kernels.recurrence_backward(
+            self._fused_kind, ctx.order.step_starts, g, hh, hs, cs if cell else hs, dhs, dcs if cell else hs, cell,
+            dg, dgh, packed.panels, *given(init_h), *given(init_c), *given(dh0), *given(dc0), self._fused_threads(g))
+
+    def _weight_grads(self, ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target,
+                      c0_target, dh0, dc0):
+        """Weight and bias gradients, one GEMM each over every step, then the input gradient."""
+        be, order, H = ctx.be, ctx.order, self.hidden_size
+        n_seq, total = order.num_sequences, int(order.step_starts[-1])
+        k = l * self.directions + d
         grad = ctx.param_grad("weight_ih" + sfx)
         if grad is not None:
             be.gemm(dg, xs, grad.array, trans_a=True, beta=grad.beta)
