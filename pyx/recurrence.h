@@ -50,6 +50,14 @@ static inline void lamina_spin_wait(lamina_spin_barrier *b, int threads, int *se
     }
 }
 
+/* The calling thread's block of hidden-unit panels [q0, q1) out of `panels`, the threads of the
+ * region taking equal shares in order. */
+static inline void lamina_unit_block(long panels, long *q0, long *q1) {
+    long t = omp_get_thread_num(), nt = omp_get_num_threads();
+    *q0 = t * panels / nt;
+    *q1 = (t + 1) * panels / nt;
+}
+
 #define SUFFIXED_(name, sfx) name##_##sfx
 #define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
 

@@ -15,8 +15,9 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
     lamina_spin_barrier barrier = {0, 0};
     #pragma omp parallel num_threads(threads)
     {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads(), sense = 0;
-        long q0 = t * unit_panels / nt, q1 = (t + 1) * unit_panels / nt;
+        int nt = omp_get_num_threads(), sense = 0;
+        long q0, q1;
+        lamina_unit_block(unit_panels, &q0, &q1);
         long u0 = q0 * NR, width = (q1 - q0) * NR;
         for (long s = 0; s < steps; s++) {
             long r0 = starts[s], b = starts[s + 1] - r0;
@@ -77,8 +78,9 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
     lamina_spin_barrier barrier = {0, 0};
     #pragma omp parallel num_threads(threads)
     {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads(), sense = 0;
-        long q0 = t * unit_panels / nt, q1 = (t + 1) * unit_panels / nt;
+        int nt = omp_get_num_threads(), sense = 0;
+        long q0, q1;
+        lamina_unit_block(unit_panels, &q0, &q1);
         long u0 = q0 * NR, width = (q1 - q0) * NR;
         for (long s = steps - 1; s >= 0; s--) {
             long r0 = starts[s], b = starts[s + 1] - r0;

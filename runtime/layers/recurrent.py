@@ -243,7 +243,7 @@ class _Recurrent(Layer):
                             h0_target, c0_target):
         be, order, H = ctx.be, ctx.order, self.hidden_size
         sfx, k = self._suffix(l, d), l * self.directions + d
-        n_seq, total = order.num_sequences, int(order.step_starts[-1])
+        n_seq = order.num_sequences
         index = order.index(self._reversed(d))
         xs, g, hs = (self._ws(ctx, key, l, d, w) for key, w in
                      (("x", layer_in.shape[1]), ("g", self.gates * H), ("h", H)))
