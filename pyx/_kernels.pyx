@@ -98,18 +98,18 @@ cdef extern from "panels.h" nogil:
 cdef extern from "recurrence.h" nogil:
     void recurrence_forward_f(int kind, long steps, const long* starts, long H, long G, float* g, float* hh,
                               const float* b_hh, const float* packed, float* hs, float* cs, const float* init_h,
-                              const float* init_c, int threads)
+                              const float* init_c, int threads, int by_rows)
     void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g, double* hh,
                               const double* b_hh, const double* packed, double* hs, double* cs,
-                              const double* init_h, const double* init_c, int threads)
+                              const double* init_h, const double* init_c, int threads, int by_rows)
     void recurrence_backward_f(int kind, long steps, const long* starts, long H, long G, const float* g,
                                const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
                                float* dg, float* dgh, const float* packed, const float* init_h,
-                               const float* init_c, float* dh0, float* dc0, int threads)
+                               const float* init_c, float* dh0, float* dc0, int threads, int by_rows)
     void recurrence_backward_d(int kind, long steps, const long* starts, long H, long G, const double* g,
                                const double* hh, const double* hs, const double* cs, double* dhs, double* dcs,
                                double* dg, double* dgh, const double* packed, const double* init_h,
-                               const double* init_c, double* dh0, double* dc0, int threads)
+                               const double* init_c, double* dh0, double* dc0, int threads, int by_rows)
 
 
 def fast_tanh(float[::1] x, float[::1] y):
@@ -639,6 +639,16 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
 
 # ---------------------------------------------------------------- fused forward recurrence (recurrence.h)
 
+cdef int _recurrence_threads(int threads, bint by_rows, long H, long[::1] starts, size_t itemsize) noexcept:
+    """At most one thread per sequence (by rows) or per panel of units (by units, which needs
+    whole panels of 64 bytes: otherwise one thread)."""
+    if by_rows:
+        return max(1, min(threads, starts[1] - starts[0]))
+    if H * itemsize % 64:
+        return 1
+    return max(1, min(threads, H * itemsize // 64))
+
+
 cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
     return &a[0, 0] if present else NULL
 
@@ -646,43 +656,44 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
 def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] hh, bint has_hh_bias,
                        real[::1] b_hh, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
-                       int threads):
+                       int threads, bint by_rows):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
-    3 GRU) in one parallel region of up to `threads` threads (one per panel of hidden units at
-    most): see recurrence.h. Arguments not present are placeholders."""
+    3 GRU) in one parallel region of up to `threads` threads, sharing the batch by rows
+    (sequences) or by blocks of hidden units: see recurrence.h. Arguments not present are
+    placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
-    threads = max(1, min(threads, H // (16 if real is float else 8)))
+    threads = _recurrence_threads(threads, by_rows, H, starts, sizeof(real))
     with nogil:
         if real is float:
             recurrence_forward_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
-                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads)
+                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads, by_rows)
         else:
             recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
-                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads)
+                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads, by_rows)
 
 
 def recurrence_backward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,
                         real[:, ::1] cs, real[:, ::1] dhs, real[:, ::1] dcs, bint has_cell, real[:, ::1] dg,
                         real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
                         real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
-                        real[:, ::1] dc0, bint want_dc0, int threads):
+                        real[:, ::1] dc0, bint want_dc0, int threads, bint by_rows):
     """Every step of one direction's backward recurrence in one parallel region (recurrence.h);
     packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
-    threads = max(1, min(threads, H // (16 if real is float else 8)))
+    threads = _recurrence_threads(threads, by_rows, H, starts, sizeof(real))
     with nogil:
         if real is float:
             recurrence_backward_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads, by_rows)
         else:
             recurrence_backward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads, by_rows)
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows

@@ -2,12 +2,9 @@
  *
  * Stepping from Python, each step is a packed GEMM that wakes a team of threads and a cell pass
  * on one thread: at 2 threads a 512-wide plain RNN ran its steps at half the machine's GEMM
- * rate. Here the threads stay in one region for the whole sequence batch. Thread t owns a block
- * of hidden units (whole panels of NR units, NR = 16 floats or 8 doubles): at each step it
- * computes the recurrent product for its units' columns of every gate (the panels of W_hhᵀ
- * holding them), applies the cell to those units of every running row, and waits at a spin
- * barrier, since the next step reads every unit of this one. No thread reads what another
- * writes within a step, so the barrier is the only synchronisation.
+ * rate. Here the threads stay in one region for the whole sequence batch, each computing the
+ * recurrent product and the cell for its share (lamina_share: a set of sequences, or a block of
+ * hidden units with a spin barrier per step).
  *
  * Buffers as in lamina.layers.recurrent: g [total, G·H] (input projections in, activated gates
  * out), hh [total, 3H] (GRU: h_prev W_hhᵀ + b_hh, kept for backward), hs and cs [total, H],
@@ -50,12 +47,33 @@ static inline void lamina_spin_wait(lamina_spin_barrier *b, int threads, int *se
     }
 }
 
-/* The calling thread's block of hidden-unit panels [q0, q1) out of `panels`, the threads of the
- * region taking equal shares in order. */
-static inline void lamina_unit_block(long panels, long *q0, long *q1) {
+/* What one thread of the region does. By rows (sequences): thread t takes the running
+ * sequences t, t + T, t + 2T, ... of every step (rows first, first + stride, ...), all units;
+ * a sequence's previous state is its own row of the step before, so the threads never wait on
+ * each other. By units: every row, the thread's block [u0, u0 + width) of hidden units (whole
+ * panels), with a barrier per step, since the next step reads every unit; for batches too
+ * small to share by rows (a single sequence, in serving). */
+typedef struct { long first, stride, u0, width; int by_rows; } lamina_share;
+
+static inline lamina_share lamina_share_of(int by_rows, long H, long NR) {
     long t = omp_get_thread_num(), nt = omp_get_num_threads();
-    *q0 = t * panels / nt;
-    *q1 = (t + 1) * panels / nt;
+    lamina_share sh = {0, 1, 0, H, by_rows};
+    if (nt == 1)
+        return sh;
+    if (by_rows) {
+        sh.first = t;
+        sh.stride = nt;
+    } else {
+        long panels = H / NR, q0 = t * panels / nt, q1 = (t + 1) * panels / nt;
+        sh.u0 = q0 * NR;
+        sh.width = (q1 - q0) * NR;
+    }
+    return sh;
+}
+
+/* rows of a step of b rows that the thread takes */
+static inline long lamina_share_rows(const lamina_share *sh, long b) {
+    return b > sh->first ? (b - sh->first + sh->stride - 1) / sh->stride : 0;
 }
 
 #define SUFFIXED_(name, sfx) name##_##sfx

@@ -169,11 +169,12 @@ def test_gradients_packed_path(kind):
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
-def test_gradients_fused_recurrence(kind, monkeypatch):
-    """Hidden size 16 in float64 is two panels of units: the fused forward recurrence
-    (pyx/recurrence.h) runs on two threads, each owning one, meeting at a barrier per step."""
-    calls = spy_fused(monkeypatch)
-    net, feeds = probed(kind, dict(bidirectional=True), True, LENGTHS, packed=True, hidden=16)
+@pytest.mark.parametrize("share,hidden", [("rows", 5), ("units", 16)])
+def test_gradients_fused_recurrence(kind, share, hidden, monkeypatch):
+    """The fused recurrence (pyx/recurrence.h) on two threads, sharing the batch by sequences
+    (any hidden size) or by blocks of units (float64: 16 units are two panels, one per thread)."""
+    calls = spy_fused(monkeypatch, by_rows=share == "rows")
+    net, feeds = probed(kind, dict(bidirectional=True), True, LENGTHS, packed=True, hidden=hidden)
     net.to(CPUBackend(blas="openblas"))  # the fused path is for lamina's panels, not MKL's packs
     before = lm.get_num_threads()
     lm.set_num_threads(2)
@@ -181,11 +182,12 @@ def test_gradients_fused_recurrence(kind, monkeypatch):
         check_gradients(net, feeds, max_points=300)
     finally:
         lm.set_num_threads(before)
-    assert set(calls) == {("forward", 2), ("backward", 2)}
+    assert set(calls) == {("forward", 2, share == "rows"), ("backward", 2, share == "rows")}
 
 
-def spy_fused(monkeypatch):
-    """Force the fused recurrence onto every thread; returns (forward|backward, threads) per call."""
+def spy_fused(monkeypatch, by_rows):
+    """Force the fused recurrence onto every thread, sharing by rows or by units; returns
+    (forward|backward, threads, by_rows) per call."""
     import lamina.layers.recurrent as recurrent
     calls, kernels = [], recurrent._kernels
 
@@ -195,31 +197,35 @@ def spy_fused(monkeypatch):
 
         @staticmethod
         def recurrence_forward(*args):
-            calls.append(("forward", args[-1]))
+            calls.append(("forward",) + args[-2:])
             return kernels.recurrence_forward(*args)
 
         @staticmethod
         def recurrence_backward(*args):
-            calls.append(("backward", args[-1]))
+            calls.append(("backward",) + args[-2:])
             return kernels.recurrence_backward(*args)
     monkeypatch.setattr(_Recurrent, "FUSED_PARALLEL_MIN", 0)
+    monkeypatch.setattr(_Recurrent, "ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(_Recurrent, "FUSED_SHARE", "rows" if by_rows else "units")
     monkeypatch.setattr(recurrent, "_kernels", Spy())
     return calls
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_packed_and_plain_paths_agree(kind, threads, monkeypatch):
+@pytest.mark.parametrize("share", ["rows", "units"])
+def test_packed_and_plain_paths_agree(kind, threads, share, monkeypatch):
     """Step by step with plain GEMMs against the packed weight; with hidden size 32 on the
-    OpenBLAS provider that is the fused recurrence, here on up to 3 threads over 2 panels."""
-    calls = spy_fused(monkeypatch)
+    OpenBLAS provider that is the fused recurrence, here on up to 3 threads sharing 5 sequences
+    or 2 panels of units."""
+    calls = spy_fused(monkeypatch, by_rows=share == "rows")
     before = lm.get_num_threads()
     lm.set_num_threads(threads)
     try:
         results = packed_and_plain_results(kind)
     finally:
         lm.set_num_threads(before)
-    assert set(calls) == {("forward", threads), ("backward", threads)}
+    assert set(calls) == {("forward", threads, share == "rows"), ("backward", threads, share == "rows")}
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(results[0][1], results[1][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -25,8 +25,6 @@ first row, as in PyTorch.
 """
 import math
 
-import numpy as np
-
 from .. import _kernels
 from ..graph import Spec
 from ..packing import PackedWeight
@@ -193,13 +191,28 @@ class _Recurrent(Layer):
     FUSED_PARALLEL_MIN = 1 << 24
 
     # The CPU backend's panel-packed weights (non-MKL providers) also run the whole recurrence
-    # as one parallel region (pyx/recurrence.h): threads own blocks of hidden units and meet at
-    # a spin barrier once per step, instead of a team woken for every step's GEMM and a cell
-    # pass on one thread. Hidden sizes that are not whole panels step from Python.
+    # as one parallel region (pyx/recurrence.h) instead of a team of threads woken for every
+    # step's GEMM and a cell pass on one thread. The threads share the batch by blocks of hidden
+    # units (a barrier per step) when the hidden size is whole panels of 64 bytes, measured a
+    # little faster than by sequences (each thread reads only its part of W_hh); else by
+    # sequences (each thread runs its own sequences start to end, never waiting), given at least
+    # ROWS_PER_THREAD sequences per thread, else on one thread. FUSED_SHARE forces one way.
+    ROWS_PER_THREAD = 4
+    FUSED_SHARE = "auto"  # or "rows", "units"
+
     def _fused(self, ctx):
         be = ctx.be
-        return (self._use_packed(be) and be.name == "cpu" and getattr(be, "blas_name", "mkl") != "mkl"
-                and self.hidden_size % (16 if ctx.inputs[0].dtype == np.float32 else 8) == 0)
+        return self._use_packed(be) and be.name == "cpu" and getattr(be, "blas_name", "mkl") != "mkl"
+
+    def _fused_share(self, ctx, g):
+        """(threads, by_rows) for the fused recurrence."""
+        threads = get_num_threads() if g.shape[0] * g.shape[1] * self.hidden_size >= self.FUSED_PARALLEL_MIN else 1
+        share = self.FUSED_SHARE
+        if share == "auto":
+            share = "units" if self.hidden_size * g.dtype.itemsize % 64 == 0 else "rows"
+        if share == "rows" and ctx.order.num_sequences < self.ROWS_PER_THREAD * threads:
+            threads = 1
+        return threads, share == "rows"
 
     def _fused_steps(self, ctx, sfx, l, d, g, hs, cs, init_h, init_c):
         order, H = ctx.order, self.hidden_size
@@ -212,10 +225,7 @@ class _Recurrent(Layer):
             self._fused_kind, order.step_starts, g, hh, gru and self.has_bias, b_hh, packed.panels, hs,
             cs if cs is not None else hs, cs is not None, init_h if init_h is not None else hs,
             init_h is not None, init_c if init_c is not None else hs, init_c is not None,
-            self._fused_threads(g))
-
-    def _fused_threads(self, g):
-        return get_num_threads() if g.shape[0] * g.shape[1] * self.hidden_size >= self.FUSED_PARALLEL_MIN else 1
+            *self._fused_share(ctx, g))
 
     # ------------------------------------------------------------------ backward
     def backward(self, ctx):
@@ -313,7 +323,8 @@ class _Recurrent(Layer):
         cell = cs is not None
         _kernels.recurrence_backward(
             self._fused_kind, ctx.order.step_starts, g, hh, hs, cs if cell else hs, dhs, dcs if cell else hs, cell,
-            dg, dgh, packed.panels, *given(init_h), *given(init_c), *given(dh0), *given(dc0), self._fused_threads(g))
+            dg, dgh, packed.panels, *given(init_h), *given(init_c), *given(dh0), *given(dc0),
+            *self._fused_share(ctx, g))
 
     def _weight_grads(self, ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target,
                       c0_target, dh0, dc0):
