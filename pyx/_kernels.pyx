@@ -835,15 +835,15 @@ def sequence_softmax_backward(real[::1] y, real[::1] dy, int[::1] starts, real[:
 # (od, oh, ow) of an oD x oH x oW grid: the GEMM operand of a convolution. The caller gives the
 # grid (a convolution's output size; for a transposed convolution, its input size).
 
-cdef inline void _valid_range(Py_ssize_t oW, Py_ssize_t W, Py_ssize_t sw, Py_ssize_t off,
-                              Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
-    """The window columns ow in [lo, hi) whose input column ow*sw + off lies in [0, W)."""
-    lo[0] = 0 if off >= 0 else (-off + sw - 1) // sw
-    hi[0] = 0 if W - 1 - off < 0 else (W - 1 - off) // sw + 1
-    if hi[0] > oW:
-        hi[0] = oW
-    if lo[0] > hi[0]:
-        lo[0] = hi[0]
+cdef extern from "volumes.h" nogil:
+    void vol2col_channel_f(const float* x, long D, long H, long W, float* col, long ldcol, const long* geo,
+                           long oH, long oW, long r0, long r1)
+    void vol2col_channel_d(const double* x, long D, long H, long W, double* col, long ldcol, const long* geo,
+                           long oH, long oW, long r0, long r1)
+    void col2vol_channel_f(const float* col, long ldcol, float* x, long D, long H, long W, const long* geo,
+                           long oH, long oW, long r0, long r1)
+    void col2vol_channel_d(const double* col, long ldcol, double* x, long D, long H, long W, const long* geo,
+                           long oH, long oW, long r0, long r1)
 
 
 def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int sd, int sh, int sw,
@@ -851,40 +851,17 @@ def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int 
             Py_ssize_t r0, Py_ssize_t r1):
     """col[(c, a, b, e), (r - r0)·oW + ow] = x[c, od*sd - pd + a*dd, oh*sh - ph + b*dh, ow*sw - pw + e*dw]
     for the window rows r = od·oH + oh in [r0, r1), zero where the window falls in the padding.
-    Overwrites col. (Working on a block of rows keeps col small enough to stay in cache.)"""
-    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t c, a, b, e, r, od, oh, ow, row, p, i_d, i_h, off, lo, hi
-    cdef real* dst
-    cdef const real* src
+    Overwrites col. (Working on a block of rows keeps col small enough to stay in cache.) The
+    channels run in parallel; each channel's rows are volumes.h's vol2col_channel."""
+    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3], c
+    cdef Py_ssize_t per = kd * kh * kw, ld = col.shape[1]
+    cdef long geo[12]
+    geo[:] = [kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw]
     for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > VOLUME_PARALLEL_MIN):
-        for a in range(kd):
-            for b in range(kh):
-                for e in range(kw):
-                    row = ((c * kd + a) * kh + b) * kw + e
-                    off = e * dw - pw
-                    _valid_range(oW, W, sw, off, &lo, &hi)
-                    for r in range(r0, r1):
-                        od = r // oH
-                        oh = r - od * oH
-                        p = (r - r0) * oW
-                        i_d = od * sd - pd + a * dd
-                        i_h = oh * sh - ph + b * dh
-                        if i_d < 0 or i_d >= D or i_h < 0 or i_h >= H:
-                            for ow in range(oW):
-                                col[row, p + ow] = 0
-                        else:
-                            dst = &col[row, p]
-                            src = &x[c, i_d, i_h, 0]
-                            for ow in range(lo):
-                                dst[ow] = 0
-                            if sw == 1:  # the common case: a plain copy the compiler vectorises
-                                for ow in range(lo, hi):
-                                    dst[ow] = src[ow + off]
-                            else:
-                                for ow in range(lo, hi):
-                                    dst[ow] = src[ow * sw + off]
-                            for ow in range(hi, oW):
-                                dst[ow] = 0
+        if real is float:
+            vol2col_channel_f(&x[c, 0, 0, 0], D, H, W, &col[c * per, 0], ld, geo, oH, oW, r0, r1)
+        else:
+            vol2col_channel_d(&x[c, 0, 0, 0], D, H, W, &col[c * per, 0], ld, geo, oH, oW, r0, r1)
 
 
 def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int sd, int sh, int sw,
@@ -893,32 +870,15 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
     """The adjoint of vol2col over the same block of window rows: x[c, i_d, i_h, i_w] +=
     col[(c, a, b, e), (r - r0)·oW + ow]. ACCUMULATES into x (zero it first for a fresh result);
     channels run in parallel, and a channel's rows only touch that channel, so nothing races."""
-    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t c, a, b, e, r, od, oh, ow, row, p, i_d, i_h, off, lo, hi
-    cdef real* dst
-    cdef const real* src
+    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3], c
+    cdef Py_ssize_t per = kd * kh * kw, ld = col.shape[1]
+    cdef long geo[12]
+    geo[:] = [kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw]
     for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > VOLUME_PARALLEL_MIN):
-        for a in range(kd):
-            for b in range(kh):
-                for e in range(kw):
-                    row = ((c * kd + a) * kh + b) * kw + e
-                    off = e * dw - pw
-                    _valid_range(oW, W, sw, off, &lo, &hi)
-                    for r in range(r0, r1):
-                        od = r // oH
-                        oh = r - od * oH
-                        i_d = od * sd - pd + a * dd
-                        i_h = oh * sh - ph + b * dh
-                        if 0 <= i_d < D and 0 <= i_h < H:
-                            p = (r - r0) * oW
-                            src = &col[row, p]
-                            dst = &x[c, i_d, i_h, 0]
-                            if sw == 1:
-                                for ow in range(lo, hi):
-                                    dst[ow + off] += src[ow]
-                            else:
-                                for ow in range(lo, hi):
-                                    dst[ow * sw + off] += src[ow]
+        if real is float:
+            col2vol_channel_f(&col[c * per, 0], ld, &x[c, 0, 0, 0], D, H, W, geo, oH, oW, r0, r1)
+        else:
+            col2vol_channel_d(&col[c * per, 0], ld, &x[c, 0, 0, 0], D, H, W, geo, oH, oW, r0, r1)
 
 
 def channel_bias(real[:, :, ::1] y, real[::1] b):

@@ -449,6 +449,9 @@ def test_gemm_on_column_blocks(backend, dtype):
     (((2, 3, 2), (1, 2, 1), (0, 1, 1), (1, 1, 2)), (2, 4, 5, 6)),
     (((3, 3, 3), (2, 2, 3), (1, 1, 1), (1, 2, 1)), (3, 5, 6, 7)),
     (((1, 2, 2), (1, 1, 1), (0, 0, 0), (1, 1, 1)), (2, 1, 4, 3)),
+    # rows long enough for the vector paths (strides 1 and 2) and their tails
+    (((2, 2, 3), (1, 2, 2), (1, 0, 1), (1, 1, 1)), (2, 3, 4, 45)),
+    (((1, 1, 4), (1, 1, 1), (0, 0, 2), (1, 1, 2)), (1, 1, 4, 40)),
 ])
 @pytest.mark.parametrize("block", [None, (1, 3)])
 def test_vol2col_and_col2vol(backend, dtype, geometry, shape, block):
