@@ -45,7 +45,40 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c,
     }
 }
 
-/* c[m x n] = a[m x k] · P + beta·c over panels [p0, p1) of P (their columns of c only). */
+/* One tile: rows [0, mr) of c (mr <= ROWS <= PANEL_MR) from the same rows of a and one panel.
+ * ROWS is a constant where this is inlined, so the loops over rows unroll and the 2·ROWS sums
+ * stay in registers; rows past mr read row 0 again and are not stored. (x = v - 0 broadcasts v:
+ * unlike v + 0 it is exact for -0, so the compiler drops the subtraction.) */
+static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const long ROWS, long mr, long k,
+                                                                       const REAL *a, long lda,
+                                                                       const REAL *panel, REAL *c, long ldc,
+                                                                       long nr, REAL beta) {
+    const long NR = 2 * LANES;
+    const REAL *ar[PANEL_MR];
+    VEC lo[PANEL_MR], hi[PANEL_MR];
+    for (long i = 0; i < ROWS; i++) {
+        ar[i] = a + (i < mr ? i : 0) * lda;
+        lo[i] = (VEC){0};
+        hi[i] = (VEC){0};
+    }
+    const REAL *bp = panel;
+    for (long kk = 0; kk < k; kk++, bp += NR) {
+        VEC b0, b1;
+        memcpy(&b0, bp, sizeof b0);
+        memcpy(&b1, bp + LANES, sizeof b1);
+        for (long i = 0; i < ROWS; i++) {
+            VEC x = ar[i][kk] - (VEC){0};
+            lo[i] += x * b0;
+            hi[i] += x * b1;
+        }
+    }
+    for (long i = 0; i < ROWS; i++)
+        if (i < mr) SUFFIXED(panel_store)(c + i * ldc, nr, lo[i], hi[i], beta);
+}
+
+/* c[m x n] = a[m x k] · P + beta·c over panels [p0, p1) of P (their columns of c only). Rows go
+ * in tiles of 6; the last tile of a remainder takes 4 or 2 rows when that covers it, so a step's
+ * odd row count wastes at most one row of multiply-adds, not up to five. */
 LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REAL *a, long lda,
                                                const REAL *packed, long p0, long p1, REAL *c, long ldc,
                                                REAL beta) {
@@ -55,33 +88,14 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
         long col = p * NR, nr = n - col < NR ? n - col : NR;
         for (long i = 0; i < m; i += PANEL_MR) {
             long mr = m - i < PANEL_MR ? m - i : PANEL_MR;
-            /* rows past mr read row 0 again; their sums are not stored. (x = v - 0 broadcasts v:
-             * unlike v + 0 it is exact for -0, so the compiler drops the subtraction) */
-            const REAL *a0 = a + i * lda;
-            const REAL *a1 = mr > 1 ? a0 + lda : a0, *a2 = mr > 2 ? a0 + 2 * lda : a0;
-            const REAL *a3 = mr > 3 ? a0 + 3 * lda : a0, *a4 = mr > 4 ? a0 + 4 * lda : a0;
-            const REAL *a5 = mr > 5 ? a0 + 5 * lda : a0;
-            VEC c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-            VEC c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
-            const REAL *bp = panel;
-            for (long kk = 0; kk < k; kk++, bp += NR) {
-                VEC b0, b1, x;
-                memcpy(&b0, bp, sizeof b0);
-                memcpy(&b1, bp + LANES, sizeof b1);
-                x = a0[kk] - (VEC){0}; c00 += x * b0; c01 += x * b1;
-                x = a1[kk] - (VEC){0}; c10 += x * b0; c11 += x * b1;
-                x = a2[kk] - (VEC){0}; c20 += x * b0; c21 += x * b1;
-                x = a3[kk] - (VEC){0}; c30 += x * b0; c31 += x * b1;
-                x = a4[kk] - (VEC){0}; c40 += x * b0; c41 += x * b1;
-                x = a5[kk] - (VEC){0}; c50 += x * b0; c51 += x * b1;
-            }
+            const REAL *ai = a + i * lda;
             REAL *ci = c + i * ldc + col;
-            SUFFIXED(panel_store)(ci, nr, c00, c01, beta);
-            if (mr > 1) SUFFIXED(panel_store)(ci + ldc, nr, c10, c11, beta);
-            if (mr > 2) SUFFIXED(panel_store)(ci + 2 * ldc, nr, c20, c21, beta);
-            if (mr > 3) SUFFIXED(panel_store)(ci + 3 * ldc, nr, c30, c31, beta);
-            if (mr > 4) SUFFIXED(panel_store)(ci + 4 * ldc, nr, c40, c41, beta);
-            if (mr > 5) SUFFIXED(panel_store)(ci + 5 * ldc, nr, c50, c51, beta);
+            if (mr > 4)
+                SUFFIXED(panel_tile)(6, mr, k, ai, lda, panel, ci, ldc, nr, beta);
+            else if (mr > 2)
+                SUFFIXED(panel_tile)(4, mr, k, ai, lda, panel, ci, ldc, nr, beta);
+            else
+                SUFFIXED(panel_tile)(2, mr, k, ai, lda, panel, ci, ldc, nr, beta);
         }
     }
 }
