@@ -68,14 +68,14 @@ cdef inline double _sigmoid(double x) noexcept nogil:
 
 cdef extern from "cells.h" nogil:
     float lamina_fast_tanhf(float x)
-    void lstm_row_f(long n, long H, float* g, const float* c_prev, float* c, float* h)
-    void lstm_row_d(long n, long H, double* g, const double* c_prev, double* c, double* h)
+    void lstm_row_f(long n, long H, float* g, const float* bias, const float* c_prev, float* c, float* h)
+    void lstm_row_d(long n, long H, double* g, const double* bias, const double* c_prev, double* c, double* h)
     void lstm_row_backward_f(long n, long H, const float* g, const float* c_prev, const float* c, const float* dh,
                              const float* dc, float* dg, float* dc_prev)
     void lstm_row_backward_d(long n, long H, const double* g, const double* c_prev, const double* c, const double* dh,
                              const double* dc, double* dg, double* dc_prev)
-    void gru_row_f(long n, long H, float* g, const float* hh, const float* h_prev, float* h)
-    void gru_row_d(long n, long H, double* g, const double* hh, const double* h_prev, double* h)
+    void gru_row_f(long n, long H, float* g, const float* bias, const float* hh, const float* h_prev, float* h)
+    void gru_row_d(long n, long H, double* g, const double* bias, const double* hh, const double* h_prev, double* h)
     void gru_row_backward_f(long n, long H, const float* g, const float* hh, const float* h_prev, const float* dh,
                             float* dgx, float* dgh, float* dh_prev)
     void gru_row_backward_d(long n, long H, const double* g, const double* hh, const double* h_prev, const double* dh,
@@ -96,11 +96,11 @@ cdef extern from "panels.h" nogil:
 
 
 cdef extern from "recurrence.h" nogil:
-    void recurrence_forward_f(int kind, long steps, const long* starts, long H, long G, float* g, float* hh,
-                              const float* b_hh, const float* packed, float* hs, float* cs, const float* init_h,
+    void recurrence_forward_f(int kind, long steps, const long* starts, long H, long G, float* g,
+                              const float* bias, float* hh, const float* b_hh, const float* packed, float* hs, float* cs, const float* init_h,
                               const float* init_c, int threads, int by_rows)
-    void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g, double* hh,
-                              const double* b_hh, const double* packed, double* hs, double* cs,
+    void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g,
+                              const double* bias, double* hh, const double* b_hh, const double* packed, double* hs, double* cs,
                               const double* init_h, const double* init_c, int threads, int by_rows)
     void recurrence_backward_f(int kind, long steps, const long* starts, long H, long G, const float* g,
                                const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
@@ -543,9 +543,9 @@ def lstm_step(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[:, ::1] c
     cdef Py_ssize_t b, rows = g.shape[0], H = h.shape[1]
     for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
         if real is float:
-            lstm_row_f(H, H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &h[b, 0])
+            lstm_row_f(H, H, &g[b, 0], NULL, _row(c_prev, b, has_prev), &c[b, 0], &h[b, 0])
         else:
-            lstm_row_d(H, H, &g[b, 0], _row(c_prev, b, has_prev), &c[b, 0], &h[b, 0])
+            lstm_row_d(H, H, &g[b, 0], NULL, _row(c_prev, b, has_prev), &c[b, 0], &h[b, 0])
 
 
 def lstm_step_backward(real[:, ::1] g, real[:, ::1] c_prev, bint has_prev, real[:, ::1] c,
@@ -570,9 +570,9 @@ def gru_step(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint has_prev
     cdef Py_ssize_t b, rows = g.shape[0], H = h.shape[1]
     for b in prange(rows, nogil=True, schedule="static", use_threads_if=rows * H >= CELL_PARALLEL_MIN):
         if real is float:
-            gru_row_f(H, H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &h[b, 0])
+            gru_row_f(H, H, &g[b, 0], NULL, &hh[b, 0], _row(h_prev, b, has_prev), &h[b, 0])
         else:
-            gru_row_d(H, H, &g[b, 0], &hh[b, 0], _row(h_prev, b, has_prev), &h[b, 0])
+            gru_row_d(H, H, &g[b, 0], NULL, &hh[b, 0], _row(h_prev, b, has_prev), &h[b, 0])
 
 
 def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint has_prev,
@@ -653,7 +653,8 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
     return &a[0, 0] if present else NULL
 
 
-def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] hh, bint has_hh_bias,
+def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[::1] bias, bint has_bias,
+                       real[:, ::1] hh, bint has_hh_bias,
                        real[::1] b_hh, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
                        int threads, bint by_rows):
@@ -665,11 +666,13 @@ def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] 
     threads = _recurrence_threads(threads, by_rows, H, starts, sizeof(real))
     with nogil:
         if real is float:
-            recurrence_forward_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3),
+            recurrence_forward_f(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
+                                 _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads, by_rows)
         else:
-            recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3),
+            recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
+                                 _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads, by_rows)
 

@@ -7,11 +7,15 @@
 
 static inline REAL SUFFIXED(sigm)(REAL x) { return (REAL)0.5 + (REAL)0.5 * TANH((REAL)0.5 * x); }
 
-/* g: the row's 4H gate pre-activations in, activated i, f, g, o out; c = f c_prev + i g;
- * h = o tanh(c). c_prev NULL means zero. Units [0, n) of the row: gate k of unit j at g[k·H + j]
- * (n = H for a whole row; a thread of the fused recurrence takes a block of units). */
-LAMINA_CLONES static void SUFFIXED(lstm_row)(long n, long H, REAL *restrict g, const REAL *restrict c_prev,
-                                             REAL *restrict c, REAL *restrict h) {
+/* g: the row's 4H gate pre-activations in (plus bias, laid out like g, unless NULL), activated
+ * i, f, g, o out; c = f c_prev + i g; h = o tanh(c). c_prev NULL means zero. Units [0, n) of the
+ * row: gate k of unit j at g[k·H + j] (n = H for a whole row; a thread of the fused recurrence
+ * takes a block of units). */
+LAMINA_CLONES static void SUFFIXED(lstm_row)(long n, long H, REAL *restrict g, const REAL *restrict bias,
+                                             const REAL *restrict c_prev, REAL *restrict c, REAL *restrict h) {
+    if (bias)
+        for (long k = 0; k < 4; k++)
+            for (long j = 0; j < n; j++) g[k * H + j] += bias[k * H + j];
     for (long j = 0; j < n; j++) {
         REAL gi = SUFFIXED(sigm)(g[j]), gf = SUFFIXED(sigm)(g[H + j]);
         REAL gg = TANH(g[2 * H + j]), go = SUFFIXED(sigm)(g[3 * H + j]);
@@ -41,11 +45,15 @@ LAMINA_CLONES static void SUFFIXED(lstm_row_backward)(long n, long H, const REAL
     }
 }
 
-/* g: the row's 3H input parts (x W_ihᵀ + b_ih) in, activated r, z, n out; hh = h_prev W_hhᵀ + b_hh;
- * h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n). h_prev NULL means zero. Units [0, n)
- * of the row, gate k of unit j at k·H + j (as lstm_row). */
-LAMINA_CLONES static void SUFFIXED(gru_row)(long n, long H, REAL *restrict g, const REAL *restrict hh,
-                                            const REAL *restrict h_prev, REAL *restrict h) {
+/* g: the row's 3H input parts (x W_ihᵀ, plus b_ih unless NULL) in, activated r, z, n out;
+ * hh = h_prev W_hhᵀ + b_hh; h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n). h_prev NULL
+ * means zero. Units [0, n) of the row, gate k of unit j at k·H + j (as lstm_row). */
+LAMINA_CLONES static void SUFFIXED(gru_row)(long n, long H, REAL *restrict g, const REAL *restrict bias,
+                                            const REAL *restrict hh, const REAL *restrict h_prev,
+                                            REAL *restrict h) {
+    if (bias)
+        for (long k = 0; k < 3; k++)
+            for (long j = 0; j < n; j++) g[k * H + j] += bias[k * H + j];
     for (long j = 0; j < n; j++) {
         REAL r = SUFFIXED(sigm)(g[j] + hh[j]);
         REAL z = SUFFIXED(sigm)(g[H + j] + hh[H + j]);

@@ -1,6 +1,9 @@
 /* The fused recurrence for the REAL type recurrence.h sets (see there). */
 
-LAMINA_CLONES static void SUFFIXED(rnn_activate)(int kind, long n, const REAL *restrict g, REAL *restrict h) {
+LAMINA_CLONES static void SUFFIXED(rnn_activate)(int kind, long n, REAL *restrict g, const REAL *restrict bias,
+                                                 REAL *restrict h) {
+    if (bias)
+        for (long j = 0; j < n; j++) g[j] += bias[j];
     if (kind == LAMINA_RNN_RELU)
         for (long j = 0; j < n; j++) h[j] = g[j] > 0 ? g[j] : 0;
     else
@@ -34,10 +37,13 @@ static void SUFFIXED(share_product)(const lamina_share *sh, long b, long k, long
 }
 
 /* kind: LAMINA_*; G gates; packed: the panels of W_hhᵀ (H x G·H); by_rows: see lamina_share
- * (by units needs H to be whole panels). */
+ * (by units needs H to be whole panels). bias (G·H, or NULL): added to g's rows by the cells,
+ * which read them anyway (b_ih + b_hh; for GRU b_ih, b_hh going into hh), instead of a pass of its
+ * own over all of g. */
 static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *starts, long H, long G, REAL *g,
-                                         REAL *hh, const REAL *b_hh, const REAL *packed, REAL *hs, REAL *cs,
-                                         const REAL *init_h, const REAL *init_c, int threads, int by_rows) {
+                                         const REAL *bias, REAL *hh, const REAL *b_hh, const REAL *packed,
+                                         REAL *hs, REAL *cs, const REAL *init_h, const REAL *init_c,
+                                         int threads, int by_rows) {
     const long NR = 2 * LANES, GH = G * H;
     lamina_spin_barrier barrier = {0, 0};
     #pragma omp parallel num_threads(threads)
@@ -62,12 +68,14 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
                         if (b_hh)
                             for (long j = 0; j < width; j++) part[j] += b_hh[k * H + u0 + j];
                     }
+                const REAL *br = bias ? bias + u0 : NULL;
                 if (kind == LAMINA_LSTM)
-                    SUFFIXED(lstm_row)(width, H, gr, prev_c ? prev_c + r * H + u0 : NULL, cs + row * H + u0, hr);
+                    SUFFIXED(lstm_row)(width, H, gr, br, prev_c ? prev_c + r * H + u0 : NULL, cs + row * H + u0, hr);
                 else if (kind == LAMINA_GRU)
-                    SUFFIXED(gru_row)(width, H, gr, hh + row * GH + u0, prev_h ? prev_h + r * H + u0 : NULL, hr);
+                    SUFFIXED(gru_row)(width, H, gr, br, hh + row * GH + u0, prev_h ? prev_h + r * H + u0 : NULL,
+                                      hr);
                 else
-                    SUFFIXED(rnn_activate)(kind, width, gr, hr);
+                    SUFFIXED(rnn_activate)(kind, width, gr, br, hr);
             }
             if (!sh.by_rows)
                 lamina_spin_wait(&barrier, nt, &sense);

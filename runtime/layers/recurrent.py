@@ -147,6 +147,7 @@ class _Recurrent(Layer):
         be.gather_rows(layer_in, index, xs)
         g = self._ws(ctx, "g", l, d, self.gates * H)
         be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
+        bias = None
         if self.has_bias:
             bias = self.params["bias_ih" + sfx].buffer
             if not self.separate_recurrent_bias:  # b_ih + b_hh once, then one pass over G
@@ -154,14 +155,15 @@ class _Recurrent(Layer):
                 be.axpby(1.0, bias, 0.0, both)
                 be.axpby(1.0, self.params["bias_hh" + sfx].buffer, 1.0, both)
                 bias = both
-            be.add_bias(g, bias)
         hs = self._ws(ctx, "h", l, d, H)
         cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
         init_h = self._sorted_state(ctx, h0, k, "h0")
         init_c = self._sorted_state(ctx, c0, k, "c0")
-        if self._fused(ctx):
-            self._fused_steps(ctx, sfx, l, d, g, hs, cs, init_h, init_c)
+        if self._fused(ctx):  # the fused cells add the bias as they read G
+            self._fused_steps(ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c)
         else:
+            if bias is not None:
+                be.add_bias(g, bias)
             self._steps(ctx, sfx, l, d, g, hs, cs, init_h, init_c)
         be.scatter_rows(hs, index, layer_out, col=d * H)
         last = ctx.workspace(("last", l, d), (order.num_sequences, H))
@@ -214,7 +216,7 @@ class _Recurrent(Layer):
             threads = 1
         return threads, share == "rows"
 
-    def _fused_steps(self, ctx, sfx, l, d, g, hs, cs, init_h, init_c):
+    def _fused_steps(self, ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c):
         order, H = ctx.order, self.hidden_size
         w = self.params["weight_hh" + sfx]
         packed = self._pack(ctx, w, transpose=True)
@@ -222,7 +224,8 @@ class _Recurrent(Layer):
         hh = self._ws(ctx, "hh", l, d, 3 * H) if gru else g
         b_hh = self.params["bias_hh" + sfx].buffer if gru and self.has_bias else packed.panels
         _kernels.recurrence_forward(
-            self._fused_kind, order.step_starts, g, hh, gru and self.has_bias, b_hh, packed.panels, hs,
+            self._fused_kind, order.step_starts, g, bias if bias is not None else packed.panels, bias is not None,
+            hh, gru and self.has_bias, b_hh, packed.panels, hs,
             cs if cs is not None else hs, cs is not None, init_h if init_h is not None else hs,
             init_h is not None, init_c if init_c is not None else hs, init_c is not None,
             *self._fused_share(ctx, g))
