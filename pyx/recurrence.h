@@ -1,4 +1,4 @@
-/* The forward recurrence of RNN, LSTM and GRU as one parallel region (float and double).
+/* The forward and backward recurrences of RNN, LSTM and GRU as one parallel region each (float and double).
  *
  * Stepping from Python, each step is a packed GEMM that wakes a team of threads and a cell pass
  * on one thread: at 2 threads a 512-wide plain RNN ran its steps at half the machine's GEMM
