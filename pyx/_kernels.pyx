@@ -884,6 +884,41 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
             col2vol_channel_d(&col[c * per, 0], ld, &x[c, 0, 0, 0], D, H, W, geo, oH, oW, r0, r1)
 
 
+cdef extern from "direct_conv.h" nogil:
+    void direct_conv_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
+                       const long* geo, float* y, long oD, long oH, long oW)
+    void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
+                       const long* geo, double* y, long oD, long oH, long oW)
+
+
+def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[:, :, :, ::1] xp,
+                int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw):
+    """y = the convolution of one sample x [C, D, H, W] with unit stride along the width, by
+    direct_conv.h: x is copied into xp (zeros around it; xp's width leaves a vector's worth past
+    each row), then each group runs over it. packed: the weights as direct_conv.h reads them,
+    per group. Overwrites y [Cout, oD, oH, oW]."""
+    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
+    cdef Py_ssize_t cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g, c, d, h, i
+    cdef Py_ssize_t per_group = ((out_g + 5) // 6) * in_g * kd * kh * kw * 6
+    cdef long geo[8]
+    geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
+    with nogil:
+        xp[...] = 0
+        for c in range(C):
+            for d in range(D):
+                for h in range(H):
+                    for i in range(W):
+                        xp[c, d + pd, h + ph, i + pw] = x[c, d, h, i]
+        for g in range(groups):
+            if real is float:
+                direct_conv_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
+                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3])
+            else:
+                direct_conv_d(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
+                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3])
+
+
 def channel_bias(real[:, :, ::1] y, real[::1] b):
     """y[n, c, :] += b[c] (y viewed as [N, C, spatial])."""
     cdef Py_ssize_t n, c, i, N = y.shape[0], C = y.shape[1], S = y.shape[2]

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from .. import _kernels
 from ..graph import Spec
 from ..random import generator
 from ..threads import get_num_threads, split_work
@@ -194,7 +195,44 @@ class _Conv(_ConvNd):
         # the tap-major weight copy is a numpy layout change: the CPU backend only
         return self.nd == 3 and self.stride[0] == 1 and self.kernel_size[0] > 1 and ctx.be.name == "cpu"
 
+    # ---------------------------------------------------------------- direct forward
+    # With unit stride along the width, the CPU backend runs the forward without a column matrix
+    # (pyx/direct_conv.h: 6 output channels x 2 vectors of widths per register tile, weights
+    # packed in reading order, cached per weight version).
+    def _direct(self, ctx):
+        return ctx.be.name == "cpu" and self.stride[-1] == 1
+
+    def _direct_weights(self):
+        w = self.weight
+        cached = getattr(self, "_direct_cache", None)
+        if cached is None or cached[0] != (w.version, id(w.buffer)):
+            out_g, in_g = self.out_channels // self.groups, self.in_channels // self.groups
+            blocks = (out_g + 5) // 6
+            taps = int(np.prod(self.kernel_size))
+            padded = np.zeros((self.groups, blocks * 6, in_g, taps), w.buffer.dtype)
+            padded[:, :out_g] = w.buffer.reshape(self.groups, out_g, in_g, taps)
+            packed = padded.reshape(self.groups, blocks, 6, in_g, taps).transpose(0, 1, 3, 4, 2)
+            self._direct_cache = cached = ((w.version, id(w.buffer)), np.ascontiguousarray(packed).reshape(-1))
+        return cached[1]
+
+    def _forward_direct(self, ctx):
+        x, y = ctx.inputs[0], ctx.output
+        packed = self._direct_weights()
+        kernel, stride, padding, dilation, _ = self._geometry(y.shape[2:])
+        c, d, h, w = self._volume(x[0]).shape
+        padded = (c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + 16)  # 16: past-the-row loads
+
+        def work(t, samples):
+            xp = ctx.workspace(("padded", t), padded)
+            for n in samples:
+                _kernels.direct_conv(self._volume(x[n]), packed, self._volume(y[n]), xp, self.groups, *kernel,
+                                     *stride[:2], *padding, *dilation)
+        split_work(x.shape[0], work, self._threads(ctx))
+        self._bias_forward(ctx)
+
     def forward(self, ctx):
+        if self._direct(ctx):
+            return self._forward_direct(ctx)
         if self._depth_taps(ctx):
             return self._forward_depth_taps(ctx)
         be, x, y = ctx.be, ctx.inputs[0], ctx.output

@@ -1,0 +1,43 @@
+/* Direct convolution (no column matrix) for window rows with unit stride along the width, in
+ * float and double: y[co, od, oh, ow] = sum over ci and taps of w · x_padded. Each tile of output
+ * is 6 output channels x 2 vectors of adjacent widths held in registers while every input
+ * channel and tap passes over it: per tap two loads of the input row, six broadcast weights,
+ * twelve fused multiply-adds; the weights come pre-packed in the order they are read
+ * [channel block][ci][kd][kh][kw][6]. The caller pads the input (zeros around it, and a vector's
+ * worth past each row end so the last tile's loads stay inside the row). Compiled for AVX2 + FMA
+ * and the baseline (clones.h). */
+#ifndef LAMINA_DIRECT_CONV_H
+#define LAMINA_DIRECT_CONV_H
+
+#include <string.h>
+#include "clones.h"
+
+#define LAMINA_CO_BLOCK 6
+
+typedef float lamina_dv8f __attribute__((vector_size(32)));
+typedef double lamina_dv4d __attribute__((vector_size(32)));
+
+#define SUFFIXED_(name, sfx) name##_##sfx
+#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
+
+#define REAL float
+#define VEC lamina_dv8f
+#define LANES 8
+#define SUFFIXED(name) SUFFIXED2(name, f)
+#include "direct_conv_impl.h"
+#undef REAL
+#undef VEC
+#undef LANES
+#undef SUFFIXED
+
+#define REAL double
+#define VEC lamina_dv4d
+#define LANES 4
+#define SUFFIXED(name) SUFFIXED2(name, d)
+#include "direct_conv_impl.h"
+#undef REAL
+#undef VEC
+#undef LANES
+#undef SUFFIXED
+
+#endif
