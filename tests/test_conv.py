@@ -244,3 +244,30 @@ def test_split_work_covers_the_items_and_restores_blas_threads():
         assert _openblas.get_num_threads() == 3
     finally:
         lm.set_num_threads(before)
+
+
+def test_direct_input_gradient_adds_to_another_consumers():
+    """Two stride-1 convolutions read the same input: the direct kernel's input gradient
+    (the flipped-kernel convolution of dy) of the second adds to the first's (beta 1)."""
+    import lamina.layers.conv as conv
+    calls = []
+    real = conv._Conv._direct_run
+
+    def spy(self, ctx, which, *args, **kw):
+        calls.append(which)
+        return real(self, ctx, which, *args, **kw)
+    conv._Conv._direct_run = spy
+    try:
+        net = lm.Network()
+        x = net.input("x", (3, 5, 6, 7))
+        a = Conv3d(3, 4, 3, padding=1)(x)
+        b = Conv3d(3, 4, (3, 2, 3), padding=(1, 1, 2), dilation=(1, 1, 2))(x)
+        net.astype("float64")
+        probes = [add_probe_cost(net, v) for v in (a, b)]
+        feeds = {"x": np.random.default_rng(0).standard_normal((3, 3, 5, 6, 7))}
+        for seed, name in enumerate(probes, 1):
+            feeds[name] = probe_feed(net, name, 3, seed=seed)
+        check_gradients(net, feeds)
+    finally:
+        conv._Conv._direct_run = real
+    assert "input grad" in calls and "forward" in calls

@@ -202,33 +202,66 @@ class _Conv(_ConvNd):
     def _direct(self, ctx):
         return ctx.be.name == "cpu" and self.stride[-1] == 1
 
-    def _direct_weights(self):
+    def _direct_weights(self, which):
+        """The weight packed for direct_conv.h, cached per weight version: 'forward', or 'input
+        grad' (the input gradient of a stride-1 convolution is the convolution of dy with the
+        kernel flipped and its in/out channels swapped, per group)."""
         w = self.weight
-        cached = getattr(self, "_direct_cache", None)
-        if cached is None or cached[0] != (w.version, id(w.buffer)):
+        cache = self.__dict__.setdefault("_direct_cache", {})
+        key = (which, w.version, id(w.buffer))
+        if key not in cache:
             out_g, in_g = self.out_channels // self.groups, self.in_channels // self.groups
-            blocks = (out_g + 5) // 6
             taps = int(np.prod(self.kernel_size))
+            groups = w.buffer.reshape(self.groups, out_g, in_g, taps)
+            if which == "input grad":
+                groups = groups[..., ::-1].transpose(0, 2, 1, 3)  # flipped taps, [groups, in_g, out_g, taps]
+                out_g, in_g = in_g, out_g
+            blocks = (out_g + 5) // 6
             padded = np.zeros((self.groups, blocks * 6, in_g, taps), w.buffer.dtype)
-            padded[:, :out_g] = w.buffer.reshape(self.groups, out_g, in_g, taps)
+            padded[:, :out_g] = groups
             packed = padded.reshape(self.groups, blocks, 6, in_g, taps).transpose(0, 1, 3, 4, 2)
-            self._direct_cache = cached = ((w.version, id(w.buffer)), np.ascontiguousarray(packed).reshape(-1))
-        return cached[1]
+            if len(cache) > 4:
+                cache.clear()
+            cache[key] = np.ascontiguousarray(packed).reshape(-1)
+        return cache[key]
 
-    def _forward_direct(self, ctx):
-        x, y = ctx.inputs[0], ctx.output
-        packed = self._direct_weights()
-        kernel, stride, padding, dilation, _ = self._geometry(y.shape[2:])
-        c, d, h, w = self._volume(x[0]).shape
+    def _direct_run(self, ctx, which, src, dst, padding, stride, dilation, beta=0.0):
+        """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads."""
+        be, packed = ctx.be, self._direct_weights(which)
+        kernel = (1,) * (3 - self.nd) + self.kernel_size
+        c, d, h, w = self._volume(src[0]).shape
         padded = (c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + 16)  # 16: past-the-row loads
 
         def work(t, samples):
             xp = ctx.workspace(("padded", t), padded)
+            tmp = ctx.workspace(("direct_out", t), dst.shape[1:]) if beta else None
             for n in samples:
-                _kernels.direct_conv(self._volume(x[n]), packed, self._volume(y[n]), xp, self.groups, *kernel,
+                out = tmp if beta else dst[n]
+                _kernels.direct_conv(self._volume(src[n]), packed, self._volume(out), xp, self.groups, *kernel,
                                      *stride[:2], *padding, *dilation)
-        split_work(x.shape[0], work, self._threads(ctx))
+                if beta:
+                    be.axpby(1.0, out, beta, dst[n])
+        split_work(src.shape[0], work, self._threads(ctx))
+
+    def _forward_direct(self, ctx):
+        _, stride, padding, dilation, _ = self._geometry(ctx.output.shape[2:])
+        self._direct_run(ctx, "forward", ctx.inputs[0], ctx.output, padding, stride, dilation)
         self._bias_forward(ctx)
+
+    def _input_grad(self, ctx):
+        """The input-gradient target the column paths should fill: None when the gradient is not
+        wanted or was computed here by the direct kernel (all strides 1, and the flipped kernel's
+        padding dilation·(k - 1) - padding not negative)."""
+        dx = ctx.input_grad(0)
+        if dx is None or not (self._direct(ctx) and max(self.stride) == 1):
+            return dx
+        _, _, padding, dilation, _ = self._geometry(ctx.grad_output.shape[2:])
+        kernel = (1,) * (3 - self.nd) + self.kernel_size
+        flipped = tuple(d * (k - 1) - p for k, p, d in zip(kernel, padding, dilation))
+        if min(flipped) < 0:
+            return dx
+        self._direct_run(ctx, "input grad", ctx.grad_output, dx.array, flipped, (1, 1, 1), dilation, dx.beta)
+        return None
 
     def forward(self, ctx):
         if self._direct(ctx):
@@ -262,6 +295,7 @@ class _Conv(_ConvNd):
         k_rows, out_g = w.shape[2], self.out_channels // self.groups
         col_rows = self.in_channels * int(np.prod(self.kernel_size))
         dw, dx, threads, parts = self._grad_setup(ctx)
+        dx = self._input_grad(ctx)
 
         def work(t, samples):
             blocks, dwg, beta = self._thread_start(ctx, t, col_rows, geometry[4], parts)
@@ -357,7 +391,7 @@ class _Conv(_ConvNd):
         geometry, out_h = self._plane_geometry(ctx), dy.shape[3]
         wt = self._tap_weights()
         rows, out_g = wt.shape[3], self.out_channels // self.groups
-        dw, dx = ctx.param_grad("weight"), ctx.input_grad(0)
+        dw, dx = ctx.param_grad("weight"), self._input_grad(ctx)
         threads = self._threads(ctx)
         # tap-major weight gradients, one per thread, all starting from zero
         dwts = [ctx.workspace(("dweight_taps", t), wt.shape) for t in range(threads)] if dw is not None else None
