@@ -885,10 +885,16 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
 
 
 cdef extern from "direct_conv.h" nogil:
+    enum: CO_BLOCK "LAMINA_CO_BLOCK"
     void direct_conv_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
                        const long* geo, float* y, long oD, long oH, long oW)
     void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
                        const long* geo, double* y, long oD, long oH, long oW)
+
+
+def direct_conv_block():
+    """Output channels per register tile of direct_conv (the weight packing's block)."""
+    return CO_BLOCK
 
 
 def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[:, :, :, ::1] xp,
@@ -900,7 +906,7 @@ def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, re
     cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
     cdef Py_ssize_t cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g, c, d, h, i
-    cdef Py_ssize_t per_group = ((out_g + 5) // 6) * in_g * kd * kh * kw * 6
+    cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     with nogil:

@@ -1,5 +1,5 @@
 /* The direct convolution for the REAL type direct_conv.h sets. One group: xp [cin, Dp, Hp, Wp]
- * (padded), wp [ceil(cout / 6)][cin][kd][kh][kw][6] (zero past cout), y [cout, oD, oH, oW]
+ * (padded), wp [ceil(cout / CB)][cin][kd][kh][kw][CB] (zero past cout), y [cout, oD, oH, oW]
  * (overwritten). geo: kd, kh, kw, sd, sh, dd, dh, dw. */
 LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long Dp, long Hp, long Wp, const REAL *wp,
                                                 long cout, const long *geo, REAL *y, long oD, long oH, long oW) {

@@ -197,8 +197,9 @@ class _Conv(_ConvNd):
 
     # ---------------------------------------------------------------- direct forward
     # With unit stride along the width, the CPU backend runs the forward without a column matrix
-    # (pyx/direct_conv.h: 6 output channels x 2 vectors of widths per register tile, weights
-    # packed in reading order, cached per weight version).
+    # (pyx/direct_conv.h: 4 output channels x 2 vectors of widths per register tile, weights
+    # packed in reading order, cached per weight version), and with unit strides everywhere the
+    # input gradient too.
     def _direct(self, ctx):
         return ctx.be.name == "cpu" and self.stride[-1] == 1
 
@@ -216,10 +217,11 @@ class _Conv(_ConvNd):
             if which == "input grad":
                 groups = groups[..., ::-1].transpose(0, 2, 1, 3)  # flipped taps, [groups, in_g, out_g, taps]
                 out_g, in_g = in_g, out_g
-            blocks = (out_g + 5) // 6
-            padded = np.zeros((self.groups, blocks * 6, in_g, taps), w.buffer.dtype)
+            block = _kernels.direct_conv_block()
+            blocks = (out_g + block - 1) // block
+            padded = np.zeros((self.groups, blocks * block, in_g, taps), w.buffer.dtype)
             padded[:, :out_g] = groups
-            packed = padded.reshape(self.groups, blocks, 6, in_g, taps).transpose(0, 1, 3, 4, 2)
+            packed = padded.reshape(self.groups, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)
             if len(cache) > 4:
                 cache.clear()
             cache[key] = np.ascontiguousarray(packed).reshape(-1)
