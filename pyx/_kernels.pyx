@@ -10,6 +10,7 @@ Conventions (the same for every backend, see lamina.backends.base):
 """
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
 from libc.math cimport exp, expm1, log, log1p, tanh, sqrt, fabs
 cimport openmp
 
@@ -910,12 +911,11 @@ def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, re
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     with nogil:
-        xp[...] = 0
+        memset(&xp[0, 0, 0, 0], 0, xp.shape[0] * Dp * Hp * Wp * sizeof(real))
         for c in range(C):
             for d in range(D):
                 for h in range(H):
-                    for i in range(W):
-                        xp[c, d + pd, h + ph, i + pw] = x[c, d, h, i]
+                    memcpy(&xp[c, d + pd, h + ph, pw], &x[c, d, h, 0], W * sizeof(real))
         for g in range(groups):
             if real is float:
                 direct_conv_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
