@@ -887,6 +887,12 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
 
 cdef extern from "direct_conv.h" nogil:
     enum: CO_BLOCK "LAMINA_CO_BLOCK"
+    enum: DW_MAX_KW "LAMINA_DW_MAX_KW"
+    enum: DW_CO_BLOCK "LAMINA_DW_CO_BLOCK"
+    void direct_conv_dw_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* dyp, long cout,
+                          long oD, long oH, long oWp, const long* geo, float* partials, float* dw)
+    void direct_conv_dw_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* dyp, long cout,
+                          long oD, long oH, long oWp, const long* geo, double* partials, double* dw)
     void direct_conv_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
                        const long* geo, float* y, long oD, long oH, long oW)
     void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
@@ -923,6 +929,53 @@ def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, re
             else:
                 direct_conv_d(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
                               &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3])
+
+
+def direct_conv_dw_max_width():
+    """The widest kernel direct_conv_dw takes."""
+    return DW_MAX_KW
+
+
+def direct_conv_dw_workspace(int cin_g, int cout_g, int kd, int kh, int kw, bint is_float):
+    """Values of scratch direct_conv_dw needs for its partial sums (per group)."""
+    lanes = 8 if is_float else 4
+    return ((cout_g + DW_CO_BLOCK - 1) // DW_CO_BLOCK) * cin_g * kd * kh * DW_CO_BLOCK * kw * lanes
+
+
+def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, real[:, :, :, ::1] xp,
+                   real[:, :, :, ::1] dyp, real[::1] partials, int groups, int kd, int kh, int kw, int sd, int sh,
+                   int pd, int ph, int pw, int dd, int dh, int dw_):
+    """dw [Cout, C/groups, kd, kh, kw] += the weight gradient of the unit-width-stride convolution
+    of one sample x [C, D, H, W] given dy [Cout, oD, oH, oW], by direct_conv.h (kw at most
+    DW_MAX_KW). xp: x padded as for direct_conv; dyp [Cout, oD, oH, oWp]: dy with rows padded
+    by zeros to whole vectors; partials: direct_conv_dw_workspace values."""
+    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
+    cdef Py_ssize_t cout = dy.shape[0], oD = dy.shape[1], oH = dy.shape[2], oW = dy.shape[3], oWp = dyp.shape[3]
+    cdef Py_ssize_t in_g = C // groups, out_g = cout // groups, g, c, d, h
+    cdef Py_ssize_t taps = kd * kh * kw
+    cdef long geo[8]
+    if kw > DW_MAX_KW:
+        raise ValueError(f"direct_conv_dw: kernel width at most {DW_MAX_KW}, found {kw}")
+    geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw_]
+    with nogil:
+        memset(&xp[0, 0, 0, 0], 0, xp.shape[0] * Dp * Hp * Wp * sizeof(real))
+        for c in range(C):
+            for d in range(D):
+                for h in range(H):
+                    memcpy(&xp[c, d + pd, h + ph, pw], &x[c, d, h, 0], W * sizeof(real))
+        memset(&dyp[0, 0, 0, 0], 0, cout * oD * oH * oWp * sizeof(real))
+        for c in range(cout):
+            for d in range(oD):
+                for h in range(oH):
+                    memcpy(&dyp[c, d, h, 0], &dy[c, d, h, 0], oW * sizeof(real))
+        for g in range(groups):
+            if real is float:
+                direct_conv_dw_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &dyp[g * out_g, 0, 0, 0], out_g, oD, oH,
+                                 oWp, geo, &partials[0], &dw[g * out_g * in_g * taps])
+            else:
+                direct_conv_dw_d(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &dyp[g * out_g, 0, 0, 0], out_g, oD, oH,
+                                 oWp, geo, &partials[0], &dw[g * out_g * in_g * taps])
 
 
 def channel_bias(real[:, :, ::1] y, real[::1] b):

@@ -15,6 +15,8 @@
 #include "clones.h"
 
 #define LAMINA_CO_BLOCK 4
+#define LAMINA_DW_MAX_KW 3
+#define LAMINA_DW_CO_BLOCK 3
 
 typedef float lamina_dv8f __attribute__((vector_size(32)));
 typedef double lamina_dv4d __attribute__((vector_size(32)));

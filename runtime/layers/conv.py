@@ -250,20 +250,59 @@ class _Conv(_ConvNd):
         self._direct_run(ctx, "forward", ctx.inputs[0], ctx.output, padding, stride, dilation)
         self._bias_forward(ctx)
 
-    def _input_grad(self, ctx):
-        """The input-gradient target the column paths should fill: None when the gradient is not
-        wanted or was computed here by the direct kernel (all strides 1, and the flipped kernel's
-        padding dilation·(k - 1) - padding not negative)."""
-        dx = ctx.input_grad(0)
-        if dx is None or not (self._direct(ctx) and max(self.stride) == 1):
-            return dx
+    def _flipped_padding(self, ctx):
+        """The padding of the input gradient as a direct convolution of dy (all strides 1, and
+        dilation·(k - 1) - padding not negative), or None when it is not one."""
+        if not (self._direct(ctx) and max(self.stride) == 1):
+            return None
         _, _, padding, dilation, _ = self._geometry(ctx.grad_output.shape[2:])
         kernel = (1,) * (3 - self.nd) + self.kernel_size
         flipped = tuple(d * (k - 1) - p for k, p, d in zip(kernel, padding, dilation))
-        if min(flipped) < 0:
+        return flipped if min(flipped) >= 0 else None
+
+    def _input_grad(self, ctx):
+        """The input-gradient target the column paths should fill: None when the gradient is not
+        wanted or was computed here by the direct kernel."""
+        dx, flipped = ctx.input_grad(0), self._flipped_padding(ctx)
+        if dx is None or flipped is None:
             return dx
+        _, _, _, dilation, _ = self._geometry(ctx.grad_output.shape[2:])
         self._direct_run(ctx, "input grad", ctx.grad_output, dx.array, flipped, (1, 1, 1), dilation, dx.beta)
         return None
+
+    def _backward_direct(self, ctx):
+        """Weight gradient by direct_conv.h's direct_conv_dw (kernel width <= 3), each thread adding
+        its samples into its own part; input gradient by the direct kernel too."""
+        be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+        kernel, stride, padding, dilation, _ = self._geometry(dy.shape[2:])
+        dw, dx, threads, parts = self._grad_setup(ctx)
+        self._input_grad(ctx)
+        c, d, h, w = self._volume(x[0]).shape
+        xp_shape = (c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + 16)
+        out = self._volume(dy[0]).shape
+        dyp_shape = out[:3] + (-(-out[3] // 8) * 8,)
+        partials = _kernels.direct_conv_dw_workspace(self.in_channels // self.groups, self.out_channels // self.groups,
+                                                     *kernel, dy.dtype == np.float32)
+
+        def work(t, samples):
+            part, beta = parts[t]
+            if beta == 0:
+                be.fill(part, 0)
+            xp = ctx.workspace(("padded", t), xp_shape)
+            dyp = ctx.workspace(("padded dy", t), dyp_shape)
+            scratch = ctx.workspace(("dw partials", t), (partials,))
+            for n in samples:
+                _kernels.direct_conv_dw(self._volume(x[n]), self._volume(dy[n]), part.reshape(-1), xp, dyp, scratch,
+                                        self.groups, *kernel, *stride[:2], *padding, *dilation)
+        split_work(x.shape[0], work, threads)
+        self._sum_weight_grad_parts(ctx, parts)
+        self._bias_backward(ctx)
+
+    def _direct_weight_grad(self, ctx):
+        # (not ctx.param_grad: asking for the target marks the gradient as written)
+        return (self._direct(ctx) and self.kernel_size[-1] <= _kernels.direct_conv_dw_max_width()
+                and not self.weight.frozen
+                and (ctx.input_grad(0) is None or self._flipped_padding(ctx) is not None))
 
     def forward(self, ctx):
         if self._direct(ctx):
@@ -289,6 +328,8 @@ class _Conv(_ConvNd):
         self._bias_forward(ctx)
 
     def backward(self, ctx):
+        if self._direct_weight_grad(ctx):
+            return self._backward_direct(ctx)
         if self._depth_taps(ctx):
             return self._backward_depth_taps(ctx)
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
