@@ -9,6 +9,8 @@ run would have seen.
 import json
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -100,8 +102,10 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
     logfile = open(folder / "log.jsonl", "a") if folder else None
     bar = tqdm(total=total, initial=min(done, total), unit="step", disable=not progress, mininterval=0.5)
     t0 = time.perf_counter()
+    interrupt = _DeferredInterrupt()
     try:
         while position[0] < epochs and done < total:
+            interrupt.check()  # between steps: the checkpoint's position matches its parameters
             epoch, b = position
             if b >= per_epoch:  # an epoch ends: checkpoint
                 position = [epoch + 1, 0]
@@ -129,6 +133,7 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
             log(f"interrupted: checkpoint written to {folder / CHECKPOINT} (resume with --resume)")
         raise
     finally:
+        interrupt.restore()
         bar.close()
         if logfile:
             logfile.close()
@@ -170,3 +175,31 @@ def plot_losses(log_path, png_path):
     fig.savefig(tmp, dpi=90)
     plt.close(fig)
     os.replace(tmp, png_path)
+
+
+class _DeferredInterrupt:
+    """Ctrl-C during training takes effect between steps: the first SIGINT is remembered and
+    raised as KeyboardInterrupt at the next check, so a step is never cut between its parameter
+    update and the position the checkpoint records (a checkpoint written then would repeat that
+    step on resume). A second Ctrl-C interrupts at once. Only in the main thread (where Python
+    delivers signals); elsewhere Ctrl-C behaves as usual."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._remember)
+
+    def _remember(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def check(self):
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def restore(self):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
