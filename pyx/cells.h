@@ -25,23 +25,7 @@ static inline float lamina_fast_tanhf(float x) {
     return p / q;
 }
 
-#define SUFFIXED_(name, sfx) name##_##sfx
-#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
-
-#define REAL float
-#define TANH lamina_fast_tanhf
-#define SUFFIXED(name) SUFFIXED2(name, f)
-#include "cells_impl.h"
-#undef REAL
-#undef TANH
-#undef SUFFIXED
-
-#define REAL double
-#define TANH tanh
-#define SUFFIXED(name) SUFFIXED2(name, d)
-#include "cells_impl.h"
-#undef REAL
-#undef TANH
-#undef SUFFIXED
+#define LAMINA_IMPL "cells_impl.h"
+#include "instantiate.h"
 
 #endif

@@ -18,30 +18,7 @@
 #define LAMINA_DW_MAX_KW 3
 #define LAMINA_DW_CO_BLOCK 3
 
-typedef float lamina_dv8f __attribute__((vector_size(32)));
-typedef double lamina_dv4d __attribute__((vector_size(32)));
-
-#define SUFFIXED_(name, sfx) name##_##sfx
-#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
-
-#define REAL float
-#define VEC lamina_dv8f
-#define LANES 8
-#define SUFFIXED(name) SUFFIXED2(name, f)
-#include "direct_conv_impl.h"
-#undef REAL
-#undef VEC
-#undef LANES
-#undef SUFFIXED
-
-#define REAL double
-#define VEC lamina_dv4d
-#define LANES 4
-#define SUFFIXED(name) SUFFIXED2(name, d)
-#include "direct_conv_impl.h"
-#undef REAL
-#undef VEC
-#undef LANES
-#undef SUFFIXED
+#define LAMINA_IMPL "direct_conv_impl.h"
+#include "instantiate.h"
 
 #endif

@@ -23,30 +23,7 @@
 
 #define PANEL_MR 6
 
-typedef float lamina_pv8f __attribute__((vector_size(32)));
-typedef double lamina_pv4d __attribute__((vector_size(32)));
-
-#define SUFFIXED_(name, sfx) name##_##sfx
-#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
-
-#define REAL float
-#define VEC lamina_pv8f
-#define LANES 8
-#define SUFFIXED(name) SUFFIXED2(name, f)
-#include "panels_impl.h"
-#undef REAL
-#undef VEC
-#undef LANES
-#undef SUFFIXED
-
-#define REAL double
-#define VEC lamina_pv4d
-#define LANES 4
-#define SUFFIXED(name) SUFFIXED2(name, d)
-#include "panels_impl.h"
-#undef REAL
-#undef VEC
-#undef LANES
-#undef SUFFIXED
+#define LAMINA_IMPL "panels_impl.h"
+#include "instantiate.h"
 
 #endif

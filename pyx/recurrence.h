@@ -76,27 +76,7 @@ static inline long lamina_share_rows(const lamina_share *sh, long b) {
     return b > sh->first ? (b - sh->first + sh->stride - 1) / sh->stride : 0;
 }
 
-#define SUFFIXED_(name, sfx) name##_##sfx
-#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
-
-#define REAL float
-#define LANES 8
-#define TANH lamina_fast_tanhf
-#define SUFFIXED(name) SUFFIXED2(name, f)
-#include "recurrence_impl.h"
-#undef REAL
-#undef LANES
-#undef TANH
-#undef SUFFIXED
-
-#define REAL double
-#define LANES 4
-#define TANH tanh
-#define SUFFIXED(name) SUFFIXED2(name, d)
-#include "recurrence_impl.h"
-#undef REAL
-#undef LANES
-#undef TANH
-#undef SUFFIXED
+#define LAMINA_IMPL "recurrence_impl.h"
+#include "instantiate.h"
 
 #endif

@@ -13,11 +13,6 @@
 #include <string.h>
 #include "clones.h"
 
-typedef float lamina_vv8f __attribute__((vector_size(32)));
-typedef double lamina_vv4d __attribute__((vector_size(32)));
-typedef int lamina_vv8i __attribute__((vector_size(32)));
-typedef long lamina_vv4l __attribute__((vector_size(32)));
-
 /* window columns ow in [lo, hi) whose input column ow·s + off lies in [0, W) */
 static inline void lamina_valid_range(long oW, long W, long s, long off, long *lo, long *hi) {
     *lo = off >= 0 ? 0 : (-off + s - 1) / s;
@@ -26,43 +21,7 @@ static inline void lamina_valid_range(long oW, long W, long s, long off, long *l
     if (*lo > *hi) *lo = *hi;
 }
 
-#define SUFFIXED_(name, sfx) name##_##sfx
-#define SUFFIXED2(name, sfx) SUFFIXED_(name, sfx)
-
-#define REAL float
-#define VEC lamina_vv8f
-#define IVEC lamina_vv8i
-#define LANES 8
-#define EVENS {0, 2, 4, 6, 8, 10, 12, 14}
-#define ZIP_LO {0, 8, 1, 9, 2, 10, 3, 11}
-#define ZIP_HI {4, 12, 5, 13, 6, 14, 7, 15}
-#define SUFFIXED(name) SUFFIXED2(name, f)
-#include "volumes_impl.h"
-#undef REAL
-#undef VEC
-#undef IVEC
-#undef LANES
-#undef EVENS
-#undef ZIP_LO
-#undef ZIP_HI
-#undef SUFFIXED
-
-#define REAL double
-#define VEC lamina_vv4d
-#define IVEC lamina_vv4l
-#define LANES 4
-#define EVENS {0, 2, 4, 6}
-#define ZIP_LO {0, 4, 1, 5}
-#define ZIP_HI {2, 6, 3, 7}
-#define SUFFIXED(name) SUFFIXED2(name, d)
-#include "volumes_impl.h"
-#undef REAL
-#undef VEC
-#undef IVEC
-#undef LANES
-#undef EVENS
-#undef ZIP_LO
-#undef ZIP_HI
-#undef SUFFIXED
+#define LAMINA_IMPL "volumes_impl.h"
+#include "instantiate.h"
 
 #endif

@@ -1,6 +1,17 @@
 /* vol2col / col2vol of one channel for the REAL type volumes.h sets. `last`: the highest index
  * that may be read or written from the run's start (the end of the input row). */
 
+/* shuffle masks: the even lanes of two vectors; two vectors' worth interleaved with zeros */
+#if LANES == 8
+#define EVENS {0, 2, 4, 6, 8, 10, 12, 14}
+#define ZIP_LO {0, 8, 1, 9, 2, 10, 3, 11}
+#define ZIP_HI {4, 12, 5, 13, 6, 14, 7, 15}
+#else
+#define EVENS {0, 2, 4, 6}
+#define ZIP_LO {0, 4, 1, 5}
+#define ZIP_HI {2, 6, 3, 7}
+#endif
+
 /* dst[i] = src[i·s], i < n */
 static inline __attribute__((always_inline)) void SUFFIXED(gather_run)(REAL *restrict dst, const REAL *restrict src,
                                                                        long n, long s, long last) {
@@ -95,3 +106,7 @@ LAMINA_CLONES static void SUFFIXED(col2vol_channel)(const REAL *col, long ldcol,
                 }
             }
 }
+
+#undef EVENS
+#undef ZIP_LO
+#undef ZIP_HI
