@@ -899,6 +899,18 @@ cdef extern from "direct_conv.h" nogil:
                        const long* geo, double* y, long oD, long oH, long oW)
 
 
+cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_t pd, Py_ssize_t ph,
+                       Py_ssize_t pw) noexcept nogil:
+    """dst = zeros, with src copied in at offset (pd, ph, pw) (dst must be big enough): a volume
+    padded for direct_conv.h."""
+    cdef Py_ssize_t c, d, h
+    memset(&dst[0, 0, 0, 0], 0, dst.shape[0] * dst.shape[1] * dst.shape[2] * dst.shape[3] * sizeof(real))
+    for c in range(src.shape[0]):
+        for d in range(src.shape[1]):
+            for h in range(src.shape[2]):
+                memcpy(&dst[c, d + pd, h + ph, pw], &src[c, d, h, 0], src.shape[3] * sizeof(real))
+
+
 def direct_conv_block():
     """Output channels per register tile of direct_conv (the weight packing's block)."""
     return CO_BLOCK
@@ -910,18 +922,14 @@ def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, re
     direct_conv.h: x is copied into xp (zeros around it; xp's width leaves a vector's worth past
     each row), then each group runs over it. packed: the weights as direct_conv.h reads them,
     per group. Overwrites y [Cout, oD, oH, oW]."""
-    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t C = x.shape[0]
     cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
-    cdef Py_ssize_t cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g, c, d, h, i
+    cdef Py_ssize_t cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g
     cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     with nogil:
-        memset(&xp[0, 0, 0, 0], 0, xp.shape[0] * Dp * Hp * Wp * sizeof(real))
-        for c in range(C):
-            for d in range(D):
-                for h in range(H):
-                    memcpy(&xp[c, d + pd, h + ph, pw], &x[c, d, h, 0], W * sizeof(real))
+        _padded_copy(x, xp, pd, ph, pw)
         for g in range(groups):
             if real is float:
                 direct_conv_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
@@ -949,26 +957,18 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
     of one sample x [C, D, H, W] given dy [Cout, oD, oH, oW], by direct_conv.h (kw at most
     DW_MAX_KW). xp: x padded as for direct_conv; dyp [Cout, oD, oH, oWp]: dy with rows padded
     by zeros to whole vectors; partials: direct_conv_dw_workspace values."""
-    cdef Py_ssize_t C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t C = x.shape[0]
     cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
-    cdef Py_ssize_t cout = dy.shape[0], oD = dy.shape[1], oH = dy.shape[2], oW = dy.shape[3], oWp = dyp.shape[3]
-    cdef Py_ssize_t in_g = C // groups, out_g = cout // groups, g, c, d, h
+    cdef Py_ssize_t cout = dy.shape[0], oD = dy.shape[1], oH = dy.shape[2], oWp = dyp.shape[3]
+    cdef Py_ssize_t in_g = C // groups, out_g = cout // groups, g
     cdef Py_ssize_t taps = kd * kh * kw
     cdef long geo[8]
     if kw > DW_MAX_KW:
         raise ValueError(f"direct_conv_dw: kernel width at most {DW_MAX_KW}, found {kw}")
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw_]
     with nogil:
-        memset(&xp[0, 0, 0, 0], 0, xp.shape[0] * Dp * Hp * Wp * sizeof(real))
-        for c in range(C):
-            for d in range(D):
-                for h in range(H):
-                    memcpy(&xp[c, d + pd, h + ph, pw], &x[c, d, h, 0], W * sizeof(real))
-        memset(&dyp[0, 0, 0, 0], 0, cout * oD * oH * oWp * sizeof(real))
-        for c in range(cout):
-            for d in range(oD):
-                for h in range(oH):
-                    memcpy(&dyp[c, d, h, 0], &dy[c, d, h, 0], oW * sizeof(real))
+        _padded_copy(x, xp, pd, ph, pw)
+        _padded_copy(dy, dyp, 0, 0, 0)
         for g in range(groups):
             if real is float:
                 direct_conv_dw_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &dyp[g * out_g, 0, 0, 0], out_g, oD, oH,
