@@ -56,10 +56,14 @@ static inline __attribute__((always_inline)) void SUFFIXED(scatter_add_run)(REAL
     }
 }
 
-/* col rows (a, b, e) of one channel x [D, H, W] over window rows [r0, r1) of an oH x oW grid
- * (see lamina._kernels.vol2col): overwrites them, zero where the window is in the padding. */
-LAMINA_CLONES static void SUFFIXED(vol2col_channel)(const REAL *x, long D, long H, long W, REAL *col, long ldcol,
-                                                    const long *geo, long oH, long oW, long r0, long r1) {
+/* The walk vol2col and col2vol share: for each col row (a, b, e) of one channel x [D, H, W] and
+ * each window row r in [r0, r1) of an oH x oW grid, the run of input row (i_d, i_h) that the
+ * window columns [lo, hi) read. to_col (a constant where this is inlined): col = those runs,
+ * zero where the window is in the padding; else x += col over them (accumulates). */
+static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_col, REAL *x, long D, long H,
+                                                                        long W, REAL *col, long ldcol,
+                                                                        const long *geo, long oH, long oW,
+                                                                        long r0, long r1) {
     long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], sw = geo[5];
     long pd = geo[6], ph = geo[7], pw = geo[8], dd = geo[9], dh = geo[10], dw = geo[11];
     REAL *row = col;
@@ -71,40 +75,36 @@ LAMINA_CLONES static void SUFFIXED(vol2col_channel)(const REAL *x, long D, long 
                 for (long r = r0; r < r1; r++) {
                     long od = r / oH, oh = r - od * oH;
                     long i_d = od * sd - pd + a * dd, i_h = oh * sh - ph + b * dh;
-                    REAL *dst = row + (r - r0) * oW;
-                    if (i_d < 0 || i_d >= D || i_h < 0 || i_h >= H) {
-                        memset(dst, 0, sizeof(REAL) * oW);
-                        continue;
+                    REAL *c = row + (r - r0) * oW;
+                    int inside = i_d >= 0 && i_d < D && i_h >= 0 && i_h < H;
+                    REAL *run = inside ? x + (i_d * H + i_h) * W + lo * sw + off : NULL;
+                    long last = W - 1 - (lo * sw + off);
+                    if (to_col) {
+                        if (!inside) {
+                            memset(c, 0, sizeof(REAL) * oW);
+                            continue;
+                        }
+                        memset(c, 0, sizeof(REAL) * lo);
+                        SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, last);
+                        memset(c + hi, 0, sizeof(REAL) * (oW - hi));
+                    } else if (inside && hi > lo) {
+                        SUFFIXED(scatter_add_run)(run, c + lo, hi - lo, sw, last);
                     }
-                    const REAL *src = x + (i_d * H + i_h) * W;
-                    memset(dst, 0, sizeof(REAL) * lo);
-                    SUFFIXED(gather_run)(dst + lo, src + lo * sw + off, hi - lo, sw, W - 1 - (lo * sw + off));
-                    memset(dst + hi, 0, sizeof(REAL) * (oW - hi));
                 }
             }
+}
+
+/* col rows (a, b, e) of one channel x over window rows [r0, r1) (see lamina._kernels.vol2col):
+ * overwrites them, zero where the window is in the padding. */
+LAMINA_CLONES static void SUFFIXED(vol2col_channel)(const REAL *x, long D, long H, long W, REAL *col, long ldcol,
+                                                    const long *geo, long oH, long oW, long r0, long r1) {
+    SUFFIXED(volume_walk)(1, (REAL *)x, D, H, W, col, ldcol, geo, oH, oW, r0, r1);  /* x only read */
 }
 
 /* The adjoint: x[...] += the channel's col rows; accumulates. */
 LAMINA_CLONES static void SUFFIXED(col2vol_channel)(const REAL *col, long ldcol, REAL *x, long D, long H, long W,
                                                     const long *geo, long oH, long oW, long r0, long r1) {
-    long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], sw = geo[5];
-    long pd = geo[6], ph = geo[7], pw = geo[8], dd = geo[9], dh = geo[10], dw = geo[11];
-    const REAL *row = col;
-    for (long a = 0; a < kd; a++)
-        for (long b = 0; b < kh; b++)
-            for (long e = 0; e < kw; e++, row += ldcol) {
-                long off = e * dw - pw, lo, hi;
-                lamina_valid_range(oW, W, sw, off, &lo, &hi);
-                for (long r = r0; r < r1; r++) {
-                    long od = r / oH, oh = r - od * oH;
-                    long i_d = od * sd - pd + a * dd, i_h = oh * sh - ph + b * dh;
-                    if (i_d < 0 || i_d >= D || i_h < 0 || i_h >= H || hi <= lo)
-                        continue;
-                    REAL *dst = x + (i_d * H + i_h) * W;
-                    SUFFIXED(scatter_add_run)(dst + lo * sw + off, row + (r - r0) * oW + lo, hi - lo, sw,
-                                              W - 1 - (lo * sw + off));
-                }
-            }
+    SUFFIXED(volume_walk)(0, x, D, H, W, (REAL *)col, ldcol, geo, oH, oW, r0, r1);  /* col only read */
 }
 
 #undef EVENS
