@@ -655,8 +655,8 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
 
 
 def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[::1] bias, bint has_bias,
-                       real[:, ::1] hh, bint has_hh_bias,
-                       real[::1] b_hh, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
+                       real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
+                       real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
                        int threads, bint by_rows):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,

@@ -216,19 +216,22 @@ class _Recurrent(Layer):
             threads = 1
         return threads, share == "rows"
 
+    @staticmethod
+    def _given(a, placeholder):
+        """(array, present) for the fused kernels' optional arguments: an absent one passes a
+        placeholder of the right kind, never read."""
+        return (a, True) if a is not None else (placeholder, False)
+
     def _fused_steps(self, ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c):
-        order, H = ctx.order, self.hidden_size
-        w = self.params["weight_hh" + sfx]
-        packed = self._pack(ctx, w, transpose=True)
+        H, given = self.hidden_size, self._given
+        packed = self._pack(ctx, self.params["weight_hh" + sfx], transpose=True)
         gru = self.kind == "gru"
         hh = self._ws(ctx, "hh", l, d, 3 * H) if gru else g
-        b_hh = self.params["bias_hh" + sfx].buffer if gru and self.has_bias else packed.panels
+        b_hh = self.params["bias_hh" + sfx].buffer if gru and self.has_bias else None
         _kernels.recurrence_forward(
-            self._fused_kind, order.step_starts, g, bias if bias is not None else packed.panels, bias is not None,
-            hh, gru and self.has_bias, b_hh, packed.panels, hs,
-            cs if cs is not None else hs, cs is not None, init_h if init_h is not None else hs,
-            init_h is not None, init_c if init_c is not None else hs, init_c is not None,
-            *self._fused_share(ctx, g))
+            self._fused_kind, ctx.order.step_starts, g, *given(bias, packed.panels), hh,
+            *given(b_hh, packed.panels), packed.panels, hs, *given(cs, hs), *given(init_h, hs),
+            *given(init_c, hs), *self._fused_share(ctx, g))
 
     # ------------------------------------------------------------------ backward
     def backward(self, ctx):
@@ -317,16 +320,13 @@ class _Recurrent(Layer):
                 self._recurrent_product(ctx, dgh[rows], "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
 
     def _fused_backward_steps(self, ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0):
-        H = self.hidden_size
+        H, given = self.hidden_size, self._given
         packed = self._pack(ctx, self.params["weight_hh" + sfx], transpose=False)
         hh = self._ws(ctx, "hh", l, d, 3 * H) if self.kind == "gru" else g
-
-        def given(a):  # (array, present): absent arrays pass a placeholder
-            return (a, True) if a is not None else (hs, False)
         cell = cs is not None
         _kernels.recurrence_backward(
             self._fused_kind, ctx.order.step_starts, g, hh, hs, cs if cell else hs, dhs, dcs if cell else hs, cell,
-            dg, dgh, packed.panels, *given(init_h), *given(init_c), *given(dh0), *given(dc0),
+            dg, dgh, packed.panels, *given(init_h, hs), *given(init_c, hs), *given(dh0, hs), *given(dc0, hs),
             *self._fused_share(ctx, g))
 
     def _weight_grads(self, ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target,
