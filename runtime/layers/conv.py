@@ -158,6 +158,12 @@ class _ConvNd(Layer):
             ctx.be.axpby(1.0, part, 1.0, parts[0][0])
 
 
+# direct_conv.h reads up to two float vectors past the end of each output row's input, and the
+# weight gradient reads dy in whole vectors: the padded copies leave that much room
+ROW_SLACK = 16
+DY_ROW_MULTIPLE = 8
+
+
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
 # values) stays in cache between being written and being read by the GEMM
 COL_BLOCK = 1 << 18
@@ -227,12 +233,17 @@ class _Conv(_ConvNd):
             cache[key] = np.ascontiguousarray(packed).reshape(-1)
         return cache[key]
 
+    def _padded_shape(self, batch, padding):
+        """The scratch a sample of `batch` is padded into for direct_conv.h: zeros around it, and
+        ROW_SLACK more past each row for the last tile's vector loads."""
+        c, d, h, w = self._volume(batch[0]).shape
+        return c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + ROW_SLACK
+
     def _direct_run(self, ctx, which, src, dst, padding, stride, dilation, beta=0.0):
         """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads."""
         be, packed = ctx.be, self._direct_weights(which)
-        kernel = (1,) * (3 - self.nd) + self.kernel_size
-        c, d, h, w = self._volume(src[0]).shape
-        padded = (c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + 16)  # 16: past-the-row loads
+        kernel = self._geometry(dst.shape[2:])[0]
+        padded = self._padded_shape(src, padding)
 
         def work(t, samples):
             xp = ctx.workspace(("padded", t), padded)
@@ -255,8 +266,7 @@ class _Conv(_ConvNd):
         dilation·(k - 1) - padding not negative), or None when it is not one."""
         if not (self._direct(ctx) and max(self.stride) == 1):
             return None
-        _, _, padding, dilation, _ = self._geometry(ctx.grad_output.shape[2:])
-        kernel = (1,) * (3 - self.nd) + self.kernel_size
+        kernel, _, padding, dilation, _ = self._geometry(ctx.grad_output.shape[2:])
         flipped = tuple(d * (k - 1) - p for k, p, d in zip(kernel, padding, dilation))
         return flipped if min(flipped) >= 0 else None
 
@@ -275,12 +285,11 @@ class _Conv(_ConvNd):
         its samples into its own part; input gradient by the direct kernel too."""
         be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
         kernel, stride, padding, dilation, _ = self._geometry(dy.shape[2:])
-        dw, dx, threads, parts = self._grad_setup(ctx)
+        _, _, threads, parts = self._grad_setup(ctx)
         self._input_grad(ctx)
-        c, d, h, w = self._volume(x[0]).shape
-        xp_shape = (c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + 16)
+        xp_shape = self._padded_shape(x, padding)
         out = self._volume(dy[0]).shape
-        dyp_shape = out[:3] + (-(-out[3] // 8) * 8,)
+        dyp_shape = out[:3] + (-(-out[3] // DY_ROW_MULTIPLE) * DY_ROW_MULTIPLE,)
         partials = _kernels.direct_conv_dw_workspace(self.in_channels // self.groups, self.out_channels // self.groups,
                                                      *kernel, dy.dtype == np.float32)
 
