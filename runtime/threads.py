@@ -43,7 +43,7 @@ def get_num_threads():
     return _current
 
 
-_pool = None
+_pool, _pool_size = None, 0
 _split_lock = threading.Lock()
 
 
@@ -54,7 +54,7 @@ def split_work(count, work, threads=None):
     release the GIL), so the pieces run side by side with no team to wake inside them; BLAS
     returns to the full thread count afterwards. The first exception raised by a run is
     re-raised here, after every run has finished."""
-    global _pool
+    global _pool, _pool_size
     count = int(count)
     threads = min(threads or _current, count)
     if threads <= 1:
@@ -62,8 +62,10 @@ def split_work(count, work, threads=None):
             work(0, range(count))
         return max(threads, 0)
     with _split_lock:  # one split at a time: BLAS thread counts are process-wide
-        if _pool is None or _pool._max_workers < threads:
-            _pool = ThreadPoolExecutor(threads, thread_name_prefix="lamina")
+        if _pool is None or _pool_size < threads:  # grow: the old workers are let go
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool, _pool_size = ThreadPoolExecutor(threads, thread_name_prefix="lamina"), threads
 
         def run(t):
             _kernels.set_num_threads(1)  # OpenMP's thread count is per calling thread
