@@ -36,6 +36,13 @@ static void SUFFIXED(share_product)(const lamina_share *sh, long b, long k, long
                                  (q * H + sh->u0 + sh->width) / NR, c, ldc, beta);
 }
 
+/* The rows of `all` [total, H] holding the previous states of step s's rows (the first rows of
+ * step s - 1), or `initial` for step 0; NULL where `all` is. */
+static inline const REAL *SUFFIXED(previous)(long s, const long *starts, long H, const REAL *all,
+                                             const REAL *initial) {
+    return s ? (all ? all + starts[s - 1] * H : NULL) : initial;
+}
+
 /* kind: LAMINA_*; G gates; packed: the panels of W_hhᵀ (H x G·H); by_rows: see lamina_share
  * (by units needs H to be whole panels). bias (G·H, or NULL): added to g's rows by the cells,
  * which read them anyway (b_ih + b_hh; for GRU b_ih, b_hh going into hh), instead of a pass of its
@@ -53,8 +60,8 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
         long u0 = sh.u0, width = sh.width;
         for (long s = 0; s < steps; s++) {
             long r0 = starts[s], b = starts[s + 1] - r0;
-            const REAL *prev_h = s ? hs + starts[s - 1] * H : init_h;
-            const REAL *prev_c = s ? (cs ? cs + starts[s - 1] * H : NULL) : init_c;
+            const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
+            const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
             REAL *prod = kind == LAMINA_GRU ? hh + r0 * GH : g + r0 * GH;  /* GRU keeps it apart */
             if (prev_h)
                 SUFFIXED(share_product)(&sh, b, H, H, G, prev_h, H, packed, prod, GH, kind == LAMINA_GRU ? 0 : 1);
@@ -104,10 +111,10 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
         long u0 = sh.u0, width = sh.width;
         for (long s = steps - 1; s >= 0; s--) {
             long r0 = starts[s], b = starts[s + 1] - r0;
-            const REAL *prev_h = s ? hs + starts[s - 1] * H : init_h;
-            const REAL *prev_c = s ? (cs ? cs + starts[s - 1] * H : NULL) : init_c;
-            REAL *dprev_h = s ? dhs + starts[s - 1] * H : (prev_h ? dh0 : NULL);
-            REAL *dprev_c = s ? (dcs ? dcs + starts[s - 1] * H : NULL) : dc0;
+            const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
+            const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
+            REAL *dprev_h = s ? dhs + starts[s - 1] * H : (prev_h ? dh0 : NULL);  /* no state, no gradient */
+            REAL *dprev_c = (REAL *)SUFFIXED(previous)(s, starts, H, dcs, dc0);
             for (long r = sh.first; r < b && width > 0; r += sh.stride) {
                 long row = r0 + r, o = r * H + u0;
                 const REAL *gr = g + row * GH + u0;
