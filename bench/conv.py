@@ -85,5 +85,5 @@ def run(bench, threads, rounds, have_torch):
                 impls["torch"] = ("bench.conv:torch_conv", [case, mode, "contiguous"])
                 impls["torch-cl3d"] = ("bench.conv:torch_conv", [case, mode, "channels_last_3d"])
             rows += bench.time_case("conv", f"{case} {mode}", threads, impls, mult * flops(case), rounds,
-                                    turn_seconds=0.2)
+                                    turn_seconds=0.2, with_peak=True)
     return rows

@@ -26,8 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # worker restores libgomp's own default: spin 300,000 rounds, then sleep (GOMP_SPINCOUNT
 # overrides OMP_WAIT_POLICY). Never ACTIVE: idle workers would then spin forever and take the
 # cores from whichever implementation runs next.
-IMPL_ENV = {"mkl-sgemm": {"GOMP_SPINCOUNT": "300000"}}
+IMPL_ENV = {"mkl-sgemm": {"GOMP_SPINCOUNT": "300000"}, "mkl-peak": {"GOMP_SPINCOUNT": "300000"}}
 RAW_GEMM = {"mkl-sgemm": "mkl", "openblas-sgemm": "openblas"}
+# The machine's peak: a large square sgemm from each provider. A case can time these in its own
+# rounds, so that its "% peak" divides by the throughput of the same minutes (a shared VM's speed
+# moves by up to 2x within minutes, which one peak measured at the start cannot follow).
+PEAK_GEMM = {"mkl-peak": "mkl", "openblas-peak": "openblas"}
+PEAK_SIZE = 2048
 
 
 @dataclass
@@ -84,10 +89,14 @@ class Bench:
             w.close()
 
     def time_case(self, suite, case, threads, impls, flops, rounds=5, warmup=2, turn_seconds=0.04,
-                  settle=0.12):
-        """impls: {impl: (factory, args)}. Returns one Row per implementation."""
+                  settle=0.12, with_peak=False):
+        """impls: {impl: (factory, args)}. Returns one Row per implementation. with_peak: the
+        square sgemms of PEAK_GEMM take turns with the implementations (rows "mkl-peak",
+        "openblas-peak"), and the table's "% peak" of this case divides by the faster of them."""
         if self.only and suite != "peak" and self.only not in case:
             return []
+        if with_peak:
+            impls = {**impls, **_peak_impls()}
         for impl, (factory, args) in impls.items():
             self.worker(impl).ask(cmd="setup", threads=threads, factory=factory, args=args, warmup=warmup)
         times = {impl: [] for impl in impls}
@@ -98,17 +107,25 @@ class Bench:
         rows = []
         for impl, ts in times.items():
             med = statistics.median(ts)
+            work = 2.0 * PEAK_SIZE ** 3 if impl in PEAK_GEMM and suite != "peak" else flops
             rows.append(Row(suite, case, impl, threads, med * 1e3, min(ts) * 1e3,
-                            flops / med / 1e9 if flops else None))
+                            work / med / 1e9 if work else None))
         return rows
 
-    def peak(self, threads, size=2048, repeats=4):
+    def peak(self, threads, size=PEAK_SIZE, repeats=4):
         """The machine's sgemm throughput at this thread count: the faster of MKL and OpenBLAS on
         a large square product. Returns (GFLOP/s, rows)."""
-        impls = {impl: ("bench.harness:square_gemm", [name, size]) for impl, name in RAW_GEMM.items()}
-        rows = self.time_case("peak", f"sgemm {size}x{size}x{size}", threads, impls, 2.0 * size ** 3,
-                              rounds=repeats, warmup=1, turn_seconds=0)
+        rows = self.time_case("peak", f"sgemm {size}x{size}x{size}", threads, _peak_impls(size),
+                              2.0 * size ** 3, rounds=repeats, warmup=1, turn_seconds=0)
         return max(r.gflops for r in rows), rows
+
+
+def _peak_impls(size=PEAK_SIZE):
+    return {impl: ("bench.harness:square_gemm", [name, size]) for impl, name in PEAK_GEMM.items()}
+
+
+def _peak_gflops(rows):
+    return max(r.gflops for r in rows) if rows else None
 
 
 # ---------------------------------------------------------------- helpers run inside workers
@@ -161,20 +178,25 @@ def square_gemm(provider_name, size):
 
 def print_table(rows, peaks, file=None):
     """One line per case and peer: lamina's time, the peer's, the speedup (peer / lamina),
-    lamina's GFLOP/s and fraction of peak, and the best raw sgemm time for the same GEMMs."""
+    lamina's GFLOP/s and fraction of peak (the peak timed in the case's own rounds where it was,
+    else `peaks`, measured once per thread count), and the best raw sgemm time for the same GEMMs."""
     cases = {}
     for r in rows:
         cases.setdefault((r.suite, r.case, r.threads), {})[r.impl] = r
     head = (f"{'suite':<6} {'case':<34} {'thr':>3} {'lamina ms':>10} {'peer':<15} {'peer ms':>9} "
-            f"{'speedup':>8} {'GFLOP/s':>8} {'% peak':>7} {'raw ms':>8} {'% raw':>6}")
+            f"{'speedup':>8} {'GFLOP/s':>8} {'peak':>6} {'% peak':>7} {'raw ms':>8} {'% raw':>6}")
     print(head, file=file)
     print("-" * len(head), file=file)
     for (suite, case, threads), impls in cases.items():
-        peak = peaks.get(threads)
+        own_peak = [r for i, r in impls.items() if i in PEAK_GEMM and suite != "peak"]
+        peak = _peak_gflops(own_peak) or peaks.get(threads)
         ours = impls.get("lamina")
         raw = [r for i, r in impls.items() if i in RAW_GEMM]
         best_raw = min(raw, key=lambda r: r.ms_median) if raw else None
-        peers = [r for i, r in impls.items() if i != "lamina" and (ours is None or i not in RAW_GEMM)]
+        peers = [r for i, r in impls.items() if i != "lamina" and i not in PEAK_GEMM and
+                 (ours is None or i not in RAW_GEMM)]
+        if suite == "peak":
+            peers = [r for i, r in impls.items() if i in PEAK_GEMM]
         for peer in peers or [None]:
             subject = ours or peer
             frac = f"{100 * subject.gflops / peak:6.1f}%" if peak and subject.gflops else ""
@@ -183,7 +205,8 @@ def print_table(rows, peaks, file=None):
             of_raw = f"{100 * best_raw.ms_median / ours.ms_median:5.1f}%" if best_raw and ours else ""
             print(f"{suite:<6} {case:<34} {threads:>3} {(ours.ms_median if ours else 0):>10.3f} "
                   f"{(peer.impl if peer else '-'):<15} {(peer.ms_median if peer else float('nan')):>9.3f} "
-                  f"{speed:>8} {subject.gflops or 0:>8.1f} {frac:>7} {raw_ms:>8} {of_raw:>6}", file=file)
+                  f"{speed:>8} {subject.gflops or 0:>8.1f} {peak or 0:>6.0f} {frac:>7} {raw_ms:>8} {of_raw:>6}",
+                  file=file)
 
 
 def write_json(path, rows, peaks):

@@ -104,7 +104,8 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
                 for impl, name in RAW_GEMM.items():
                     impls[impl] = ("bench.rnn:raw_rnn", [name, kind, mode, size])
                 rows += bench.time_case("rnn", f"{kind} {mode} H={size}", threads, impls,
-                                        useful_flops(kind, size, mode), rounds, turn_seconds=0.2)
+                                        useful_flops(kind, size, mode), rounds, turn_seconds=0.2,
+                                        with_peak=True)
     return rows
 
 
