@@ -839,6 +839,13 @@ def sequence_softmax_backward(real[::1] y, real[::1] dy, int[::1] starts, real[:
 # (od, oh, ow) of an oD x oH x oW grid: the GEMM operand of a convolution. The caller gives the
 # grid (a convolution's output size; for a transposed convolution, its input size).
 
+cdef extern from "rows.h" nogil:
+    double lamina_sum_f(const float *a, long n)
+    double lamina_sum_d(const double *a, long n)
+    double lamina_sum_sq_dev_f(const float *a, long n, double m)
+    double lamina_sum_sq_dev_d(const double *a, long n, double m)
+
+
 cdef extern from "volumes.h" nogil:
     void vol2col_channel_f(const float* x, long D, long H, long W, float* col, long ldcol, const long* geo,
                            long oH, long oW, long r0, long r1)
@@ -988,14 +995,16 @@ def channel_bias(real[:, :, ::1] y, real[::1] b):
 
 
 def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):
-    """db[c] = sum over n and spatial of dy[n, c, :] (with beta)."""
-    cdef Py_ssize_t n, c, i, N = dy.shape[0], C = dy.shape[1], S = dy.shape[2]
+    """db[c] = sum over n and spatial of dy[n, c, :] (with beta), accumulated in double."""
+    cdef Py_ssize_t n, c, N = dy.shape[0], C = dy.shape[1], S = dy.shape[2]
     cdef double acc
     for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
         acc = 0
-        for n in range(N):
-            for i in range(S):
-                acc = acc + dy[n, c, i]
+        for n in range(N):  # (bounds are not checked: with S = 0 the row is never read)
+            if real is float:
+                acc = acc + lamina_sum_f(&dy[n, c, 0], S)
+            else:
+                acc = acc + lamina_sum_d(&dy[n, c, 0], S)
         db[c] = <real>(acc if beta == 0 else acc + beta * db[c])
 
 
@@ -1120,18 +1129,21 @@ def avg_pool_backward(real[:, :, :, ::1] dy, real[:, :, :, ::1] dx, int kd, int 
 def batch_norm_stats(real[:, :, ::1] x, double[::1] mean, double[::1] var):
     """Per-channel mean and biased variance (two passes, in double)."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
-    cdef double acc, m, d
+    cdef double acc, m
     for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
         acc = 0
         for n in range(N):
-            for i in range(S):
-                acc = acc + x[n, c, i]
+            if real is float:
+                acc = acc + lamina_sum_f(&x[n, c, 0], S)
+            else:
+                acc = acc + lamina_sum_d(&x[n, c, 0], S)
         m = acc / (N * S)
         acc = 0
         for n in range(N):
-            for i in range(S):
-                d = x[n, c, i] - m
-                acc = acc + d * d
+            if real is float:
+                acc = acc + lamina_sum_sq_dev_f(&x[n, c, 0], S, m)
+            else:
+                acc = acc + lamina_sum_sq_dev_d(&x[n, c, 0], S, m)
         mean[c] = m
         var[c] = acc / (N * S)
 

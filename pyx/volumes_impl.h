@@ -56,10 +56,20 @@ static inline __attribute__((always_inline)) void SUFFIXED(scatter_add_run)(REAL
     }
 }
 
+/* n zeros; a loop, not memset: the runs here are a few values (the window columns in the
+ * padding), where a library call costs more than the stores */
+static inline __attribute__((always_inline)) void SUFFIXED(zero_run)(REAL *dst, long n) {
+    for (long i = 0; i < n; i++) {
+        dst[i] = 0;
+        __asm__("" ::: "memory");  /* keeps gcc from turning the loop back into a memset call */
+    }
+}
+
 /* The walk vol2col and col2vol share: for each col row (a, b, e) of one channel x [D, H, W] and
- * each window row r in [r0, r1) of an oH x oW grid, the run of input row (i_d, i_h) that the
- * window columns [lo, hi) read. to_col (a constant where this is inlined): col = those runs,
- * zero where the window is in the padding; else x += col over them (accumulates). */
+ * each window row r = od·oH + oh in [r0, r1) of an oD x oH x oW grid, the run of input row
+ * (i_d, i_h) that the window columns [lo, hi) read. to_col (a constant where this is inlined):
+ * col = those runs, zero where the window is in the padding; else x += col over them
+ * (accumulates). Window rows are short (oW values), so the per-row work is kept to a few adds. */
 static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_col, REAL *x, long D, long H,
                                                                         long W, REAL *col, long ldcol,
                                                                         const long *geo, long oH, long oW,
@@ -72,21 +82,25 @@ static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_c
             for (long e = 0; e < kw; e++, row += ldcol) {
                 long off = e * dw - pw, lo, hi;
                 lamina_valid_range(oW, W, sw, off, &lo, &hi);
-                for (long r = r0; r < r1; r++) {
-                    long od = r / oH, oh = r - od * oH;
+                long start = lo * sw + off, last = W - 1 - start;
+                long od = r0 / oH, oh = r0 - od * oH;
+                REAL *c = row;
+                for (long r = r0; r < r1; r++, c += oW) {
                     long i_d = od * sd - pd + a * dd, i_h = oh * sh - ph + b * dh;
-                    REAL *c = row + (r - r0) * oW;
                     int inside = i_d >= 0 && i_d < D && i_h >= 0 && i_h < H;
-                    REAL *run = inside ? x + (i_d * H + i_h) * W + lo * sw + off : NULL;
-                    long last = W - 1 - (lo * sw + off);
+                    if (++oh == oH) {
+                        oh = 0;
+                        od++;
+                    }
+                    REAL *run = x + (i_d * H + i_h) * W + start;
                     if (to_col) {
                         if (!inside) {
                             memset(c, 0, sizeof(REAL) * oW);
                             continue;
                         }
-                        memset(c, 0, sizeof(REAL) * lo);
+                        SUFFIXED(zero_run)(c, lo);
                         SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, last);
-                        memset(c + hi, 0, sizeof(REAL) * (oW - hi));
+                        SUFFIXED(zero_run)(c + hi, oW - hi);
                     } else if (inside && hi > lo) {
                         SUFFIXED(scatter_add_run)(run, c + lo, hi - lo, sw, last);
                     }

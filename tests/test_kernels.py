@@ -471,3 +471,24 @@ def test_vol2col_and_col2vol(backend, dtype, geometry, shape, block):
     backend.col2vol(col, v, geo, block)
     REF.col2vol(col_ref, v_ref, geo, block)
     close(v, v_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spatial", [1, 15, 16, 17, 129])
+def test_channel_reductions(backend, dtype, spatial):
+    """The per-channel sums (bias gradient, batch-norm statistics) around the kernels' vector
+    widths, on data with a large common offset (a one-pass variance would lose it)."""
+    rng = rng_for("channels", spatial)
+    x = (1000 + rng.standard_normal((3, 5, spatial))).astype(dtype)
+    for beta in (0.0, 1.0):
+        db, db_ref = out_pair((5,), dtype, beta, rng)
+        backend.channel_bias_grad(x, db, beta)
+        REF.channel_bias_grad(x, db_ref, beta)
+        np.testing.assert_allclose(db, db_ref, rtol=1e-6 if dtype == np.float32 else 1e-12)
+    stat = backend.stat_dtype(np.dtype(dtype))  # float64 on the CPU; the data's type on OpenCL
+    mean, var = np.empty(5, stat), np.empty(5, stat)
+    backend.batch_norm_stats(x, mean, var)
+    x64 = x.astype(np.float64)
+    exact = stat == np.float64
+    np.testing.assert_allclose(mean, x64.mean(axis=(0, 2)), rtol=1e-12 if exact else 1e-6)
+    np.testing.assert_allclose(var, x64.var(axis=(0, 2)), rtol=1e-9 if exact else 1e-3, atol=1e-12)
