@@ -99,10 +99,12 @@ cdef extern from "panels.h" nogil:
 cdef extern from "recurrence.h" nogil:
     void recurrence_forward_f(int kind, long steps, const long* starts, long H, long G, float* g,
                               const float* bias, float* hh, const float* b_hh, const float* packed, float* hs, float* cs, const float* init_h,
-                              const float* init_c, int threads, int by_rows)
+                              const float* init_c, float* out, long ldo, const int* out_rows, int threads,
+                              int by_rows)
     void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g,
                               const double* bias, double* hh, const double* b_hh, const double* packed, double* hs, double* cs,
-                              const double* init_h, const double* init_c, int threads, int by_rows)
+                              const double* init_h, const double* init_c, double* out, long ldo,
+                              const int* out_rows, int threads, int by_rows)
     void recurrence_backward_f(int kind, long steps, const long* starts, long H, long G, const float* g,
                                const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
                                float* dg, float* dgh, const float* packed, const float* init_h,
@@ -658,24 +660,32 @@ def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[::1] bia
                        real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
                        real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
-                       int threads, bint by_rows):
+                       real[:, ::1] out, int[::1] out_rows, long out_col, int threads, bint by_rows):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
     3 GRU) in one parallel region of up to `threads` threads, sharing the batch by rows
-    (sequences) or by blocks of hidden units: see recurrence.h. Arguments not present are
-    placeholders."""
+    (sequences) or by blocks of hidden units: see recurrence.h. Row r of hs also goes to
+    out[out_rows[r], out_col:out_col + H] (out_rows: a permutation of out's rows, the layer's
+    output in the sequences' order). Arguments not present are placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
+    if out_rows.shape[0] != hs.shape[0] or out.shape[0] != hs.shape[0] or not 0 <= out_col <= out.shape[1] - H:
+        raise ValueError(f"recurrence_forward: out ({out.shape[0]}, {out.shape[1]}) at column {out_col} and out_rows "
+                         f"{out_rows.shape[0]} do not fit states {hs.shape}")
+    cdef real *out_at = &out[0, out_col] if hs.shape[0] else NULL
+    cdef int *rows_at = &out_rows[0] if hs.shape[0] else NULL
     threads = _recurrence_threads(threads, by_rows, H, starts, sizeof(real))
     with nogil:
         if real is float:
             recurrence_forward_f(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
-                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads, by_rows)
+                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
+                                 rows_at, threads, by_rows)
         else:
             recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
-                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), threads, by_rows)
+                                 _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
+                                 rows_at, threads, by_rows)
 
 
 def recurrence_backward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,

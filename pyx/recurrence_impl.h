@@ -46,11 +46,13 @@ static inline const REAL *SUFFIXED(previous)(long s, const long *starts, long H,
 /* kind: LAMINA_*; G gates; packed: the panels of W_hhᵀ (H x G·H); by_rows: see lamina_share
  * (by units needs H to be whole panels). bias (G·H, or NULL): added to g's rows by the cells,
  * which read them anyway (b_ih + b_hh; for GRU b_ih, b_hh going into hh), instead of a pass of its
- * own over all of g. */
+ * own over all of g. out (or NULL): each new state also goes to row out_rows[row] of out (row
+ * stride ldo; the layer's output in the sequences' own order) while it is in cache, instead of a
+ * scatter pass over all of hs afterwards. */
 static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *starts, long H, long G, REAL *g,
                                          const REAL *bias, REAL *hh, const REAL *b_hh, const REAL *packed,
                                          REAL *hs, REAL *cs, const REAL *init_h, const REAL *init_c,
-                                         int threads, int by_rows) {
+                                         REAL *out, long ldo, const int *out_rows, int threads, int by_rows) {
     const long NR = 2 * LANES, GH = G * H;
     lamina_spin_barrier barrier = {0, 0};
     #pragma omp parallel num_threads(threads)
@@ -83,6 +85,8 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
                                       hr);
                 else
                     SUFFIXED(rnn_activate)(kind, width, gr, br, hr);
+                if (out)
+                    memcpy(out + out_rows[row] * ldo + u0, hr, sizeof(REAL) * width);
             }
             if (!sh.by_rows)
                 lamina_spin_wait(&barrier, nt, &sense);

@@ -159,13 +159,13 @@ class _Recurrent(Layer):
         cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
         init_h = self._sorted_state(ctx, h0, k, "h0")
         init_c = self._sorted_state(ctx, c0, k, "c0")
-        if self._fused(ctx):  # the fused cells add the bias as they read G
-            self._fused_steps(ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c)
+        if self._fused(ctx):  # the fused cells add the bias as they read G and write the output rows
+            self._fused_steps(ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c, (layer_out, index, d * H))
         else:
             if bias is not None:
                 be.add_bias(g, bias)
             self._steps(ctx, sfx, l, d, g, hs, cs, init_h, init_c)
-        be.scatter_rows(hs, index, layer_out, col=d * H)
+            be.scatter_rows(hs, index, layer_out, col=d * H)
         last = ctx.workspace(("last", l, d), (order.num_sequences, H))
         for state, out in ((hs, outs[1]), (cs, outs[2] if cs is not None else None)):
             if state is not None:
@@ -222,7 +222,8 @@ class _Recurrent(Layer):
         placeholder of the right kind, never read."""
         return (a, True) if a is not None else (placeholder, False)
 
-    def _fused_steps(self, ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c):
+    def _fused_steps(self, ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c, output):
+        """output: (out, rows, col): the states also go to out[rows[r], col:col + H]."""
         H, given = self.hidden_size, self._given
         packed = self._pack(ctx, self.params["weight_hh" + sfx], transpose=True)
         gru = self.kind == "gru"
@@ -231,7 +232,7 @@ class _Recurrent(Layer):
         _kernels.recurrence_forward(
             self._fused_kind, ctx.order.step_starts, g, *given(bias, packed.panels), hh,
             *given(b_hh, packed.panels), packed.panels, hs, *given(cs, hs), *given(init_h, hs),
-            *given(init_c, hs), *self._fused_share(ctx, g))
+            *given(init_c, hs), *output, *self._fused_share(ctx, g))
 
     # ------------------------------------------------------------------ backward
     def backward(self, ctx):
