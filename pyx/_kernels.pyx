@@ -1138,7 +1138,7 @@ def avg_pool_backward(real[:, :, :, ::1] dy, real[:, :, :, ::1] dx, int kd, int 
 
 def batch_norm_stats(real[:, :, ::1] x, double[::1] mean, double[::1] var):
     """Per-channel mean and biased variance (two passes, in double)."""
-    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c
     cdef double acc, m
     for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
         acc = 0

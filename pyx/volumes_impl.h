@@ -92,16 +92,17 @@ static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_c
                         oh = 0;
                         od++;
                     }
+                    if (!inside) {  /* the whole window row is in the padding */
+                        if (to_col)
+                            memset(c, 0, sizeof(REAL) * oW);
+                        continue;
+                    }
                     REAL *run = x + (i_d * H + i_h) * W + start;
                     if (to_col) {
-                        if (!inside) {
-                            memset(c, 0, sizeof(REAL) * oW);
-                            continue;
-                        }
                         SUFFIXED(zero_run)(c, lo);
                         SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, last);
                         SUFFIXED(zero_run)(c + hi, oW - hi);
-                    } else if (inside && hi > lo) {
+                    } else if (hi > lo) {
                         SUFFIXED(scatter_add_run)(run, c + lo, hi - lo, sw, last);
                     }
                 }
