@@ -1163,12 +1163,15 @@ def batch_norm_apply(real[:, :, ::1] x, double[::1] mean, double[::1] invstd, re
     """y = (x - mean) * invstd * gamma + beta (gamma 1, beta 0 without affine)."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
     cdef double scale, shift
+    cdef real a, b
     for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
         scale = invstd[c] * (gamma[c] if affine else 1.0)
         shift = (beta_[c] if affine else 0.0) - mean[c] * scale
+        a = <real>scale  # in the data's type: the loop below is one multiply-add per value
+        b = <real>shift
         for n in range(N):
             for i in range(S):
-                y[n, c, i] = <real>(x[n, c, i] * scale + shift)
+                y[n, c, i] = x[n, c, i] * a + b
 
 
 def batch_norm_backward(real[:, :, ::1] x, real[:, :, ::1] dy, double[::1] mean, double[::1] invstd,
