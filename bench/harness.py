@@ -124,11 +124,16 @@ def _peak_impls(size=PEAK_SIZE):
     return {impl: ("bench.harness:square_gemm", [name, size]) for impl, name in PEAK_GEMM.items()}
 
 
+def _best_gflops(row):
+    """A row's GFLOP/s from its fastest call (its `gflops` is from the median)."""
+    return row.gflops * row.ms_median / row.ms_min
+
+
 def _peak_gflops(rows, best=False):
     """The faster provider's GFLOP/s from its median call, or from its best call."""
     if not rows:
         return None
-    return max(r.gflops * (r.ms_median / r.ms_min if best else 1) for r in rows)
+    return max(_best_gflops(r) if best else r.gflops for r in rows)
 
 
 # ---------------------------------------------------------------- helpers run inside workers
@@ -200,15 +205,15 @@ def print_table(rows, peaks, file=None):
         ours = impls.get("lamina")
         raw = [r for i, r in impls.items() if i in RAW_GEMM]
         best_raw = min(raw, key=lambda r: r.ms_median) if raw else None
-        peers = [r for i, r in impls.items() if i != "lamina" and i not in PEAK_GEMM and
-                 (ours is None or i not in RAW_GEMM)]
         if suite == "peak":
             peers = [r for i, r in impls.items() if i in PEAK_GEMM]
+        else:
+            peers = [r for i, r in impls.items() if i != "lamina" and i not in PEAK_GEMM and
+                     (ours is None or i not in RAW_GEMM)]
         for peer in peers or [None]:
             subject = ours or peer
             frac = f"{100 * subject.gflops / peak:6.1f}%" if peak and subject.gflops else ""
-            best = (f"{100 * subject.gflops * subject.ms_median / subject.ms_min / best_peak:5.1f}%"
-                    if best_peak and subject.gflops else "")
+            best = f"{100 * _best_gflops(subject) / best_peak:5.1f}%" if best_peak and subject.gflops else ""
             speed = f"{peer.ms_median / ours.ms_median:7.2f}x" if ours and peer else ""
             raw_ms = f"{best_raw.ms_median:8.3f}" if best_raw and ours else ""
             of_raw = f"{100 * best_raw.ms_median / ours.ms_median:5.1f}%" if best_raw and ours else ""
