@@ -312,7 +312,7 @@ cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept no
     return w[i] if weighted else 1.0
 
 
-def softmax_cross_entropy(real[:, ::1] x, int[::1] labels, real[::1] w, bint weighted,
+def softmax_cross_entropy(real[:, ::1] x, const int[::1] labels, real[::1] w, bint weighted,
                           real[:, ::1] probs, real[::1] cost):
     """probs = softmax(x) row-wise; cost[i] = -w[i] * log probs[i, labels[i]] (labels checked
     by the caller to lie in [0, classes))."""
@@ -326,7 +326,7 @@ def softmax_cross_entropy(real[:, ::1] x, int[::1] labels, real[::1] w, bint wei
             cost[i] = <real>(-_weight(w, weighted, i) * log(p if p > 1e-300 else 1e-300))
 
 
-def softmax_cross_entropy_backward(real[:, ::1] probs, int[::1] labels, real[::1] w, bint weighted,
+def softmax_cross_entropy_backward(real[:, ::1] probs, const int[::1] labels, real[::1] w, bint weighted,
                                    real[::1] dcost, real[:, ::1] dx, double beta):
     """dx[i] = dcost[i] * w[i] * (probs[i] - onehot(labels[i])) + beta * dx[i]."""
     cdef Py_ssize_t i, j, rows = probs.shape[0], cols = probs.shape[1]
@@ -418,7 +418,7 @@ def sgd_update(real[::1] p, real[::1] g, real[::1] v, double lr, double momentum
                   momentum, dampening, nesterov, weight_decay)
 
 
-def sgd_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] v, int[::1] rows, double lr,
+def sgd_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] v, const int[::1] rows, double lr,
                     double momentum, double dampening, bint nesterov):
     """sgd_update on the listed rows only (momentum == 0: exact on a sparse gradient; with
     momentum, the lazy form: rows without gradient keep their velocity and do not move)."""
@@ -463,7 +463,7 @@ def adam_update(real[::1] p, real[::1] g, real[::1] m, real[::1] v, double lr, d
                    weight_decay, decoupled, step)
 
 
-def adam_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] m, real[:, ::1] v, int[::1] rows,
+def adam_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] m, real[:, ::1] v, const int[::1] rows,
                      double lr, double beta1, double beta2, double eps, long step):
     """Adam on the listed rows only, the lazy form (TensorFlow's LazyAdam, torch's SparseAdam):
     rows without gradient keep their moments and do not move; the bias correction uses the
@@ -504,7 +504,7 @@ def rmsprop_update(real[::1] p, real[::1] g, real[::1] s, real[::1] buf, double 
 
 # ---------------------------------------------------------------- sequence batch ordering
 
-def gather_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, Py_ssize_t col):
+def gather_rows(real[:, ::1] src, const int[::1] index, real[:, ::1] dst, Py_ssize_t col):
     """dst[i] = src[index[i], col:col+k], k = dst columns (rows of a sequence batch into
     time-major order; col picks a block of columns, e.g. one direction of a bidirectional layer)."""
     cdef Py_ssize_t i, j, rows = dst.shape[0], cols = dst.shape[1]
@@ -513,7 +513,7 @@ def gather_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, Py_ssize_t c
             dst[i, j] = src[index[i], col + j]
 
 
-def scatter_rows(real[:, ::1] src, int[::1] index, real[:, ::1] dst, Py_ssize_t col, double beta):
+def scatter_rows(real[:, ::1] src, const int[::1] index, real[:, ::1] dst, Py_ssize_t col, double beta):
     """dst[index[i], col:col+k] = src[i] + beta * dst[index[i], col:col+k]; index must not
     repeat (a permutation or part of one), so rows never collide."""
     cdef Py_ssize_t i, j, rows = src.shape[0], cols = src.shape[1]
@@ -642,7 +642,7 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
 
 # ---------------------------------------------------------------- fused forward recurrence (recurrence.h)
 
-cdef int _recurrence_threads(int threads, bint by_rows, long H, long[::1] starts, size_t itemsize) noexcept:
+cdef int _recurrence_threads(int threads, bint by_rows, long H, const long[::1] starts, size_t itemsize) noexcept:
     """At most one thread per sequence (by rows) or per panel of units (by units, which needs
     whole panels of 64 bytes: otherwise one thread)."""
     if by_rows:
@@ -656,11 +656,11 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
     return &a[0, 0] if present else NULL
 
 
-def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[::1] bias, bint has_bias,
+def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::1] bias, bint has_bias,
                        real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
                        real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
-                       real[:, ::1] out, int[::1] out_rows, long out_col, int threads, bint by_rows):
+                       real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
     3 GRU) in one parallel region of up to `threads` threads, sharing the batch by rows
     (sequences) or by blocks of hidden units: see recurrence.h. Row r of hs also goes to
@@ -688,7 +688,7 @@ def recurrence_forward(int kind, long[::1] starts, real[:, ::1] g, real[::1] bia
                                  rows_at, threads, by_rows)
 
 
-def recurrence_backward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,
+def recurrence_backward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,
                         real[:, ::1] cs, real[:, ::1] dhs, real[:, ::1] dcs, bint has_cell, real[:, ::1] dg,
                         real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
                         real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
@@ -712,7 +712,7 @@ def recurrence_backward(int kind, long[::1] starts, real[:, ::1] g, real[:, ::1]
 
 # ---------------------------------------------------------------- embeddings and sparse rows
 
-def scatter_add_rows(real[:, ::1] src, int[::1] ids, real[:, ::1] dst):
+def scatter_add_rows(real[:, ::1] src, const int[::1] ids, real[:, ::1] dst):
     """dst[ids[i]] += src[i]; ids may repeat (each thread owns a block of columns, so repeated
     rows never race)."""
     cdef Py_ssize_t i, j, j0, j1, c, rows = src.shape[0], cols = src.shape[1]
@@ -725,7 +725,7 @@ def scatter_add_rows(real[:, ::1] src, int[::1] ids, real[:, ::1] dst):
                 dst[ids[i], j] += src[i, j]
 
 
-def fill_rows(real[:, ::1] dst, int[::1] rows, double value):
+def fill_rows(real[:, ::1] dst, const int[::1] rows, double value):
     """dst[rows] = value."""
     cdef Py_ssize_t i, j, n = rows.shape[0], cols = dst.shape[1]
     for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
@@ -733,7 +733,7 @@ def fill_rows(real[:, ::1] dst, int[::1] rows, double value):
             dst[rows[i], j] = <real>value
 
 
-def adagrad_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] s, int[::1] rows, double lr, double eps):
+def adagrad_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] s, const int[::1] rows, double lr, double eps):
     """AdaGrad on the listed rows (exact on a sparse gradient without weight decay: a zero
     gradient leaves both s and p unchanged)."""
     cdef Py_ssize_t i, j, r, n = rows.shape[0], cols = p.shape[1]
@@ -757,7 +757,7 @@ cdef enum:
     POOL_MAX = 4
 
 
-def sequence_pool(int mode, real[:, ::1] x, int[::1] starts, real[:, ::1] out, int[:, ::1] argmax):
+def sequence_pool(int mode, real[:, ::1] x, const int[::1] starts, real[:, ::1] out, int[:, ::1] argmax):
     """One row per sequence: its last, first, average, sum or max (argmax keeps the winning row
     for backward) over the sequence's rows."""
     cdef Py_ssize_t s, t, j, n = out.shape[0], cols = out.shape[1]
@@ -784,7 +784,7 @@ def sequence_pool(int mode, real[:, ::1] x, int[::1] starts, real[:, ::1] out, i
                 out[s, j] = <real>(acc / (b - a) if mode == POOL_AVERAGE else acc)
 
 
-def sequence_pool_backward(int mode, real[:, ::1] dy, int[::1] starts, int[:, ::1] argmax,
+def sequence_pool_backward(int mode, real[:, ::1] dy, const int[::1] starts, int[:, ::1] argmax,
                            real[:, ::1] dx, double beta):
     """dx = d pooled / d x applied to dy (with beta)."""
     cdef Py_ssize_t s, t, j, n = dy.shape[0], cols = dy.shape[1]
@@ -811,7 +811,7 @@ def sequence_pool_backward(int mode, real[:, ::1] dy, int[::1] starts, int[:, ::
                     dx[t, j] = <real>(v + beta * dx[t, j])
 
 
-def sequence_softmax(real[::1] x, int[::1] starts, real[::1] y):
+def sequence_softmax(real[::1] x, const int[::1] starts, real[::1] y):
     """y = softmax of x over each sequence's steps (one value per step)."""
     cdef Py_ssize_t s, t, n = starts.shape[0] - 1
     cdef double mx, total
@@ -828,7 +828,7 @@ def sequence_softmax(real[::1] x, int[::1] starts, real[::1] y):
             y[t] = <real>(y[t] / total)
 
 
-def sequence_softmax_backward(real[::1] y, real[::1] dy, int[::1] starts, real[::1] dx, double beta):
+def sequence_softmax_backward(real[::1] y, real[::1] dy, const int[::1] starts, real[::1] dx, double beta):
     """dx = y (dy - Σ_seq dy y) per sequence (with beta)."""
     cdef Py_ssize_t s, t, n = starts.shape[0] - 1
     cdef double d

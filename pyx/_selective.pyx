@@ -56,8 +56,8 @@ cdef inline void _axpby(double alpha, real* x, double beta, real* y, long n) noe
         lamina_axpby_d(alpha, x, beta, y, n)
 
 
-def selected_dots(real[:, ::1] x, real[:, ::1] w, int[::1] columns, int[::1] bucket,
-                  int[::1] entries, int[::1] entry_rows, real[::1] out, double beta):
+def selected_dots(real[:, ::1] x, real[:, ::1] w, const int[::1] columns, const int[::1] bucket,
+                  const int[::1] entries, const int[::1] entry_rows, real[::1] out, double beta):
     """out[e] = x[row(e)] · w[col(e)] + beta * out[e] for every entry, walking the selected
     columns in increasing order (the CSC of by_column): each selected row of w is read once,
     and each thread streams through one contiguous range of w."""
@@ -76,8 +76,8 @@ def selected_dots(real[:, ::1] x, real[:, ::1] w, int[::1] columns, int[::1] buc
                 out[e] = <real>(v + beta * out[e])
 
 
-def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, int[::1] columns,
-                      int[::1] bucket, int[::1] entries, int[::1] entry_rows,
+def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1] columns,
+                      const int[::1] bucket, const int[::1] entries, const int[::1] entry_rows,
                       real[:, ::1] dx, double dx_beta, bint want_dx,
                       real[:, ::1] dw, double dw_beta, bint want_dw):
     """One pass over the selected columns c (each row of w read once, each selected row of dw
@@ -127,7 +127,7 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, int[::1] colu
                 dx[i, j] = <real>(acc if dx_beta == 0 else acc + dx_beta * dx[i, j])
 
 
-def by_column(int[::1] starts, int[::1] cols, Py_ssize_t n_out):
+def by_column(const int[::1] starts, const int[::1] cols, Py_ssize_t n_out):
     """The entries grouped by column (a stable counting sort, CSR to CSC): returns
     (columns, bucket_starts, entries, entry_rows): the distinct selected columns in increasing
     order; column columns[u] holds the entries entries[bucket_starts[u]:bucket_starts[u + 1]]
@@ -166,7 +166,7 @@ def by_column(int[::1] starts, int[::1] cols, Py_ssize_t n_out):
     return columns_arr, bucket_arr, entries_arr, entry_rows_arr
 
 
-def selected_bias_grad(real[::1] g, int[::1] columns, int[::1] bucket, int[::1] entries,
+def selected_bias_grad(real[::1] g, const int[::1] columns, const int[::1] bucket, const int[::1] entries,
                        real[::1] db, double beta):
     """db[c] = Σ_e g[e] over the entries of column c, for each selected column c (with beta)."""
     cdef Py_ssize_t u, k, distinct = columns.shape[0]
@@ -179,7 +179,7 @@ def selected_bias_grad(real[::1] g, int[::1] columns, int[::1] bucket, int[::1] 
             db[columns[u]] = <real>(acc if beta == 0 else acc + beta * db[columns[u]])
 
 
-def gather_add(real[::1] b, int[::1] cols, real[::1] out):
+def gather_add(real[::1] b, const int[::1] cols, real[::1] out):
     """out[e] += b[cols[e]] (a bias over the entries of a selection)."""
     cdef Py_ssize_t e, nnz = cols.shape[0]
     with nogil:
@@ -187,7 +187,7 @@ def gather_add(real[::1] b, int[::1] cols, real[::1] out):
             out[e] += b[cols[e]]
 
 
-def label_entries(int[::1] starts, int[::1] cols, bint shared, int[::1] labels, int[::1] pos):
+def label_entries(const int[::1] starts, const int[::1] cols, bint shared, const int[::1] labels, int[::1] pos):
     """pos[i] = the entry of row i whose column is labels[i] (the first, if the row selects it
     twice); for a shared selection every row's columns are cols. Returns the first row whose
     label is not selected, or -1."""
@@ -211,12 +211,12 @@ def label_entries(int[::1] starts, int[::1] cols, bint shared, int[::1] labels, 
     return missing
 
 
-cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept nogil:
+cdef inline double _weight(const real[::1] w, bint weighted, Py_ssize_t i) noexcept nogil:
     return w[i] if weighted else 1.0
 
 
-def segment_cross_entropy(real[::1] z, int[::1] starts, int[::1] pos, real[::1] shift,
-                          bint shifted, real[::1] w, bint weighted, real[::1] probs,
+def segment_cross_entropy(real[::1] z, const int[::1] starts, const int[::1] pos, const real[::1] shift,
+                          bint shifted, const real[::1] w, bint weighted, real[::1] probs,
                           real[::1] cost):
     """Softmax cross-entropy over each row's entries: with s = z - shift (the sampled-softmax
     logQ correction, or no shift), probs = softmax(s) within the row and
@@ -241,7 +241,7 @@ def segment_cross_entropy(real[::1] z, int[::1] starts, int[::1] pos, real[::1] 
         cost[i] = <real>(_weight(w, weighted, i) * (mx + log(total) - (z[e] - (shift[e] if shifted else 0.0))))
 
 
-def segment_cross_entropy_backward(real[::1] probs, int[::1] starts, int[::1] pos, real[::1] w,
+def segment_cross_entropy_backward(real[::1] probs, const int[::1] starts, const int[::1] pos, const real[::1] w,
                                    bint weighted, real[::1] dcost, real[::1] dz, double beta):
     """dz[e] = dcost[i] w[i] (probs[e] - [e == pos[i]]) (with beta)."""
     cdef Py_ssize_t i, e, rows = dcost.shape[0]
@@ -253,8 +253,8 @@ def segment_cross_entropy_backward(real[::1] probs, int[::1] starts, int[::1] po
             dz[e] = <real>(v if beta == 0 else v + beta * dz[e])
 
 
-def segment_self_normalized(real[::1] o, int[::1] starts, int[::1] pos, double alpha,
-                            real[::1] w, bint weighted, real[::1] cost):
+def segment_self_normalized(real[::1] o, const int[::1] starts, const int[::1] pos, double alpha,
+                            const real[::1] w, bint weighted, real[::1] cost):
     """cost[i] = w[i] (-log o[pos[i]] + log S + alpha (log S)²), S = Σ_row o (o > 0: the
     exponential outputs of the layer)."""
     cdef Py_ssize_t i, e, rows = cost.shape[0]
@@ -267,8 +267,8 @@ def segment_self_normalized(real[::1] o, int[::1] starts, int[::1] pos, double a
         cost[i] = <real>(_weight(w, weighted, i) * (-log(o[pos[i]]) + ls + alpha * ls * ls))
 
 
-def segment_self_normalized_backward(real[::1] o, int[::1] starts, int[::1] pos, double alpha,
-                                     real[::1] w, bint weighted, real[::1] dcost, real[::1] do,
+def segment_self_normalized_backward(real[::1] o, const int[::1] starts, const int[::1] pos, double alpha,
+                                     const real[::1] w, bint weighted, real[::1] dcost, real[::1] do,
                                      double beta):
     """do[e] = dcost[i] w[i] ((1 + 2 alpha log S) / S - [e == pos[i]] / o[e]) (with beta)."""
     cdef Py_ssize_t i, e, rows = dcost.shape[0]
@@ -284,7 +284,7 @@ def segment_self_normalized_backward(real[::1] o, int[::1] starts, int[::1] pos,
             do[e] = <real>(v if beta == 0 else v + beta * do[e])
 
 
-def gather_entries(real[:, ::1] full, int[::1] starts, int[::1] cols, bint shared, real[::1] out,
+def gather_entries(real[:, ::1] full, const int[::1] starts, const int[::1] cols, bint shared, real[::1] out,
                    double beta):
     """out[e] = full[i, col(e)] for each entry e of row i (with beta); col(e) = cols[e] for a
     per-row selection, cols[e - starts[i]] for a shared one (the dense path's gather)."""
@@ -295,7 +295,7 @@ def gather_entries(real[:, ::1] full, int[::1] starts, int[::1] cols, bint share
             out[e] = <real>(full[i, c] if beta == 0 else full[i, c] + beta * out[e])
 
 
-def scatter_entries(real[::1] g, int[::1] starts, int[::1] cols, bint shared, real[:, ::1] full):
+def scatter_entries(real[::1] g, const int[::1] starts, const int[::1] cols, bint shared, real[:, ::1] full):
     """full[i] = 0, then full[i, col(e)] += g[e] for each entry e of row i (the dense path's
     output gradient; a column selected twice gets the sum)."""
     cdef Py_ssize_t i, e, j, c, rows = full.shape[0], n = full.shape[1]

@@ -5,10 +5,13 @@ Layers wire themselves in when called on values (Keras's functional style): `h =
 the graph is therefore validated as a whole (unknown names, cycles, shapes) when it is first run
 or when `validate()` is called, and every error names the layer at fault.
 """
+import threading
+
 import numpy as np
 
 from .backends.cpu import CPUBackend
 from .errors import GraphError
+from .rwlock import ReadWriteLock
 
 
 class Spec:
@@ -99,6 +102,10 @@ class Network:
         self.assets = {}
         self._layer_uses = {}
         self._scheduler = None
+        # `run` may be called from many threads at once (each run gets buffers of its own);
+        # training, moves and type changes wait for the runs in flight and run alone
+        self._lock = ReadWriteLock()
+        self._scheduler_lock = threading.Lock()
 
     # ------------------------------------------------------------------ building
     def input(self, name, shape=(), dtype="float", sequence=False):
@@ -220,6 +227,10 @@ class Network:
 
     def freeze(self, *names, frozen=True):
         """Freeze (or with frozen=False, unfreeze) layers or parameters by name: no gradient, no update."""
+        with self._lock.write():
+            self._freeze(names, frozen)
+
+    def _freeze(self, names, frozen):
         params = dict(self.named_parameters())
         for name in names:
             if name in params:
@@ -235,6 +246,10 @@ class Network:
         that cannot is named in the error)."""
         from .backends import get_backend
         backend = get_backend(device)
+        with self._lock.write():
+            return self._to(backend)
+
+    def _to(self, backend):
         if backend.name != "cpu":
             cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if not getattr(l, backend.name)]
             if cannot:
@@ -248,10 +263,11 @@ class Network:
 
     def astype(self, dtype):
         """Convert every parameter to dtype (float64 for gradient checks); inputs follow."""
-        self.dtype = np.dtype(dtype)
-        for p in self.parameters():
-            p.astype(self.dtype)
-        self._invalidate()
+        with self._lock.write():
+            self.dtype = np.dtype(dtype)
+            for p in self.parameters():
+                p.astype(self.dtype)
+            self._invalidate()
         return self
 
     # ------------------------------------------------------------------ validation
@@ -311,36 +327,45 @@ class Network:
     # ------------------------------------------------------------------ running
     @property
     def scheduler(self):
-        if self._scheduler is None:
+        scheduler = self._scheduler
+        if scheduler is None:
             from .scheduler import Scheduler
-            self._scheduler = Scheduler(self, self.validate())
-        return self._scheduler
+            with self._scheduler_lock:
+                if self._scheduler is None:
+                    self._scheduler = Scheduler(self, self.validate())
+                scheduler = self._scheduler
+        return scheduler
 
     def run(self, feeds, outputs=None):
-        """Inference: returns {output name: numpy array} (copies, safe to keep)."""
-        return self.scheduler.run(feeds, outputs)
+        """Inference: returns {output name: numpy array} (copies, safe to keep). Safe to call
+        from several threads at once on one network."""
+        with self._lock.read():
+            return self.scheduler.run(feeds, outputs)
 
     def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
         """Forward pass keeping every activation for `backward`; returns {output: array view}
         (valid until the next forward) for `outputs` (default: all). `grad_outputs` names
         outputs whose gradients the caller will pass to backward instead of starting from the
         costs."""
-        return self.scheduler.forward(feeds, training, grad_outputs, outputs)
+        with self._lock.write():
+            return self.scheduler.forward(feeds, training, grad_outputs, outputs)
 
     def backward(self, on_ready=None, grad_outputs=None):
         """Backward from every cost output (each averaged over its rows), or from the gradients
         in `grad_outputs` ({output: array}) when forward declared them. Parameter gradients
         accumulate until an optimizer consumes them; `on_ready(param)` fires once per parameter
         as soon as its last user has finished backward. Returns the loss (None with grad_outputs)."""
-        return self.scheduler.backward(on_ready, grad_outputs)
+        with self._lock.write():
+            return self.scheduler.backward(on_ready, grad_outputs)
 
     def train_step(self, feeds, optimizer):
         """forward + backward with per-parameter updates as gradients complete; returns the loss.
         Only the costs are computed (and what they need)."""
-        self.forward(feeds, training=True, outputs=self.cost_outputs())
-        optimizer.begin_step()
-        loss = self.backward(on_ready=optimizer.update)
-        optimizer.end_step()
+        with self._lock.write():
+            self.forward(feeds, training=True, outputs=self.cost_outputs())
+            optimizer.begin_step()
+            loss = self.backward(on_ready=optimizer.update)
+            optimizer.end_step()
         return loss
 
     def cost_outputs(self):

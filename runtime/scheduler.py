@@ -8,15 +8,34 @@ Decided once per network and kind of run (a Plan), never per step:
   beta = 0) or adds to it (every later writer, beta = 1), so a value used by several layers gets
   the sum of their gradients with no split copies and no zero-fill;
 - for every parameter, the node whose backward is its last use, after which its update fires.
-Decided once per batch size (Bindings): every value, gradient and workspace array. In inference a
+Allocated once per plan and caller, sized by capacity (Bindings): every value, gradient and
+workspace array, grown to the largest batch seen and viewed at each batch's size. In inference a
 value's buffer goes back to a pool after its last consumer and is reused by later values of the
 same shape, so peak memory is the widest cut of the graph rather than the sum of activations.
 """
+import threading
+import weakref
+from contextlib import contextmanager
+
 import numpy as np
 
 from .errors import GraphError, InputError
 from .selection import Selection
-from .sequence import Sequences
+from .sequence import SequenceError, Sequences, _check_starts
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _check_fits_int32(a, where):
+    """Integer ids narrowed to int32 must keep their values (2**32 + 5 must not become 5)."""
+    if a.dtype == np.int32 or a.size == 0:
+        return
+    lo, hi = a.min(), a.max()
+    if lo < _INT32.min or hi > _INT32.max:
+        flat = a.reshape(-1)
+        at = int(np.flatnonzero((flat < _INT32.min) | (flat > _INT32.max))[0])
+        raise InputError(f"{where}: ids must fit int32 [{_INT32.min}, {_INT32.max}], found {flat[at]} "
+                         f"at position {at}")
 
 
 class GradTarget:
@@ -31,16 +50,20 @@ class GradTarget:
 class Context:
     """What a layer's forward and backward see for one node: arrays, gradients, workspaces."""
 
-    __slots__ = ("node", "layer", "be", "bindings", "training", "rng", "_in", "_out", "_in_grads")
+    __slots__ = ("node", "layer", "be", "bindings", "training", "_in", "_out", "_in_grads")
 
     def __init__(self, node, bindings, in_grads):
         self.node, self.layer, self.bindings = node, node.layer, bindings
         self.be = bindings.backend
         self.training = bindings.plan.training
-        self.rng = bindings.network.rng
         self._in = [v.name for v in node.inputs]
         self._out = node.outputs
         self._in_grads = in_grads  # per slot: beta (0.0 or 1.0), or None for no gradient
+
+    @property
+    def rng(self):
+        """The network's generator (dropout masks)."""
+        return self.bindings.network.rng
 
     @property
     def inputs(self):
@@ -217,41 +240,111 @@ class Plan:
 
 
 class Bindings:
-    """The arrays of one plan at one batch size, allocated once and reused every step."""
+    """The arrays of one plan for one caller at a time, reused for every batch.
 
-    def __init__(self, scheduler, plan, batch, steps):
+    Buffers are sized by capacity: each value (or group of values that share a buffer) has a flat
+    base array that grows to the largest batch seen, and every batch gets views of its first
+    entries, so batches of varying shape reuse the same memory instead of caching arrays per
+    shape. Contexts refer back to their bindings weakly, so dropping a Bindings frees it at once
+    (no reference cycle waits for the cycle collector)."""
+
+    GROWTH = 1.25  # a base that must grow takes this much headroom, so slowly rising sizes settle
+
+    def __init__(self, scheduler, plan):
         net = scheduler.network
         self.network, self.backend, self.plan = net, net.backend, plan
-        self.batch, self.steps = batch, steps  # samples (or sequences); total steps of sequences
+        self.batch, self.steps = None, None  # samples (or sequences); total steps of sequences
         self.starts, self._order = None, None  # set for each batch by the scheduler
         self.values, self.grads, self._workspaces = {}, {}, {}
-        self.host_feeds = {}  # the caller's arrays behind each fed input (for host-side checks)
+        self.host_feeds = {}  # the arrays the kernels read behind each fed input (host side)
+        self._feed_bases = {}  # input name -> flat host buffer for snapshots of the caller's array
         # selected values (one per entry of the batch's selection) change length from batch to
         # batch: their writer sizes them in buffers that grow as needed (size_selected)
         self._selected, self.layouts = {}, {}
+        # (store, value name) -> buffer slot; slot -> (per-row shape, dtype, sequence); slot -> base
+        self._slot_of, self._slot_key, self._bases = {}, {}, {}
         if plan.training:
             for n in plan.nodes:
                 for out in n.outputs:
                     if not self._is_selected(out):
-                        self.values[out] = self._new(out)
+                        self._own_slot("value", out)
             for v in plan.grad_values:
                 if not self._is_selected(v):
-                    self.grads[v] = self._new(v)
+                    self._own_slot("grad", v)
             for p in net.parameters():
                 if not p.frozen and (p.grad is None or p.grad.shape != p.shape or p.grad.dtype != p.dtype):
                     p.grad = self.backend.empty(p.shape, p.dtype)
                     p.grad_pending = False
         else:
-            self._assign_reused_buffers(plan)
-        self.contexts = [(n, Context(n, self, plan.in_betas.get(n.name))) for n in plan.nodes]
+            self._share_slots(plan)
+        me = weakref.proxy(self)
+        self.contexts = [(n, Context(n, me, plan.in_betas.get(n.name))) for n in plan.nodes]
         # backward runs in reverse topological order; after a node, the updates it completes
         self.backward_contexts = [(c, plan.fires.get(n.name, ())) for n, c in reversed(self.contexts)
                                   if n.name in plan.in_betas]
 
-    def _shape(self, vname):
+    def _row_key(self, vname):
         spec = self.network.values[vname].spec
         dtype = self.network.dtype if spec.kind == "float" else np.dtype(np.int32)
-        return (self.steps if spec.sequence else self.batch,) + spec.shape, dtype
+        return spec.shape, dtype, spec.sequence
+
+    def _own_slot(self, store, vname):
+        slot = len(self._slot_key)
+        self._slot_key[slot] = self._row_key(vname)
+        self._slot_of[(store, vname)] = slot
+
+    def _share_slots(self, plan):
+        """Inference: a value's buffer returns to a pool after its last consumer and later values
+        of the same per-row shape reuse it (same per-row shape means same size at every batch)."""
+        free = {}  # row key -> free slots
+        keep = {self.network.output_values[o] for o in plan.outputs}
+        for i, n in enumerate(plan.nodes):
+            for out in n.outputs:
+                if self._is_selected(out):
+                    continue
+                key = self._row_key(out)
+                if free.get(key):
+                    self._slot_of[("value", out)] = free[key].pop()
+                else:
+                    self._own_slot("value", out)
+            for v in {v.name for v in n.inputs}:
+                if (plan.last_use.get(v) == i and ("value", v) in self._slot_of and v not in keep
+                        and not self._is_selected(v)):
+                    free.setdefault(self._row_key(v), []).append(self._slot_of[("value", v)])
+
+    def resize(self, batch, steps):
+        """Point every value and gradient at views for this batch size, growing the bases that
+        are too small (to the largest size seen, with headroom)."""
+        if (batch, steps) == (self.batch, self.steps):
+            return
+        self.batch, self.steps = batch, steps
+        sizes = {}
+        for slot, (shape, dtype, sequence) in self._slot_key.items():
+            rows = steps if sequence else batch
+            need = (rows or 0) * int(np.prod(shape, dtype=np.int64))
+            base = self._bases.get(slot)
+            if base is None or base.size < need:
+                grow = int(base.size * self.GROWTH) if base is not None else 0
+                self._bases[slot] = self.backend.empty((max(need, grow, 1),), dtype)
+            sizes[slot] = ((rows or 0),) + shape, need
+        for (store, vname), slot in self._slot_of.items():
+            shape, need = sizes[slot]
+            (self.values if store == "value" else self.grads)[vname] = self._bases[slot][:need].reshape(shape)
+
+    def feed(self, name, a, dtype):
+        """The array the kernels read for input `name`: the caller's own array when the backend
+        can read it as it is, else a snapshot in this binding's buffer (ids and labels always:
+        they index memory, so they are checked once and must not change behind the check)."""
+        if a.dtype == dtype and a.dtype.kind == "f" and a.flags.c_contiguous and a.flags.aligned \
+                and a.flags.writeable:
+            return a
+        base = self._feed_bases.get(name)
+        if base is None or base.size < a.size:
+            base = self._feed_bases[name] = np.empty(max(a.size, int(base.size * self.GROWTH) if base is not None
+                                                         else 0, 1), dtype)
+        out = base[:a.size].reshape(a.shape)
+        np.copyto(out, a, casting="unsafe")
+        return out
 
     def _is_selected(self, vname):
         return self.network.values[vname].spec.selected
@@ -291,24 +384,6 @@ class Bindings:
             self._order = BatchOrder(self.starts)
         return self._order
 
-    def _new(self, vname):
-        return self.backend.empty(*self._shape(vname))
-
-    def _assign_reused_buffers(self, plan):
-        pool = {}  # (shape, dtype) -> free arrays
-        keep = {self.network.output_values[o] for o in plan.outputs}
-        for i, n in enumerate(plan.nodes):
-            for out in n.outputs:
-                if self._is_selected(out):
-                    continue
-                key = self._shape(out)
-                free = pool.get(key)
-                self.values[out] = free.pop() if free else self.backend.empty(*key)
-            for v in {v.name for v in n.inputs}:
-                if (plan.last_use.get(v) == i and v in self.values and v not in keep
-                        and not self._is_selected(v)):
-                    pool.setdefault(self._shape(v), []).append(self.values[v])
-
     def workspace(self, node_name, key, shape, dtype=None):
         full = (node_name, key)
         dtype = np.dtype(dtype or self.network.dtype)
@@ -321,13 +396,22 @@ class Bindings:
 
 
 class Scheduler:
-    """Executes a validated network (see the module docstring)."""
+    """Executes a validated network (see the module docstring).
+
+    Inference runs may come from many threads at once: each takes a Bindings of its own from a
+    pool per plan (created on demand, at most IDLE_PER_PLAN kept when idle) and returns it after,
+    so no two runs share a buffer; parameters are only read. Training (forward, backward) runs
+    one at a time under the network's write lock and keeps its bindings as `current`."""
+
+    IDLE_PER_PLAN = 4
 
     def __init__(self, network, order):
         self.network, self.order = network, order
         self.producer = {out: n for n in order for out in n.outputs}
         self._plans = {}
-        self._bindings = {}
+        self._idle = {}  # id(plan) -> idle inference Bindings
+        self._training = {}  # id(plan) -> the training Bindings of that plan
+        self._lock = threading.Lock()
         self.current = None  # the bindings of the last training forward, for backward
 
     def ancestors(self, wanted):
@@ -342,20 +426,34 @@ class Scheduler:
 
     def plan(self, training, outputs, grad_outputs=()):
         key = (training, tuple(outputs), tuple(grad_outputs))
-        if key not in self._plans:
-            self._plans[key] = Plan(self, training, tuple(outputs), tuple(grad_outputs))
-        return self._plans[key]
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = Plan(self, training, tuple(outputs), tuple(grad_outputs))
+            with self._lock:
+                plan = self._plans.setdefault(key, plan)
+        return plan
 
-    def bindings(self, plan, sizes):
-        """The arrays of `plan` for these (batch, steps, starts), allocated once per size."""
-        batch, steps, starts = sizes
-        key = (id(plan), batch, steps)
-        b = self._bindings.get(key)
+    @contextmanager
+    def borrowed(self, plan):
+        """An idle Bindings of `plan` for the duration of one inference run."""
+        with self._lock:
+            idle = self._idle.setdefault(id(plan), [])
+            b = idle.pop() if idle else None
         if b is None:
-            if len(self._bindings) >= 8:  # keep a few batch sizes, drop the oldest
-                self._bindings.pop(next(iter(self._bindings)))
-            b = self._bindings[key] = Bindings(self, plan, batch, steps)
-        b.starts, b._order = starts, None
+            b = Bindings(self, plan)
+        try:
+            yield b
+        finally:
+            b.host_feeds = {}  # the caller's arrays are not kept past the run
+            with self._lock:
+                idle = self._idle.setdefault(id(plan), [])
+                if len(idle) < self.IDLE_PER_PLAN:
+                    idle.append(b)
+
+    def training_bindings(self, plan):
+        b = self._training.get(id(plan))
+        if b is None:
+            b = self._training[id(plan)] = Bindings(self, plan)
         return b
 
     # ------------------------------------------------------------------ feeds
@@ -369,6 +467,10 @@ class Scheduler:
                              f"{', '.join(repr(n) for n in net.input_names)}")
 
     def _check_feeds(self, feeds, needed):
+        """Check every needed feed; returns (batch, total steps or None, a snapshot of the sequence
+        offsets or None). Arrays may be read-only, strided or of another byte order (they are
+        copied where the kernels need it); integer ids of any integer type are accepted when they
+        fit int32."""
         net = self.network
         self._check_names(feeds)
         missing = [v for v in needed if v not in feeds]
@@ -390,24 +492,31 @@ class Scheduler:
                     raise InputError(f"{where}: expected a lamina.Sequences batch (values + starts), "
                                      f"found {type(a).__name__}")
                 if starts is None:
-                    starts = a.starts
+                    # a snapshot, checked again: the caller's offsets may have changed since
+                    try:
+                        starts = _check_starts(np.array(a.starts, copy=True), len(a.values), where)
+                    except SequenceError as e:
+                        raise InputError(str(e)) from None
+                    starts.flags.writeable = False
                 elif not np.array_equal(a.starts, starts):
                     raise InputError(f"{where}: its sequence offsets differ from the other sequence "
                                      f"inputs'; every sequence input of a batch shares one set of offsets")
-                rows, a = a.num_sequences, a.values
+                rows, a = len(starts) - 1, a.values
             elif not isinstance(a, np.ndarray):
                 raise InputError(f"{where}: expected a numpy array, found {type(a).__name__}")
             else:
                 rows = a.shape[0] if a.ndim else None
-            if a.dtype != dtype:
-                raise InputError(f"{where}: expected dtype {dtype}, found {a.dtype}")
+            if spec.kind == "float":
+                if a.dtype.kind != "f" or a.dtype.itemsize != dtype.itemsize:
+                    raise InputError(f"{where}: expected dtype {dtype}, found {a.dtype}")
+            else:
+                if a.dtype.kind not in "iu":
+                    raise InputError(f"{where}: expected integer ids (int32), found {a.dtype}")
+                _check_fits_int32(a, where)
             if a.shape[1:] != spec.shape or a.ndim != len(spec.shape) + 1:
                 lead = "total_steps" if spec.sequence else "batch"
                 raise InputError(f"{where}: expected shape ({lead}, {', '.join(map(str, spec.shape))}) "
                                  f"i.e. (N,)+{spec.shape}, found {a.shape}")
-            if not a.flags.c_contiguous:
-                raise InputError(f"{where}: expected a C-contiguous array, found a strided view; "
-                                 f"pass np.ascontiguousarray(...)")
             if batch is None:
                 batch = rows
             elif rows != batch:
@@ -417,15 +526,21 @@ class Scheduler:
             raise InputError("the batch is empty: every input has 0 rows")
         return batch, (int(starts[-1]) if starts is not None else None), starts
 
-    def _bind_feeds(self, b, feeds, plan):
+    def _bind_feeds(self, b, feeds, plan, sizes):
+        batch, steps, starts = sizes
+        b.resize(batch, steps)
+        b.starts, b._order = starts, None
+        net = self.network
         for name in plan.inputs:
             a = feeds[name]
             if isinstance(a, Selection):
                 b.values[name] = a
             else:
-                host = a.values if isinstance(a, Sequences) else a
+                spec = net.values[name].spec
+                dtype = net.dtype if spec.kind == "float" else np.dtype(np.int32)
+                host = b.feed(name, a.values if isinstance(a, Sequences) else a, dtype)
                 b.host_feeds[name] = host
-                b.values[name] = self.network.backend.from_host(host)
+                b.values[name] = net.backend.from_host(host)
 
     # ------------------------------------------------------------------ runs
     def run(self, feeds, outputs=None):
@@ -442,11 +557,12 @@ class Scheduler:
             if o not in net.output_values:
                 raise InputError(f"unknown output {o!r}; outputs are {', '.join(map(repr, net.output_values))}")
         plan = self.plan(False, outputs)
-        b = self.bindings(plan, self._check_feeds(feeds, plan.inputs))
-        self._bind_feeds(b, feeds, plan)
-        for node, ctx in b.contexts:
-            node.layer.forward(ctx)
-        return {o: b.host_value(net.output_values[o]) for o in outputs}
+        sizes = self._check_feeds(feeds, plan.inputs)
+        with self.borrowed(plan) as b:
+            self._bind_feeds(b, feeds, plan, sizes)
+            for node, ctx in b.contexts:
+                node.layer.forward(ctx)
+            return {o: b.host_value(net.output_values[o]) for o in outputs}
 
     def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
         net = self.network
@@ -458,8 +574,9 @@ class Scheduler:
         if missing:
             raise InputError(f"grad_outputs: '{missing[0]}' is not among the outputs computed")
         plan = self.plan(training, outputs, tuple(grad_outputs))
-        b = self.bindings(plan, self._check_feeds(feeds, plan.inputs))
-        self._bind_feeds(b, feeds, plan)
+        sizes = self._check_feeds(feeds, plan.inputs)
+        b = self.training_bindings(plan)
+        self._bind_feeds(b, feeds, plan, sizes)
         for node, ctx in b.contexts:
             node.layer.forward(ctx)
         self.current = b

@@ -13,12 +13,22 @@ position is its first entry.
 `logq` (optional, one float per entry, or per column of a shared list) is the log of the
 expected count of each entry's column among the samples that built the selection. Costs subtract
 it from the scores (the sampled-softmax correction); inference ignores it.
+
+A Selection is immutable: it is checked once per layer width and its per-column grouping is
+cached, and kernels index weights with its ids, so its arrays are frozen copies (read-only views
+of bytes objects, which numpy cannot make writeable again) and the attributes have no setters.
 """
 import numpy as np
 
 from . import _selective
 from .errors import InputError
 from .sequence import SequenceError, Sequences, _check_starts
+
+
+def frozen(a):
+    """A read-only copy of `a` that cannot be made writeable again (its memory is a bytes object)."""
+    a = np.ascontiguousarray(a)
+    return np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
 
 
 class Selection:
@@ -30,21 +40,32 @@ class Selection:
             raise InputError(f"Selection: column ids must be int32, found {columns.dtype}")
         if columns.ndim != 1 or len(columns) == 0:
             raise InputError(f"Selection: column ids must be a non-empty 1-D array, found shape {columns.shape}")
-        self.columns = np.array(columns, copy=True)  # its own copy: the caches below rely on it
+        self._columns = frozen(columns)  # the caches below and the kernels rely on it
         if starts is not None:
             try:
                 starts = _check_starts(starts, len(columns), "Selection")
             except SequenceError as e:
                 raise InputError(str(e).replace("sequence", "row")) from None
-            starts = np.array(starts, copy=True)
+            starts = frozen(starts)
         self._starts = starts
         if logq is not None:
-            logq = np.array(logq, dtype=np.float64, copy=True)
+            logq = np.asarray(logq, dtype=np.float64)
             if logq.shape != columns.shape:
                 raise InputError(f"Selection: logq must hold one value per column id {columns.shape}, "
                                  f"found {logq.shape}")
-        self.logq = logq
+            logq = frozen(logq)
+        self._logq = logq
         self._cache = {}
+
+    @property
+    def columns(self):
+        """The column ids (int32, read-only)."""
+        return self._columns
+
+    @property
+    def logq(self):
+        """log expected counts per entry (float64, read-only), or None."""
+        return self._logq
 
     @classmethod
     def shared(cls, columns, logq=None):
@@ -90,7 +111,7 @@ class Selection:
             return self._starts
         key = ("starts", rows)
         if key not in self._cache:
-            self._cache[key] = np.arange(rows + 1, dtype=np.int32) * np.int32(len(self.columns))
+            self._cache[key] = frozen(np.arange(rows + 1, dtype=np.int32) * np.int32(len(self.columns)))
         return self._cache[key]
 
     def num_entries(self, rows):
@@ -115,13 +136,13 @@ class Selection:
         (columns, bucket_starts, entries, entry_rows); see lamina._selective.by_column."""
         key = ("by_column", out_features)
         if key not in self._cache:
-            self._cache[key] = _selective.by_column(self._starts, self.columns, out_features)
+            self._cache[key] = tuple(frozen(a) for a in _selective.by_column(self._starts, self.columns, out_features))
         return self._cache[key]
 
     def distinct(self):
         """A shared selection's distinct columns (sorted) and, per column id, its index there."""
         if "distinct" not in self._cache:
-            self._cache["distinct"] = tuple(a.astype(np.int32) for a in
+            self._cache["distinct"] = tuple(frozen(a.astype(np.int32)) for a in
                                             np.unique(self.columns, return_inverse=True))
         return self._cache["distinct"]
 
@@ -132,7 +153,7 @@ class Selection:
         key = ("logq", rows, np.dtype(dtype))
         if key not in self._cache:
             per = np.tile(self.logq, rows) if self.is_shared else self.logq
-            self._cache[key] = np.ascontiguousarray(per, dtype=dtype)
+            self._cache[key] = frozen(np.asarray(per, dtype=dtype))
         return self._cache[key]
 
     def label_entries(self, labels):
@@ -148,6 +169,7 @@ class Selection:
         if missing >= 0:
             raise InputError(f"row {missing}: its label {labels[missing]} is not among the row's selected "
                              f"columns; a selection must include every row's label")
+        pos = frozen(pos)
         self._cache = {k: v for k, v in self._cache.items() if k[0] != "labels"}
         self._cache[key] = pos
         return pos

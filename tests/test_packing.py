@@ -1,4 +1,8 @@
-"""A packed weight is a cache of the parameter's values: it must follow every change."""
+"""A packed weight is a cache of the parameter's values for one backend: it must follow every
+change of values, provider, backend and thread count. Each test runs the packed recurrent path
+of one network after the change and compares it with the plain (unpacked) path or the numpy
+reference, so a stale pack fails it; every test runs for both GEMM providers (MKL's packed
+format and lamina's panels)."""
 import numpy as np
 import pytest
 
@@ -7,20 +11,24 @@ from lamina.backends.cpu import CPUBackend
 from lamina.layers import Linear, SquareError
 from lamina.packing import PackedWeight
 
+from test_recurrent import batch, network, reference
+
+PROVIDERS = ["mkl", "openblas"]
+
 
 def packed_product(be, pw, x):
     out = np.empty((x.shape[0], pw.param.shape[0]), x.dtype)
-    be.packed_gemm(x, pw.get(x.shape[0]), out)
+    be.packed_gemm(x, pw.get(be, x.shape[0]), out)
     return out
 
 
-@pytest.fixture
-def setup():
-    be = CPUBackend()
-    net = lm.Network()
+@pytest.fixture(params=PROVIDERS)
+def setup(request):
+    be = CPUBackend(blas=request.param)
+    net = lm.Network(backend=be)
     fc = Linear(6, 4)
     net.outputs(c=SquareError()(fc(net.input("x", 6)), net.input("t", 4)))
-    pw = PackedWeight(be, fc.weight, trans=True)  # x @ Wᵀ, as the layer computes it
+    pw = PackedWeight(fc.weight, trans=True)  # x @ Wᵀ, as the layer computes it
     x = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
     return be, net, fc, pw, x
 
@@ -45,25 +53,21 @@ def test_optimizer_step_repacks(setup):
     assert pw.repacks == 2
 
 
-def test_assign_and_load_repack(setup, tmp_path):
+def test_assign_repacks(setup):
     be, net, fc, pw, x = setup
     packed_product(be, pw, x)
     fc.weight.assign(np.full(fc.weight.shape, 0.25))
-    np.testing.assert_allclose(packed_product(be, pw, x), expect(fc, x), rtol=1e-5)
-    lm.save(net, tmp_path / "m.lamina")
-    loaded = lm.load(tmp_path / "m.lamina")
-    w = loaded.layer(fc.name).weight
-    fresh = PackedWeight(be, w, trans=True)
-    np.testing.assert_allclose(packed_product(be, fresh, x), x @ w.value.T, rtol=1e-5)
+    np.testing.assert_allclose(packed_product(be, pw, x), np.full((5, 4), 0.25 * x.sum(1, keepdims=True)),
+                               rtol=1e-5)
 
 
-def test_thread_count_change_repacks(setup):
+def test_thread_count_change_repacks_and_computes_the_same(setup):
     be, net, fc, pw, x = setup
-    packed_product(be, pw, x)
+    first = packed_product(be, pw, x)
     threads = lm.get_num_threads()
     lm.set_num_threads(1 if threads != 1 else 2)
     try:
-        packed_product(be, pw, x)
+        np.testing.assert_allclose(packed_product(be, pw, x), first, rtol=1e-6)
         assert pw.repacks == 2
     finally:
         lm.set_num_threads(threads)
@@ -74,3 +78,54 @@ def test_more_rows_than_packed_for_repacks(setup):
     packed_product(be, pw, x[:2])
     big = np.tile(x, (20, 1))
     np.testing.assert_allclose(packed_product(be, pw, big), expect(fc, big), rtol=1e-5)
+
+
+def test_a_pack_from_another_provider_is_refused():
+    w = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    mkl, openblas = CPUBackend(blas="mkl"), CPUBackend(blas="openblas")
+    with pytest.raises(ValueError, match="packed_gemm: .*computes with 'panels' packs, found 'mkl'"):
+        openblas.packed_gemm(np.ones((2, 4), np.float32), mkl.pack(w), np.empty((2, 6), np.float32))
+
+
+# -- the recurrent layers, the packs' real users
+
+def recurrent(kind, blas):
+    lm.manual_seed(3)
+    net, layer, outs = network(kind, dict(bidirectional=True), packed=True, in_size=4, hidden=8)
+    cost = SquareError()(outs[1], net.input("t", (2, 8)))
+    net.outputs(out=outs[0], cost=cost)
+    net.to(CPUBackend(blas=blas))
+    return net, layer
+
+
+SEQS = batch([3, 5, 2], 4, seed=10, dtype=np.float32)
+TARGET = {"t": np.ones((3, 2, 8), np.float32)}
+
+
+@pytest.mark.parametrize("blas", PROVIDERS)
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+def test_recurrent_pack_follows_assign_and_checkpoint_restore(kind, blas, tmp_path):
+    net, layer = recurrent(kind, blas)
+    before = net.run({"x": SEQS})["out"].values
+    opt = lm.optim.SGD(net, lr=0.5)
+    lm.save_checkpoint(tmp_path / "c.lamina", net, opt)
+    w = layer.params["weight_hh_l0"]
+    w.assign(w.value * -1.5)  # in place, same buffer: only the version tells the pack
+    np.testing.assert_allclose(net.run({"x": SEQS})["out"].values, reference(kind, layer, SEQS)[0],
+                               rtol=1e-4, atol=1e-5)
+    # restoring a checkpoint into this network (not a fresh one) writes the old values back
+    lm.load_checkpoint(tmp_path / "c.lamina").load_into(net)
+    np.testing.assert_allclose(net.run({"x": SEQS})["out"].values, before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+def test_recurrent_network_moves_between_providers(kind):
+    """MKL packs and lamina's panels are different formats: each move repacks."""
+    net, layer = recurrent(kind, "mkl")
+    expected = reference(kind, layer, SEQS)[0]
+    for blas in ("mkl", "openblas", "mkl", "openblas"):
+        net.to(CPUBackend(blas=blas))
+        np.testing.assert_allclose(net.run({"x": SEQS})["out"].values, expected, rtol=1e-4, atol=1e-5)
+        net.train_step({"x": SEQS, **TARGET}, lm.optim.SGD(net, lr=0.1))
+        expected = reference(kind, layer, SEQS)[0]
+        np.testing.assert_allclose(net.run({"x": SEQS})["out"].values, expected, rtol=1e-4, atol=1e-5)

@@ -162,9 +162,13 @@ def test_gradients_small_batches(kind, lengths):
     check_gradients(net, feeds)
 
 
+@pytest.mark.parametrize("blas", ["mkl", "openblas"])
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
-def test_gradients_packed_path(kind):
+def test_gradients_packed_path(kind, blas):
+    """Both pack formats (MKL's packed GEMM in float64, lamina's panels), whatever this machine's
+    default provider."""
     net, feeds = probed(kind, dict(bidirectional=True), True, LENGTHS, packed=True)
+    net.to(CPUBackend(blas=blas))
     check_gradients(net, feeds)
 
 

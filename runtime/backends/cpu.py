@@ -9,6 +9,7 @@ import numpy as np
 from .. import _kernels as K
 from .. import _mkl, _selective
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
+from .checks import check_by_column, check_index, check_offsets, check_positions
 from .blas import default_provider, provider
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -72,12 +73,18 @@ def _rows(a):
     return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
 
 
+def _last_axis(a):
+    """View an array as 2-D rows along its last axis (softmax normalises each such row)."""
+    return a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
+
+
 class PackedMatrix:
     """alpha * op(B) packed for products with up to max_rows rows on the left: MKL's packed format
-    (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h)."""
+    (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h).
+    `provider` names the format; only a backend of that provider computes with it."""
 
-    def __init__(self, k, n, dtype, max_rows, handle=None, panels=None):
-        self.k, self.n, self.dtype, self.max_rows = k, n, dtype, max_rows
+    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None):
+        self.provider, self.k, self.n, self.dtype, self.max_rows = provider, k, n, dtype, max_rows
         self.handle, self.panels = handle, panels
 
 
@@ -134,12 +141,16 @@ class CPUBackend(HostStatistics, Backend):
         if k == 0 or n == 0:
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
         if self.blas_name == "mkl":
-            return PackedMatrix(k, n, b.dtype, max(max_rows, 1), handle=_mkl.pack_b(b, trans, alpha, max_rows))
+            return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=_mkl.pack_b(b, trans, alpha, max_rows))
         panels = np.empty(K.panel_size(b, trans), b.dtype)
         K.panel_pack(b, trans, alpha, panels)
-        return PackedMatrix(k, n, b.dtype, max(max_rows, 1), panels=panels)
+        return PackedMatrix("panels", k, n, b.dtype, max(max_rows, 1), panels=panels)
 
     def packed_gemm(self, a, packed, c, beta=0.0):
+        expected = "mkl" if self.blas_name == "mkl" else "panels"
+        if not isinstance(packed, PackedMatrix) or packed.provider != expected:
+            raise ValueError(f"packed_gemm: {self} computes with {expected!r} packs, found "
+                             f"{getattr(packed, 'provider', type(packed).__name__)!r} (pack with this backend)")
         check_array("packed_gemm", "a", a, dtype=packed.dtype, ndim=2)
         check_array("packed_gemm", "c", c, dtype=packed.dtype, shape=(a.shape[0], packed.n))
         if a.shape[1] != packed.k:
@@ -169,7 +180,7 @@ class CPUBackend(HostStatistics, Backend):
         _float("activation", "x", x)
         _same("activation", "x", x, y=y)
         if kind == "softmax":
-            K.softmax_forward(_rows(x), _rows(y))
+            K.softmax_forward(_last_axis(x), _last_axis(y))
         else:
             K.activation_forward(_ACT_CODE[kind], _flat(x), _flat(y), slope)
 
@@ -178,7 +189,7 @@ class CPUBackend(HostStatistics, Backend):
         _float("activation_backward", "y", y)
         _same("activation_backward", "y", y, dy=dy, dx=dx)
         if kind == "softmax":
-            K.softmax_backward(_rows(y), _rows(dy), _rows(dx), beta)
+            K.softmax_backward(_last_axis(y), _last_axis(dy), _last_axis(dx), beta)
         else:
             K.activation_backward(_ACT_CODE[kind], _flat(y), _flat(dy), _flat(dx), beta, slope)
 
@@ -218,8 +229,7 @@ class CPUBackend(HostStatistics, Backend):
         if dst.shape[0] != len(index) or not 0 <= col <= src2.shape[1] - dst2.shape[1]:
             raise ValueError(f"gather_rows: dst {dst.shape} must have one row per index ({len(index)}) "
                              f"and fit into src {src.shape} at column {col}")
-        if len(index) and (index.min() < 0 or index.max() >= src.shape[0]):
-            raise ValueError(f"gather_rows: index must lie in [0, {src.shape[0]})")
+        check_index("gather_rows", "index", index, src.shape[0])
         K.gather_rows(src2, index, dst2, col)
 
     def scatter_rows(self, src, index, dst, beta=0.0, col=0):
@@ -228,8 +238,7 @@ class CPUBackend(HostStatistics, Backend):
         dst2 = _rows(check_array("scatter_rows", "dst", dst, dtype=src.dtype))
         if not 0 <= col <= dst2.shape[1] - src2.shape[1]:
             raise ValueError(f"scatter_rows: src {src.shape} does not fit into dst {dst.shape} at column {col}")
-        if len(index) and (index.min() < 0 or index.max() >= dst.shape[0]):
-            raise ValueError(f"scatter_rows: index must lie in [0, {dst.shape[0]})")
+        check_index("scatter_rows", "index", index, dst.shape[0])
         K.scatter_rows(src2, index, dst2, col, beta)
 
     def scatter_add_rows(self, src, ids, dst):
@@ -238,13 +247,13 @@ class CPUBackend(HostStatistics, Backend):
         dst2 = _rows(check_array("scatter_add_rows", "dst", dst, dtype=src.dtype))
         if dst2.shape[1] != src2.shape[1]:
             raise ValueError(f"scatter_add_rows: dst rows of {dst2.shape[1]} values must match src's {src2.shape[1]}")
-        if len(ids) and (ids.min() < 0 or ids.max() >= dst.shape[0]):
-            raise ValueError(f"scatter_add_rows: ids must lie in [0, {dst.shape[0]})")
+        check_index("scatter_add_rows", "ids", ids, dst.shape[0])
         K.scatter_add_rows(src2, ids, dst2)
 
     def fill_rows(self, dst, rows, value):
         dst2 = _rows(_float("fill_rows", "dst", dst))
         check_array("fill_rows", "rows", rows, dtype=np.int32, ndim=1)
+        check_index("fill_rows", "rows", rows, dst.shape[0])
         K.fill_rows(dst2, rows, value)
 
     @staticmethod
@@ -254,8 +263,7 @@ class CPUBackend(HostStatistics, Backend):
         _float(where, "p", p)
         _same(where, "p", p, **state)
         check_array(where, "rows", rows, dtype=np.int32, ndim=1)
-        if len(rows) and (rows.min() < 0 or rows.max() >= p.shape[0]):
-            raise ValueError(f"{where}: rows must lie in [0, {p.shape[0]})")
+        check_index(where, "rows", rows, p.shape[0])
         return [_rows(a) for a in (p, *state.values())]
 
     def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
@@ -278,6 +286,7 @@ class CPUBackend(HostStatistics, Backend):
         check_array("sequence_pool", "starts", starts, dtype=np.int32, shape=(out.shape[0] + 1,))
         out2 = _rows(check_array("sequence_pool", "out", out, dtype=x.dtype))
         check_array("sequence_pool", "argmax", argmax, dtype=np.int32, shape=out2.shape)
+        check_offsets("sequence_pool", "starts", starts, x2.shape[0])
         K.sequence_pool(POOL_MODES.index(mode), x2, starts, out2, argmax)
 
     def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
@@ -285,36 +294,48 @@ class CPUBackend(HostStatistics, Backend):
         check_array("sequence_pool_backward", "starts", starts, dtype=np.int32, shape=(dy.shape[0] + 1,))
         check_array("sequence_pool_backward", "argmax", argmax, dtype=np.int32, shape=dy2.shape)
         dx2 = _rows(check_array("sequence_pool_backward", "dx", dx, dtype=dy.dtype))
+        check_offsets("sequence_pool_backward", "starts", starts, dx2.shape[0])
+        if mode == "max":
+            check_index("sequence_pool_backward", "argmax", argmax, dx2.shape[0])
         K.sequence_pool_backward(POOL_MODES.index(mode), dy2, starts, argmax, dx2, beta)
 
     def sequence_softmax(self, x, starts, y):
         _float("sequence_softmax", "x", x)
         _same("sequence_softmax", "x", x, y=y)
         check_array("sequence_softmax", "starts", starts, dtype=np.int32, ndim=1)
+        check_offsets("sequence_softmax", "starts", starts, x.size)
         K.sequence_softmax(_flat(x), starts, _flat(y))
 
     def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
         _float("sequence_softmax_backward", "y", y)
         _same("sequence_softmax_backward", "y", y, dy=dy, dx=dx)
         check_array("sequence_softmax_backward", "starts", starts, dtype=np.int32, ndim=1)
+        check_offsets("sequence_softmax_backward", "starts", starts, y.size)
         K.sequence_softmax_backward(_flat(y), _flat(dy), starts, _flat(dx), beta)
 
     # -- selections (columns are checked against the layer's width by lamina.Selection.check)
     @staticmethod
-    def _selection(where, starts, cols, entries, rows=None):
+    def _selection(where, starts, cols, shared, entries, rows, columns):
         check_array(where, "starts", starts, dtype=np.int32, ndim=1)
         check_array(where, "cols", cols, dtype=np.int32, ndim=1)
-        if rows is not None and len(starts) != rows + 1:
+        if len(starts) != rows + 1:
             raise ValueError(f"{where}: starts must hold rows + 1 = {rows + 1} offsets, found {len(starts)}")
-        if starts[-1] != entries:
-            raise ValueError(f"{where}: the selection has {starts[-1]} entries, the values {entries}")
+        check_offsets(where, "starts", starts, entries)
+        if shared and entries != rows * len(cols):
+            raise ValueError(f"{where}: a shared selection of {len(cols)} columns over {rows} rows has "
+                             f"{rows * len(cols)} entries, the values {entries}")
+        if not shared and len(cols) != entries:
+            raise ValueError(f"{where}: the selection lists {len(cols)} columns for {entries} entries")
+        check_index(where, "cols", cols, columns)
 
     @staticmethod
-    def _by_column(where, by_column, entries):
+    def _by_column(where, by_column, entries, rows, columns):
         for name, a in zip(("columns", "bucket_starts", "entries", "entry_rows"), by_column):
             check_array(where, name, a, dtype=np.int32, ndim=1)
-        if len(by_column[2]) != entries:
-            raise ValueError(f"{where}: by_column lists {len(by_column[2])} entries, the values {entries}")
+        if len(by_column[2]) != entries or len(by_column[3]) != entries:
+            raise ValueError(f"{where}: by_column lists {len(by_column[2])} entries and {len(by_column[3])} "
+                             f"rows, the values {entries}")
+        check_by_column(where, by_column, entries, rows, columns)
 
     def selected_dots(self, x, w, by_column, out, beta=0.0):
         check_array("selected_dots", "x", x, ndim=2)
@@ -323,7 +344,7 @@ class CPUBackend(HostStatistics, Backend):
         check_array("selected_dots", "out", out, dtype=x.dtype, ndim=1)
         if w.shape[1] != x.shape[1]:
             raise ValueError(f"selected_dots: w rows of {w.shape[1]} must match x rows of {x.shape[1]}")
-        self._by_column("selected_dots", by_column, len(out))
+        self._by_column("selected_dots", by_column, len(out), x.shape[0], w.shape[0])
         _selective.selected_dots(x, w, *by_column, out, beta)
 
     def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
@@ -334,7 +355,7 @@ class CPUBackend(HostStatistics, Backend):
             check_array("selected_backward", "dx", dx, dtype=g.dtype, shape=x.shape)
         if dw is not None:
             check_array("selected_backward", "dw", dw, dtype=g.dtype, shape=w.shape)
-        self._by_column("selected_backward", by_column, len(g))
+        self._by_column("selected_backward", by_column, len(g), x.shape[0], w.shape[0])
         unused = np.empty((1, 1), g.dtype)
         _selective.selected_backward(g, x, w, *by_column, unused if dx is None else dx, dx_beta, dx is not None,
                                      unused if dw is None else dw, dw_beta, dw is not None)
@@ -342,7 +363,7 @@ class CPUBackend(HostStatistics, Backend):
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
         _float("selected_bias_grad", "g", g, ndim=1)
         check_array("selected_bias_grad", "db", db, dtype=g.dtype, ndim=1)
-        self._by_column("selected_bias_grad", by_column, len(g))
+        self._by_column("selected_bias_grad", by_column, len(g), len(g), db.shape[0])
         columns, bucket, entries, _ = by_column
         _selective.selected_bias_grad(g, columns, bucket, entries, db, beta)
 
@@ -350,18 +371,19 @@ class CPUBackend(HostStatistics, Backend):
         _float("add_selected_bias", "out", out, ndim=1)
         check_array("add_selected_bias", "b", b, dtype=out.dtype, ndim=1)
         check_array("add_selected_bias", "cols", cols, dtype=np.int32, shape=out.shape)
+        check_index("add_selected_bias", "cols", cols, b.shape[0])
         _selective.gather_add(b, cols, out)
 
     def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
         _float("gather_entries", "full", full, ndim=2)
         check_array("gather_entries", "out", out, dtype=full.dtype, ndim=1)
-        self._selection("gather_entries", starts, cols, len(out), full.shape[0])
+        self._selection("gather_entries", starts, cols, shared, len(out), *full.shape)
         _selective.gather_entries(full, starts, cols, shared, out, beta)
 
     def scatter_entries(self, g, starts, cols, shared, full):
         _float("scatter_entries", "g", g, ndim=1)
         check_array("scatter_entries", "full", full, dtype=g.dtype, ndim=2)
-        self._selection("scatter_entries", starts, cols, len(g), full.shape[0])
+        self._selection("scatter_entries", starts, cols, shared, len(g), *full.shape)
         _selective.scatter_entries(g, starts, cols, shared, full)
 
     def _segment_args(self, where, v, starts, pos, w, cost):
@@ -370,8 +392,8 @@ class CPUBackend(HostStatistics, Backend):
         check_array(where, "starts", starts, dtype=np.int32, ndim=1)
         check_array(where, "pos", pos, dtype=np.int32, shape=(rows,))
         check_array(where, "cost", cost, dtype=v.dtype, shape=(rows,))
-        if starts[-1] != len(v):
-            raise ValueError(f"{where}: the selection has {starts[-1]} entries, the values {len(v)}")
+        check_offsets(where, "starts", starts, len(v))
+        check_positions(where, "pos", pos, starts)
         if w is None:
             return np.empty(0, v.dtype), False
         check_array(where, "w", w, dtype=v.dtype, shape=(rows,))
@@ -442,6 +464,11 @@ class CPUBackend(HostStatistics, Backend):
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
         _float("max_pool_backward", "dy", dy)
         check_array("max_pool_backward", "dx", dx, dtype=dy.dtype, ndim=dy.ndim)
+        check_array("max_pool_backward", "argmax", argmax, dtype=np.int32,
+                    shape=(dy.shape[0] * dy.shape[1], int(np.prod(dy.shape[2:]))))
+        if dx.shape[:2] != dy.shape[:2]:
+            raise ValueError(f"max_pool_backward: dx {dx.shape} and dy {dy.shape} must share N and C")
+        check_index("max_pool_backward", "argmax", argmax, int(np.prod(dx.shape[2:])))
         K.max_pool_backward(self._planes(dy), argmax, dx.reshape(dx.shape[0] * dx.shape[1], -1), beta)
 
     def avg_pool(self, x, out, window, count_include_pad=True):
@@ -518,9 +545,7 @@ class CPUBackend(HostStatistics, Backend):
 
     def _labels(self, where, labels, rows, classes):
         check_array(where, "labels", labels, dtype=np.int32, shape=(rows,))
-        if rows and (labels.min() < 0 or labels.max() >= classes):
-            bad = labels[(labels < 0) | (labels >= classes)][0]
-            raise ValueError(f"{where}: labels must lie in [0, {classes}), found {bad}")
+        check_index(where, "labels", labels, classes)
 
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         x2, w, weighted = self._cost_args("softmax_cross_entropy", x, w, cost)

@@ -12,12 +12,14 @@ still refuses, by name, a layer that does not declare OpenCL support (Layer.open
 own layer that calls something else).
 """
 import os
+import threading
 import weakref
 from pathlib import Path
 
 import numpy as np
 
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
+from .checks import check_by_column, check_index, check_offsets, check_positions
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
@@ -86,6 +88,10 @@ class OpenCLBackend(Backend):
         self._programs = {}
         self._host_ids = {}  # (id(host array), tag, dtype) -> (weak reference, snapshot, device copy)
         self._dummies = {}  # dtype -> placeholder array
+        # one queue and shared Kernel objects: setting a kernel's arguments and enqueueing it,
+        # building a program and allocating from the pool happen under this lock, so threads
+        # sharing the backend never interleave them
+        self._lock = threading.RLock()
 
     def __repr__(self):
         return f"OpenCLBackend({self.device.name.strip()!r})"
@@ -141,7 +147,8 @@ class OpenCLBackend(Backend):
                 flat += [a.base_data, np.int32(a.offset // a.dtype.itemsize)]
             else:
                 flat.append(a)
-        self._kernel(file, name, dtype)(self.queue, global_size, local, *flat)
+        with self._lock:
+            self._kernel(file, name, dtype)(self.queue, global_size, local, *flat)
 
     def _real(self, dtype, value):
         return np.dtype(dtype).type(value)
@@ -156,22 +163,27 @@ class OpenCLBackend(Backend):
 
     # -- arrays
     def empty(self, shape, dtype):
-        return self.cl.array.empty(self.queue, tuple(shape), np.dtype(dtype), allocator=self.pool)
+        with self._lock:
+            return self.cl.array.empty(self.queue, tuple(shape), np.dtype(dtype), allocator=self.pool)
 
     def fill(self, a, value):
-        a.fill(a.dtype.type(value))
+        with self._lock:
+            a.fill(a.dtype.type(value))
 
     def from_host(self, array):
-        return self.cl.array.to_device(self.queue, np.ascontiguousarray(array), allocator=self.pool)
+        with self._lock:
+            return self.cl.array.to_device(self.queue, np.ascontiguousarray(array), allocator=self.pool)
 
     def to_host(self, a):
-        return a.get()
+        with self._lock:
+            return a.get()
 
     def copy(self, src, dst):
         if src.shape != dst.shape or src.dtype != dst.dtype:
             raise ValueError(f"copy: dst {dst.shape} {dst.dtype} must match src {src.shape} {src.dtype}")
-        self.cl.enqueue_copy(self.queue, dst.base_data, src.base_data, byte_count=src.nbytes,
-                             src_offset=src.offset, dst_offset=dst.offset)
+        with self._lock:
+            self.cl.enqueue_copy(self.queue, dst.base_data, src.base_data, byte_count=src.nbytes,
+                                 src_offset=src.offset, dst_offset=dst.offset)
 
     # -- products
     def pack(self, b, trans=False, alpha=1.0, max_rows=1):
@@ -241,7 +253,7 @@ class OpenCLBackend(Backend):
     def activation(self, kind, x, y, slope=0.01):
         check_activation(kind, "activation")
         if kind == "softmax":
-            x2 = _rows(x)
+            x2 = _last_axis(x)
             self._run("elementwise", "softmax_rows", x.dtype, self._global(x2.shape[0]), x, y,
                       np.int32(x2.shape[0]), np.int32(x2.shape[1]))
             return
@@ -251,7 +263,7 @@ class OpenCLBackend(Backend):
     def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
         check_activation(kind, "activation_backward")
         if kind == "softmax":
-            y2 = _rows(y)
+            y2 = _last_axis(y)
             self._run("elementwise", "softmax_rows_backward", y.dtype, self._global(y2.shape[0]), y,
                       dy, dx, y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]))
             return
@@ -272,7 +284,7 @@ class OpenCLBackend(Backend):
         partial = self.empty((groups,), x.dtype)
         self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), x, partial,
                   np.int32(x.size), self.cl.LocalMemory(LOCAL * x.dtype.itemsize), local=(LOCAL,))
-        return float(partial.get().astype(np.float64).sum())
+        return float(self.to_host(partial).astype(np.float64).sum())
 
     def copy_to_columns(self, src, dst, col, beta=0.0):
         self._run("elementwise", "copy_to_columns", dst.dtype, self._grid(*src.shape), src, dst,
@@ -286,27 +298,29 @@ class OpenCLBackend(Backend):
 
     def gather_rows(self, src, index, dst, col=0):
         s2, d2 = _rows(src), _rows(dst)
-        self._run("elementwise", "gather_rows", dst.dtype, self._grid(*d2.shape), src,
-                  np.int32(s2.shape[1]), self._ids(index), dst, np.int32(d2.shape[0]),
-                  np.int32(d2.shape[1]), np.int32(col), local=(16, 16))
+        self._run("elementwise", "gather_rows", dst.dtype, self._grid(*d2.shape), src, np.int32(s2.shape[0]),
+                  np.int32(s2.shape[1]), self._ids(index, "gather_rows", "index", s2.shape[0]), dst,
+                  np.int32(d2.shape[0]), np.int32(d2.shape[1]), np.int32(col), local=(16, 16))
 
     def scatter_rows(self, src, index, dst, beta=0.0, col=0):
         s2, d2 = _rows(src), _rows(dst)
         self._run("elementwise", "scatter_rows", dst.dtype, self._grid(*s2.shape), src,
-                  self._ids(index), dst, np.int32(d2.shape[1]), dst.dtype.type(beta),
+                  self._ids(index, "scatter_rows", "index", d2.shape[0]), dst, np.int32(d2.shape[0]),
+                  np.int32(d2.shape[1]), dst.dtype.type(beta),
                   np.int32(s2.shape[0]), np.int32(s2.shape[1]), np.int32(col), local=(16, 16))
 
     def scatter_add_rows(self, src, ids, dst):
         s2 = _rows(src)
         self._run("elementwise", "scatter_add_rows", dst.dtype, self._global(s2.shape[1]), src,
-                  self._ids(ids), dst, np.int32(s2.shape[0]), np.int32(s2.shape[1]))
+                  self._ids(ids, "scatter_add_rows", "ids", dst.shape[0]), dst, np.int32(dst.shape[0]),
+                  np.int32(s2.shape[0]), np.int32(s2.shape[1]))
 
     def fill_rows(self, dst, rows, value):
         d2 = _rows(dst)
         if len(rows):
             self._run("elementwise", "fill_rows", dst.dtype, self._grid(len(rows), d2.shape[1]), dst,
-                      self._ids(rows), dst.dtype.type(value), np.int32(len(rows)),
-                      np.int32(d2.shape[1]), local=(16, 16))
+                      self._ids(rows, "fill_rows", "rows", d2.shape[0]), dst.dtype.type(value),
+                      np.int32(d2.shape[0]), np.int32(len(rows)), np.int32(d2.shape[1]), local=(16, 16))
 
     def _optional(self, a, dtype):
         """An optional array argument as the kernels take it: (the array, 1), or (a placeholder,
@@ -322,26 +336,41 @@ class OpenCLBackend(Backend):
             self._dummies[dtype] = self.empty((1,), dtype)
         return self._dummies[dtype]
 
-    def _ids(self, ids):
-        """int32 ids on the device (see _device)."""
-        return self._device(ids, np.int32)
+    def _ids(self, ids, where, name, bound):
+        """int32 ids in [0, bound) on the device (see _device); host ids are checked here, device
+        ids by the kernels that read them."""
+        return self._device(ids, np.int32, check=lambda a: check_index(where, name, a, bound))
 
-    def _device(self, host, dtype, derive=None, tag=None):
+    def _offsets(self, starts, where, total):
+        """int32 offsets from 0 to `total` on the device (see _ids)."""
+        return self._device(starts, np.int32, check=lambda a: check_offsets(where, "starts", a, total))
+
+    def _device(self, host, dtype, derive=None, tag=None, check=None):
         """A device copy of a host array (or of derive(host)), made once and kept while the host
         array lives and holds the same values: a batch's time-major order, a selection's columns
         or label positions are computed on the host once per batch, from the caller's feeds, and
-        copied once. (A host array changed in place is noticed and copied again.)"""
+        copied once. (A host array changed in place is noticed and copied again.) The host values
+        are snapshot first; `check` and `derive` see the snapshot, and the device gets what they saw."""
         if not isinstance(host, np.ndarray):
             return host
         key = (id(host), tag, np.dtype(dtype))
-        hit = self._host_ids.get(key)
+        with self._lock:
+            hit = self._host_ids.get(key)
         if hit is not None and hit[0]() is host and np.array_equal(hit[1], host):
-            return hit[2]
-        if len(self._host_ids) > 256:
-            self._host_ids = {k: v for k, v in self._host_ids.items() if v[0]() is not None}
-        value = derive(host) if derive is not None else host
-        device = self.from_host(np.ascontiguousarray(value, dtype=dtype))
-        self._host_ids[key] = (weakref.ref(host), host.copy(), device)
+            snapshot, device = hit[1], hit[2]
+        else:
+            snapshot = host.copy()
+            value = derive(snapshot) if derive is not None else snapshot
+            if check is not None:
+                check(value)
+            device = self.from_host(np.ascontiguousarray(value, dtype=dtype))
+            with self._lock:
+                if len(self._host_ids) > 256:
+                    self._host_ids = {k: v for k, v in self._host_ids.items() if v[0]() is not None}
+                self._host_ids[key] = (weakref.ref(host), snapshot, device, value)
+            return device
+        if check is not None:
+            check(hit[3])
         return device
 
     def bernoulli_mask(self, mask, keep, rng):
@@ -449,21 +478,24 @@ class OpenCLBackend(Backend):
     def sequence_pool(self, mode, x, starts, out, argmax):
         x2, o2 = _rows(x), _rows(out)
         self._run("sequences", "sequence_pool", x.dtype, self._grid(*o2.shape), np.int32(POOL_MODES.index(mode)),
-                  x2, self._ids(starts), o2, argmax, np.int32(o2.shape[0]), np.int32(o2.shape[1]), local=(16, 16))
+                  x2, self._offsets(starts, "sequence_pool", x2.shape[0]), o2, argmax, np.int32(o2.shape[0]), np.int32(o2.shape[1]), local=(16, 16))
 
     def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
         d2 = _rows(dy)
         self._run("sequences", "sequence_pool_backward", dy.dtype, self._grid(*d2.shape),
-                  np.int32(POOL_MODES.index(mode)), d2, self._ids(starts), argmax, _rows(dx), dy.dtype.type(beta),
-                  np.int32(d2.shape[0]), np.int32(d2.shape[1]), local=(16, 16))
+                  np.int32(POOL_MODES.index(mode)), d2, self._offsets(starts, "sequence_pool_backward", dx.shape[0]),
+                  argmax, _rows(dx), dy.dtype.type(beta), np.int32(d2.shape[0]), np.int32(d2.shape[1]),
+                  local=(16, 16))
 
     def sequence_softmax(self, x, starts, y):
         n = len(starts) - 1
-        self._run("sequences", "sequence_softmax", x.dtype, self._global(n), x, self._ids(starts), y, np.int32(n))
+        self._run("sequences", "sequence_softmax", x.dtype, self._global(n), x,
+                  self._offsets(starts, "sequence_softmax", x.size), y, np.int32(n))
 
     def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
         n = len(starts) - 1
-        self._run("sequences", "sequence_softmax_backward", y.dtype, self._global(n), y, dy, self._ids(starts), dx,
+        self._run("sequences", "sequence_softmax_backward", y.dtype, self._global(n), y, dy,
+                  self._offsets(starts, "sequence_softmax_backward", y.size), dx,
                   y.dtype.type(beta), np.int32(n))
 
     # -- optimizer updates of listed rows (sparse gradients)
@@ -471,14 +503,16 @@ class OpenCLBackend(Backend):
         r, cols = p.dtype.type, p.size // p.shape[0]
         if len(rows):
             self._run("sequences", "sgd_update_rows", p.dtype, self._grid(len(rows), cols), p, g,
-                      v if momentum else p, self._ids(rows), r(lr), r(momentum), r(dampening), np.int32(nesterov),
+                      v if momentum else p, self._ids(rows, "sgd_update_rows", "rows", p.shape[0]), r(lr),
+                      r(momentum), r(dampening), np.int32(nesterov),
                       np.int32(len(rows)), np.int32(cols), local=(16, 16))
 
     def adagrad_update_rows(self, p, g, s, rows, lr, eps):
         r, cols = p.dtype.type, p.size // p.shape[0]
         if len(rows):
             self._run("sequences", "adagrad_update_rows", p.dtype, self._grid(len(rows), cols), p, g, s,
-                      self._ids(rows), r(lr), r(eps), np.int32(len(rows)), np.int32(cols), local=(16, 16))
+                      self._ids(rows, "adagrad_update_rows", "rows", p.shape[0]), r(lr), r(eps),
+                      np.int32(len(rows)), np.int32(cols), local=(16, 16))
 
     def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
         if step < 1:
@@ -487,22 +521,25 @@ class OpenCLBackend(Backend):
         c1, c2 = 1 - beta1 ** step, 1 - beta2 ** step
         if len(rows):
             self._run("sequences", "adam_update_rows", p.dtype, self._grid(len(rows), cols), p, g, m, v,
-                      self._ids(rows), r(beta1), r(beta2), r(eps), r(lr / c1), r(np.sqrt(c2)), np.int32(len(rows)),
+                      self._ids(rows, "adam_update_rows", "rows", p.shape[0]), r(beta1), r(beta2), r(eps),
+                      r(lr / c1), r(np.sqrt(c2)), np.int32(len(rows)),
                       np.int32(cols), local=(16, 16))
 
     # -- selections: the CSC arrays come from lamina.Selection.by_column (host, once per batch)
-    @staticmethod
-    def _host(a):
-        return a if isinstance(a, np.ndarray) else a.get()
+    def _host(self, a):
+        return a if isinstance(a, np.ndarray) else self.to_host(a)
 
-    def _csc(self, by_column):
+    def _csc(self, where, by_column, entries, rows, width):
+        """The CSC arrays on the device, checked to index `entries` values, `rows` input rows and
+        `width` weight rows."""
         by_column = [self._host(a) for a in by_column]
-        columns, bucket, entries, entry_rows = by_column
-        cols_of_k = self._device(entries, np.int32, lambda _: np.repeat(columns, np.diff(bucket)), "cols_of_k")
-        return [self._ids(a) for a in by_column] + [cols_of_k]
+        check_by_column(where, by_column, entries, rows, width)
+        columns, bucket, entry_ids, entry_rows = by_column
+        cols_of_k = self._device(entry_ids, np.int32, lambda _: np.repeat(columns, np.diff(bucket)), "cols_of_k")
+        return [self._device(a, np.int32) for a in by_column] + [cols_of_k]
 
     def _csr(self, by_column, rows):
-        """(starts, cols) of the entries in row order, from the CSC arrays."""
+        """(starts, cols) of the entries in row order, from the CSC arrays (checked by _csc)."""
         columns, bucket, entries, entry_rows = (self._host(a) for a in by_column)
         starts = self._device(entries, np.int32, lambda _: np.concatenate(
             [[0], np.cumsum(np.bincount(entry_rows, minlength=rows))]), ("starts", rows))
@@ -513,66 +550,89 @@ class OpenCLBackend(Backend):
         return starts, self._device(entries, np.int32, cols, "cols")
 
     def selected_dots(self, x, w, by_column, out, beta=0.0):
-        columns, bucket, entries, entry_rows, cols_of_k = self._csc(by_column)
-        nnz = len(by_column[2])
+        nnz = len(out)
+        columns, bucket, entries, entry_rows, cols_of_k = self._csc("selected_dots", by_column, nnz, x.shape[0],
+                                                                    w.shape[0])
         self._run("selective", "selected_dots", x.dtype, self._global(nnz), x, w, entries, entry_rows, cols_of_k,
                   out, x.dtype.type(beta), np.int32(nnz), np.int32(x.shape[1]))
 
     def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
         n, r = x.shape[1], g.dtype.type
+        columns, bucket, entries, entry_rows, _ = self._csc("selected_backward", by_column, len(g), x.shape[0],
+                                                            w.shape[0])
         if dx is not None:
             starts, cols = self._csr(by_column, x.shape[0])
             self._run("selective", "selected_input_grad", g.dtype, self._grid(x.shape[0], n), g, w, starts, cols,
                       dx, r(dx_beta), np.int32(x.shape[0]), np.int32(n), local=(16, 16))
         if dw is not None:
-            columns, bucket, entries, entry_rows, _ = self._csc(by_column)
             distinct = len(by_column[0])
             self._run("selective", "selected_weight_grad", g.dtype, self._grid(distinct, n), g, x, columns, bucket,
                       entries, entry_rows, dw, r(dw_beta), np.int32(distinct), np.int32(n), local=(16, 16))
 
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
-        columns, bucket, entries, _, _ = self._csc(by_column)
+        columns, bucket, entries, _, _ = self._csc("selected_bias_grad", by_column, len(g), len(g), db.shape[0])
         distinct = len(by_column[0])
         self._run("selective", "selected_bias_grad", g.dtype, self._global(distinct), g, columns, bucket, entries,
                   db, g.dtype.type(beta), np.int32(distinct))
 
     def add_selected_bias(self, out, b, cols):
-        self._run("selective", "add_selected_bias", out.dtype, self._global(len(cols)), out, b, self._ids(cols),
-                  np.int32(len(cols)))
+        self._run("selective", "add_selected_bias", out.dtype, self._global(len(cols)), out, b,
+                  self._ids(cols, "add_selected_bias", "cols", b.shape[0]), np.int32(b.shape[0]), np.int32(len(cols)))
 
     def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
         rows = full.shape[0]
-        self._run("selective", "gather_entries", full.dtype, self._global(rows), full, self._ids(starts),
-                  self._ids(cols), np.int32(shared), out, full.dtype.type(beta), np.int32(rows),
+        starts, cols = self._entries("gather_entries", starts, cols, shared, len(out), full.shape)
+        self._run("selective", "gather_entries", full.dtype, self._global(rows), full, starts,
+                  cols, np.int32(shared), out, full.dtype.type(beta), np.int32(rows),
                   np.int32(full.shape[1]))
 
     def scatter_entries(self, g, starts, cols, shared, full):
         rows = full.shape[0]
-        self._run("selective", "scatter_entries", g.dtype, self._global(rows), g, self._ids(starts), self._ids(cols),
+        starts, cols = self._entries("scatter_entries", starts, cols, shared, len(g), full.shape)
+        self._run("selective", "scatter_entries", g.dtype, self._global(rows), g, starts, cols,
                   np.int32(shared), full, np.int32(rows), np.int32(full.shape[1]))
+
+    def _entries(self, where, starts, cols, shared, entries, shape):
+        """A selection's (starts, cols) over a [rows, columns] array, checked and on the device."""
+        rows, columns = shape
+        starts_host = self._host(starts)
+        if len(starts_host) != rows + 1:
+            raise ValueError(f"{where}: starts must hold rows + 1 = {rows + 1} offsets, found {len(starts_host)}")
+        check_offsets(where, "starts", starts_host, entries)
+        if len(self._host(cols)) != (entries // max(rows, 1) if shared else entries):
+            raise ValueError(f"{where}: {len(cols)} columns do not describe {entries} entries over {rows} rows")
+        return self._device(starts, np.int32), self._ids(cols, where, "cols", columns)
+
+    def _segment(self, where, starts, pos, entries):
+        """A selection's row offsets and each row's position, checked and on the device."""
+        starts_host = self._host(starts)
+        check_offsets(where, "starts", starts_host, entries)
+        return (self._device(starts, np.int32),
+                self._device(pos, np.int32, check=lambda a: check_positions(where, "pos", a, starts_host)))
 
     def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
         rows = len(starts) - 1
-        self._run("selective", "segment_cross_entropy", z.dtype, self._global(rows), z, self._ids(starts),
-                  self._ids(pos), *self._optional(shift, z.dtype), *self._optional(w, z.dtype), probs, cost,
-                  np.int32(rows))
+        self._run("selective", "segment_cross_entropy", z.dtype, self._global(rows), z,
+                  *self._segment("segment_cross_entropy", starts, pos, len(z)), *self._optional(shift, z.dtype),
+                  *self._optional(w, z.dtype), probs, cost, np.int32(rows))
 
     def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
         rows = len(starts) - 1
         self._run("selective", "segment_cross_entropy_backward", dz.dtype, self._global(rows), probs,
-                  self._ids(starts), self._ids(pos), *self._optional(w, dz.dtype), dcost, dz, dz.dtype.type(beta),
-                  np.int32(rows))
+                  *self._segment("segment_cross_entropy_backward", starts, pos, len(probs)),
+                  *self._optional(w, dz.dtype), dcost, dz, dz.dtype.type(beta), np.int32(rows))
 
     def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
         rows = len(starts) - 1
-        self._run("selective", "segment_self_normalized", o.dtype, self._global(rows), o, self._ids(starts),
-                  self._ids(pos), o.dtype.type(alpha), *self._optional(w, o.dtype), cost, np.int32(rows))
+        self._run("selective", "segment_self_normalized", o.dtype, self._global(rows), o,
+                  *self._segment("segment_self_normalized", starts, pos, len(o)), o.dtype.type(alpha),
+                  *self._optional(w, o.dtype), cost, np.int32(rows))
 
     def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
         rows = len(starts) - 1
-        self._run("selective", "segment_self_normalized_backward", o.dtype, self._global(rows), o, self._ids(starts),
-                  self._ids(pos), o.dtype.type(alpha), *self._optional(w, o.dtype), dcost, do, o.dtype.type(beta),
-                  np.int32(rows))
+        self._run("selective", "segment_self_normalized_backward", o.dtype, self._global(rows), o,
+                  *self._segment("segment_self_normalized_backward", starts, pos, len(o)), o.dtype.type(alpha),
+                  *self._optional(w, o.dtype), dcost, do, o.dtype.type(beta), np.int32(rows))
 
     # -- recurrent cells (a None state is absent: see _optional)
 
@@ -673,3 +733,8 @@ class _Packed:
 def _rows(a):
     """A [rows, features] view of an array with a leading batch axis."""
     return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
+
+
+def _last_axis(a):
+    """A 2-D view of rows along the last axis (softmax normalises each such row)."""
+    return a.reshape(a.size // a.shape[-1], a.shape[-1]) if a.ndim != 2 else a

@@ -6,6 +6,7 @@ Written from the math in base.py's docstrings, independently of the compiled ker
 import numpy as np
 
 from .base import Backend, check_activation, HostStatistics
+from .checks import check_index
 
 
 def _with_beta(out, value, beta):
@@ -101,21 +102,26 @@ class ReferenceBackend(HostStatistics, Backend):
         _with_beta(dst, src[:, col:col + dst.shape[1]], beta)
 
     def gather_rows(self, src, index, dst, col=0):
+        check_index("gather_rows", "index", index, src.shape[0])
         src2 = src.reshape(src.shape[0], -1)
         dst[...] = src2[index, col:col + dst.reshape(dst.shape[0], -1).shape[1]].reshape(dst.shape)
 
     def scatter_rows(self, src, index, dst, beta=0.0, col=0):
+        check_index("scatter_rows", "index", index, dst.shape[0])
         src2, dst2 = src.reshape(src.shape[0], -1), dst.reshape(dst.shape[0], -1)
         block = dst2[index, col:col + src2.shape[1]]
         dst2[index, col:col + src2.shape[1]] = src2 if beta == 0 else src2 + beta * block
 
     def scatter_add_rows(self, src, ids, dst):
+        check_index("scatter_add_rows", "ids", ids, dst.shape[0])
         np.add.at(dst, ids, src)
 
     def fill_rows(self, dst, rows, value):
+        check_index("fill_rows", "rows", rows, dst.shape[0])
         dst[rows] = value
 
     def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
+        check_index("sgd_update_rows", "rows", rows, p.shape[0])
         step = g[rows]
         if momentum:
             v[rows] = momentum * v[rows] + (1 - dampening) * step
@@ -123,12 +129,14 @@ class ReferenceBackend(HostStatistics, Backend):
         p[rows] -= lr * step
 
     def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
+        check_index("adam_update_rows", "rows", rows, p.shape[0])
         m[rows] = beta1 * m[rows] + (1 - beta1) * g[rows]
         v[rows] = beta2 * v[rows] + (1 - beta2) * g[rows] ** 2
         m_hat, v_hat = m[rows] / (1 - beta1 ** step), v[rows] / (1 - beta2 ** step)
         p[rows] -= lr * m_hat / (np.sqrt(v_hat) + eps)
 
     def adagrad_update_rows(self, p, g, s, rows, lr, eps):
+        check_index("adagrad_update_rows", "rows", rows, p.shape[0])
         s[rows] += g[rows] ** 2
         p[rows] -= lr * g[rows] / (np.sqrt(s[rows]) + eps)
 
@@ -203,6 +211,7 @@ class ReferenceBackend(HostStatistics, Backend):
             db[c] = g[entries[bucket[u]:bucket[u + 1]]].sum() + (beta * db[c] if beta else 0)
 
     def add_selected_bias(self, out, b, cols):
+        check_index("add_selected_bias", "cols", cols, b.shape[0])
         out += b[cols]
 
     def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
@@ -390,6 +399,7 @@ class ReferenceBackend(HostStatistics, Backend):
 
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         x2 = x.reshape(x.shape[0], -1).astype(np.float64)
+        check_index("softmax_cross_entropy", "labels", labels, x2.shape[1])
         p = _act("softmax", x2, 0)
         probs[...] = p.reshape(probs.shape)
         cost[...] = -_w(w, len(x2), np.float64) * np.log(p[np.arange(len(x2)), labels])

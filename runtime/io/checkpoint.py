@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import random as lm_random
 from ..parameter import host
-from .model import OPTIM, ModelFileError, _load, _pack, write_atomic
+from .model import OPTIM, ModelFileError, _load, _pack, describe, write_atomic
 
 
 def save_checkpoint(path, net, optimizer, **fields):
@@ -29,8 +29,32 @@ def save_checkpoint(path, net, optimizer, **fields):
     write_atomic(path, _pack(net, False, tensors, {"checkpoint": json.dumps(info)}))
 
 
+def graph_difference(a, b):
+    """None when networks a and b have the same graph (inputs, layers and their configurations,
+    connections, outputs, parameter names and shapes), else a phrase saying the first difference."""
+    ga, ta = describe(a)
+    gb, tb = describe(b)
+    for part in ("inputs", "nodes", "outputs"):
+        if ga[part] != gb[part]:
+            return f"its {part} differ ({ga[part]} against {gb[part]})"
+    la = {l["name"]: l for l in ga["layers"]}
+    lb = {l["name"]: l for l in gb["layers"]}
+    if list(la) != list(lb):
+        return f"its layers differ ({', '.join(la)} against {', '.join(lb)})"
+    for name, layer in la.items():
+        other = lb[name]
+        for key in ("kind", "config", "params"):
+            if layer[key] != other[key]:
+                return f"layer '{name}' differs in its {key} ({layer[key]} against {other[key]})"
+    for key, value in ta.items():
+        if value.shape != tb[key].shape:
+            return f"parameter '{key}' has shape {value.shape} against {tb[key].shape}"
+    return None
+
+
 class Checkpoint:
-    """A loaded checkpoint: `net`, the caller's `fields`, and `restore(optimizer)`."""
+    """A loaded checkpoint: `net`, the caller's `fields`, `restore(optimizer)` and
+    `load_into(net)`."""
 
     def __init__(self, path, net, info, tensors):
         self.path, self.net, self._info, self._tensors = path, net, info, tensors
@@ -55,6 +79,20 @@ class Checkpoint:
         optimizer.step_count = self.step_count
         optimizer.current_lr = optimizer.lr * optimizer.schedule(self.step_count)
         return optimizer
+
+
+    def load_into(self, net):
+        """Copy the checkpoint's parameter values into `net`, which must have the checkpoint's
+        graph; a checkpoint of another network is a ModelFileError that says what differs.
+        Returns net."""
+        differs = graph_difference(self.net, net)
+        if differs:
+            raise ModelFileError(f"{self.path}: the checkpoint is of another network: {differs}")
+        theirs = dict(net.named_parameters())
+        with net._lock.write():
+            for name, p in self.net.named_parameters():
+                theirs[name].assign(p.value)
+        return net
 
 
 def load_checkpoint(path):

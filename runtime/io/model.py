@@ -77,12 +77,33 @@ def _pack(net, half, extra_tensors=None, extra_metadata=None):
     return st_save(tensors, metadata=metadata)
 
 
+def _umask():
+    """The process's umask, read without changing it (Linux), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path, blob):
     """Write bytes to path so that a crash leaves the old file or the new one, never a mix."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".lamina", dir=folder)
     try:
+        # mkstemp makes the file 0600: give it the mode of the file it replaces, or the
+        # umask's default for a new file, as open() would
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()

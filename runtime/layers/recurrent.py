@@ -110,11 +110,13 @@ class _Recurrent(Layer):
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
 
     def _pack(self, ctx, w, transpose):
-        """op(w) packed for the backend, rebuilt whenever w's values change (lamina.packing)."""
+        """op(w) packed for the backend, rebuilt whenever w's values or the backend change
+        (lamina.packing)."""
         key = (id(w), transpose)
-        if key not in self._packs or self._packs[key].param is not w:
-            self._packs[key] = PackedWeight(ctx.be, w, trans=transpose)
-        return self._packs[key].get(ctx.order.num_sequences)
+        pack = self._packs.get(key)
+        if pack is None or pack.param is not w:
+            pack = self._packs[key] = PackedWeight(w, trans=transpose)
+        return pack.get(ctx.be, ctx.order.num_sequences)
 
     def _sorted_state(self, ctx, state, k, key):
         """Initial state k of every sequence, in the batch order's sorted order, or None."""

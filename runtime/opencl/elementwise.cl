@@ -157,8 +157,10 @@ __kernel void softmax_cross_entropy(ARG(const REAL, x), ARG(const int, labels), 
     ACC s = 0;
     for (int j = 0; j < cols; j++) { probs[o + j] = exp(x[o + j] - m); s += probs[o + j]; }
     for (int j = 0; j < cols; j++) probs[o + j] = probs[o + j] / s;
-    /* -log p from the logits: exact where p underflows */
-    cost[i] = (weighted ? w[i] : 1) * (m + log(s) - x[o + labels[i]]);
+    /* -log p from the logits: exact where p underflows; a label outside the classes (the host
+       checks them; this guards device memory) gives NaN instead of a read out of bounds */
+    const int y = labels[i];
+    cost[i] = (y < 0 || y >= cols) ? NAN : (weighted ? w[i] : 1) * (m + log(s) - x[o + y]);
 }
 
 __kernel void softmax_cross_entropy_backward(ARG(const REAL, probs), ARG(const int, labels),
@@ -240,46 +242,52 @@ __kernel void sum_squares(ARG(const REAL, x), ARG(REAL, partial), const int n, _
 
 /* ---- rows and columns */
 
-__kernel void gather_rows(ARG(const REAL, src), const int src_cols, ARG(const int, index), ARG(REAL, dst),
-                          const int rows, const int cols, const int col)
-{
-    AT(const REAL, src);
-    AT(const int, index);
-    AT(REAL, dst);
-    const int j = get_global_id(0), i = get_global_id(1);
-    if (i < rows && j < cols) dst[i * cols + j] = src[index[i] * src_cols + col + j];
-}
-
-__kernel void scatter_rows(ARG(const REAL, src), ARG(const int, index), ARG(REAL, dst), const int dst_cols,
-                           const REAL beta, const int rows, const int cols, const int col)
+/* The row kernels skip (or, gathering, write NaN for) an index outside the rows it addresses:
+   the host checks every index it uploads, and these guards keep device-resident ones in bounds. */
+__kernel void gather_rows(ARG(const REAL, src), const int src_rows, const int src_cols, ARG(const int, index),
+                          ARG(REAL, dst), const int rows, const int cols, const int col)
 {
     AT(const REAL, src);
     AT(const int, index);
     AT(REAL, dst);
     const int j = get_global_id(0), i = get_global_id(1);
     if (i >= rows || j >= cols) return;
+    const int r = index[i];
+    dst[i * cols + j] = (r < 0 || r >= src_rows) ? NAN : src[r * src_cols + col + j];
+}
+
+__kernel void scatter_rows(ARG(const REAL, src), ARG(const int, index), ARG(REAL, dst), const int dst_rows,
+                           const int dst_cols, const REAL beta, const int rows, const int cols, const int col)
+{
+    AT(const REAL, src);
+    AT(const int, index);
+    AT(REAL, dst);
+    const int j = get_global_id(0), i = get_global_id(1);
+    if (i >= rows || j >= cols || index[i] < 0 || index[i] >= dst_rows) return;
     const int o = index[i] * dst_cols + col + j;
     dst[o] = WITH_BETA(dst[o], src[i * cols + j], beta);
 }
 
 /* dst[ids[i]] += src[i]: one work-item per column walks every row, so repeated ids never race */
-__kernel void scatter_add_rows(ARG(const REAL, src), ARG(const int, ids), ARG(REAL, dst), const int rows,
-                               const int cols)
+__kernel void scatter_add_rows(ARG(const REAL, src), ARG(const int, ids), ARG(REAL, dst), const int dst_rows,
+                               const int rows, const int cols)
 {
     AT(const REAL, src);
     AT(const int, ids);
     AT(REAL, dst);
     const int j = get_global_id(0);
     if (j >= cols) return;
-    for (int i = 0; i < rows; i++) dst[ids[i] * cols + j] += src[i * cols + j];
+    for (int i = 0; i < rows; i++)
+        if (ids[i] >= 0 && ids[i] < dst_rows) dst[ids[i] * cols + j] += src[i * cols + j];
 }
 
-__kernel void fill_rows(ARG(REAL, dst), ARG(const int, rows_), const REAL value, const int n, const int cols)
+__kernel void fill_rows(ARG(REAL, dst), ARG(const int, rows_), const REAL value, const int dst_rows, const int n,
+                        const int cols)
 {
     AT(REAL, dst);
     AT(const int, rows_);
     const int j = get_global_id(0), i = get_global_id(1);
-    if (i < n && j < cols) dst[rows_[i] * cols + j] = value;
+    if (i < n && j < cols && rows_[i] >= 0 && rows_[i] < dst_rows) dst[rows_[i] * cols + j] = value;
 }
 
 __kernel void copy_to_columns(ARG(const REAL, src), ARG(REAL, dst), const int dst_cols, const int col,

@@ -59,11 +59,12 @@ __kernel void selected_bias_grad(ARG(const REAL, g), ARG(const int, columns), AR
     db[columns[u]] = WITH_BETA(db[columns[u]], acc, beta);
 }
 
-__kernel void add_selected_bias(ARG(REAL, out), ARG(const REAL, b), ARG(const int, cols), const int nnz)
+__kernel void add_selected_bias(ARG(REAL, out), ARG(const REAL, b), ARG(const int, cols), const int width,
+                                const int nnz)
 {
     AT(REAL, out); AT(const REAL, b); AT(const int, cols);
     const int e = get_global_id(0);
-    if (e < nnz) out[e] += b[cols[e]];
+    if (e < nnz) out[e] = (cols[e] < 0 || cols[e] >= width) ? NAN : out[e] + b[cols[e]];
 }
 
 /* the dense path: out[e] = full[i, col(e)] (with beta); col(e) = cols[e], or cols[e - starts[i]]

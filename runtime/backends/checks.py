@@ -1,0 +1,65 @@
+"""Range checks of index arguments, shared by every backend.
+
+Compiled kernels dereference ids, labels, row lists, offsets and argmax positions without bounds
+checks, so every backend checks them here, at its boundary, on the host array the kernel will
+read (a device backend checks the host copy it uploads; its kernels also guard the indices they
+read from device memory). The errors say which kernel, which argument, the valid range, the
+value found and where.
+"""
+import numpy as np
+
+
+class IndexRangeError(ValueError):
+    """An index argument of a kernel lies outside the array it indexes."""
+
+
+def check_index(where, name, ids, bound, low=0):
+    """Every entry of the integer array `ids` lies in [low, bound)."""
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{where}: {name} must hold integers, found {ids.dtype}")
+    if ids.min() < low or ids.max() >= bound:
+        flat = ids.reshape(-1)
+        at = int(np.flatnonzero((flat < low) | (flat >= bound))[0])
+        raise IndexRangeError(f"{where}: {name} must lie in [{low}, {bound}), found {flat[at]} at "
+                              f"position {at}")
+
+
+def check_offsets(where, name, starts, total):
+    """`starts` is a non-decreasing offset list from 0 to `total` (a batch's sequences, a
+    selection's rows, a bucket list)."""
+    starts = np.asarray(starts)
+    if starts.ndim != 1 or len(starts) < 1:
+        raise IndexRangeError(f"{where}: {name} must be a 1-D offset list, found shape {starts.shape}")
+    if starts[0] != 0 or starts[-1] != total:
+        raise IndexRangeError(f"{where}: {name} must run from 0 to {total}, found {starts[0]} .. {starts[-1]}")
+    steps = np.diff(starts)
+    if len(steps) and steps.min() < 0:
+        at = int(np.flatnonzero(steps < 0)[0])
+        raise IndexRangeError(f"{where}: {name} must not decrease, found {starts[at]} then {starts[at + 1]} "
+                              f"at position {at}")
+
+
+def check_positions(where, name, pos, starts):
+    """Each row i's position pos[i] lies among its own entries [starts[i], starts[i + 1])."""
+    pos = np.asarray(pos)
+    bad = (pos < starts[:-1]) | (pos >= starts[1:])
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        raise IndexRangeError(f"{where}: {name}[{at}] must lie in row {at}'s entries "
+                              f"[{starts[at]}, {starts[at + 1]}), found {pos[at]}")
+
+
+def check_by_column(where, by_column, entries, rows, columns):
+    """A selection grouped by column (columns, bucket_starts, entries, entry_rows) indexes
+    `entries` values, `rows` input rows and `columns` weight rows."""
+    cols, bucket, entry_ids, entry_rows = by_column
+    check_index(where, "by_column columns", cols, columns)
+    check_offsets(where, "by_column bucket_starts", bucket, len(entry_ids))
+    if len(bucket) != len(cols) + 1:
+        raise IndexRangeError(f"{where}: by_column bucket_starts must hold {len(cols) + 1} offsets, "
+                              f"found {len(bucket)}")
+    check_index(where, "by_column entries", entry_ids, entries)
+    check_index(where, "by_column entry_rows", entry_rows, rows)
