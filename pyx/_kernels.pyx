@@ -127,10 +127,10 @@ cdef inline double _act(int kind, double x, double slope) noexcept nogil:
         return _sigmoid(x)
     elif kind == TANH:
         return tanh(x)
-    elif kind == RELU:
-        return x if x > 0 else 0.0
+    elif kind == RELU:  # NaN stays NaN, as in PyTorch
+        return 0.0 if x < 0 else x
     elif kind == LEAKY_RELU:
-        return x if x > 0 else slope * x
+        return slope * x if x < 0 else x
     elif kind == EXPONENTIAL:
         return exp(x)
     elif kind == SOFTRELU:

@@ -5,7 +5,7 @@ LAMINA_CLONES static void SUFFIXED(rnn_activate)(int kind, long n, REAL *restric
     if (bias)
         for (long j = 0; j < n; j++) g[j] += bias[j];
     if (kind == LAMINA_RNN_RELU)
-        for (long j = 0; j < n; j++) h[j] = g[j] > 0 ? g[j] : 0;
+        for (long j = 0; j < n; j++) h[j] = g[j] < 0 ? 0 : g[j]; /* NaN stays NaN */
     else
         for (long j = 0; j < n; j++) h[j] = TANH(g[j]);
 }

@@ -257,7 +257,7 @@ class Bindings:
         self.starts, self._order = None, None  # set for each batch by the scheduler
         self.values, self.grads, self._workspaces = {}, {}, {}
         self.host_feeds = {}  # the arrays the kernels read behind each fed input (host side)
-        self._feed_bases = {}  # input name -> flat host buffer for snapshots of the caller's array
+        self._feed_bases = {}  # input name -> (flat host buffer, its current view) for snapshots
         # selected values (one per entry of the batch's selection) change length from batch to
         # batch: their writer sizes them in buffers that grow as needed (size_selected)
         self._selected, self.layouts = {}, {}
@@ -338,11 +338,14 @@ class Bindings:
         if a.dtype == dtype and a.dtype.kind == "f" and a.flags.c_contiguous and a.flags.aligned \
                 and a.flags.writeable:
             return a
-        base = self._feed_bases.get(name)
+        base, out = self._feed_bases.get(name, (None, None))
         if base is None or base.size < a.size:
-            base = self._feed_bases[name] = np.empty(max(a.size, int(base.size * self.GROWTH) if base is not None
-                                                         else 0, 1), dtype)
-        out = base[:a.size].reshape(a.shape)
+            base = np.empty(max(a.size, int(base.size * self.GROWTH) if base is not None else 0, 1), dtype)
+            out = None
+        if out is None or out.shape != a.shape:
+            # one view per shape, kept: a device backend's upload cache knows it by identity
+            out = base[:a.size].reshape(a.shape)
+        self._feed_bases[name] = (base, out)
         np.copyto(out, a, casting="unsafe")
         return out
 

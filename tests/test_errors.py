@@ -70,8 +70,8 @@ def test_unknown_and_missing_inputs():
         classifier().run({"x": np.zeros((2, 4), np.float32)}, outputs=["probs"])
 
 
-def test_label_out_of_range_names_the_kernel():
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\), found 7"):
+def test_label_out_of_range_names_the_layer():
+    with pytest.raises(lm.InputError, match=r"layer 'xent' .*labels \(input 1\) must lie in \[0, 3\), found 7 at row 1"):
         classifier().forward({"x": np.zeros((2, 4), np.float32), "y": np.array([0, 7], np.int32)})
 
 

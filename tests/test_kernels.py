@@ -14,8 +14,7 @@ TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol
 SIZES = [(1, 1, 1), (7, 33, 1), (33, 7, 129), (129, 33, 7), (64, 130, 96)]
 
 
-def rng_for(*key):
-    return np.random.default_rng(abs(hash(key)) % 2**32)
+from conftest import stable_rng as rng_for
 
 
 def out_pair(shape, dtype, beta, rng):
@@ -93,8 +92,9 @@ def test_bias(backend, dtype, rows, cols):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ALL_ACTIVATIONS)
-@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (129, 7), (300, 257)])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (129, 7), (300, 257), (3, 4, 5), (2, 3, 1, 7)])
 def test_activation(backend, dtype, kind, shape):
+    """Several axes per sample: softmax normalises along the last one on every backend."""
     rng = rng_for("act", kind, shape)
     x = (2 * rng.standard_normal(shape)).astype(dtype)
     y, y_ref = np.empty_like(x), np.empty_like(x)
@@ -107,6 +107,18 @@ def test_activation(backend, dtype, kind, shape):
         backend.activation_backward(kind, y, dy, dx, beta, slope=0.1)
         REF.activation_backward(kind, y, dy, dx_ref, beta, slope=0.1)
         close(dx, dx_ref, dtype)
+
+
+@pytest.mark.parametrize("kind", ["linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu",
+                                  "softmax"])
+def test_activations_propagate_nan(backend, kind):
+    """NaN in, NaN out (as in PyTorch): an activation never hides a NaN as a finite value."""
+    x = np.array([[np.nan, -1.0, 0.5]])
+    y = np.zeros_like(x)
+    backend.activation(kind, x, y)
+    assert np.isnan(y[0, 0])
+    if kind != "softmax":
+        np.testing.assert_array_equal(np.isnan(y), [[True, False, False]])
 
 
 def test_activation_in_place(backend):

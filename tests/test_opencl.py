@@ -14,17 +14,12 @@ from lamina.errors import GraphError
 from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Linear, Scale,
                            SoftmaxCrossEntropy, SquareError)
 
-try:
+from conftest import OPENCL_DEVICES as FOUND
+
+if FOUND:
     from lamina.backends.opencl import OpenCLBackend, devices
-    FOUND = devices()
-    WHY = "no OpenCL device (pip install 'pyopencl[pocl]')"
-except Exception as e:  # pyopencl missing or no platform
-    FOUND, WHY = [], f"no OpenCL: {e}"
 
-if os.environ.get("PYOPENCL_TEST"):
-    FOUND = [d for d in FOUND if os.environ["PYOPENCL_TEST"].lower() in d.name.lower()]
-
-pytestmark = pytest.mark.skipif(not FOUND, reason=WHY)
+pytestmark = pytest.mark.skipif(not FOUND, reason="no pyopencl (pip install 'pyopencl[pocl]')")
 REF = ReferenceBackend()
 SIZES = [1, 7, 33, 129]
 

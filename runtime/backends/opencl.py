@@ -365,8 +365,9 @@ class OpenCLBackend(Backend):
                 check(value)
             device = self.from_host(np.ascontiguousarray(value, dtype=dtype))
             with self._lock:
-                if len(self._host_ids) > 256:
-                    self._host_ids = {k: v for k, v in self._host_ids.items() if v[0]() is not None}
+                if len(self._host_ids) > 256:  # bounded: the dead, then the oldest half
+                    live = [(k, v) for k, v in self._host_ids.items() if v[0]() is not None]
+                    self._host_ids = dict(live[len(live) // 2:] if len(live) > 128 else live)
                 self._host_ids[key] = (weakref.ref(host), snapshot, device, value)
             return device
         if check is not None:
@@ -661,13 +662,15 @@ class OpenCLBackend(Backend):
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         x2 = _rows(x)
         self._run("elementwise", "softmax_cross_entropy", x.dtype, self._global(x2.shape[0]), x,
-                  labels, *self._optional(w, x.dtype), probs, cost,
+                  self._ids(labels, "softmax_cross_entropy", "labels", x2.shape[1]), *self._optional(w, x.dtype),
+                  probs, cost,
                   np.int32(x2.shape[0]), np.int32(x2.shape[1]))
 
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
         p2 = _rows(probs)
         self._run("elementwise", "softmax_cross_entropy_backward", dx.dtype, self._grid(*p2.shape),
-                  probs, labels, *self._optional(w, dx.dtype), dcost,
+                  probs, self._ids(labels, "softmax_cross_entropy_backward", "labels", p2.shape[1]),
+                  *self._optional(w, dx.dtype), dcost,
                   dx, dx.dtype.type(beta), np.int32(p2.shape[0]), np.int32(p2.shape[1]), local=(16, 16))
 
     def _pair(self, kind, x, t, w, cost):

@@ -6,7 +6,7 @@ Written from the math in base.py's docstrings, independently of the compiled ker
 import numpy as np
 
 from .base import Backend, check_activation, HostStatistics
-from .checks import check_index
+from .checks import check_by_column, check_index, check_offsets, check_positions
 
 
 def _with_beta(out, value, beta):
@@ -141,6 +141,7 @@ class ReferenceBackend(HostStatistics, Backend):
         p[rows] -= lr * g[rows] / (np.sqrt(s[rows]) + eps)
 
     def sequence_pool(self, mode, x, starts, out, argmax):
+        check_offsets("sequence_pool", "starts", starts, len(x))
         for s in range(len(starts) - 1):
             seq = x[starts[s]:starts[s + 1]]
             out[s] = {"last": lambda: seq[-1], "first": lambda: seq[0], "average": lambda: seq.mean(0),
@@ -149,6 +150,7 @@ class ReferenceBackend(HostStatistics, Backend):
                 argmax[s] = starts[s] + seq.argmax(0)
 
     def sequence_pool_backward(self, mode, dy, starts, argmax, dx, beta=0.0):
+        check_offsets("sequence_pool_backward", "starts", starts, len(dx))
         grad = np.zeros_like(dx)
         for s in range(len(starts) - 1):
             a, b = starts[s], starts[s + 1]
@@ -164,12 +166,14 @@ class ReferenceBackend(HostStatistics, Backend):
         _with_beta(dx, grad, beta)
 
     def sequence_softmax(self, x, starts, y):
+        check_offsets("sequence_softmax", "starts", starts, x.size)
         for s in range(len(starts) - 1):
             seq = x[starts[s]:starts[s + 1]].astype(np.float64)
             e = np.exp(seq - seq.max())
             y[starts[s]:starts[s + 1]] = e / e.sum()
 
     def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
+        check_offsets("sequence_softmax_backward", "starts", starts, y.size)
         grad = np.empty_like(dx)
         for s in range(len(starts) - 1):
             sl = slice(starts[s], starts[s + 1])
@@ -178,14 +182,17 @@ class ReferenceBackend(HostStatistics, Backend):
 
     # -- selections
     @staticmethod
-    def _entries(starts, cols, shared):
-        """(row, column) of every entry."""
+    def _entries(where, starts, cols, shared, entries, width):
+        """(row, column) of every entry, checked against `entries` values over `width` columns."""
+        check_offsets(where, "starts", starts, entries)
+        check_index(where, "cols", cols, width)
         rows = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
         if shared:
             cols = np.tile(cols, len(starts) - 1)
         return rows, cols
 
     def selected_dots(self, x, w, by_column, out, beta=0.0):
+        check_by_column("selected_dots", by_column, len(out), x.shape[0], w.shape[0])
         columns, bucket, entries, entry_rows = by_column
         cols = np.repeat(columns, np.diff(bucket))
         value = np.empty(len(out))
@@ -193,6 +200,7 @@ class ReferenceBackend(HostStatistics, Backend):
         _with_beta(out, value, beta)
 
     def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        check_by_column("selected_backward", by_column, len(g), x.shape[0], w.shape[0])
         columns, bucket, entries, entry_rows = by_column
         cols = np.repeat(columns, np.diff(bucket))
         ge = g[entries].astype(np.float64)[:, None]
@@ -206,6 +214,7 @@ class ReferenceBackend(HostStatistics, Backend):
             dw[columns] = grad if dw_beta == 0 else grad + dw_beta * dw[columns]
 
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
+        check_by_column("selected_bias_grad", by_column, len(g), len(g), db.shape[0])
         columns, bucket, entries, _ = by_column
         for u, c in enumerate(columns):
             db[c] = g[entries[bucket[u]:bucket[u + 1]]].sum() + (beta * db[c] if beta else 0)
@@ -215,40 +224,44 @@ class ReferenceBackend(HostStatistics, Backend):
         out += b[cols]
 
     def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
-        rows, cols = self._entries(starts, cols, shared)
+        rows, cols = self._entries("gather_entries", starts, cols, shared, len(out), full.shape[1])
         _with_beta(out, full[rows, cols], beta)
 
     def scatter_entries(self, g, starts, cols, shared, full):
-        rows, cols = self._entries(starts, cols, shared)
+        rows, cols = self._entries("scatter_entries", starts, cols, shared, len(g), full.shape[1])
         full[...] = 0
         np.add.at(full, (rows, cols), g)
 
     @staticmethod
-    def _segments(starts):
+    def _segments(starts, pos=None, entries=None, where="segment"):
+        if pos is not None:
+            check_offsets(where, "starts", starts, entries)
+            check_positions(where, "pos", pos, starts)
         return [slice(starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
 
     def segment_cross_entropy(self, z, starts, pos, shift, w, probs, cost):
         s = z.astype(np.float64) - (0 if shift is None else shift)
-        for i, sl in enumerate(self._segments(starts)):
+        for i, sl in enumerate(self._segments(starts, pos, len(z), "segment_cross_entropy")):
             m = s[sl].max()
             lse = m + np.log(np.exp(s[sl] - m).sum())
             probs[sl] = np.exp(s[sl] - lse)
             cost[i] = _w(w, len(cost), np.float64)[i] * (lse - s[pos[i]])
 
     def segment_cross_entropy_backward(self, probs, starts, pos, w, dcost, dz, beta=0.0):
+        self._segments(starts, pos, len(probs), "segment_cross_entropy_backward")
         grad = probs.astype(np.float64).copy()
         grad[pos] -= 1
         row = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
         _with_beta(dz, grad * (dcost * _w(w, len(dcost), np.float64))[row], beta)
 
     def segment_self_normalized(self, o, starts, pos, alpha, w, cost):
-        for i, sl in enumerate(self._segments(starts)):
+        for i, sl in enumerate(self._segments(starts, pos, len(o), "segment_self_normalized")):
             ls = np.log(o[sl].astype(np.float64).sum())
             cost[i] = _w(w, len(cost), np.float64)[i] * (-np.log(o[pos[i]]) + ls + alpha * ls * ls)
 
     def segment_self_normalized_backward(self, o, starts, pos, alpha, w, dcost, do, beta=0.0):
         grad = np.empty(len(o))
-        for i, sl in enumerate(self._segments(starts)):
+        for i, sl in enumerate(self._segments(starts, pos, len(o), "segment_self_normalized_backward")):
             total = o[sl].astype(np.float64).sum()
             grad[sl] = (1 + 2 * alpha * np.log(total)) / total
         grad[pos] -= 1 / o[pos].astype(np.float64)
@@ -309,6 +322,7 @@ class ReferenceBackend(HostStatistics, Backend):
             argmax[:, j] = [np.ravel_multi_index(cells[b], spatial) for b in best]
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
+        check_index("max_pool_backward", "argmax", argmax, int(np.prod(dx.shape[2:])))
         grad = np.zeros((dx.shape[0] * dx.shape[1], int(np.prod(dx.shape[2:]))))
         flat_dy = dy.reshape(grad.shape[0], -1)
         for q in range(grad.shape[0]):
@@ -406,6 +420,7 @@ class ReferenceBackend(HostStatistics, Backend):
 
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
         p2 = probs.reshape(probs.shape[0], -1)
+        check_index("softmax_cross_entropy_backward", "labels", labels, p2.shape[1])
         onehot = np.zeros_like(p2)
         onehot[np.arange(len(p2)), labels] = 1
         g = (dcost * _w(w, len(p2), dcost.dtype))[:, None]

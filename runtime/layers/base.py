@@ -8,6 +8,7 @@ backward(ctx): read ctx.grad_output; for each input slot, ctx.input_grad(slot) i
 """
 import numpy as np
 
+from ..errors import InputError
 from ..graph import Spec, Value
 from ..parameter import Parameter
 
@@ -88,6 +89,13 @@ class Layer:
 
     def backward(self, ctx):
         raise NotImplementedError
+
+
+def check_ids(ctx, ids, bound, what):
+    """Raise an InputError naming the layer unless every id lies in [0, bound)."""
+    if len(ids) and (ids.min() < 0 or ids.max() >= bound):
+        at = int(np.flatnonzero((ids < 0) | (ids >= bound))[0])
+        raise InputError(f"{ctx.node.describe()}: {what} must lie in [0, {bound}), found {ids[at]} at row {at}")
 
 
 def require_float(spec, what):

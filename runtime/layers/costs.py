@@ -2,7 +2,7 @@
 every cost among its outputs. An optional last input gives per-row weights [N] (cost_i * w_i);
 labels and weights receive no gradient."""
 from ..graph import Spec
-from .base import Layer, common_rows, register, require_float
+from .base import Layer, check_ids, common_rows, register, require_float
 
 
 class _Cost(Layer):
@@ -49,15 +49,17 @@ class SoftmaxCrossEntropy(_Cost):
         return (0,)
 
     def forward(self, ctx):
-        x, labels = ctx.inputs[:2]
+        x = ctx.inputs[0]
+        labels = ctx.host_input(1)  # the host snapshot: checked here, read by forward and backward
+        check_ids(ctx, labels, x.shape[1], "labels (input 1)")
         ctx.be.softmax_cross_entropy(x, labels, self._weights(ctx), ctx.workspace("probs", x.shape), ctx.output)
 
     def backward(self, ctx):
         dx = ctx.input_grad(0)
         if dx is not None:
-            x, labels = ctx.inputs[:2]
-            ctx.be.softmax_cross_entropy_backward(ctx.workspace("probs", x.shape), labels, self._weights(ctx),
-                                                  ctx.grad_output, dx.array, dx.beta)
+            x = ctx.inputs[0]
+            ctx.be.softmax_cross_entropy_backward(ctx.workspace("probs", x.shape), ctx.host_input(1),
+                                                  self._weights(ctx), ctx.grad_output, dx.array, dx.beta)
 
 
 class _PairCost(_Cost):

@@ -6,7 +6,7 @@ from ..backends.base import POOL_MODES
 from ..errors import InputError
 from ..graph import Spec
 from ..random import generator
-from .base import Layer, register, require_float
+from .base import Layer, check_ids, register, require_float
 
 
 @register
@@ -42,16 +42,15 @@ class Embedding(Layer):
         return ()
 
     def forward(self, ctx):
-        ids = ctx.host_input(0)  # checked on the host, where the caller's ids are
-        if len(ids) and (ids.min() < 0 or ids.max() >= self.num_embeddings):
-            bad = ids[(ids < 0) | (ids >= self.num_embeddings)][0]
-            raise InputError(f"{ctx.node.describe()}: ids must lie in [0, {self.num_embeddings}), found {bad}")
-        ctx.be.gather_rows(self.weight.buffer, ctx.inputs[0], ctx.output)
+        ids = ctx.host_input(0)  # the host snapshot of the ids: checked here, read by both passes
+        check_ids(ctx, ids, self.num_embeddings, "ids")
+        ctx.be.gather_rows(self.weight.buffer, ids, ctx.output)
 
     def backward(self, ctx):
-        grad = ctx.sparse_param_grad("weight", ctx.host_input(0))
+        ids = ctx.host_input(0)
+        grad = ctx.sparse_param_grad("weight", ids)
         if grad is not None:
-            ctx.be.scatter_add_rows(ctx.grad_output, ctx.inputs[0], grad)
+            ctx.be.scatter_add_rows(ctx.grad_output, ids, grad)
 
 
 @register

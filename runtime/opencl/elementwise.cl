@@ -69,8 +69,8 @@ inline REAL act(const int kind, const REAL x, const REAL slope)
     switch (kind) {
     case SIGMOID: return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x));
     case TANH: return tanh(x);
-    case RELU: return x > 0 ? x : 0;
-    case LEAKY_RELU: return x > 0 ? x : slope * x;
+    case RELU: return x < 0 ? 0 : x;  /* NaN stays NaN, as in PyTorch */
+    case LEAKY_RELU: return x < 0 ? slope * x : x;
     case EXPONENTIAL: return exp(x);
     case SOFTRELU: return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
     default: return x;
