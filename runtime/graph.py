@@ -6,6 +6,7 @@ the graph is therefore validated as a whole (unknown names, cycles, shapes) when
 or when `validate()` is called, and every error names the layer at fault.
 """
 import threading
+import weakref
 
 import numpy as np
 
@@ -45,8 +46,18 @@ class Value:
     """A named edge of the graph: a network input or a node's output."""
 
     def __init__(self, network, name, producer=None, spec=None):
-        self.network, self.name, self.producer, self.spec = network, name, producer, spec
+        # weakly: a network holds its values, so a strong reference back would make every
+        # network a reference cycle that only the cycle collector frees (with all its buffers)
+        self._network = weakref.ref(network)
+        self.name, self.producer, self.spec = name, producer, spec
         self._requires_grad = False
+
+    @property
+    def network(self):
+        net = self._network()
+        if net is None:
+            raise GraphError(f"value '{self.name}': its network no longer exists")
+        return net
 
     @property
     def requires_grad(self):

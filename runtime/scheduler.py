@@ -409,7 +409,9 @@ class Scheduler:
     IDLE_PER_PLAN = 4
 
     def __init__(self, network, order):
-        self.network, self.order = network, order
+        # weakly, like everything a network owns that points back at it: no reference cycles,
+        # so a dropped network frees its buffers at once
+        self.network, self.order = weakref.proxy(network), order
         self.producer = {out: n for n in order for out in n.outputs}
         self._plans = {}
         self._idle = {}  # id(plan) -> idle inference Bindings

@@ -1,0 +1,86 @@
+"""Bounded memory: training on batches whose shapes vary (as real sequence data does) reaches a
+steady state and stays there. Buffers are sized by capacity, not cached per shape, and nothing
+needs the cycle collector: the loops run with it switched off."""
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.layers import LSTM, Embedding, Linear, SoftmaxCrossEntropy
+
+from conftest import OPENCL_DEVICES, stable_rng
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def varying_batches(count, seed=0):
+    """Batches of 1-64 sequences of lengths 1-49."""
+    rng = stable_rng("memory", seed)
+    for _ in range(count):
+        lengths = rng.integers(1, 50, size=int(rng.integers(1, 65)))
+        total = int(lengths.sum())
+        starts = np.zeros(len(lengths) + 1, np.int32)
+        np.cumsum(lengths, out=starts[1:])
+        yield {"ids": lm.Sequences(rng.integers(0, 50, total).astype(np.int32), starts),
+               "y": lm.Sequences(rng.integers(0, 50, total).astype(np.int32), starts)}
+
+
+def language_model():
+    net = lm.Network()
+    ids, y = net.input("ids", dtype="int32", sequence=True), net.input("y", dtype="int32", sequence=True)
+    logits = Linear(32, 50)(LSTM(16, 32)(Embedding(50, 16)(ids))[0])
+    net.outputs(loss=SoftmaxCrossEntropy()(logits, y), logits=logits)
+    return net
+
+
+def growth_after_warmup(net, steps, warmup, run_every=7):
+    """RSS growth (bytes) between the end of the warm-up and the last step, training on varying
+    shapes with an inference run now and then; the cycle collector stays off throughout."""
+    opt = lm.optim.Adam(net, lr=1e-3)
+    gc.collect()
+    gc.disable()
+    try:
+        for step, feeds in enumerate(varying_batches(steps)):
+            net.train_step(feeds, opt)
+            if step % run_every == 0:
+                net.run({"ids": feeds["ids"]})
+            if step == warmup:
+                steady = rss_bytes()
+        return rss_bytes() - steady
+    finally:
+        gc.enable()
+
+
+def test_varying_shapes_stay_within_a_fixed_bound_on_the_cpu():
+    growth = growth_after_warmup(language_model(), steps=2000, warmup=400)
+    assert growth < 8 << 20, f"RSS grew by {growth / 2**20:.1f} MiB after the warm-up"
+
+
+@pytest.mark.skipif(not OPENCL_DEVICES, reason="no OpenCL device")
+@pytest.mark.slow
+def test_varying_shapes_stay_within_a_fixed_bound_on_opencl():
+    growth = growth_after_warmup(language_model().to("opencl"), steps=2000, warmup=400)
+    assert growth < 16 << 20, f"RSS grew by {growth / 2**20:.1f} MiB after the warm-up"
+
+
+def test_dropped_networks_are_freed_without_the_cycle_collector():
+    """A network that goes out of scope takes its buffers with it at once."""
+    feeds = next(varying_batches(1, seed=3))
+    gc.collect()
+    gc.disable()
+    try:
+        before = rss_bytes()
+        for _ in range(30):
+            net = language_model()
+            net.train_step(feeds, lm.optim.SGD(net, lr=0.1))
+            net.run({"ids": feeds["ids"]})
+            del net
+        growth = rss_bytes() - before
+    finally:
+        gc.enable()
+    assert growth < 16 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 30 dropped networks"
