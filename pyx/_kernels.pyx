@@ -321,9 +321,9 @@ def softmax_cross_entropy(real[:, ::1] x, const int[::1] labels, real[::1] w, bi
     cdef double p
     with nogil:
         for i in range(rows):
-            # log of the smallest positive value instead of -inf when a probability underflows
+            # log of the smallest positive value instead of -inf when a probability underflows (NaN stays NaN)
             p = probs[i, labels[i]]
-            cost[i] = <real>(-_weight(w, weighted, i) * log(p if p > 1e-300 else 1e-300))
+            cost[i] = <real>(-_weight(w, weighted, i) * log(1e-300 if p < 1e-300 else p))
 
 
 def softmax_cross_entropy_backward(real[:, ::1] probs, const int[::1] labels, real[::1] w, bint weighted,

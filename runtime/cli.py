@@ -25,10 +25,56 @@ class CommandError(Exception):
     """A user mistake the command reports in one line (exit status 2)."""
 
 
+class _ShowDefaults(argparse.HelpFormatter):
+    """--help shows each option's default (where it has one)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        shown = not any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        if shown and "%(default)" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a mistake in one line ('lamina train: argument --lr: ...') and
+    shows every option's default in --help."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", _ShowDefaults)
+        super().__init__(*args, **kw)
+
+    def error(self, message):
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind, low=None, high=None, low_open=False, what=None):
+    """An argparse type: a finite int or float within [low, high] (open at low if low_open)."""
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}") from None
+        import math
+        bad = (not math.isfinite(v) or (low is not None and (v <= low if low_open else v < low))
+               or (high is not None and v > high))
+        if bad:
+            raise argparse.ArgumentTypeError(f"expected {what}, found {text!r}")
+        return v
+    return parse
+
+
+POSITIVE_INT = _number(int, 1, what="a positive integer")
+POSITIVE = _number(float, 0, low_open=True, what="a finite positive number")
+
+
 # ---------------------------------------------------------------------------- helpers
 
 def _setup(args):
     import lamina as lm
+    from .threads import check_environment
+    check_environment()
     if args.threads is not None:
         if args.threads < 1:
             raise CommandError(f"--threads must be at least 1, found {args.threads}")
@@ -63,17 +109,28 @@ def _is_text_model(net):
     return "vocabulary" in net.assets and "lstm" in [layer.name for layer in net.layers]
 
 
+def _writable(path, what):
+    """Refuse, before any work, an output path whose folder does not exist."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise CommandError(f"{what} {path}: the folder {folder} does not exist")
+    if Path(path).is_dir():
+        raise CommandError(f"{what} {path}: is a folder, expected a file name")
+
+
 def _save_npz(path, outputs):
+    import io
     import lamina as lm
+    from .io.model import write_atomic
     arrays = {}
     for name, value in outputs.items():
         if isinstance(value, lm.Sequences):
             arrays[name], arrays[f"{name}.starts"] = value.values, value.starts
         else:
             arrays[name] = value
-    tmp = f"{path}.tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    blob = io.BytesIO()
+    np.savez(blob, **arrays)
+    write_atomic(path, blob.getvalue())  # a temporary file in the same folder, renamed: no leftovers
 
 
 def _describe(value):
@@ -102,6 +159,8 @@ def cmd_infer(args):
         return 0
     if not args.input:
         raise CommandError("infer needs an INPUT .npz (or --text for a text model)")
+    if args.output:
+        _writable(args.output, "--output")
     from .io.arrays import load_feeds
     feeds = load_feeds(net, args.input)
     outputs = net.run(feeds)
@@ -120,15 +179,41 @@ def _optimizer(lm, net, args):
     kinds = {"adam": lm.optim.Adam, "adamw": lm.optim.AdamW, "sgd": lm.optim.SGD,
              "adagrad": lm.optim.AdaGrad, "rmsprop": lm.optim.RMSProp}
     kw = {"momentum": args.momentum} if args.optimizer == "sgd" else {}
-    return kinds[args.optimizer](net, lr=args.lr, **kw)
+    return kinds[args.optimizer](net, lr=args.lr, nonfinite=args.nonfinite, **kw)
+
+
+def _stored_half(path):
+    """Whether a model file stores its parameters as float16 (a trained copy keeps that)."""
+    if str(path).endswith(".json"):
+        return False
+    from .io.model import _read
+    _, tensors = _read(path)
+    kinds = {t.dtype for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))}
+    return kinds == {np.dtype(np.float16)}
 
 
 def cmd_train(args):
     lm = _setup(args)
     from . import training
+    from .io.checkpoint import graph_difference
     folder = Path(args.checkpoint_dir)
+    if folder.exists() and not folder.is_dir():
+        raise CommandError(f"--checkpoint-dir {folder}: is a file, expected a folder")
+    out = Path(args.out) if args.out else folder / "model.lamina"
+    if out.resolve() == Path(args.model).resolve():
+        raise CommandError(f"--out {out}: that is MODEL itself; lamina train never writes over its input "
+                           f"model, name another file")
+    if args.out:
+        _writable(out, "--out")
+    model = _load(lm, args.model)
+    half = _stored_half(args.model)
     ck = training.resume_from(folder) if args.resume else None
-    net = _place(ck.net if ck else _load(lm, args.model), args)
+    if ck:
+        differs = graph_difference(ck.net, model)
+        if differs:
+            raise CommandError(f"--resume: {folder / training.CHECKPOINT} is a checkpoint of another network "
+                               f"than {args.model}: {differs}")
+    net = _place(ck.net if ck else model, args)
     for name in args.freeze:
         try:
             net.freeze(name)
@@ -140,7 +225,10 @@ def cmd_train(args):
         data = training.ArrayData(net, args.data[0])
     else:
         raise CommandError("train takes one .npz data file (or source files for a text model)")
-    opt = _optimizer(lm, net, args)
+    try:
+        opt = _optimizer(lm, net, args)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
     if ck:
         ck.restore(opt)
         if net.backend.name != "cpu":  # the restored state is host arrays: move it along
@@ -151,13 +239,20 @@ def cmd_train(args):
           f"{args.batch_size}, {args.optimizer} lr {args.lr}")
     try:
         losses = training.fit(net, data, opt, epochs=args.epochs, batch_size=args.batch_size, folder=folder,
-                              resume=ck, seed=args.seed, progress=not args.quiet, max_steps=args.max_steps)
+                              resume=ck, seed=args.seed, progress=not args.quiet, max_steps=args.max_steps,
+                              checkpoint_every=args.checkpoint_every)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    out = args.out or (args.model if not args.model.endswith(".json") else args.model[:-5] + ".lamina")
-    lm.save(net, out)
-    if losses:
-        print(f"final loss {np.mean(losses[-20:]):.4f} after {len(losses)} steps; wrote {out}")
+    if opt.skipped_steps:
+        print(f"skipped {opt.skipped_steps} step(s) whose loss or gradient was not finite (NaN or infinity "
+              f"in the data?)", file=sys.stderr)
+    if not losses:
+        print(f"lamina train: no step was applied, so no model was written ({args.model} is untouched)",
+              file=sys.stderr)
+        return 1
+    lm.save(net, out, half=half)
+    print(f"final loss {np.mean(losses[-20:]):.4f} after {len(losses)} steps; wrote {out}"
+          f"{' (float16, as the input)' if half else ''}")
     print(f"log {folder / 'log.jsonl'}, loss curve {folder / 'loss.png'}, checkpoint {folder / training.CHECKPOINT}")
     return 0
 
@@ -239,36 +334,44 @@ def cmd_bench(args):
 # ---------------------------------------------------------------------------- parser
 
 def parser():
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--device", default="cpu", help="cpu (default) or opencl[:N]")
-    common.add_argument("--threads", type=int, default=None, help="threads for kernels and BLAS")
-    p = argparse.ArgumentParser(prog="lamina", description="A compact deep-learning runtime: run, "
-                                "fine-tune and inspect lamina models.")
-    sub = p.add_subparsers(dest="command", required=True)
+    common = Parser(add_help=False)
+    common.add_argument("--device", default="cpu", help="cpu or opencl[:N]")
+    common.add_argument("--threads", type=POSITIVE_INT, default=None,
+                        help="threads for kernels and BLAS (default: LAMINA_THREADS, else every usable core)")
+    p = Parser(prog="lamina", description="A compact deep-learning runtime: run, "
+               "fine-tune and inspect lamina models.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     s = sub.add_parser("infer", parents=[common], help="run a model on inputs")
     s.add_argument("model")
     s.add_argument("input", nargs="?", help=".npz of arrays named after the inputs (text models: a source file)")
     s.add_argument("--output", "-o", help="write the outputs to this .npz instead of printing them")
     s.add_argument("--text", help="text models: the prompt to score and continue")
-    s.add_argument("--tokens", type=int, default=40, help="text models: tokens to generate")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--tokens", type=POSITIVE_INT, default=40, help="text models: tokens to generate")
+    s.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     s.set_defaults(run=cmd_infer)
 
     s = sub.add_parser("train", parents=[common], help="fine-tune a model")
     s.add_argument("model", help="a model file, or a .json network description to train from scratch")
     s.add_argument("data", nargs="+", help=".npz of arrays named after the inputs (text models: source files)")
-    s.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "adagrad", "rmsprop"], default="adam")
-    s.add_argument("--lr", type=float, default=1e-3)
-    s.add_argument("--momentum", type=float, default=0.0, help="sgd only")
-    s.add_argument("--epochs", type=int, default=1)
-    s.add_argument("--batch-size", type=int, default=32)
-    s.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    s.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "adagrad", "rmsprop"], default="adam",
+                   help="the optimizer")
+    s.add_argument("--lr", type=POSITIVE, default=1e-3, help="learning rate")
+    s.add_argument("--momentum", type=_number(float, 0, 0.999999, what="a number in [0, 1)"), default=0.0,
+                   help="sgd only")
+    s.add_argument("--epochs", type=POSITIVE_INT, default=1, help="passes over the data")
+    s.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="samples (sequences) per step")
+    s.add_argument("--max-steps", type=POSITIVE_INT, default=None, help="stop after this many steps")
+    s.add_argument("--checkpoint-every", type=POSITIVE_INT, default=None,
+                   help="also write the checkpoint every N steps (it is always written at each epoch's end)")
+    s.add_argument("--nonfinite", choices=["skip", "raise"], default="skip",
+                   help="a step whose loss or gradient is NaN or infinite: skip it, or stop with an error")
     s.add_argument("--freeze", nargs="*", default=[], help="layers or parameters to keep fixed")
     s.add_argument("--checkpoint-dir", default="lamina-run", help="checkpoints, log.jsonl and loss.png")
     s.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
-    s.add_argument("--out", help="where to save the trained model (default: over MODEL)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", help="where to save the trained model (default: model.lamina in --checkpoint-dir; "
+                   "never MODEL itself)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the data order and sampling")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(run=cmd_train)
 
@@ -288,12 +391,17 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     from .errors import GraphError, InputError
-    from .io.model import ModelFileError
+    from .io.model import ModelFileError, NonFiniteModelError
+    from .sequence import SequenceError
+    from .threads import ThreadSettingError
     try:
         return args.run(args)
-    except (CommandError, ModelFileError, InputError, GraphError) as e:
+    except (CommandError, ModelFileError, InputError, GraphError, SequenceError, ThreadSettingError) as e:
         print(f"lamina {args.command}: {e}", file=sys.stderr)
         return 2
+    except (FloatingPointError, NonFiniteModelError) as e:
+        print(f"lamina {args.command}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

@@ -99,6 +99,8 @@ class Network:
     `run` (inference), `train_step`, or `forward` + `backward`."""
 
     def __init__(self, dtype="float32", backend=None):
+        from .threads import check_environment
+        check_environment()
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"Network: dtype must be float32 or float64, found {self.dtype}")
@@ -370,12 +372,14 @@ class Network:
             return self.scheduler.backward(on_ready, grad_outputs)
 
     def train_step(self, feeds, optimizer):
-        """forward + backward with per-parameter updates as gradients complete; returns the loss.
-        Only the costs are computed (and what they need)."""
+        """forward + backward with per-parameter updates as gradients complete; returns the loss
+        (of the weights before the update). Only the costs are computed (and what they need).
+        A non-finite loss or gradient skips the step or raises, as the optimizer's `nonfinite`
+        says (see lamina.optim); `optimizer.last_step_skipped` tells."""
         with self._lock.write():
             self.forward(feeds, training=True, outputs=self.cost_outputs())
             optimizer.begin_step()
-            loss = self.backward(on_ready=optimizer.update)
+            loss = self.scheduler.backward(on_ready=optimizer.update, check_loss=optimizer.check_loss)
             optimizer.end_step()
         return loss
 
@@ -396,9 +400,13 @@ class Network:
     def summary(self):
         order = self.validate()
         rows = [(v, "input", str(self.values[v].spec), "0") for v in self.input_names]
+        counted = set()  # a shared parameter counts at its first layer; later ones name it
         for n in order:
-            rows.append((n.name, type(n.layer).__name__, str(self.values[n.output].spec),
-                         str(sum(p.size for p in n.layer.params.values()))))
+            own = [p for p in n.layer.params.values() if id(p) not in counted]
+            shared = [p.name for p in n.layer.params.values() if id(p) in counted]
+            counted.update(id(p) for p in own)
+            size = str(sum(p.size for p in own)) + (f" (+ {', '.join(shared)})" if shared else "")
+            rows.append((n.name, type(n.layer).__name__, str(self.values[n.output].spec), size))
             rows += [(out, "", str(self.values[out].spec), "") for out in n.outputs[1:]]
         rows.insert(0, ("layer", "type", "output", "params"))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]

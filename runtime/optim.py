@@ -7,6 +7,15 @@ backward. Each update is one fused kernel of the backend. State (moments, step c
 
 Global-norm clipping needs every gradient before any update; with `clip_norm` set, updates are
 therefore deferred to `end_step`, which computes the norm, scales and applies them all.
+
+Numbers that are not numbers (`nonfinite`): a step whose loss or any gradient holds NaN or
+infinity must not reach the weights (one bad sample would otherwise make every weight NaN). With
+"skip" (the default, as PyTorch's GradScaler does) such a step is skipped and counted in
+`skipped_steps`; with "raise" it raises FloatingPointError naming what was not finite; "apply"
+updates regardless. The loss is checked before backward starts, so a non-finite loss skips the
+whole step. A gradient is checked just before its own update: when one is non-finite although
+the loss was finite, the updates still to come in that step are skipped, while those already
+made (from finite gradients) stay; with clip_norm every gradient is checked before any update.
 """
 import math
 
@@ -62,18 +71,45 @@ class CosineWarmup:
 
 # ---------------------------------------------------------------------------- optimizers
 
+def hyper(where, name, value, low=None, high=None, low_open=False, high_open=True):
+    """A hyper-parameter as a float: finite and within its range, else a ValueError saying both."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {name} must be a number, found {value!r}") from None
+    below = low is not None and (v <= low if low_open else v < low)
+    above = high is not None and (v >= high if high_open else v > high)
+    if not math.isfinite(v) or below or above:
+        lo = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
+        raise ValueError(f"{where}: {name} must be a finite number in {lo}, {hi}, found {value!r}")
+    return v
+
+
+NONFINITE = ("skip", "raise", "apply")
+
+
 class Optimizer:
     """Common machinery: learning rate and schedule, L2 weight decay, per-parameter multipliers
-    (`param.lr_mult`, `param.decay_mult`), global-norm clipping, and the step counter."""
+    (`param.lr_mult`, `param.decay_mult`), global-norm clipping, the step counter, and what a
+    non-finite loss or gradient does (`nonfinite`, see the module docstring)."""
 
-    def __init__(self, params, lr, weight_decay=0.0, clip_norm=None, schedule=None, backend=None):
+    def __init__(self, params, lr, weight_decay=0.0, clip_norm=None, schedule=None, backend=None,
+                 nonfinite="skip"):
+        where = type(self).__name__
         params = params.parameters() if hasattr(params, "parameters") else list(params)
         if not params:
-            raise ValueError(f"{type(self).__name__}: no parameters to optimize")
-        if lr <= 0:
-            raise ValueError(f"{type(self).__name__}: lr must be positive, found {lr}")
-        if clip_norm is not None and clip_norm <= 0:
-            raise ValueError(f"{type(self).__name__}: clip_norm must be positive, found {clip_norm}")
+            raise ValueError(f"{where}: no parameters to optimize")
+        lr = hyper(where, "lr", lr, 0, low_open=True)
+        weight_decay = hyper(where, "weight_decay", weight_decay, 0)
+        if clip_norm is not None:
+            clip_norm = hyper(where, "clip_norm", clip_norm, 0, low_open=True)
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"{where}: nonfinite must be one of {', '.join(NONFINITE)}, found {nonfinite!r}")
+        self.nonfinite = nonfinite
+        self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient
+        self.last_step_skipped = False
+        self._skip = None  # why the current step is being skipped, or None
         self.params = list({id(p): p for p in params}.values())
         self._ids = {id(p) for p in self.params}
         self.lr, self.weight_decay, self.clip_norm = float(lr), float(weight_decay), clip_norm
@@ -87,12 +123,45 @@ class Optimizer:
     def begin_step(self):
         self.current_lr = self.lr * self.schedule(self.step_count)
         self._deferred = []
+        self._skip = None
+
+    def check_loss(self, loss):
+        """Before backward: False (skip the step) or FloatingPointError for a non-finite loss."""
+        if self.nonfinite == "apply" or loss is None or math.isfinite(loss):
+            return True
+        self._refuse(f"the loss is {loss}")
+        return False
+
+    def _refuse(self, what):
+        if self.nonfinite == "raise":
+            for p in self.params:  # the step ends here: no gradient carries over to the next
+                p.grad_pending, p.grad_rows = False, None
+            self._deferred = []
+            raise FloatingPointError(f"{type(self).__name__}: {what}, so the step stops without applying it "
+                                     f"(nonfinite='raise')")
+        self._skip = what
+
+    def _finite_grad(self, p):
+        """Whether p's gradient (its rows, for a sparse one) is finite."""
+        be = self._be(p)
+        g = p.grad
+        if p.grad_rows is not None:
+            g = be.empty((len(p.grad_rows), p.size // p.shape[0]), p.dtype)
+            be.gather_rows(p.grad, p.grad_rows, g)
+        return math.isfinite(be.sum_squares(g))
 
     def update(self, p):
         """The gradient of p is complete: apply its update (or defer it when clipping)."""
         if id(p) not in self._ids or not p.grad_pending:
             return
+        if self._skip is not None:
+            p.grad_pending, p.grad_rows = False, None
+            return
         if self.clip_norm is None:
+            if self.nonfinite != "apply" and not self._finite_grad(p):
+                self._refuse(f"the gradient of '{p.name}' holds NaN or infinity")
+                p.grad_pending, p.grad_rows = False, None
+                return
             self._apply(p)
         else:
             self._deferred.append(p)
@@ -104,6 +173,18 @@ class Optimizer:
     def end_step(self):
         if self._deferred:
             norm = math.sqrt(sum(self._be(p).sum_squares(p.dense_grad(self._be(p))) for p in self._deferred))
+            if self.nonfinite != "apply" and not math.isfinite(norm):
+                self._refuse(f"the gradients' norm is {norm}")
+            if self._skip is not None:
+                for p in self._deferred:
+                    p.grad_pending, p.grad_rows = False, None
+                self._deferred = []
+        self.last_step_skipped = self._skip is not None
+        if self.last_step_skipped:
+            self.skipped_steps += 1
+            self._skip = None
+            return
+        if self._deferred:
             self.last_grad_norm = norm
             scale = min(1.0, self.clip_norm / (norm + 1e-6))
             for p in self._deferred:
@@ -163,9 +244,11 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, nesterov=False, lazy=False, **kw):
         super().__init__(params, lr, **kw)
+        momentum = hyper("SGD", "momentum", momentum, 0, 1)
+        dampening = hyper("SGD", "dampening", dampening, 0, 1, high_open=False)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening = 0")
-        self.momentum, self.dampening, self.nesterov = float(momentum), float(dampening), bool(nesterov)
+        self.momentum, self.dampening, self.nesterov = momentum, dampening, bool(nesterov)
         self.lazy = bool(lazy)
 
     def apply_rows(self, p, lr, weight_decay):
@@ -194,8 +277,9 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, lazy=False, **kw):
         super().__init__(params, lr, **kw)
-        self.beta1, self.beta2 = (float(b) for b in betas)
-        self.eps = float(eps)
+        where = type(self).__name__
+        self.beta1, self.beta2 = (hyper(where, f"betas[{i}]", b, 0, 1) for i, b in enumerate(betas))
+        self.eps = hyper(where, "eps", eps, 0, low_open=True)
         self.lazy = bool(lazy)
 
     def apply_rows(self, p, lr, weight_decay):
@@ -225,7 +309,7 @@ class AdaGrad(Optimizer):
 
     def __init__(self, params, lr=1e-2, eps=1e-10, **kw):
         super().__init__(params, lr, **kw)
-        self.eps = float(eps)
+        self.eps = hyper("AdaGrad", "eps", eps, 0, low_open=True)
 
     def apply_rows(self, p, lr, weight_decay):
         if weight_decay:
@@ -242,7 +326,9 @@ class RMSProp(Optimizer):
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, momentum=0.0, **kw):
         super().__init__(params, lr, **kw)
-        self.alpha, self.eps, self.momentum = float(alpha), float(eps), float(momentum)
+        self.alpha = hyper("RMSProp", "alpha", alpha, 0, 1)
+        self.eps = hyper("RMSProp", "eps", eps, 0, low_open=True)
+        self.momentum = hyper("RMSProp", "momentum", momentum, 0, 1)
 
     def apply(self, p, lr, weight_decay):
         buf = self._state(p, "momentum_buffer") if self.momentum else None

@@ -587,7 +587,7 @@ class Scheduler:
         self.current = b
         return {o: b.values[net.output_values[o]] for o in outputs}
 
-    def backward(self, on_ready=None, grad_outputs=None):
+    def backward(self, on_ready=None, grad_outputs=None, check_loss=None):
         b = self.current
         net = self.network
         if b is None or not b.plan.training:
@@ -624,6 +624,8 @@ class Scheduler:
                 rows = b.rows(v)
                 be.fill(b.grads[v], 1.0 / rows)
                 loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / rows
+        if check_loss is not None and not check_loss(loss):
+            return loss
         for ctx, ready in b.backward_contexts:
             ctx.layer.backward(ctx)
             if on_ready is not None:

@@ -14,15 +14,19 @@ from . import _kernels, _mkl, _openblas
 _current = None
 
 
+class ThreadSettingError(ValueError):
+    """A thread count that is not a positive integer (LAMINA_THREADS, set_num_threads)."""
+
+
 def _default_threads():
     env = os.environ.get("LAMINA_THREADS")
     if env is not None:
         try:
             n = int(env)
         except ValueError:
-            raise ValueError(f"LAMINA_THREADS: expected a positive integer, found {env!r}") from None
+            raise ThreadSettingError(f"LAMINA_THREADS: expected a positive integer, found {env!r}") from None
         if n < 1:
-            raise ValueError(f"LAMINA_THREADS: expected a positive integer, found {n}")
+            raise ThreadSettingError(f"LAMINA_THREADS: expected a positive integer, found {n}")
         return n
     return len(os.sched_getaffinity(0))
 
@@ -32,7 +36,7 @@ def set_num_threads(n):
     global _current
     n = int(n)
     if n < 1:
-        raise ValueError(f"set_num_threads: expected a positive integer, found {n}")
+        raise ThreadSettingError(f"set_num_threads: expected a positive integer, found {n}")
     _kernels.set_num_threads(n)
     _mkl.set_num_threads(n)
     _openblas.set_num_threads(n)
@@ -85,4 +89,18 @@ def split_work(count, work, threads=None):
     return threads
 
 
-set_num_threads(_default_threads())
+# A bad LAMINA_THREADS must not make `import lamina` fail (the `lamina` command could not even
+# report it): the error is kept and raised by the first Network made (check_environment), and the
+# command reports it in one line.
+ENV_ERROR = None
+try:
+    _start = _default_threads()
+except ThreadSettingError as _e:
+    ENV_ERROR, _start = _e, len(os.sched_getaffinity(0))
+set_num_threads(_start)
+
+
+def check_environment():
+    """Raise the error of a bad LAMINA_THREADS, if there was one."""
+    if ENV_ERROR is not None:
+        raise ENV_ERROR

@@ -80,11 +80,14 @@ class TextData:
 
 
 def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False, seed=0, progress=True,
-        max_steps=None, log=print):
-    """Train; returns the list of per-step losses of this call. With `folder`, writes
-    checkpoint.lamina (every epoch and on Ctrl-C), log.jsonl and loss.png there; resume=True
-    continues from its checkpoint (the caller built `optimizer` over the checkpoint's network:
-    see `resume_from`)."""
+        max_steps=None, log=print, checkpoint_every=None):
+    """Train; returns the list of per-step losses of this call (skipped steps have none). With
+    `folder`, writes checkpoint.lamina (every epoch, every `checkpoint_every` steps and on
+    Ctrl-C), log.jsonl (one line per step, flushed as it is written) and loss.png there;
+    resume=True continues from its checkpoint (the caller built `optimizer` over the
+    checkpoint's network: see `resume_from`). A step the optimizer skips for a non-finite loss
+    or gradient (lamina.optim, `nonfinite`) is logged with "skipped"; one it applied anyway
+    stops training with FloatingPointError."""
     from tqdm import tqdm
     folder = Path(folder) if folder else None
     if folder:
@@ -92,14 +95,16 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
     per_epoch = math.ceil(len(data) / batch_size)
     total = per_epoch * epochs if max_steps is None else min(max_steps, per_epoch * epochs)
     position = [resume.fields["epoch"], resume.fields["batch"]] if resume else [0, 0]  # next batch
-    done = position[0] * per_epoch + position[1]
+    done = first = position[0] * per_epoch + position[1]
 
     def checkpoint():
         if folder:
             save_checkpoint(folder / CHECKPOINT, net, optimizer, epoch=position[0], batch=position[1], seed=seed)
 
     losses, order = [], None
-    logfile = open(folder / "log.jsonl", "a") if folder else None
+    # line-buffered: each step's line reaches the file when it is written, so a killed run
+    # leaves a log that ends at its last step
+    logfile = open(folder / "log.jsonl", "a", buffering=1) if folder else None
     bar = tqdm(total=total, initial=min(done, total), unit="step", disable=not progress, mininterval=0.5)
     t0 = time.perf_counter()
     interrupt = _DeferredInterrupt()
@@ -115,17 +120,23 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
                 order = (epoch, np.random.default_rng([seed, epoch]).permutation(len(data)))
             index = order[1][b * batch_size:(b + 1) * batch_size]
             loss = net.train_step(data.batch(index, np.random.default_rng([seed, epoch, b])), optimizer)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"the loss became {loss} at epoch {epoch}, batch {b}: "
-                                         f"lower the learning rate")
+            skipped = optimizer.last_step_skipped
+            if not skipped and not math.isfinite(loss):
+                raise FloatingPointError(f"the loss became {loss} at epoch {epoch}, batch {b} and the step was "
+                                         f"applied: lower the learning rate")
             position, done = [epoch, b + 1], done + 1
-            losses.append(loss)
+            if not skipped:
+                losses.append(loss)
             bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}",
-                            samples_s=f"{len(index) * len(losses) / (time.perf_counter() - t0):.0f}")
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}" if losses else "-",
+                            skipped=optimizer.skipped_steps,
+                            samples_s=f"{len(index) * (done - first) / (time.perf_counter() - t0):.0f}")
             if logfile:
-                logfile.write(json.dumps({"step": optimizer.step_count, "epoch": epoch, "batch": b,
-                                          "loss": loss, "lr": optimizer.current_lr}) + "\n")
+                entry = {"step": optimizer.step_count, "epoch": epoch, "batch": b,
+                         "loss": loss if math.isfinite(loss) else str(loss), "lr": optimizer.current_lr}
+                logfile.write(json.dumps({**entry, "skipped": True} if skipped else entry) + "\n")
+            if checkpoint_every and done % checkpoint_every == 0:
+                checkpoint()
     except KeyboardInterrupt:
         bar.close()
         checkpoint()
@@ -159,8 +170,9 @@ def plot_losses(log_path, png_path):
     with open(log_path) as f:
         for line in f:
             entry = json.loads(line)
-            steps.append(entry["step"])
-            losses.append(entry["loss"])
+            if not entry.get("skipped"):
+                steps.append(entry["step"])
+                losses.append(entry["loss"])
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, losses, lw=0.8, alpha=0.5, label="loss")
     if len(losses) >= 10:

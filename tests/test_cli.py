@@ -1,6 +1,7 @@
 """The `lamina` command and the training loop: infer, train (checkpoints, log, loss curve,
 resume, Ctrl-C), inspect, devices, clear errors; a small text model end to end."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -156,10 +157,10 @@ def test_text_model_end_to_end(tmp_path, capsys):
     before = language.perplexity(net, chunks)
     assert main(["train", str(tmp_path / "lm.lamina"), str(tmp_path / "code.py"), "--epochs", "40", "--lr", "0.02",
                  "--batch-size", "4", "--checkpoint-dir", str(tmp_path / "run"), "--quiet"]) == 0
-    trained = lm.load(tmp_path / "lm.lamina")
+    trained = lm.load(tmp_path / "run" / "model.lamina")  # the input model is never overwritten
     after = language.perplexity(trained, chunks)
     assert after < 0.5 * before, (before, after)
-    assert main(["infer", str(tmp_path / "lm.lamina"), "--text", "class Counter:", "--tokens", "12"]) == 0
+    assert main(["infer", str(tmp_path / "run" / "model.lamina"), "--text", "class Counter:", "--tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "perplexity of the input" in out and "class Counter:" in out
     source, seconds = language.continue_code(trained, "def walk(", tokens=5, top_k=1)
@@ -173,7 +174,7 @@ def test_train_from_a_description(tmp_path):
     data(tmp_path / "d.npz")
     assert main(["train", str(tmp_path / "net.json"), str(tmp_path / "d.npz"), "--epochs", "2",
                  "--checkpoint-dir", str(tmp_path / "run"), "--quiet"]) == 0
-    trained = lm.load(tmp_path / "net.lamina")
+    trained = lm.load(tmp_path / "run" / "model.lamina")
     assert [n for n, _ in trained.named_parameters()] == [n for n, _ in net.named_parameters()]
     assert not np.array_equal(trained.layer("head").weight.value, net.layer("head").weight.value)
 
@@ -198,3 +199,195 @@ def test_infer_and_train_on_opencl(tmp_path, capsys):
     for (name, p), (_, q) in zip(lm.load(tmp_path / "b.lamina").named_parameters(),
                                  lm.load(tmp_path / "c.lamina").named_parameters()):
         np.testing.assert_allclose(p.value, q.value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+# ---------------------------------------------------------------- the command never destroys a model
+
+def snapshot(path):
+    st = path.stat()
+    return path.read_bytes(), st.st_mode, st.st_mtime_ns
+
+
+def train_args(tmp_path, *extra, data_file="d.npz"):
+    return ["train", str(tmp_path / "m.lamina"), str(tmp_path / data_file), "--checkpoint-dir",
+            str(tmp_path / "run"), "--quiet", *extra]
+
+
+def test_training_writes_a_new_file_and_keeps_the_storage_type_and_umask(tmp_path):
+    net = classifier(tmp_path / "m.lamina")
+    lm.save(net, tmp_path / "m.lamina", half=True)
+    data(tmp_path / "d.npz")
+    before = snapshot(tmp_path / "m.lamina")
+    old = os.umask(0o027)
+    try:
+        assert main(train_args(tmp_path, "--epochs", "2")) == 0
+    finally:
+        os.umask(old)
+    assert snapshot(tmp_path / "m.lamina") == before
+    out = tmp_path / "run" / "model.lamina"
+    from lamina.io.model import _read
+    _, tensors = _read(out)
+    assert {t.dtype for t in tensors.values()} == {np.dtype(np.float16)}
+    assert out.stat().st_mode & 0o777 == 0o640  # 0666 less the umask, not mkstemp's 0600
+    assert main(train_args(tmp_path, "--out", str(tmp_path / "m.lamina"))) == 2
+
+
+def test_failed_or_empty_runs_leave_the_model_untouched(tmp_path, capsys):
+    classifier(tmp_path / "m.lamina")
+    before = snapshot(tmp_path / "m.lamina")
+    np.savez(tmp_path / "empty.npz")
+    x = np.ones((8, 4), np.float32)
+    x[3, 2] = np.nan  # one bad sample in every batch of 8
+    np.savez(tmp_path / "nan.npz", x=x, y=np.zeros(8, np.int32))
+    assert main(train_args(tmp_path, data_file="empty.npz")) == 2
+    assert "no array is named after an input" in capsys.readouterr().err
+    assert main(train_args(tmp_path, "--batch-size", "8", data_file="nan.npz")) == 1
+    err = capsys.readouterr().err
+    assert "skipped 1 step(s)" in err and "no model was written" in err
+    assert not (tmp_path / "run" / "model.lamina").exists()
+    assert main(train_args(tmp_path, "--batch-size", "8", "--nonfinite", "raise", data_file="nan.npz")) == 1
+    assert "the loss is nan" in capsys.readouterr().err
+    assert snapshot(tmp_path / "m.lamina") == before
+    # the checkpoint of the NaN run resumes: its parameters never became NaN
+    ck = lm.load_checkpoint(tmp_path / "run" / "checkpoint.lamina")
+    assert all(np.isfinite(p.value).all() for p in ck.net.parameters())
+
+
+def test_a_nan_sample_skips_the_step_instead_of_poisoning_the_weights():
+    net = lm.Network()
+    x, y = net.input("x", 4), net.input("y", dtype="int32")
+    logits = Linear(8, 3)(Linear(4, 8, activation="relu")(x))
+    net.outputs(loss=SoftmaxCrossEntropy()(logits, y))
+    opt = lm.optim.Adam(net, lr=0.1)
+    before = [p.value.copy() for p in net.parameters()]
+    bad = np.ones((4, 4), np.float32)
+    bad[1, 0] = np.nan
+    loss = net.train_step({"x": bad, "y": np.zeros(4, np.int32)}, opt)
+    assert np.isnan(loss) and opt.last_step_skipped and opt.skipped_steps == 1 and opt.step_count == 0
+    for p, b in zip(net.parameters(), before):
+        np.testing.assert_array_equal(p.value, b)
+    good = net.train_step({"x": np.ones((4, 4), np.float32), "y": np.zeros(4, np.int32)}, opt)
+    assert np.isfinite(good) and not opt.last_step_skipped and opt.step_count == 1
+    with pytest.raises(FloatingPointError, match="the loss is nan"):
+        net.train_step({"x": bad, "y": np.zeros(4, np.int32)}, lm.optim.SGD(net, lr=0.1, nonfinite="raise"))
+
+
+def test_an_infinite_gradient_with_a_finite_loss_is_not_applied():
+    """x = 3e38 with zero weights: the outputs are the biases, the loss is finite, and the
+    weight gradient 2 (y - t) x overflows float32; the step must not reach the weights."""
+    net = lm.Network()
+    x, t = net.input("x", 2), net.input("t", 2)
+    fc = Linear(2, 2, name="fc")
+    net.outputs(loss=lm.layers.SquareError()(fc(x), t))
+    fc.weight.assign(np.zeros((2, 2)))
+    feeds = {"x": np.array([[3e38, 0.0]], np.float32), "t": (fc.bias.value + 2).reshape(1, 2)}
+    opt = lm.optim.SGD(net, lr=0.1)
+    loss = net.train_step(feeds, opt)
+    assert np.isfinite(loss) and opt.last_step_skipped and opt.skipped_steps == 1
+    np.testing.assert_array_equal(fc.weight.value, np.zeros((2, 2)))
+    with pytest.raises(FloatingPointError, match="the gradient of 'fc.weight' holds NaN or infinity"):
+        net.train_step(feeds, lm.optim.SGD(net, lr=0.1, nonfinite="raise"))
+    np.testing.assert_array_equal(fc.weight.value, np.zeros((2, 2)))
+
+
+def test_resume_refuses_a_checkpoint_of_another_network(tmp_path, capsys):
+    classifier(tmp_path / "m.lamina")
+    data(tmp_path / "d.npz")
+    assert main(train_args(tmp_path, "--max-steps", "2")) == 0
+    other = lm.Network()
+    x, y = other.input("x", 4), other.input("y", dtype="int32")
+    other.outputs(loss=SoftmaxCrossEntropy()(Linear(4, 3, name="head")(x), y))
+    lm.save(other, tmp_path / "other.lamina")
+    before = snapshot(tmp_path / "other.lamina")
+    assert main(["train", str(tmp_path / "other.lamina"), str(tmp_path / "d.npz"), "--resume",
+                 "--checkpoint-dir", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is a checkpoint of another network" in err and err.count("\n") == 1
+    assert snapshot(tmp_path / "other.lamina") == before
+
+
+def test_checkpoint_every_and_a_log_flushed_per_step(tmp_path):
+    classifier(tmp_path / "m.lamina")
+    data(tmp_path / "d.npz")
+    from lamina import training
+    net = lm.load(tmp_path / "m.lamina")
+    opt = lm.optim.SGD(net, lr=0.01)
+    seen = []
+
+    class Watch:  # reads the log and the checkpoint while training runs, as `kill -9` would leave them
+        def __init__(self, data):
+            self.data = data
+
+        def __len__(self):
+            return len(self.data)
+
+        def batch(self, index, rng):
+            if (tmp_path / "run" / "log.jsonl").exists():
+                lines = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+                ck = tmp_path / "run" / "checkpoint.lamina"
+                seen.append((len(lines), lm.load_checkpoint(ck).step_count if ck.exists() else None))
+            return self.data.batch(index, rng)
+    training.fit(net, Watch(training.ArrayData(net, tmp_path / "d.npz")), opt, epochs=1, batch_size=16,
+                 folder=tmp_path / "run", progress=False, checkpoint_every=2)
+    # before step k (0-based) runs, k log lines are on disk and the checkpoint is at an even step
+    assert [n for n, _ in seen] == list(range(6))
+    assert [c for _, c in seen] == [None, None, 2, 2, 4, 4]
+
+
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
+    classifier(tmp_path / "m.lamina")
+    data(tmp_path / "d.npz")
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    (tmp_path / "text.npz").write_text("not a zip")
+    (tmp_path / "file").write_text("")
+    x = np.zeros((2, 4), np.float32)
+    np.savez(tmp_path / "big_ids.npz", x=x, y=np.array([0, 2 ** 32 + 1], np.int64))
+    np.savez(tmp_path / "bad_labels.npz", x=x, y=np.array([0, 7], np.int32))
+    m, d = str(tmp_path / "m.lamina"), str(tmp_path / "d.npz")
+    cases = [
+        (["train", m, d, "--batch-size", "0"], "--batch-size: expected a positive integer"),
+        (["train", m, d, "--lr", "-1"], "--lr: expected a finite positive number"),
+        (["train", m, d, "--lr", "nan"], "--lr: expected a finite positive number"),
+        (["train", m, d, "--epochs", "0"], "--epochs: expected a positive integer"),
+        (["infer", m, d, "--tokens", "-5"], "--tokens: expected a positive integer"),
+        (["train", m, str(tmp_path / "a.npy"), "--checkpoint-dir", str(tmp_path / "r")], "found a single array"),
+        (["train", m, str(tmp_path / "text.npz"), "--checkpoint-dir", str(tmp_path / "r")], "cannot read the file"),
+        (["infer", m, d, "-o", str(tmp_path / "missing" / "out.npz")], "does not exist"),
+        (["train", m, d, "--checkpoint-dir", str(tmp_path / "file")], "is a file, expected a folder"),
+        (["infer", m, str(tmp_path / "big_ids.npz")], "must fit int32, found 4294967297"),
+        (["train", m, str(tmp_path / "bad_labels.npz"), "--checkpoint-dir", str(tmp_path / "r"), "--quiet"],
+         "labels (input 1) must lie in [0, 3), found 7"),
+    ]
+    for argv, expected in cases:
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own checks
+            code = e.code
+        assert code == 2, argv
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, (argv, err)
+    assert not list((tmp_path).glob("**/*.tmp*"))
+    env = dict(os.environ, LAMINA_THREADS="abc")
+    proc = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr == "lamina devices: LAMINA_THREADS: expected a positive integer, found 'abc'\n"
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 0.001)" in out and "(default: 32)" in out and "(default: skip)" in out
+
+
+def test_inspect_lists_a_shared_weight_once(tmp_path, capsys):
+    net = lm.Network()
+    x = net.input("x", 4)
+    a, b = Linear(4, 4, name="a"), Linear(4, 4, name="b")
+    b.tie("weight", a.weight)
+    net.outputs(y=b(a(x)))
+    lm.save(net, tmp_path / "tied.lamina")
+    assert main(["inspect", str(tmp_path / "tied.lamina")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[3:] for line in out.splitlines() if line.startswith(("a ", "b "))}
+    assert rows == {"a": ["20"], "b": ["4", "(+", "a.weight)"]}, out
+    assert "24 parameters" in out

@@ -128,8 +128,19 @@ def test_adaptive_optimizers_reduce_the_loss(name):
 
 def test_optimizer_argument_errors():
     net, fc, feeds = regression()
-    with pytest.raises(ValueError, match="lr must be positive"):
+    with pytest.raises(ValueError, match=r"SGD: lr must be a finite number in \(0, inf\), found 0"):
         lm.optim.SGD(net, lr=0)
+    bad = [(lm.optim.SGD, dict(lr=float("nan"))), (lm.optim.Adam, dict(lr=float("inf"))),
+           (lm.optim.SGD, dict(lr=0.1, momentum=-0.5)), (lm.optim.SGD, dict(lr=0.1, momentum=float("nan"))),
+           (lm.optim.Adam, dict(betas=(0.9, 1.0))), (lm.optim.Adam, dict(eps=0)),
+           (lm.optim.AdamW, dict(weight_decay=-1)), (lm.optim.RMSProp, dict(alpha=float("nan"))),
+           (lm.optim.AdaGrad, dict(eps=float("nan"))), (lm.optim.SGD, dict(lr=0.1, clip_norm=float("nan"))),
+           (lm.optim.SGD, dict(lr="fast"))]
+    for kind, kw in bad:
+        with pytest.raises(ValueError, match="must be a"):
+            kind(net, **kw)
+    with pytest.raises(ValueError, match="nonfinite must be one of skip, raise, apply"):
+        lm.optim.SGD(net, lr=0.1, nonfinite="ignore")
     with pytest.raises(ValueError, match="Nesterov momentum needs momentum > 0"):
         lm.optim.SGD(net, lr=0.1, nesterov=True)
     with pytest.raises(ValueError, match="no parameters"):

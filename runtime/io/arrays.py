@@ -6,30 +6,55 @@ import numpy as np
 
 from ..errors import InputError
 from ..selection import Selection
-from ..sequence import Sequences
+from ..sequence import SequenceError, Sequences
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _int32(arrays, key, path):
+    """arrays[key] as int32: integers that fit, never a silent narrowing (2**32 + 5 is not 5)."""
+    a = arrays[key]
+    if a.dtype.kind not in "iu":
+        raise InputError(f"{path}: '{key}' must hold integers, found {a.dtype}")
+    if a.size and (a.min() < _INT32.min or a.max() > _INT32.max):
+        flat = a.reshape(-1)
+        at = int(np.flatnonzero((flat < _INT32.min) | (flat > _INT32.max))[0])
+        raise InputError(f"{path}: '{key}' must fit int32, found {flat[at]} at position {at}")
+    return np.ascontiguousarray(a, dtype=np.int32)
 
 
 def load_feeds(net, path):
     """{input name: array, Sequences or Selection} for every input of `net` the file holds."""
     try:
-        with np.load(path, allow_pickle=False) as f:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(f"{path}: cannot read the file as .npz ({e})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise InputError(f"{path}: expected an .npz archive of arrays named after the inputs, found a single "
+                         f"array (.npy); save it with np.savez(path, name=array)")
+    try:
+        with loaded as f:
             arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot read the file ({e})") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(f"{path}: cannot read the file as .npz ({e})") from None
     feeds = {}
     for name in net.input_names:
         spec = net.values[name].spec
         if spec.kind == "selection":
             if f"{name}.columns" in arrays:
                 starts = arrays.get(f"{name}.starts")
-                feeds[name] = Selection(arrays[f"{name}.columns"].astype(np.int32),
-                                        None if starts is None else starts.astype(np.int32))
+                feeds[name] = Selection(_int32(arrays, f"{name}.columns", path),
+                                        None if starts is None else _int32(arrays, f"{name}.starts", path))
         elif name in arrays:
-            values = np.ascontiguousarray(arrays[name], dtype=net.dtype if spec.kind == "float" else np.int32)
+            values = (np.ascontiguousarray(arrays[name], dtype=net.dtype) if spec.kind == "float"
+                      else _int32(arrays, name, path))
             if spec.sequence:
                 if f"{name}.starts" not in arrays:
                     raise InputError(f"{path}: sequence input '{name}' needs '{name}.starts' beside it")
-                feeds[name] = Sequences(values, arrays[f"{name}.starts"].astype(np.int32))
+                try:
+                    feeds[name] = Sequences(values, _int32(arrays, f"{name}.starts", path))
+                except SequenceError as e:
+                    raise InputError(f"{path}: '{name}': {e}") from None
             else:
                 feeds[name] = values
     if not feeds:

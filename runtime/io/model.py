@@ -61,10 +61,22 @@ def describe(net):
     return graph, tensors
 
 
+class NonFiniteModelError(ValueError):
+    """A model with NaN or infinity among its parameters: it is not written (it could not be
+    loaded back, and it must never replace a good file)."""
+
+
 def _pack(net, half, extra_tensors=None, extra_metadata=None):
     graph, tensors = describe(net)
+    for key, value in tensors.items():
+        if not np.isfinite(value).all():
+            raise NonFiniteModelError(f"parameter '{key}' holds NaN or infinity: the model was not written")
     if half:
         tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
+        for key, value in tensors.items():
+            if not np.isfinite(value).all():
+                raise NonFiniteModelError(f"parameter '{key}' exceeds float16's range (largest magnitude "
+                                          f"65504): save it as float32; the model was not written")
     json_assets = {}
     for name, value in net.assets.items():
         if isinstance(value, np.ndarray):
