@@ -96,8 +96,12 @@ def test_training_waits_for_runs_and_runs_see_whole_updates(device, tmp_path):
 
     readers = threading.Thread(target=run_concurrently, args=(reader, 2))
     readers.start()
+    deadline = time.monotonic() + 30
     try:
         for step in range(3):
+            wanted = len(seen) + 2  # let the readers in before each step, so the runs interleave
+            while len(seen) < wanted and time.monotonic() < deadline:
+                time.sleep(0.001)
             net.train_step(feeds[step], opt)
     finally:
         stop.set()
