@@ -9,13 +9,18 @@ Metadata (all strings): format 'lamina', version '1', 'graph' (JSON:
 'assets' (JSON: the network's JSON-able assets, e.g. a vocabulary), and in a checkpoint
 'checkpoint' (JSON: step counter, random-generator states, the caller's own fields).
 
-Loading reads and checks everything (header size, format and version, the graph's structure,
-every tensor named, none left over, finite values, shapes) before it returns a network, and any
+Metadata also holds 'digest' (sha256 of every tensor's name, type, shape and bytes), checked on
+load; files written before digests existed load without the check.
+
+Loading reads and checks everything (header size, format and version, the digest, the graph's
+structure, every tensor named, none left over, finite values, shapes, configured parameter
+shapes before they are allocated, JSON nesting) before it returns a network, and any
 problem is a ModelFileError naming the file. NaN or infinity in a parameter is refused: a model
 that produces NaN silently is worse than one that does not load. Saving writes a temporary file
 in the same folder, fsyncs it, renames it over the target and fsyncs the folder, so a crash
 leaves either the old file or the new one.
 """
+import hashlib
 import json
 import os
 import tempfile
@@ -26,11 +31,12 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from ..graph import Network
-from ..layers.base import REGISTRY
+from ..layers.base import REGISTRY, parameters_from_file
 
 FORMAT = "lamina"
 VERSION = 1
 MAX_HEADER = 64 << 20  # bytes of JSON header a model file may have
+MAX_DEPTH = 32  # nesting of the graph JSON (a real graph nests about 6 levels)
 ASSET, OPTIM = "asset/", "optim/"
 
 
@@ -66,13 +72,25 @@ class NonFiniteModelError(ValueError):
     loaded back, and it must never replace a good file)."""
 
 
+def digest(tensors):
+    """'sha256:<hex>' of every tensor's name, type, shape and bytes, in name order: stored in the
+    metadata and checked on load, so flipped bits in the tensor data are found."""
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        a = np.ascontiguousarray(tensors[key])
+        h.update(f"{key}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.data)
+    return "sha256:" + h.hexdigest()
+
+
 def _pack(net, half, extra_tensors=None, extra_metadata=None):
     graph, tensors = describe(net)
     for key, value in tensors.items():
         if not np.isfinite(value).all():
             raise NonFiniteModelError(f"parameter '{key}' holds NaN or infinity: the model was not written")
     if half:
-        tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
+        with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+            tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
         for key, value in tensors.items():
             if not np.isfinite(value).all():
                 raise NonFiniteModelError(f"parameter '{key}' exceeds float16's range (largest magnitude "
@@ -85,7 +103,7 @@ def _pack(net, half, extra_tensors=None, extra_metadata=None):
             json_assets[name] = value
     tensors.update(extra_tensors or {})
     metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(graph),
-                "assets": json.dumps(json_assets), **(extra_metadata or {})}
+                "assets": json.dumps(json_assets), "digest": digest(tensors), **(extra_metadata or {})}
     return st_save(tensors, metadata=metadata)
 
 
@@ -158,13 +176,16 @@ def _read(path):
         header = json.loads(blob[8:8 + header_len])
         metadata = header.get("__metadata__") or {}
         tensors = st_load(blob)
-    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError) as e:
-        raise ModelFileError(f"{path}: not a safetensors file ({e})") from None
+    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError, RecursionError) as e:
+        raise ModelFileError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         found = metadata.get("format") if isinstance(metadata, dict) else metadata
         raise ModelFileError(f"{path}: expected format '{FORMAT}' in the metadata, found {found!r}")
     if metadata.get("version") != str(VERSION):
         raise ModelFileError(f"{path}: expected format version {VERSION}, found {metadata.get('version')!r}")
+    if "digest" in metadata and digest(tensors) != metadata["digest"]:  # files written before digests load
+        raise ModelFileError(f"{path}: the tensor data does not match the digest stored with it: the file is "
+                             f"damaged (or was edited); restore it from a copy")
     return metadata, tensors
 
 
@@ -174,9 +195,29 @@ def _json(path, metadata, key, default=None):
             return default
         raise ModelFileError(f"{path}: the metadata has no '{key}'")
     try:
-        return json.loads(metadata[key])
-    except ValueError as e:
-        raise ModelFileError(f"{path}: the metadata's '{key}' is not JSON ({e})") from None
+        value = json.loads(metadata[key])
+    except (ValueError, RecursionError) as e:
+        raise ModelFileError(f"{path}: the metadata's '{key}' is not JSON of a sane depth ({type(e).__name__}: "
+                             f"{e})") from None
+    if _depth(value) > MAX_DEPTH:
+        raise ModelFileError(f"{path}: the metadata's '{key}' is nested more than {MAX_DEPTH} levels deep; a "
+                             f"model needs far fewer")
+    return value
+
+
+def _depth(value):
+    """How deeply a parsed JSON value nests (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > MAX_DEPTH:
+            return deepest
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
 
 
 def _check_graph(path, graph, tensors):
@@ -230,8 +271,25 @@ def _build(path, graph, tensors):
     for spec in graph["inputs"]:
         net.input(spec["name"], spec["shape"], spec.get("dtype", "float"), spec.get("sequence", False))
     layers, shared = {}, {}
+    keys = {spec["name"]: spec.get("params", {}) for spec in graph["layers"]}
+
+    def declared_shape(layer, local, shape):
+        """The shape the file holds for this parameter, checked against the configured one before
+        anything of that size is allocated."""
+        key = keys.get(layer.name, {}).get(local)
+        if key is None:
+            raise ModelFileError(f"{path}: layer '{layer.name}' has no tensor for parameter '{local}'")
+        if tuple(tensors[key].shape) != shape:
+            raise ModelFileError(f"{path}: layer '{layer.name}': its configuration gives parameter '{local}' "
+                                 f"the shape {shape}, the file's tensor '{key}' has {tuple(tensors[key].shape)}")
+        return shape
+
     for spec in graph["layers"]:
-        layer = REGISTRY[spec["kind"]](**spec.get("config", {}), name=spec["name"])
+        if tensors is None:
+            layer = REGISTRY[spec["kind"]](**spec.get("config", {}), name=spec["name"])
+        else:
+            with parameters_from_file(declared_shape):
+                layer = REGISTRY[spec["kind"]](**spec.get("config", {}), name=spec["name"])
         for local, key in spec.get("params", {}).items():
             p = layer.params.get(local)
             if p is None:

@@ -6,6 +6,9 @@ backward(ctx): read ctx.grad_output; for each input slot, ctx.input_grad(slot) i
                (array, beta) or None; for each parameter, ctx.param_grad(name) likewise.
                Write every target "with beta" (out = new + beta * out).
 """
+import contextvars
+from contextlib import contextmanager
+
 import numpy as np
 
 from ..errors import InputError
@@ -13,6 +16,30 @@ from ..graph import Spec, Value
 from ..parameter import Parameter
 
 REGISTRY = {}
+
+# While a model file is read, parameters are not initialised: their configured shapes are checked
+# against the file's tensors first (a config claiming 2e7 channels must not allocate gigabytes
+# before it is refused), and their values come from the file.
+_FROM_FILE = contextvars.ContextVar("lamina_parameters_from_file", default=None)
+
+
+class Init:
+    """A parameter's initial values, made only when they are needed: `make(shape)`."""
+
+    def __init__(self, shape, make):
+        self.shape, self.make = tuple(int(s) for s in shape), make
+
+
+@contextmanager
+def parameters_from_file(shape_of):
+    """Within: a layer's parameters get uninitialised storage of the shape the file declares.
+    shape_of(layer, local, shape) returns that shape after checking `shape` against it (it
+    raises when they differ); no initial values are drawn."""
+    token = _FROM_FILE.set(shape_of)
+    try:
+        yield
+    finally:
+        _FROM_FILE.reset(token)
 
 
 def register(cls):
@@ -46,6 +73,13 @@ class Layer:
 
     # ---- parameters
     def add_param(self, name, value, **kw):
+        """A parameter from its initial values: an array, or an Init (drawn only when needed)."""
+        shape_of = _FROM_FILE.get()
+        if isinstance(value, Init):
+            if shape_of is not None:
+                value = np.empty(shape_of(self, name, value.shape), np.float32)
+            else:
+                value = value.make(value.shape)
         p = Parameter(value, **kw)
         self.params[name] = p
         return p
@@ -129,7 +163,12 @@ def int_tuple(value, nd, what):
 
 
 def uniform(rng, bound, shape):
-    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    """U(-bound, bound) initial values (drawn from rng when the parameter is made)."""
+    return Init(shape, lambda s: rng.uniform(-bound, bound, size=s).astype(np.float32))
+
+
+def constant(value, shape):
+    return Init(shape, lambda s: np.full(s, value, np.float32))
 
 
 def same_specs(specs, what):

@@ -6,7 +6,7 @@ from ..backends.base import POOL_MODES
 from ..errors import InputError
 from ..graph import Spec
 from ..random import generator
-from .base import Layer, check_ids, register, require_float
+from .base import Init, Layer, check_ids, register, require_float
 
 
 @register
@@ -23,7 +23,8 @@ class Embedding(Layer):
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         if min(self.num_embeddings, self.embedding_dim) < 1:
             raise ValueError(f"Embedding: sizes must be at least 1, found {num_embeddings}, {embedding_dim}")
-        self.add_param("weight", generator().standard_normal((self.num_embeddings, self.embedding_dim)))
+        self.add_param("weight", Init((self.num_embeddings, self.embedding_dim),
+                                      lambda shape: generator().standard_normal(shape)))
 
     @property
     def weight(self):

@@ -3,7 +3,7 @@ pooling, batch normalisation, and concatenation along channels."""
 import numpy as np
 
 from ..graph import Spec
-from .base import Layer, int_tuple, register, require_float, require_volume
+from .base import Layer, constant, int_tuple, register, require_float, require_volume
 
 
 class _Pool(Layer):
@@ -109,10 +109,10 @@ class _BatchNorm(Layer):
         if self.num_features < 1 or self.eps <= 0 or not 0 <= self.momentum <= 1:
             raise ValueError(f"{type(self).__name__}: expected num_features >= 1, eps > 0, momentum in [0, 1]")
         if self.affine:
-            self.add_param("weight", np.ones(self.num_features))
-            self.add_param("bias", np.zeros(self.num_features))
+            self.add_param("weight", constant(1.0, (self.num_features,)))
+            self.add_param("bias", constant(0.0, (self.num_features,)))
         for stat, value in (("running_mean", 0.0), ("running_var", 1.0)):
-            self.add_param(stat, np.full(self.num_features, value), trainable=False)
+            self.add_param(stat, constant(value, (self.num_features,)), trainable=False)
 
     def config(self):
         return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine}
