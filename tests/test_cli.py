@@ -16,6 +16,8 @@ from lamina.layers import Linear, SoftmaxCrossEntropy
 from lamina.text import PythonTokenizer
 from lamina.zoo import language
 
+from conftest import OPENCL_DEVICES
+
 SOURCE = '''import os
 
 
@@ -121,8 +123,13 @@ def test_inspect_and_devices(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "format lamina version 1" in out and "hidden" in out and "67 parameters" in out
     assert main(["devices", "--threads", "1"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("cpu: ") and "1 threads" in out and "opencl" in out
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("cpu: ") and out[0].endswith(", 1 threads")
+    from lamina.backends.opencl import devices
+    listed = [line for line in out if line.startswith("opencl:")]
+    assert len(listed) == len(devices()) >= len(OPENCL_DEVICES)
+    for n, dev in enumerate(devices()):
+        assert listed[n].startswith(f"opencl:{n}: {dev.name.strip()} (")
 
 
 def test_errors_are_one_clear_line(tmp_path, capsys):
@@ -180,10 +187,8 @@ def test_train_from_a_description(tmp_path):
 
 
 
+@pytest.mark.skipif(not OPENCL_DEVICES, reason="no pyopencl (pip install 'pyopencl[pocl]')")
 def test_infer_and_train_on_opencl(tmp_path, capsys):
-    from lamina.backends.opencl import devices
-    if not devices():
-        pytest.skip("no OpenCL device")
     net = classifier(tmp_path / "m.lamina")
     data(tmp_path / "d.npz")
     assert main(["infer", str(tmp_path / "m.lamina"), str(tmp_path / "d.npz"), "-o", str(tmp_path / "out.npz"),

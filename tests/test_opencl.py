@@ -283,6 +283,7 @@ def test_moving_keeps_results_and_optimizer_state(cl, tmp_path):
     np.testing.assert_array_equal(loaded.to(cl).run(feeds)["probs"], net.run(feeds)["probs"])
 
 
+@pytest.mark.slow
 def test_memory_pool_stays_flat(cl):
     net = dense_net().to(cl)
     opt = lm.optim.Adam(net, lr=0.001)
@@ -310,8 +311,9 @@ def test_every_layer_kind_has_opencl_kernels():
     assert missing == []
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["batch-statistics", "frozen-statistics"])
 @pytest.mark.parametrize("kind,affine", [("BatchNorm3d", True), ("BatchNorm3d", False), ("BatchNorm2d", True)])
-def test_batch_norm_agrees_with_the_cpu(cl, kind, affine):
+def test_batch_norm_agrees_with_the_cpu(cl, kind, affine, frozen):
     nd = 3 if kind.endswith("3d") else 2
     spatial = (3, 4, 5)[:nd] if nd == 3 else (6, 5)
 
@@ -319,7 +321,10 @@ def test_batch_norm_agrees_with_the_cpu(cl, kind, affine):
         lm.manual_seed(17)
         net = lm.Network()
         x = net.input("x", (4,) + spatial)
-        net.outputs(y=getattr(lm.layers, kind)(4, affine=affine, name="bn")(x))
+        bn = getattr(lm.layers, kind)(4, affine=affine, frozen_statistics=frozen, name="bn")
+        net.outputs(y=bn(x))
+        bn.params["running_mean"].assign(np.linspace(-1, 1, 4))
+        bn.params["running_var"].assign(np.linspace(0.5, 2, 4))
         net.values["x"].requires_grad = True
         return net
 
@@ -520,6 +525,26 @@ def test_selective_layer_agrees_with_the_cpu(cl, path, shared, activation, cost)
                                    atol=1e-6, err_msg=name)
 
 
+def same_training_step(cpu, dev, feeds):
+    """One training step on each: the same loss, every parameter's gradient, and the parameters
+    after the update (the loss alone is computed before the update, so it cannot show a wrong
+    gradient or update)."""
+    losses = []
+    for net in (cpu, dev):
+        net.forward(feeds, outputs=net.cost_outputs())
+        losses.append(net.backward())
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        if p.grad_pending:
+            want = p.dense_grad(cpu.backend)
+            np.testing.assert_allclose(q.dense_grad(dev.backend).get(), want, rtol=2e-3,
+                                       atol=2e-4 * max(1.0, float(np.abs(want).max())), err_msg=name)
+    for net in (cpu, dev):
+        lm.optim.SGD(net, lr=0.1).step()  # the gradients of the pass above
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        np.testing.assert_allclose(q.value, p.value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_shipped_language_model_runs_on_the_device(cl):
     """models/python_lm on the device gives the CPU's scores, and trains a step from there."""
     from pathlib import Path
@@ -532,8 +557,7 @@ def test_shipped_language_model_runs_on_the_device(cl):
     assert language.continue_code(dev, "import os\n", tokens=8, top_k=1)[0] == \
         language.continue_code(cpu, "import os\n", tokens=8, top_k=1)[0]
     feeds = language.training_feeds(cpu, chunks, 16, np.random.default_rng(0))
-    losses = [net.train_step(feeds, lm.optim.Adam(net, lr=1e-3)) for net in (cpu, dev)]
-    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+    same_training_step(cpu, dev, feeds)
 
 
 @pytest.mark.parametrize("kind,options", [
@@ -580,9 +604,7 @@ def test_shipped_denoiser_runs_on_the_device(cl):
     noisy = denoise.noisy_copy(clean, np.random.default_rng(2))
     np.testing.assert_allclose(dev.run({"noisy": noisy}, ["denoised"])["denoised"],
                                cpu.run({"noisy": noisy}, ["denoised"])["denoised"], rtol=1e-4, atol=1e-5)
-    feeds = {"noisy": noisy, "clean": clean}
-    losses = [net.train_step(feeds, lm.optim.Adam(net, lr=1e-3)) for net in (cpu, dev)]
-    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+    same_training_step(cpu, dev, {"noisy": noisy, "clean": clean})
 
 
 

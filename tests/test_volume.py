@@ -60,23 +60,41 @@ def test_batch_norm_gradients(layer_type, shape, affine):
     check_gradients(net, feeds)
 
 
-def test_batch_norm_inference_gradients():
-    """With running statistics the layer is affine per channel: checked in inference mode too."""
-    bn = BatchNorm3d(2)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_gradients_with_running_statistics(affine):
+    """frozen_statistics: the running statistics in training too (a model fine-tuned in eval
+    mode): float64 gradient check, and the numpy reference of the affine map and its gradient."""
+    bn = BatchNorm3d(2, affine=affine, frozen_statistics=True)
     net, feeds, y = probed(bn, (2, 3, 2, 3))
-    bn.params["running_mean"].assign(np.array([0.5, -1.0]))
-    bn.params["running_var"].assign(np.array([2.0, 0.5]))
-    net.astype("float64")
+    stats = {"running_mean": np.array([0.5, -1.0]), "running_var": np.array([2.0, 0.5])}
+    for name, value in stats.items():
+        bn.params[name].assign(value)
+    if affine:
+        bn.params["weight"].assign(np.array([1.5, -0.5]))
+        bn.params["bias"].assign(np.array([0.25, 2.0]))
+    check_gradients(net, feeds)
+    for name, value in stats.items():  # never updated by the training passes
+        np.testing.assert_array_equal(bn.params[name].value, value)
     x = feeds["x"]
+    scale = 1 / np.sqrt(stats["running_var"] + 1e-5) * (np.array([1.5, -0.5]) if affine else 1)
+    shift = -stats["running_mean"] * scale + (np.array([0.25, 2.0]) if affine else 0)
+    per_channel = lambda v: v.reshape(1, 2, 1, 1, 1)
     net.outputs(y=y)
-    out = net.run({"x": x}, outputs=["y"])["y"]
-    mean = np.array([0.5, -1.0]).reshape(1, 2, 1, 1, 1)
-    var = np.array([2.0, 0.5]).reshape(1, 2, 1, 1, 1)
-    np.testing.assert_allclose(out, (x - mean) / np.sqrt(var + 1e-5), rtol=1e-6)
+    dy = np.random.default_rng(3).standard_normal(x.shape)
+    out = net.forward({"x": x}, grad_outputs=["y"], outputs=["y"])["y"]
+    np.testing.assert_allclose(out, x * per_channel(scale) + per_channel(shift), rtol=1e-12)
+    net.values["x"].requires_grad = True
+    net.forward({"x": x}, grad_outputs=["y"], outputs=["y"])
+    net.backward(grad_outputs={"y": dy})
+    np.testing.assert_allclose(net.grad("x"), dy * per_channel(scale), rtol=1e-12)
+    if affine:
+        xhat = (x - per_channel(stats["running_mean"])) / per_channel(np.sqrt(stats["running_var"] + 1e-5))
+        np.testing.assert_allclose(bn.params["weight"].grad, (dy * xhat).sum((0, 2, 3, 4)), rtol=1e-10)
+        np.testing.assert_allclose(bn.params["bias"].grad, dy.sum((0, 2, 3, 4)), rtol=1e-10)
 
 
 def test_batch_norm_running_statistics_follow_pytorch():
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    import torch  # a test extra: installed by make test, never skipped
     bn = BatchNorm3d(4, momentum=0.2)
     net = lm.Network()
     x = net.input("x", (4, 3, 5, 2))
@@ -108,7 +126,7 @@ def test_batch_norm_running_statistics_follow_pytorch():
 
 @pytest.mark.parametrize("case", POOLS, ids=POOL_IDS)
 def test_pool_matches_pytorch(case):
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch==2.13.0)")
+    import torch  # a test extra: installed by make test, never skipped
     layer_type, shape, kw = case
     net = lm.Network()
     x = net.input("x", shape)

@@ -98,14 +98,18 @@ class _BatchNorm(Layer):
     """Training: y = (x - mean) / sqrt(var + eps) · weight + bias with the batch's per-channel
     statistics over N and space, and running averages updated as PyTorch does
     (r = (1 - momentum) r + momentum · stat, the variance unbiased). Inference: the running
-    statistics. running_mean and running_var are saved with the model and never trained."""
+    statistics. running_mean and running_var are saved with the model and never trained.
+    frozen_statistics=True uses (and keeps) the running statistics in training too, as a PyTorch
+    model fine-tuned in eval mode does: the layer is then a fixed per-channel affine map, and
+    backward is that map's gradient."""
 
     nd = 3
     opencl = True
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, name=None):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, frozen_statistics=False, name=None):
         super().__init__(name)
         self.num_features, self.eps, self.momentum, self.affine = int(num_features), float(eps), float(momentum), bool(affine)
+        self.frozen_statistics = bool(frozen_statistics)
         if self.num_features < 1 or self.eps <= 0 or not 0 <= self.momentum <= 1:
             raise ValueError(f"{type(self).__name__}: expected num_features >= 1, eps > 0, momentum in [0, 1]")
         if self.affine:
@@ -115,7 +119,11 @@ class _BatchNorm(Layer):
             self.add_param(stat, constant(value, (self.num_features,)), trainable=False)
 
     def config(self):
-        return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine}
+        return {"num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine,
+                "frozen_statistics": self.frozen_statistics}
+
+    def _batch_statistics(self, ctx):
+        return ctx.training and not self.frozen_statistics
 
     def output_spec(self, specs):
         x = require_volume(specs[0], self.nd)
@@ -131,11 +139,12 @@ class _BatchNorm(Layer):
         be, x = ctx.be, ctx.inputs[0]
         mean, var, invstd = (self._stat(ctx, k) for k in ("mean", "var", "invstd"))
         running_mean, running_var = self.params["running_mean"], self.params["running_var"]
-        if ctx.training:
+        batch = self._batch_statistics(ctx)
+        if batch:
             be.batch_norm_stats(x, mean, var)
         be.batch_norm_statistics(mean, var, invstd, running_mean.buffer, running_var.buffer, self.eps,
-                                 self.momentum, x.size // self.num_features, ctx.training)
-        if ctx.training:
+                                 self.momentum, x.size // self.num_features, batch)
+        if batch:
             running_mean.changed()
             running_var.changed()
         gamma = self.params["weight"].buffer if self.affine else None
@@ -147,7 +156,7 @@ class _BatchNorm(Layer):
         mean, invstd, dgamma, dbeta = (self._stat(ctx, k) for k in ("mean", "invstd", "dgamma", "dbeta"))
         dx = ctx.input_grad(0)
         gamma = self.params["weight"].buffer if self.affine else None
-        be.batch_norm_backward(x, ctx.grad_output, mean, invstd, gamma, ctx.training,
+        be.batch_norm_backward(x, ctx.grad_output, mean, invstd, gamma, self._batch_statistics(ctx),
                                dx.array if dx is not None else None, dx.beta if dx is not None else 0.0,
                                dgamma, dbeta)
         if self.affine:
