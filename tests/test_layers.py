@@ -22,7 +22,7 @@ def probed(build, in_sizes, batch=N, seed=0, backend=None):
     probe = add_probe_cost(net, out)
     net.astype("float64")
     rng = np.random.default_rng(seed)
-    feeds = {f"x{i}": rand(rng, batch, size) for i, size in enumerate(in_sizes)}
+    feeds = {f"x{i}": rand(rng, batch, *np.atleast_1d(size)) for i, size in enumerate(in_sizes)}
     feeds[probe] = probe_feed(net, probe, batch, seed)
     return net, feeds, out
 
@@ -177,3 +177,31 @@ def test_gradient_check_catches_missing_accumulation():
     net, feeds, _ = probed(lambda x: Overwriting(3, 2)(x), [3])
     with pytest.raises(GradientCheckError, match="must double"):
         check_gradients(net, feeds)
+
+
+def numpy_activation(kind, x, slope):
+    """The activations' formulas, softmax along the last axis."""
+    if kind == "softmax":
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    return {"linear": x, "sigmoid": 1 / (1 + np.exp(-x)), "tanh": np.tanh(x), "relu": np.maximum(x, 0),
+            "leaky_relu": np.where(x < 0, slope * x, x), "exponential": np.exp(x),
+            "softrelu": np.log1p(np.exp(x))}[kind]
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5)])
+@pytest.mark.parametrize("activation", ACTS)
+def test_activation_with_several_axes_per_sample(activation, shape):
+    """Samples of several axes: gradients, and the numpy formula (softmax along the last axis)
+    on every backend the tests have."""
+    from conftest import OPENCL_DEVICES
+    net, feeds, out = probed(lambda x: Activation(activation, slope=0.3)(x), [shape], batch=3)
+    check_gradients(net, feeds)
+    single = lm.Network()
+    single.outputs(y=Activation(activation, slope=0.3)(single.input("x", shape)))
+    x = feeds["x0"].astype(np.float32)
+    expected = numpy_activation(activation, x.astype(np.float64), 0.3)
+    devices = ["cpu"] + (["opencl"] if OPENCL_DEVICES else [])
+    for device in devices:
+        np.testing.assert_allclose(single.to(device).run({"x": x})["y"], expected, rtol=2e-5, atol=1e-6,
+                                   err_msg=device)

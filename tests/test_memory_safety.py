@@ -257,3 +257,40 @@ def test_sequence_offsets_changed_after_construction_are_refused():
     seqs.starts[1] = 10 ** 6
     with pytest.raises(lm.InputError, match="input 'ids': starts must not decrease"):
         net.run({"ids": seqs})
+
+
+def test_fuzzed_index_arguments(be):
+    """Random ids, in and out of range (and the int32 extremes), through the row kernels: in range
+    they give the reference's answer, out of range an IndexRangeError with the output untouched."""
+    rng = stable_rng("fuzz", be.name)
+    ref = ReferenceBackend()
+    kernels = {
+        "gather_rows": lambda b, src, dst, ids: b.gather_rows(src, ids, dst),
+        "scatter_add_rows": lambda b, src, dst, ids: b.scatter_add_rows(dst[:len(ids)], ids, src),
+        "fill_rows": lambda b, src, dst, ids: b.fill_rows(src, ids, 0.5),
+        "sgd_update_rows": lambda b, src, dst, ids: b.sgd_update_rows(src, src, None, ids, 0.1),
+    }
+    outcomes = {"ran": 0, "refused": 0}
+    for trial in range(120):
+        rows = int(rng.integers(1, 9))
+        name = list(kernels)[trial % len(kernels)]
+        ids = rng.integers(0, rows, size=int(rng.integers(1, 6)))
+        if name == "sgd_update_rows":  # its rows are distinct (a sparse gradient's rows)
+            ids = np.unique(ids)
+        if trial % 2:  # half of the trials: one id out of range, anywhere
+            ids[rng.integers(0, len(ids))] = rng.choice([-3, -1, rows, rows + 2, 2 ** 31 - 1, -2 ** 31])
+        ids = ids.astype(np.int32)
+        src = stable_rng("fuzz-data", trial).standard_normal((rows, 3))
+        dst = stable_rng("fuzz-out", trial).standard_normal((len(ids), 3))
+        mine = [put(be, src), put(be, dst)]
+        if ids.min() >= 0 and ids.max() < rows:
+            kernels[name](be, *mine, ids)
+            expected = [src.copy(), dst.copy()]
+            kernels[name](ref, *expected, ids)
+            for got, want in zip(mine, expected):
+                np.testing.assert_allclose(host(be, got), want, rtol=1e-12, err_msg=f"{name} {ids}")
+            outcomes["ran"] += 1
+        else:
+            refused(be, lambda: kernels[name](be, *mine, ids), *mine)
+            outcomes["refused"] += 1
+    assert min(outcomes.values()) > 20
