@@ -856,6 +856,19 @@ cdef extern from "rows.h" nogil:
     double lamina_sum_sq_dev_d(const double *a, long n, double m)
 
 
+def sum_squares_rows(real[:, ::1] x, const int[::1] rows):
+    """sum(x[rows] ** 2) without gathering the rows (rows checked by the caller), in double: each
+    row by the vectorised sum of squared deviations from 0."""
+    cdef Py_ssize_t i, n = rows.shape[0], cols = x.shape[1]
+    cdef double s = 0
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
+        if real is float:
+            s += lamina_sum_sq_dev_f(&x[rows[i], 0], cols, 0.0)
+        else:
+            s += lamina_sum_sq_dev_d(&x[rows[i], 0], cols, 0.0)
+    return s
+
+
 cdef extern from "volumes.h" nogil:
     void vol2col_channel_f(const float* x, long D, long H, long W, float* col, long ldcol, const long* geo,
                            long oH, long oW, long r0, long r1)

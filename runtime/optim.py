@@ -143,12 +143,7 @@ class Optimizer:
 
     def _finite_grad(self, p):
         """Whether p's gradient (its rows, for a sparse one) is finite."""
-        be = self._be(p)
-        g = p.grad
-        if p.grad_rows is not None:
-            g = be.empty((len(p.grad_rows), p.size // p.shape[0]), p.dtype)
-            be.gather_rows(p.grad, p.grad_rows, g)
-        return math.isfinite(be.sum_squares(g))
+        return math.isfinite(self._be(p).sum_squares(p.grad, p.grad_rows))
 
     def update(self, p):
         """The gradient of p is complete: apply its update (or defer it when clipping)."""

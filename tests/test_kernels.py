@@ -143,6 +143,11 @@ def test_elementwise(backend, dtype, n):
         REF.multiply(x, z, o_ref, beta)
         close(o, o_ref, dtype)
     np.testing.assert_allclose(backend.sum_squares(x), REF.sum_squares(x), rtol=1e-6 if dtype == np.float32 else 1e-12)
+    if n > 1:  # of listed rows only, x seen as [rows, 7] where it divides
+        x2 = x[:n - n % 7].reshape(-1, 7) if n >= 7 else x.reshape(n, 1)
+        rows = np.arange(0, len(x2), 2, dtype=np.int32)
+        np.testing.assert_allclose(backend.sum_squares(np.ascontiguousarray(x2), rows), REF.sum_squares(x2, rows),
+                                   rtol=1e-6 if dtype == np.float32 else 1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

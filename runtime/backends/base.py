@@ -92,8 +92,8 @@ class Backend(ABC):
         """out = a * b (with beta), element-wise."""
 
     @abstractmethod
-    def sum_squares(self, x):
-        """sum of x**2 as a host float."""
+    def sum_squares(self, x, rows=None):
+        """sum of x**2 as a host float; with rows (int32), of those rows of x only."""
 
     @abstractmethod
     def copy_to_columns(self, src, dst, col, beta=0.0):

@@ -203,8 +203,13 @@ class CPUBackend(HostStatistics, Backend):
         _same("multiply", "a", a, b=b, out=out)
         K.multiply(_flat(a), _flat(b), _flat(out), beta)
 
-    def sum_squares(self, x):
-        return float(K.sum_squares(_flat(_float("sum_squares", "x", x))))
+    def sum_squares(self, x, rows=None):
+        _float("sum_squares", "x", x)
+        if rows is None:
+            return float(K.sum_squares(_flat(x)))
+        check_array("sum_squares", "rows", rows, dtype=np.int32, ndim=1)
+        check_index("sum_squares", "rows", rows, x.shape[0])
+        return float(K.sum_squares_rows(_rows(x), rows))
 
     def copy_to_columns(self, src, dst, col, beta=0.0):
         _float("copy_to_columns", "src", src, ndim=2)

@@ -279,11 +279,15 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "multiply", out.dtype, self._global(out.size), a, b,
                   out, out.dtype.type(beta), np.int32(out.size))
 
-    def sum_squares(self, x):
-        groups = min(64, max(1, -(-x.size // LOCAL)))
+    def sum_squares(self, x, rows=None):
+        width = x.size // x.shape[0] if x.ndim else 1
+        n = x.size if rows is None else len(rows) * width
+        groups = min(64, max(1, -(-n // LOCAL)))
         partial = self.empty((groups,), x.dtype)
-        self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), x, partial,
-                  np.int32(x.size), self.cl.LocalMemory(LOCAL * x.dtype.itemsize), local=(LOCAL,))
+        ids = self._ids(rows, "sum_squares", "rows", x.shape[0]) if rows is not None else self._dummy(np.int32)
+        self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), x, ids, np.int32(rows is not None),
+                  np.int32(width), np.int32(x.shape[0] if x.ndim else 1), partial, np.int32(n), self.cl.LocalMemory(LOCAL * x.dtype.itemsize),
+                  local=(LOCAL,))
         return float(self.to_host(partial).astype(np.float64).sum())
 
     def copy_to_columns(self, src, dst, col, beta=0.0):

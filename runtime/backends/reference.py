@@ -92,7 +92,10 @@ class ReferenceBackend(HostStatistics, Backend):
     def multiply(self, a, b, out, beta=0.0):
         _with_beta(out, a * b, beta)
 
-    def sum_squares(self, x):
+    def sum_squares(self, x, rows=None):
+        if rows is not None:
+            check_index("sum_squares", "rows", rows, x.shape[0])
+            x = x[rows]
         return float((x.astype(np.float64) ** 2).sum())
 
     def copy_to_columns(self, src, dst, col, beta=0.0):

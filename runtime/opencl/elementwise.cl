@@ -224,13 +224,20 @@ __kernel void pair_cost_backward(const int kind, ARG(const REAL, x), ARG(const R
 }
 
 /* partial sums of squares: one value per work-group of 256 (the host adds them up) */
-__kernel void sum_squares(ARG(const REAL, x), ARG(REAL, partial), const int n, __local REAL* scratch)
+/* partial sums of x² over n values: all of x, or (by_rows) the listed rows of width values */
+__kernel void sum_squares(ARG(const REAL, x), ARG(const int, rows), const int by_rows, const int width,
+                          const int x_rows, ARG(REAL, partial), const int n, __local REAL* scratch)
 {
     AT(const REAL, x);
+    AT(const int, rows);
     AT(REAL, partial);
     const int lid = get_local_id(0), size = get_local_size(0);
     ACC s = 0;
-    for (int i = get_global_id(0); i < n; i += get_global_size(0)) s += x[i] * x[i];
+    for (int i = get_global_id(0); i < n; i += get_global_size(0)) {
+        const int r = by_rows ? rows[i / width] : 0;
+        const REAL v = !by_rows ? x[i] : (r >= 0 && r < x_rows) ? x[r * width + i % width] : NAN;
+        s += v * v;
+    }
     scratch[lid] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int stride = size / 2; stride > 0; stride /= 2) {
