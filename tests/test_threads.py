@@ -144,3 +144,26 @@ def test_changing_the_network_inside_a_run_is_an_error(tmp_path):
     with net._lock.read():
         with pytest.raises(RuntimeError, match="finish the run first"):
             net.to("cpu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_concurrent_runs_of_the_shipped_denoiser(device):
+    """Convolutions, transposed convolutions and the CPU's split of samples over threads, from
+    several threads at once, at several batch sizes."""
+    from pathlib import Path
+    from lamina.zoo import denoise
+    net = lm.load(Path(__file__).resolve().parent.parent / "models/denoise3d/model.lamina").to(device)
+    clean = denoise.shapes(6, np.random.default_rng(4))
+    noisy = denoise.noisy_copy(clean, np.random.default_rng(5))
+    # PoCL runs these convolutions slowly: fewer and smaller batches there
+    batches = [noisy[:1], noisy[1:4], noisy[:6], noisy[4:6]] if device == "cpu" else [noisy[:1], noisy[1:3]]
+    expected = [net.run({"noisy": b}, ["denoised"])["denoised"] for b in batches]
+    got = {}
+
+    def work(t):
+        for c in range(len(batches)):
+            i = (t + c) % len(batches)
+            got[(t, c)] = (i, net.run({"noisy": batches[i]}, ["denoised"])["denoised"])
+    run_concurrently(work)
+    for (t, c), (i, value) in got.items():
+        np.testing.assert_allclose(value, expected[i], rtol=1e-5, atol=1e-5, err_msg=f"thread {t} call {c}")

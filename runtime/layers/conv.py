@@ -218,7 +218,8 @@ class _Conv(_ConvNd):
         w = self.weight
         cache = self.__dict__.setdefault("_direct_cache", {})
         key = (which, w.version, id(w.buffer))
-        if key not in cache:
+        packed = cache.get(key)  # one lookup: another thread may clear the cache meanwhile
+        if packed is None:
             out_g, in_g = self.out_channels // self.groups, self.in_channels // self.groups
             taps = int(np.prod(self.kernel_size))
             groups = w.buffer.reshape(self.groups, out_g, in_g, taps)
@@ -230,10 +231,11 @@ class _Conv(_ConvNd):
             padded = np.zeros((self.groups, blocks * block, in_g, taps), w.buffer.dtype)
             padded[:, :out_g] = groups
             packed = padded.reshape(self.groups, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)
+            packed = np.ascontiguousarray(packed).reshape(-1)
             if len(cache) > 4:
                 cache.clear()
-            cache[key] = np.ascontiguousarray(packed).reshape(-1)
-        return cache[key]
+            cache[key] = packed
+        return packed
 
     def _padded_shape(self, batch, padding):
         """The scratch a sample of `batch` is padded into for direct_conv.h: zeros around it, and
