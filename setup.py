@@ -94,7 +94,7 @@ extensions = [
 ]
 
 setup(
-    packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io", "lamina.zoo"],
+    packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io", "lamina.io.onnx", "lamina.zoo"],
     package_dir={"lamina": "runtime"},
     package_data={"lamina": ["opencl/*.cl", "opencl/*.h"]},
     ext_modules=cythonize(

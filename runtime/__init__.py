@@ -23,6 +23,7 @@ from .backends.cpu import CPUBackend
 from .errors import GraphError, InputError
 from .graph import Network, Spec, Value
 from .io import ModelFileError, load, load_checkpoint, save, save_checkpoint
+from .io import onnx  # lm.onnx.load: the onnx package itself is imported only when it is used
 from .parameter import Parameter
 from .random import manual_seed
 from .selection import Selection, sampled_selection, top_k
@@ -32,4 +33,4 @@ from .threads import get_num_threads, set_num_threads
 __version__ = "0.1.0"
 
 __all__ = ["Network", "Value", "Spec", "Parameter", "Sequences", "Selection", "sampled_selection", "top_k", "CPUBackend", "GraphError", "InputError",
-           "layers", "optim", "save", "load", "save_checkpoint", "load_checkpoint", "ModelFileError", "manual_seed", "set_num_threads", "get_num_threads"]
+           "layers", "optim", "save", "load", "save_checkpoint", "load_checkpoint", "ModelFileError", "onnx", "manual_seed", "set_num_threads", "get_num_threads"]

@@ -102,6 +102,11 @@ def _load(lm, path):
     if str(path).endswith(".json"):  # a network description: fresh parameters
         from .io import load_description
         return load_description(path)
+    if str(path).endswith(".onnx"):
+        try:
+            return lm.onnx.load(path)
+        except ImportError as e:
+            raise CommandError(str(e)) from None
     return lm.load(path)
 
 
@@ -184,7 +189,7 @@ def _optimizer(lm, net, args):
 
 def _stored_half(path):
     """Whether a model file stores its parameters as float16 (a trained copy keeps that)."""
-    if str(path).endswith(".json"):
+    if str(path).endswith((".json", ".onnx")):
         return False
     from .io.model import _read
     _, tensors = _read(path)
@@ -257,14 +262,28 @@ def cmd_train(args):
     return 0
 
 
+def cmd_import(args):
+    lm = _setup(args)
+    if not args.model.endswith(".onnx"):
+        raise CommandError(f"{args.model}: expected an .onnx file")
+    _writable(args.output, "--output")
+    net = _load(lm, args.model)
+    lm.save(net, args.output)
+    print(f"wrote {args.output}: {len(net.layers)} layers, {sum(p.size for p in net.parameters())} parameters")
+    return 0
+
+
 def cmd_inspect(args):
     lm = _setup(args)
     net = _load(lm, args.model)
-    from .io.model import FORMAT, VERSION, _read
-    metadata, tensors = _read(args.model)
-    dtypes = sorted({str(t.dtype) for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))})
-    print(f"{args.model}: format {FORMAT} version {VERSION}, {os.path.getsize(args.model) / 1e6:.2f} MB, "
-          f"parameters stored as {', '.join(dtypes) or '-'}{', checkpoint' if 'checkpoint' in metadata else ''}")
+    if args.model.endswith(".onnx"):
+        print(f"{args.model}: ONNX, {os.path.getsize(args.model) / 1e6:.2f} MB, imported as lamina layers")
+    else:
+        from .io.model import FORMAT, VERSION, _read
+        metadata, tensors = _read(args.model)
+        dtypes = sorted({str(t.dtype) for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))})
+        print(f"{args.model}: format {FORMAT} version {VERSION}, {os.path.getsize(args.model) / 1e6:.2f} MB, "
+              f"parameters stored as {', '.join(dtypes) or '-'}{', checkpoint' if 'checkpoint' in metadata else ''}")
     print("inputs: " + ", ".join(f"{n} {net.values[n].spec}" for n in net.input_names))
     print("outputs: " + ", ".join(f"{o} ({v})" for o, v in net.output_values.items()))
     print(net.summary())
@@ -374,6 +393,11 @@ def parser():
     s.add_argument("--seed", type=int, default=0, help="seed of the data order and sampling")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(run=cmd_train)
+
+    s = sub.add_parser("import", parents=[common], help="convert an ONNX model to a lamina model file")
+    s.add_argument("model", help="an .onnx file")
+    s.add_argument("--output", "-o", required=True, help="the lamina model file to write")
+    s.set_defaults(run=cmd_import)
 
     s = sub.add_parser("inspect", parents=[common], help="describe a model file")
     s.add_argument("model")

@@ -4,7 +4,7 @@ import math
 from ..backends.base import check_activation
 from ..graph import Spec
 from ..random import generator
-from .base import Layer, common_rows, register, require_features, same_specs, uniform
+from .base import Layer, common_rows, constant, register, require_features, require_float, same_specs, uniform
 
 
 class _Activated(Layer):
@@ -250,3 +250,81 @@ class Scale(Layer):
 
     def config(self):
         return {"factor": self.factor}
+
+
+@register
+class Reshape(Layer):
+    """y = each sample's values in another shape (row-major, same count), as torch.reshape of a
+    sample; x [N, *in_shape] → y [N, *shape]. The copy is one pass; backward copies back."""
+
+    kind = "reshape"
+    opencl = True
+
+    def __init__(self, shape, name=None):
+        super().__init__(name)
+        self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
+        if not self.shape or min(self.shape) < 1:
+            raise ValueError(f"Reshape: shape must be one or more sizes of at least 1, found {shape}")
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if math.prod(x.shape) != math.prod(self.shape):
+            raise ValueError(f"cannot view a sample of shape {list(x.shape)} ({math.prod(x.shape)} values) as "
+                             f"{list(self.shape)} ({math.prod(self.shape)} values)")
+        return Spec(self.shape, sequence=x.sequence)
+
+    def forward(self, ctx):
+        y = ctx.output
+        ctx.be.copy(ctx.inputs[0].reshape(y.shape), y)
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.axpby(1.0, ctx.grad_output.reshape(dx.array.shape), dx.beta, dx.array)
+
+    def config(self):
+        return {"shape": list(self.shape)}
+
+
+@register
+class Bias(Layer):
+    """y = x + b, b a parameter of one sample's shape added to every row (an ONNX Add of a
+    constant; b [*shape])."""
+
+    kind = "bias"
+    opencl = True
+
+    def __init__(self, shape, name=None):
+        super().__init__(name)
+        self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
+        self.add_param("bias", constant(0.0, self.shape))
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if x.shape != self.shape:
+            raise ValueError(f"input 0 must have the bias's shape {list(self.shape)} per sample, found {x}")
+        return Spec(x.shape, sequence=x.sequence)
+
+    @staticmethod
+    def _rows(a):
+        return a.reshape(a.shape[0], a.size // a.shape[0])
+
+    def forward(self, ctx):
+        y = ctx.output
+        ctx.be.axpby(1.0, ctx.inputs[0], 0.0, y)
+        b = self.params["bias"].buffer
+        ctx.be.add_bias(self._rows(y), b.reshape(b.size))
+
+    def backward(self, ctx):
+        dy = ctx.grad_output
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.axpby(1.0, dy, dx.beta, dx.array)
+        db = ctx.param_grad("bias")
+        if db is not None:
+            ctx.be.bias_grad(self._rows(dy), db.array.reshape(db.array.size), db.beta)
+
+    def config(self):
+        return {"shape": list(self.shape)}

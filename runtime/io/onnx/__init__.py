@@ -1,0 +1,8 @@
+"""ONNX models in and out of lamina (the optional extra `lamina[onnx]`: the `onnx` package).
+
+`load(path_or_bytes)` builds a Network whose initializers are trainable Parameters; what only
+computes constants is folded at import; a model using an operator or attribute lamina lacks is
+refused with one error listing every such (node, operator, attribute)."""
+from .importer import UnsupportedModelError, load
+
+__all__ = ["load", "UnsupportedModelError"]

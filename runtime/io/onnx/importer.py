@@ -1,0 +1,215 @@
+"""ONNX → lamina Network.
+
+The first axis of every graph input is the batch (lamina's implied row axis); the other axes
+must be static. Every tensor of the graph is then either a constant (an initializer, a Constant,
+or anything computed only from constants: folded here with onnx's reference evaluator) or a
+lamina value whose ONNX shape is (batch,) + its per-sample shape. Each operator on values maps
+onto lamina layers (ops.py); initializers they use become the layers' Parameters, so an imported
+model trains like a native one.
+
+A model is read whole before anything is refused: every (node, operator, attribute) lamina cannot
+run is collected, and one UnsupportedModelError lists them all. A file that is not ONNX, or fails
+onnx.checker, is a ModelFileError naming the file.
+"""
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...graph import Network, Value
+from ..model import ModelFileError
+
+
+class UnsupportedModelError(ModelFileError):
+    """An ONNX model using operators or attributes lamina cannot run; `problems` lists every
+    (node name, operator, what) found."""
+
+    def __init__(self, where, problems):
+        self.problems = problems
+        lines = "\n".join(f"  - node '{n}' ({op}): {what}" for n, op, what in problems)
+        super().__init__(f"{where}: lamina cannot run {len(problems)} part(s) of this model:\n{lines}")
+
+
+class Refused(Exception):
+    """Raised by a converter: this node cannot be imported (the message says why)."""
+
+
+@dataclass
+class Unknown:
+    """The output of a refused node: later nodes are still checked, never built."""
+    reason: str = ""
+
+
+def _onnx():
+    try:
+        import onnx
+        import onnx.numpy_helper  # noqa: F401
+        import onnx.reference  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"importing ONNX models needs the onnx package: pip install 'lamina[onnx]' ({e})") from None
+    return onnx
+
+
+def _read(source):
+    """(ModelProto, where) from a path, bytes, or a ModelProto."""
+    onnx = _onnx()
+    if isinstance(source, onnx.ModelProto):
+        return source, "the ONNX model"
+    if isinstance(source, (bytes, bytearray)):
+        where, blob = "the ONNX model (bytes)", bytes(source)
+    else:
+        where = os.fspath(source)
+        try:
+            with open(where, "rb") as f:
+                blob = f.read()
+        except OSError as e:
+            raise ModelFileError(f"{where}: cannot read the ONNX file ({e.strerror})") from None
+    try:
+        model = onnx.load_model_from_string(blob)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise ModelFileError(f"{where}: not an ONNX model ({type(e).__name__}: {e})") from None
+    return model, where
+
+
+def load(source, dtype="float32"):
+    """A Network from an ONNX model: a path, the file's bytes, or an onnx.ModelProto."""
+    onnx = _onnx()
+    model, where = _read(source)
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except Exception as e:  # onnx.checker.ValidationError and protobuf errors
+        raise ModelFileError(f"{where}: the model fails onnx.checker: {e}") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shapes are a help, not a requirement
+        pass
+    return Importer(model, where, dtype).build()
+
+
+def opset_of(model):
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 1
+
+
+class Importer:
+    def __init__(self, model, where, dtype):
+        from . import ops
+        self.onnx = _onnx()
+        self.model, self.where, self.graph = model, where, model.graph
+        self.opset = opset_of(model)
+        self.ops = ops
+        self.net = Network(dtype=dtype)
+        self.env = {}  # tensor name -> np.ndarray (constant) | Value | Unknown
+        self.problems = []
+        self.uses = {}  # tensor name -> how many nodes read it
+        for node in self.graph.node:
+            for name in node.input:
+                if name:
+                    self.uses[name] = self.uses.get(name, 0) + 1
+        for out in self.graph.output:  # a graph output counts as a use
+            self.uses[out.name] = self.uses.get(out.name, 0) + 1
+        self.linear_of = {}  # value name -> the bias-less Linear that produced it (MatMul + Add → bias)
+
+    # ------------------------------------------------------------------ building
+    def build(self):
+        nh = self.onnx.numpy_helper
+        for init in self.graph.initializer:
+            self.env[init.name] = nh.to_array(init)
+        for inp in self.graph.input:
+            if inp.name not in self.env:
+                self.env[inp.name] = self._input(inp)
+        for node in self.graph.node:
+            self._convert(node)
+        outputs = {}
+        for out in self.graph.output:
+            v = self.env.get(out.name)
+            if isinstance(v, Value):
+                outputs[out.name] = v
+            elif not isinstance(v, Unknown):
+                self.problems.append((out.name, "output", "a graph output that is a constant (it does not depend "
+                                                          "on any input)"))
+        if self.problems:
+            raise UnsupportedModelError(self.where, self.problems)
+        self.net.outputs(**outputs)
+        self.net.validate()
+        return self.net
+
+    def _input(self, inp):
+        t = inp.type.tensor_type
+        elem = self.onnx.TensorProto.DataType.Name(t.elem_type)
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if elem in ("FLOAT", "DOUBLE", "FLOAT16"):
+            kind = "float"
+        elif elem in ("INT64", "INT32", "INT16", "INT8", "UINT8", "UINT16", "UINT32"):
+            kind = "int32"
+        else:
+            self.problems.append((inp.name, "input", f"inputs of type {elem} (lamina takes float or integer tensors)"))
+            return Unknown()
+        if not dims:
+            self.problems.append((inp.name, "input", "a scalar input (lamina's inputs have a batch axis first)"))
+            return Unknown()
+        if any(d is None for d in dims[1:]):
+            self.problems.append((inp.name, "input", f"dynamic axes after the first (the batch) in shape "
+                                                     f"{['?' if d is None else d for d in dims]}"))
+            return Unknown()
+        return self.net.input(inp.name, tuple(dims[1:]), dtype=kind)
+
+    def _convert(self, node):
+        inputs = [self.env.get(name) if name else None for name in node.input]
+        missing = [name for name, v in zip(node.input, inputs) if name and v is None]
+        if missing:
+            self.problems.append((node.name, node.op_type, f"reads '{missing[0]}', which nothing defines"))
+            outs = [Unknown() for _ in node.output]
+        elif all(v is None or isinstance(v, np.ndarray) for v in inputs) and node.op_type not in self.ops.NEVER_FOLD:
+            outs = self._fold(node, inputs)
+        else:
+            # behind a refused node the values are unknown: the operator and its attribute names
+            # are still checked, so one error lists as much as can be known
+            converter = self.ops.CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            attrs = self.attributes(node)
+            why = None if converter is None else self.ops.unsupported_attributes(node.op_type, attrs)
+            if converter is None:
+                self.problems.append((node.name, node.op_type, "an operator lamina has no layer for"
+                                      + (f" (domain {node.domain})" if node.domain not in ("", "ai.onnx") else "")))
+                outs = [Unknown() for _ in node.output]
+            elif why:
+                self.problems.append((node.name, node.op_type, why))
+                outs = [Unknown() for _ in node.output]
+            elif any(isinstance(v, Unknown) for v in inputs):
+                outs = [Unknown() for _ in node.output]
+            else:
+                try:
+                    outs = converter(self, node, inputs, attrs)
+                except Refused as e:
+                    self.problems.append((node.name, node.op_type, str(e)))
+                    outs = [Unknown() for _ in node.output]
+        for name, v in zip(node.output, outs):
+            if name:
+                self.env[name] = v
+
+    def _fold(self, node, inputs):
+        """Evaluate a node of constants now (onnx's reference evaluator)."""
+        from onnx.reference import ReferenceEvaluator
+        feeds = {name: v for name, v in zip(node.input, inputs) if name}
+        try:
+            results = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+        except Exception as e:
+            self.problems.append((node.name, node.op_type, f"could not fold this node of constants ({e})"))
+            return [Unknown() for _ in node.output]
+        return [np.asarray(r) for r in results]
+
+    def attributes(self, node):
+        helper = self.onnx.helper
+        return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    # ------------------------------------------------------------------ helpers for converters
+    def add(self, layer, inputs, node):
+        """Apply a lamina layer to values, named after the ONNX node where possible."""
+        name = node.name if node.name and node.name not in self.net.values else None
+        return self.net.add(layer, list(inputs), name=name)
+
+    def shape(self, value):
+        """The ONNX shape of a value: (None for the batch,) + its per-sample shape."""
+        return (None,) + tuple(value.spec.shape)

@@ -1,0 +1,403 @@
+"""ONNX operators as lamina layers: one converter per operator, `convert(imp, node, inputs,
+attrs) -> outputs`. Inputs arrive as numpy constants or lamina Values (batch axis implied);
+a converter raises Refused, saying which attribute or case lamina lacks, for anything it
+cannot map exactly."""
+import math
+
+import numpy as np
+
+from ... import layers as L
+from ...graph import Value
+from .importer import Refused
+
+CONVERTERS = {}
+ATTRIBUTES = {}  # operator -> the attributes its converter reads (any other is refused)
+# operators converted even when every input is a constant (none yet: every listed one folds)
+NEVER_FOLD = frozenset()
+
+
+def converter(*op_types, attributes=()):
+    def register(fn):
+        for op in op_types:
+            CONVERTERS[op] = fn
+            ATTRIBUTES[op] = frozenset(attributes)
+        return fn
+    return register
+
+
+def unsupported_attributes(op_type, attrs):
+    """The attributes of a node that lamina's converter does not read, as a refusal reason."""
+    extra = sorted(set(attrs) - ATTRIBUTES.get(op_type, frozenset()))
+    return f"attribute{'s' if len(extra) > 1 else ''} {', '.join(extra)} not supported" if extra else None
+
+
+def value(x, what, kind="float"):
+    """An input that is a lamina value of `kind` ('float': lamina's layers compute on floats)."""
+    if not isinstance(x, Value):
+        raise Refused(f"{what} must depend on the model's inputs (a constant here)")
+    if x.spec.kind != kind:
+        raise Refused(f"{what} holds {x.spec.kind} values; this operator computes on {kind} in lamina")
+    return x
+
+
+def const(x, what):
+    if not isinstance(x, np.ndarray):
+        raise Refused(f"{what} must be a constant (an initializer); lamina takes it as a parameter")
+    return x
+
+
+def assign(layer, name, values):
+    p = layer.params[name]
+    values = np.asarray(values, dtype=np.float32)
+    if values.shape != p.shape:
+        raise Refused(f"{name} has shape {values.shape}, the layer expects {p.shape}")
+    p.assign(values)
+
+
+# ---------------------------------------------------------------------------- pass-through
+
+@converter("Identity")
+def identity(imp, node, inputs, attrs):
+    return [inputs[0]]
+
+
+@converter("Dropout", attributes={"seed"})
+def dropout(imp, node, inputs, attrs):
+    # inference semantics: the output is the input; a mask output has no lamina counterpart
+    if len(node.output) > 1 and node.output[1] and imp.uses.get(node.output[1]):
+        raise Refused("the mask output is used")
+    if len(inputs) > 2 and inputs[2] is not None and (not isinstance(inputs[2], np.ndarray) or bool(inputs[2])):
+        raise Refused("training_mode true (random masks at inference)")
+    return [inputs[0], None]
+
+
+# ---------------------------------------------------------------------------- activations
+
+def _activation(kind, slope=0.01):
+    def convert(imp, node, inputs, attrs):
+        x = value(inputs[0], "input")
+        return [imp.add(L.Activation(kind, slope=attrs.get("alpha", slope)), [x], node)]
+    return convert
+
+
+for _op, _kind in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("LeakyRelu", "leaky_relu")):
+    converter(_op, attributes={"alpha"} if _kind == "leaky_relu" else ())(_activation(_kind))
+
+
+@converter("Softmax", attributes={"axis"})
+def softmax(imp, node, inputs, attrs):
+    x = value(inputs[0], "input")
+    rank = 1 + len(x.spec.shape)
+    axis = attrs.get("axis", -1 if imp.opset >= 13 else 1)
+    axis = axis + rank if axis < 0 else axis
+    # opset < 13 flattens from `axis` on; both readings agree when axis is the last axis
+    if axis != rank - 1:
+        raise Refused(f"axis {attrs.get('axis')} of a rank-{rank} tensor (lamina's softmax is along the last axis)")
+    return [imp.add(L.Activation("softmax"), [x], node)]
+
+
+# ---------------------------------------------------------------------------- dense
+
+@converter("Gemm", attributes={"alpha", "beta", "transA", "transB"})
+def gemm(imp, node, inputs, attrs):
+    a = value(inputs[0], "A")
+    b = const(inputs[1], "B")
+    if attrs.get("transA", 0):
+        raise Refused("transA=1 with A from the inputs (it would move the batch axis)")
+    if len(a.spec.shape) != 1 or b.ndim != 2:
+        raise Refused(f"A must be [batch, K] and B 2-D, found A {list(imp.shape(a))}, B {list(b.shape)}")
+    bm = b.T if attrs.get("transB", 0) else b  # [K, M]
+    k, m = bm.shape
+    if k != a.spec.shape[0]:
+        raise Refused(f"A has {a.spec.shape[0]} columns, B {k} rows")
+    c = inputs[2] if len(inputs) > 2 else None
+    bias = None
+    if c is not None:
+        c = const(c, "C")
+        try:
+            bias = np.broadcast_to(c, (1, m)).reshape(m) * attrs.get("beta", 1.0)
+        except ValueError:
+            raise Refused(f"C of shape {list(c.shape)} is not a bias over the {m} outputs") from None
+    layer = L.Linear(k, m, bias=bias is not None)
+    assign(layer, "weight", attrs.get("alpha", 1.0) * bm.T)
+    if bias is not None:
+        assign(layer, "bias", bias)
+    return [imp.add(layer, [a], node)]
+
+
+@converter("MatMul")
+def matmul(imp, node, inputs, attrs):
+    a = value(inputs[0], "A")
+    b = const(inputs[1], "B (the second operand)")
+    if len(a.spec.shape) != 1 or b.ndim != 2 or b.shape[0] != a.spec.shape[0]:
+        raise Refused(f"A [batch, K] times a constant B [K, M] only; found A {list(imp.shape(a))}, B {list(b.shape)}")
+    layer = L.Linear(b.shape[0], b.shape[1], bias=False)
+    assign(layer, "weight", b.T)
+    out = imp.add(layer, [a], node)
+    imp.linear_of[out.name] = layer
+    return [out]
+
+
+def _bias_of(c, shape, negate):
+    """A constant broadcast over one sample's shape, or None where it varies along the batch."""
+    if c.ndim > len(shape) + 1 or (c.ndim == len(shape) + 1 and c.shape[0] != 1):
+        return None
+    try:
+        full = np.broadcast_to(c.reshape(c.shape[1:] if c.ndim == len(shape) + 1 else c.shape), shape)
+    except ValueError:
+        return None
+    return -full if negate else full
+
+
+@converter("Add", "Sub")
+def add_sub(imp, node, inputs, attrs):
+    a, b = inputs
+    for i, x in enumerate(inputs):
+        if isinstance(x, Value):
+            value(x, f"input {i}")
+    if isinstance(a, Value) and isinstance(b, Value):
+        if a.spec != b.spec:
+            raise Refused(f"operands of shapes {list(imp.shape(a))} and {list(imp.shape(b))} (broadcasting "
+                          f"between two inputs is not supported)")
+        if node.op_type == "Sub":
+            b = imp.net.add(L.Scale(-1.0), [b])
+        return [imp.add(L.Add(), [a, b], node)]
+    if not isinstance(a, Value):
+        if node.op_type == "Sub":
+            raise Refused("a constant minus an input")
+        a, b = b, a
+    bias = _bias_of(b, a.spec.shape, node.op_type == "Sub")
+    if bias is None:
+        raise Refused(f"a constant of shape {list(b.shape)} that does not broadcast over one sample "
+                      f"{list(a.spec.shape)}")
+    layer = imp.linear_of.get(a.name)
+    if layer is not None and not layer.has_bias and imp.uses.get(a.name) == 1 and bias.ndim == 1:
+        # MatMul + Add is Linear with a bias: fold it in
+        layer.has_bias = True
+        layer.add_param("bias", np.ascontiguousarray(bias, np.float32))
+        layer.bind_parameters()
+        imp.net._invalidate()
+        return [a]
+    bias_layer = L.Bias(a.spec.shape)
+    assign(bias_layer, "bias", bias)
+    return [imp.add(bias_layer, [a], node)]
+
+
+@converter("Concat", attributes={"axis"})
+def concat(imp, node, inputs, attrs):
+    xs = [value(x, f"input {i}") for i, x in enumerate(inputs)]
+    rank = 1 + len(xs[0].spec.shape)
+    axis = attrs["axis"] + rank if attrs["axis"] < 0 else attrs["axis"]
+    if axis != 1:
+        raise Refused(f"axis {attrs['axis']} (lamina concatenates features or channels: axis 1)")
+    layer = L.Concat() if rank == 2 else L.ConcatChannels()
+    return [imp.add(layer, xs, node)]
+
+
+@converter("Flatten", attributes={"axis"})
+def flatten(imp, node, inputs, attrs):
+    x = value(inputs[0], "input")
+    if attrs.get("axis", 1) != 1:
+        raise Refused(f"axis {attrs.get('axis')} (only axis 1 keeps the batch axis apart)")
+    return [imp.add(L.Reshape((math.prod(x.spec.shape),)), [x], node)]
+
+
+@converter("Reshape", attributes={"allowzero"})
+def reshape(imp, node, inputs, attrs):
+    x = value(inputs[0], "data")
+    target = [int(s) for s in const(inputs[1], "shape")]
+    if attrs.get("allowzero", 0) and 0 in target:
+        raise Refused("allowzero=1 with a zero in the shape")
+    if not target or target[0] not in (0, -1):
+        raise Refused(f"shape {target}: the first axis must stay the batch (0 or -1)")
+    count = math.prod(x.spec.shape)
+    sample = [x.spec.shape[i - 1] if s == 0 else s for i, s in enumerate(target) if i > 0]
+    if target[0] == -1 and -1 in sample:
+        raise Refused(f"shape {target}: two axes of unknown size")
+    if -1 in sample:
+        known = math.prod(s for s in sample if s != -1)
+        sample[sample.index(-1)] = count // known if known else 0
+    if math.prod(sample) != count:
+        raise Refused(f"shape {target} for samples of {list(x.spec.shape)}: it must keep the batch axis")
+    return [imp.add(L.Reshape(tuple(sample)), [x], node)]
+
+
+@converter("Gather", attributes={"axis"})
+def gather(imp, node, inputs, attrs):
+    table, ids = inputs
+    table = const(table, "data (the embedding table)")
+    ids = value(ids, "indices", kind="int32")
+    if attrs.get("axis", 0) != 0 or table.ndim != 2:
+        raise Refused("only rows of a 2-D table (axis 0), as an embedding")
+    if ids.spec.kind != "int32" or ids.spec.shape != ():
+        raise Refused(f"indices must be one integer per row, found {list(imp.shape(ids))}")
+    layer = L.Embedding(table.shape[0], table.shape[1])
+    assign(layer, "weight", table)
+    return [imp.add(layer, [ids], node)]
+
+
+# ---------------------------------------------------------------------------- volumes
+
+def _spatial(x, what):
+    nd = len(x.spec.shape) - 1
+    if nd not in (2, 3) or x.spec.sequence:
+        raise Refused(f"{what} must be [N, C, H, W] or [N, C, D, H, W], found {len(x.spec.shape) + 1}-D "
+                      f"(1-D convolutions and pools are not supported yet)")
+    return nd
+
+
+def _pads(attrs, nd, spatial, kernel, stride, dilation):
+    """Symmetric per-axis padding from pads / auto_pad, or Refused."""
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for n, k, s, d in zip(spatial, kernel, stride, dilation):
+            out = -(-n // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads.append((lo, total - lo))
+    elif auto == "VALID":
+        pads = [(0, 0)] * nd
+    else:
+        flat = list(attrs.get("pads", [0] * 2 * nd))
+        pads = list(zip(flat[:nd], flat[nd:]))
+    if any(lo != hi for lo, hi in pads):
+        raise Refused(f"asymmetric padding {pads} (auto_pad {auto}); lamina pads both sides alike")
+    return tuple(lo for lo, _ in pads)
+
+
+@converter("Conv", attributes={"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+def conv(imp, node, inputs, attrs):
+    x = value(inputs[0], "X")
+    w = const(inputs[1], "W")
+    b = const(inputs[2], "B") if len(inputs) > 2 and inputs[2] is not None else None
+    nd = _spatial(x, "X")
+    kernel = tuple(w.shape[2:])
+    if tuple(attrs.get("kernel_shape", kernel)) != kernel:
+        raise Refused(f"kernel_shape {attrs['kernel_shape']} differs from W's {list(kernel)}")
+    stride = tuple(attrs.get("strides", [1] * nd))
+    dilation = tuple(attrs.get("dilations", [1] * nd))
+    groups = attrs.get("group", 1)
+    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation)
+    in_channels = x.spec.shape[0]
+    if w.shape[1] * groups != in_channels:
+        raise Refused(f"W has {w.shape[1]} input channels per group, X has {in_channels} for group {groups}")
+    layer = (L.Conv2d if nd == 2 else L.Conv3d)(in_channels, w.shape[0], kernel, stride=stride, padding=padding,
+                                               dilation=dilation, groups=groups, bias=b is not None)
+    assign(layer, "weight", w)
+    if b is not None:
+        assign(layer, "bias", b)
+    return [imp.add(layer, [x], node)]
+
+
+@converter("ConvTranspose", attributes={"auto_pad", "dilations", "group", "kernel_shape",
+                                          "output_padding", "output_shape", "pads", "strides"})
+def conv_transpose(imp, node, inputs, attrs):
+    x = value(inputs[0], "X")
+    w = const(inputs[1], "W")
+    b = const(inputs[2], "B") if len(inputs) > 2 and inputs[2] is not None else None
+    nd = _spatial(x, "X")
+    kernel = tuple(w.shape[2:])
+    stride = tuple(attrs.get("strides", [1] * nd))
+    dilation = tuple(attrs.get("dilations", [1] * nd))
+    groups = attrs.get("group", 1)
+    spatial = x.spec.shape[1:]
+    output_padding = list(attrs.get("output_padding", [0] * nd))
+    if "output_shape" in attrs:
+        # total padding from the requested size; SAME_UPPER's split (the rest at the end) otherwise
+        wanted = list(attrs["output_shape"])[-nd:]
+        pads = []
+        for i, (n, k, s, d) in enumerate(zip(spatial, kernel, stride, dilation)):
+            total = s * (n - 1) + output_padding[i] + (k - 1) * d + 1 - wanted[i]
+            if total < 0:
+                raise Refused(f"output_shape {wanted} is larger than the kernel reaches")
+            lo = total // 2 if attrs.get("auto_pad", b"NOTSET") in (b"SAME_UPPER", "SAME_UPPER", b"NOTSET",
+                                                                     "NOTSET") else total - total // 2
+            pads.append((total - lo, lo) if attrs.get("auto_pad") in (b"SAME_UPPER", "SAME_UPPER") else (lo, total - lo))
+        if any(lo != hi for lo, hi in pads):
+            raise Refused(f"output_shape {wanted} needs asymmetric padding {pads}")
+        padding = tuple(lo for lo, _ in pads)
+    else:
+        auto = attrs.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            raise Refused(f"auto_pad {auto} on a transposed convolution")
+        flat = list(attrs.get("pads", [0] * 2 * nd))
+        pads = list(zip(flat[:nd], flat[nd:]))
+        if any(lo != hi for lo, hi in pads):
+            raise Refused(f"asymmetric padding {pads}; lamina pads both sides alike")
+        padding = tuple(lo for lo, _ in pads)
+    in_channels = x.spec.shape[0]
+    if w.shape[0] != in_channels:
+        raise Refused(f"W has {w.shape[0]} input channels, X has {in_channels}")
+    layer = (L.ConvTranspose2d if nd == 2 else L.ConvTranspose3d)(
+        in_channels, w.shape[1] * groups, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
+        bias=b is not None, output_padding=tuple(output_padding))
+    assign(layer, "weight", w)
+    if b is not None:
+        assign(layer, "bias", b)
+    return [imp.add(layer, [x], node)]
+
+
+def _pool_window(imp, node, x, attrs, nd):
+    kernel = tuple(attrs["kernel_shape"])
+    stride = tuple(attrs.get("strides", [1] * nd))
+    if any(d != 1 for d in attrs.get("dilations", [1] * nd)):
+        raise Refused(f"dilations {attrs['dilations']} (lamina's pools have none)")
+    if attrs.get("ceil_mode", 0):
+        raise Refused("ceil_mode=1")
+    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, (1,) * nd)
+    if any(2 * p > k for p, k in zip(padding, kernel)):
+        raise Refused(f"padding {padding} more than half the kernel {kernel}")
+    return kernel, stride, padding
+
+
+@converter("MaxPool", attributes={"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
+                                    "storage_order", "strides"})
+def max_pool(imp, node, inputs, attrs):
+    x = value(inputs[0], "X")
+    nd = _spatial(x, "X")
+    if len(node.output) > 1 and node.output[1]:
+        raise Refused("the Indices output")
+    kernel, stride, padding = _pool_window(imp, node, x, attrs, nd)
+    layer = (L.MaxPool2d if nd == 2 else L.MaxPool3d)(kernel, stride, padding)
+    return [imp.add(layer, [x], node)]
+
+
+@converter("AveragePool", attributes={"auto_pad", "ceil_mode", "count_include_pad", "dilations",
+                                        "kernel_shape", "pads", "strides"})
+def average_pool(imp, node, inputs, attrs):
+    x = value(inputs[0], "X")
+    nd = _spatial(x, "X")
+    kernel, stride, padding = _pool_window(imp, node, x, attrs, nd)
+    layer = (L.AvgPool2d if nd == 2 else L.AvgPool3d)(kernel, stride, padding,
+                                                     count_include_pad=bool(attrs.get("count_include_pad", 0)))
+    return [imp.add(layer, [x], node)]
+
+
+@converter("GlobalAveragePool")
+def global_average_pool(imp, node, inputs, attrs):
+    x = value(inputs[0], "X")
+    nd = _spatial(x, "X")
+    spatial = x.spec.shape[1:]
+    layer = (L.AvgPool2d if nd == 2 else L.AvgPool3d)(spatial, spatial, 0)
+    return [imp.add(layer, [x], node)]
+
+
+@converter("BatchNormalization", attributes={"epsilon", "momentum", "training_mode", "spatial"})
+def batch_norm(imp, node, inputs, attrs):
+    if attrs.get("training_mode", 0):
+        raise Refused("training_mode=1 (the imported layer uses the running statistics)")
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise Refused("the running-statistics outputs (training mode)")
+    x = value(inputs[0], "X")
+    nd = _spatial(x, "X")
+    scale, bias, mean, var = (const(v, n) for v, n in zip(inputs[1:5], ("scale", "B", "input_mean", "input_var")))
+    channels = x.spec.shape[0]
+    layer = (L.BatchNorm2d if nd == 2 else L.BatchNorm3d)(channels, eps=attrs.get("epsilon", 1e-5),
+                                                         momentum=1 - attrs.get("momentum", 0.9),
+                                                         frozen_statistics=True)
+    for name, values in (("weight", scale), ("bias", bias), ("running_mean", mean), ("running_var", var)):
+        assign(layer, name, values)
+    return [imp.add(layer, [x], node)]

@@ -1,0 +1,187 @@
+"""ONNX import: ONNX's own node conformance cases, real PyTorch exports (both exporters), the
+refusal of what lamina lacks (every item listed at once), malformed files, fine-tuning an
+imported model against PyTorch, and the command's .onnx handling."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.cli import main
+
+import onnx_conformance
+
+import onnx  # noqa: E402  (test extras, installed by make test)
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+
+CASES = onnx_conformance.cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_onnx_node_conformance(case):
+    """Each case passes or is refused with a stated reason; wrong numbers or a crash fail."""
+    outcome, detail = onnx_conformance.run_case(case)
+    assert outcome != "failed", detail
+    if outcome == "refused":
+        assert detail
+
+
+class CNN(torch.nn.Module):
+    """Conv2d, BatchNorm2d, ReLU, MaxPool2d, AvgPool2d, Flatten, Linear."""
+
+    def __init__(self, batch_norm=True):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4) if batch_norm else torch.nn.Identity()
+        self.pool = torch.nn.MaxPool2d(2)
+        self.c2 = torch.nn.Conv2d(4, 8, 3)
+        self.avg = torch.nn.AvgPool2d(2)
+        self.fc = torch.nn.Linear(8 * 3 * 3, 5)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.bn(self.c1(x))))
+        x = self.avg(torch.relu(self.c2(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
+def export(model, example, dynamo, opset):
+    """The model's ONNX bytes from torch.onnx.export, batch axis dynamic."""
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            torch.onnx.export(model, (example,), f, dynamo=True, opset_version=opset, input_names=["x"],
+                              output_names=["y"], dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False)
+        else:
+            torch.onnx.export(model, (example,), f, dynamo=False, opset_version=opset, input_names=["x"],
+                              output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return f.getvalue()
+
+
+EXPORTS = [(False, 17), (False, 20), (True, 18), (True, 20)]  # (dynamo, opset): 17 and the newest of each
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    torch.manual_seed(0)
+    model = CNN().eval()
+    with torch.no_grad():  # statistics that are not the identity, so the folded BN matters
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    return model
+
+
+@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                      for d, o in EXPORTS])
+def test_pytorch_cnn_export_runs_as_in_pytorch_and_onnx_runtime(cnn, dynamo, opset):
+    x = torch.randn(3, 1, 16, 16)
+    blob = export(cnn, x, dynamo, opset)
+    net = lm.onnx.load(blob)
+    batch = torch.randn(5, 1, 16, 16)  # another batch size than the example's
+    ours = net.run({"x": batch.numpy()})["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(ours, cnn(batch).numpy(), rtol=1e-4, atol=1e-5)
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_fine_tuning_an_imported_cnn_follows_pytorch(dynamo):
+    """Gradients of an imported model equal PyTorch's on the same batch, and 20 steps lower the loss."""
+    torch.manual_seed(1)
+    model = CNN(batch_norm=False).eval()
+    net = lm.onnx.load(export(model, torch.randn(2, 1, 16, 16), dynamo, 18 if dynamo else 17))
+    labels = net.input("labels", dtype="int32")
+    net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(net.values[net.output_values["y"]], labels))
+    rng = np.random.default_rng(2)
+    xb = rng.standard_normal((8, 1, 16, 16)).astype(np.float32)
+    yb = rng.integers(0, 5, 8).astype(np.int32)
+    net.forward({"x": xb, "labels": yb}, outputs=["loss"])
+    net.backward()
+    loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(xb)), torch.from_numpy(yb).long())
+    loss.backward()
+    ours = [p for p in net.parameters()]
+    theirs = [p for p in model.parameters()]
+    assert [tuple(p.shape) for p in ours] == [tuple(p.shape) for p in theirs]
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=1e-4, atol=1e-6)
+    opt = lm.optim.SGD(net, lr=0.05, momentum=0.9)
+    feeds = {"x": xb, "labels": yb}
+    first = net.train_step(feeds, opt)
+    for _ in range(19):
+        last = net.train_step(feeds, opt)
+    assert last < 0.5 * first
+
+
+def graph_model(nodes, inputs, outputs, initializers=()):
+    from onnx import helper
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_every_unsupported_part_is_listed_at_once():
+    from onnx import TensorProto, helper, numpy_helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    model = graph_model([
+        helper.make_node("Elu", ["x"], ["a"], name="elu"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu"),  # fine, but its input is not: not reported
+        helper.make_node("Gemm", ["b", "w"], ["c"], name="gemm_t", transA=1),
+        helper.make_node("Concat", ["c", "c"], ["d"], name="cat0", axis=0),
+        helper.make_node("Softmax", ["x"], ["y"], name="soft", axis=0),
+    ], [x], [y], [numpy_helper.from_array(np.ones((4, 4), np.float32), "w")])
+    with pytest.raises(lm.onnx.UnsupportedModelError) as info:
+        lm.onnx.load(model.SerializeToString())
+    message = str(info.value)
+    assert "cannot run 2 part(s)" in message
+    assert "node 'elu' (Elu): an operator lamina has no layer for" in message
+    assert "node 'soft' (Softmax): axis 0 of a rank-2 tensor" in message
+    # with the Elu gone, the nodes behind it are built and checked too
+    model.graph.node[0].op_type = "Tanh"
+    del model.graph.node[3].attribute[:]
+    model.graph.node[3].op_type = "Selu"
+    model.graph.node[3].input.pop()
+    with pytest.raises(lm.onnx.UnsupportedModelError) as info:
+        lm.onnx.load(model)
+    problems = {(n, what.split(" (")[0]) for n, _, what in info.value.problems}
+    # 'cat0', now a Selu, reads the refused Gemm's output: its operator is still checked
+    assert problems == {("gemm_t", "transA=1 with A from the inputs"), ("cat0", "an operator lamina has no layer for"),
+                        ("soft", "axis 0 of a rank-2 tensor")}
+
+
+def test_malformed_files_name_the_file(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage that is no protobuf \xff\xff")
+    with pytest.raises(lm.ModelFileError, match="bad.onnx: (not an ONNX model|the model fails onnx.checker)"):
+        lm.onnx.load(bad)
+    with pytest.raises(lm.ModelFileError, match="missing.onnx: cannot read"):
+        lm.onnx.load(tmp_path / "missing.onnx")
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    broken = graph_model([helper.make_node("Relu", ["nowhere"], ["y"], name="r")], [x],
+                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    (tmp_path / "broken.onnx").write_bytes(broken.SerializeToString())
+    with pytest.raises(lm.ModelFileError, match="broken.onnx: the model fails onnx.checker"):
+        lm.onnx.load(tmp_path / "broken.onnx")
+
+
+def test_the_command_takes_onnx_files(tmp_path, cnn, capsys):
+    blob = export(cnn, torch.randn(2, 1, 16, 16), False, 17)
+    (tmp_path / "cnn.onnx").write_bytes(blob)
+    x = np.random.default_rng(3).standard_normal((4, 1, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    assert main(["import", str(tmp_path / "cnn.onnx"), "-o", str(tmp_path / "cnn.lamina")]) == 0
+    converted = lm.load(tmp_path / "cnn.lamina")
+    with torch.no_grad():
+        np.testing.assert_allclose(converted.run({"x": x})["y"], cnn(torch.from_numpy(x)).numpy(), rtol=1e-4,
+                                   atol=1e-5)
+    assert main(["infer", str(tmp_path / "cnn.onnx"), str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], converted.run({"x": x})["y"])
+    assert main(["inspect", str(tmp_path / "cnn.onnx")]) == 0
+    assert "Conv2d" in capsys.readouterr().out
+    (tmp_path / "junk.onnx").write_bytes(b"junk")
+    assert main(["import", str(tmp_path / "junk.onnx"), "-o", str(tmp_path / "j.lamina")]) == 2
+    assert "junk.onnx:" in capsys.readouterr().err
+    assert not (tmp_path / "j.lamina").exists()
