@@ -273,6 +273,21 @@ def cmd_import(args):
     return 0
 
 
+def cmd_export(args):
+    lm = _setup(args)
+    if not args.output.endswith(".onnx"):
+        raise CommandError(f"--output {args.output}: expected an .onnx file name")
+    _writable(args.output, "--output")
+    net = _load(lm, args.model)
+    try:
+        model = lm.onnx.save(net, args.output)
+    except ImportError as e:
+        raise CommandError(str(e)) from None
+    print(f"wrote {args.output}: {len(model.graph.node)} ONNX nodes (opset {model.opset_import[0].version}), "
+          f"outputs {', '.join(o.name for o in model.graph.output)}")
+    return 0
+
+
 def cmd_inspect(args):
     lm = _setup(args)
     net = _load(lm, args.model)
@@ -398,6 +413,11 @@ def parser():
     s.add_argument("model", help="an .onnx file")
     s.add_argument("--output", "-o", required=True, help="the lamina model file to write")
     s.set_defaults(run=cmd_import)
+
+    s = sub.add_parser("export", parents=[common], help="write a model's inference graph as ONNX")
+    s.add_argument("model", help="a lamina model file")
+    s.add_argument("--output", "-o", required=True, help="the .onnx file to write")
+    s.set_defaults(run=cmd_export)
 
     s = sub.add_parser("inspect", parents=[common], help="describe a model file")
     s.add_argument("model")

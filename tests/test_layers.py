@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import lamina as lm
-from lamina.layers import (Activation, Add, BCEWithLogits, Concat, Dropout, Linear, Scale,
-                           SoftmaxCrossEntropy, SquareError)
+from lamina.layers import (Activation, Add, BCEWithLogits, Bias, Concat, Dropout, Linear, Multiply, Reshape,
+                           Scale, SoftmaxCrossEntropy, SquareError)
 from lamina.testing import GradientCheckError, add_probe_cost, check_gradients, probe_feed
 
 from helpers import rand
@@ -205,3 +205,26 @@ def test_activation_with_several_axes_per_sample(activation, shape):
     for device in devices:
         np.testing.assert_allclose(single.to(device).run({"x": x})["y"], expected, rtol=2e-5, atol=1e-6,
                                    err_msg=device)
+
+
+def test_reshape_gradients_and_numpy():
+    net, feeds, out = probed(lambda x: Reshape((3, 2, 2))(x), [(2, 6)])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_array_equal(net.scheduler.current.values[out.name], feeds["x0"].reshape(N, 3, 2, 2))
+
+
+def test_bias_gradients_and_numpy():
+    layer = Bias((2, 3))
+    net, feeds, out = probed(lambda x: layer(x), [(2, 3)])
+    layer.params["bias"].assign(np.arange(6.0).reshape(2, 3))
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_allclose(net.scheduler.current.values[out.name], feeds["x0"] + np.arange(6.0).reshape(2, 3))
+
+
+def test_multiply_gradients_and_numpy():
+    net, feeds, out = probed(lambda a, b: Multiply()(a, b), [(3, 2), (3, 2)])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_allclose(net.scheduler.current.values[out.name], feeds["x0"] * feeds["x1"])

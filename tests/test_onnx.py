@@ -185,3 +185,86 @@ def test_the_command_takes_onnx_files(tmp_path, cnn, capsys):
     assert main(["import", str(tmp_path / "junk.onnx"), "-o", str(tmp_path / "j.lamina")]) == 2
     assert "junk.onnx:" in capsys.readouterr().err
     assert not (tmp_path / "j.lamina").exists()
+
+
+# ---------------------------------------------------------------- export
+
+def every_exportable_layer():
+    """A network using each layer the exporter knows, in inference form."""
+    lm.manual_seed(7)
+    net = lm.Network()
+    x = net.input("x", (3, 8, 8))
+    ids = net.input("ids", dtype="int32")
+    h = lm.layers.Conv2d(3, 4, 3, padding=1, stride=1)(x)
+    bn = lm.layers.BatchNorm2d(4)
+    h = bn(h)
+    h = lm.layers.Activation("relu")(h)
+    a = lm.layers.MaxPool2d(2)(h)                                # [4, 4, 4]
+    b = lm.layers.AvgPool2d(3, stride=2, padding=1, count_include_pad=False)(h)
+    h = lm.layers.ConcatChannels()(a, b)                         # [8, 4, 4]
+    up = lm.layers.ConvTranspose2d(8, 2, 3, stride=2, padding=1, output_padding=1)(h)  # [2, 8, 8]
+    g = lm.layers.Conv2d(2, 2, 3, padding=2, dilation=2, groups=2)(up)
+    flat = lm.layers.Reshape((128,))(lm.layers.Multiply()(up, g))
+    flat = lm.layers.Dropout(0.3)(lm.layers.Scale(0.5)(flat))
+    e = lm.layers.Embedding(11, 6)(ids)
+    h = lm.layers.Linear([128, 6], 16, activation="tanh")(flat, e)
+    h = lm.layers.Bias((16,))(lm.layers.Linear(16, 16, activation="leaky_relu", slope=0.2)(h))
+    y = lm.layers.Linear(16, 5, activation="softmax")(lm.layers.Add(activation="sigmoid")(h, h))
+    z = lm.layers.Activation("softrelu")(lm.layers.Linear(16, 4, bias=False)(h))
+    labels = net.input("labels", dtype="int32")
+    net.outputs(probs=y, extra=z, loss=lm.layers.SoftmaxCrossEntropy()(y, labels))
+    for p in (bn.params["running_mean"], bn.params["running_var"]):
+        p.assign(np.linspace(0.5, 1.5, 4))
+    return net
+
+
+def test_export_runs_in_onnx_runtime_and_passes_the_full_check(tmp_path):
+    net = every_exportable_layer()
+    model = lm.onnx.save(net, tmp_path / "all.onnx")
+    onnx.checker.check_model(onnx.load(tmp_path / "all.onnx"), full_check=True)
+    assert [o.name for o in model.graph.output] == ["probs", "extra"]  # the loss needs labels: left out
+    rng = np.random.default_rng(8)
+    feeds = {"x": rng.standard_normal((4, 3, 8, 8)).astype(np.float32), "ids": rng.integers(0, 11, 4).astype(np.int32)}
+    ours = net.run(feeds, ["probs", "extra"])
+    session = ort.InferenceSession(str(tmp_path / "all.onnx"), providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {"x": feeds["x"], "ids": feeds["ids"].astype(np.int64)})
+    for name, got in zip(("probs", "extra"), theirs):
+        np.testing.assert_allclose(got, ours[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    again = lm.onnx.load(tmp_path / "all.onnx")  # and back: the same outputs
+    back = again.run({"x": feeds["x"], "ids": feeds["ids"]})
+    for name in ("probs", "extra"):
+        np.testing.assert_allclose(back[name], ours[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_shipped_denoiser_exports(tmp_path):
+    from pathlib import Path
+    from lamina.zoo import denoise
+    net = lm.load(Path(__file__).resolve().parent.parent / "models/denoise3d/model.lamina")
+    assert main(["export", str(Path(__file__).resolve().parent.parent / "models/denoise3d/model.lamina"),
+                 "-o", str(tmp_path / "dn.onnx")]) == 0
+    clean = denoise.shapes(2, np.random.default_rng(1))
+    noisy = denoise.noisy_copy(clean, np.random.default_rng(2))
+    ours = net.run({"noisy": noisy}, ["denoised"])["denoised"]
+    theirs = ort.InferenceSession(str(tmp_path / "dn.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"noisy": noisy})[0]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lm.onnx.load(tmp_path / "dn.onnx").run({"noisy": noisy})["denoised"], ours,
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_round_trip_pytorch_onnx_lamina_onnx(cnn, dynamo, tmp_path):
+    blob = export(cnn, torch.randn(2, 1, 16, 16), dynamo, 18 if dynamo else 17)
+    lm.onnx.save(lm.onnx.load(blob), tmp_path / "again.onnx")
+    x = np.random.default_rng(4).standard_normal((3, 1, 16, 16)).astype(np.float32)
+    first = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    second = ort.InferenceSession(str(tmp_path / "again.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(second, first, rtol=1e-5, atol=1e-5)
+
+
+def test_layers_without_an_exporter_are_named():
+    net = lm.Network()
+    x = net.input("x", 3)
+    net.outputs(y=lm.layers.SequencePool("max")(net.input("s", 3, sequence=True)), z=lm.layers.Activation("tanh")(x))
+    with pytest.raises(lm.GraphError, match="sequence and selection inputs have no ONNX export yet"):
+        lm.onnx.save(net)

@@ -214,7 +214,9 @@ def dense_net(seed=0):
     g = Linear([8, 4], 8, activation="leaky_relu", name="b")(h, z)
     s = Add(activation="sigmoid", name="add")(g, Scale(0.5, name="half")(h))
     c = Concat(name="cat")(s, Activation("softrelu", name="act")(h))
-    logits = Linear(16, 3, name="logits")(c)
+    square = lm.layers.Reshape((4, 4), name="square")(c)
+    m = lm.layers.Multiply(name="mul")(c, lm.layers.Reshape((16,), name="flat")(square))
+    logits = Linear(16, 3, name="logits")(lm.layers.Bias((16,), name="shift")(m))
     reg = Linear(16, 5, activation="exponential", name="reg")(Dropout(0.0, name="drop")(c))
     net.outputs(xent=SoftmaxCrossEntropy(name="xent")(logits, y), se=SquareError(name="se")(reg, t),
                 bce=BCEWithLogits(name="bce")(Linear(16, 5, name="bl")(c), t),

@@ -328,3 +328,27 @@ class Bias(Layer):
 
     def config(self):
         return {"shape": list(self.shape)}
+
+
+@register
+class Multiply(Layer):
+    """y = x_0 * x_1, element-wise, inputs of one shape (an ONNX Mul of two values)."""
+
+    kind = "multiply"
+    opencl = True
+    arity = (2, 2)
+
+    def output_spec(self, specs):
+        return same_specs(specs, "Multiply")
+
+    def forward(self, ctx):
+        a, b = ctx.inputs
+        ctx.be.multiply(a, b, ctx.output)
+
+    def backward(self, ctx):
+        a, b = ctx.inputs
+        dy = ctx.grad_output
+        for slot, other in ((0, b), (1, a)):
+            dx = ctx.input_grad(slot)
+            if dx is not None:
+                ctx.be.multiply(dy, other, dx.array, dx.beta)

@@ -2,7 +2,9 @@
 
 `load(path_or_bytes)` builds a Network whose initializers are trainable Parameters; what only
 computes constants is folded at import; a model using an operator or attribute lamina lacks is
-refused with one error listing every such (node, operator, attribute)."""
+refused with one error listing every such (node, operator, attribute). `save(net, path)` writes
+the network's inference graph as ONNX (opset 18)."""
+from .exporter import save
 from .importer import UnsupportedModelError, load
 
-__all__ = ["load", "UnsupportedModelError"]
+__all__ = ["load", "save", "UnsupportedModelError"]

@@ -71,6 +71,20 @@ def dropout(imp, node, inputs, attrs):
     return [inputs[0], None]
 
 
+@converter("Cast", attributes={"to", "saturate", "round_mode"})
+def cast(imp, node, inputs, attrs):
+    """A cast that keeps lamina's kind of value (integers to integers, floats to floats) is the
+    identity here: lamina holds ids as int32 and floats in the network's type."""
+    x = inputs[0]
+    tp = imp.onnx.TensorProto
+    ints = {tp.INT8, tp.INT16, tp.INT32, tp.INT64, tp.UINT8, tp.UINT16, tp.UINT32}
+    floats = {tp.FLOAT, tp.DOUBLE, tp.FLOAT16}
+    to = attrs["to"]
+    if (x.spec.kind == "int32" and to in ints) or (x.spec.kind == "float" and to in floats):
+        return [x]
+    raise Refused(f"a cast of {x.spec.kind} values to {tp.DataType.Name(to)} (lamina keeps ids and floats apart)")
+
+
 # ---------------------------------------------------------------------------- activations
 
 def _activation(kind, slope=0.01):
@@ -80,7 +94,8 @@ def _activation(kind, slope=0.01):
     return convert
 
 
-for _op, _kind in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("LeakyRelu", "leaky_relu")):
+for _op, _kind in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("LeakyRelu", "leaky_relu"),
+                  ("Softplus", "softrelu"), ("Exp", "exponential")):
     converter(_op, attributes={"alpha"} if _kind == "leaky_relu" else ())(_activation(_kind))
 
 
@@ -181,6 +196,33 @@ def add_sub(imp, node, inputs, attrs):
     bias_layer = L.Bias(a.spec.shape)
     assign(bias_layer, "bias", bias)
     return [imp.add(bias_layer, [a], node)]
+
+
+@converter("Mul", "Div")
+def mul_div(imp, node, inputs, attrs):
+    a, b = inputs
+    for i, x in enumerate(inputs):
+        if isinstance(x, Value):
+            value(x, f"input {i}")
+    if isinstance(a, Value) and isinstance(b, Value):
+        if node.op_type == "Div":
+            raise Refused("a division of two inputs")
+        if a.spec != b.spec:
+            raise Refused(f"operands of shapes {list(imp.shape(a))} and {list(imp.shape(b))} (broadcasting "
+                          f"between two inputs is not supported)")
+        return [imp.add(L.Multiply(), [a, b], node)]
+    if not isinstance(a, Value):
+        if node.op_type == "Div":
+            raise Refused("a constant divided by an input")
+        a, b = b, a
+    if b.size != 1:
+        raise Refused(f"a constant of shape {list(b.shape)}: only a single factor (a scalar) is supported")
+    factor = float(b.reshape(()))
+    if node.op_type == "Div":
+        if factor == 0:
+            raise Refused("division by a constant zero")
+        factor = 1.0 / factor
+    return [imp.add(L.Scale(factor), [a], node)]
 
 
 @converter("Concat", attributes={"axis"})

@@ -1,0 +1,229 @@
+"""lamina Network → ONNX (opset 18): the inference graph of the outputs that need no labels.
+
+Each input gets a dynamic first axis ('batch') before its per-sample shape; each layer becomes
+one or a few standard ONNX nodes, its parameters initializers. Costs (and the outputs that need
+them) are training-only and left out. A layer kind without an exporter is refused by name.
+"""
+import numpy as np
+
+from ...errors import GraphError
+from .importer import _onnx
+
+OPSET = 18
+EXPORTERS = {}
+
+
+def exporter(*kinds):
+    def register(fn):
+        for kind in kinds:
+            EXPORTERS[kind] = fn
+        return fn
+    return register
+
+
+class Graph:
+    """The ONNX graph being written: nodes, initializers, fresh names."""
+
+    def __init__(self, onnx):
+        self.onnx, self.helper = onnx, onnx.helper
+        self.nodes, self.initializers, self._names = [], [], set()
+
+    def fresh(self, base):
+        name, i = base, 0
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def constant(self, base, values, dtype=np.float32):
+        name = self.fresh(base)
+        self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(values, dtype=dtype), name))
+        return name
+
+    def node(self, op, inputs, output=None, name=None, **attrs):
+        output = output or self.fresh(f"{name or op}_out")
+        self._names.add(output)
+        self.nodes.append(self.helper.make_node(op, list(inputs), [output], name=self.fresh(name or op), **attrs))
+        return output
+
+
+def save(net, path=None):
+    """Write `net` as ONNX to `path` (atomically) and return the ModelProto; the model passes
+    onnx.checker's full check."""
+    onnx = _onnx()
+    net.validate()
+    model = to_model(net, onnx)
+    onnx.checker.check_model(model, full_check=True)
+    if path is not None:
+        from ..model import write_atomic
+        write_atomic(path, model.SerializeToString())
+    return model
+
+
+def inference_outputs(net):
+    """The outputs that a run computes without any cost layer (what inference serves)."""
+    sched = net.scheduler
+    keep = {}
+    for name, value in net.output_values.items():
+        plan = sched.plan(False, (name,))
+        if not any(n.layer.is_cost for n in plan.nodes):
+            keep[name] = (value, plan)
+    return keep
+
+
+def to_model(net, onnx):
+    helper, tp = onnx.helper, onnx.TensorProto
+    g = Graph(onnx)
+    outputs = inference_outputs(net)
+    if not outputs:
+        raise GraphError("nothing to export: every output of the network is a cost (training only)")
+    needed = {n.name for _, plan in outputs.values() for n in plan.nodes}
+    inputs = [v for v in net.input_names if any(v in plan.inputs for _, plan in outputs.values())]
+    names = {}
+    graph_inputs = []
+    for v in inputs:
+        spec = net.values[v].spec
+        if spec.sequence or spec.kind == "selection":
+            raise GraphError(f"input '{v}': sequence and selection inputs have no ONNX export yet")
+        elem = tp.FLOAT if spec.kind == "float" else tp.INT64
+        graph_inputs.append(helper.make_tensor_value_info(v, elem, ["batch", *spec.shape]))
+        names[v] = g.fresh(v)
+        if spec.kind != "float":  # lamina's ids are int32; ONNX models take int64 ids
+            names[v] = g.node("Cast", [v], name=f"{v}_int32", to=tp.INT32)
+    missing = sorted({type(n.layer).__name__ for n in net.scheduler.order
+                      if n.name in needed and n.layer.kind not in EXPORTERS})
+    if missing:
+        raise GraphError(f"no ONNX export yet for layer type{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    for node in net.scheduler.order:
+        if node.name not in needed:
+            continue
+        ins = [names[v.name] for v in node.inputs]
+        outs = EXPORTERS[node.layer.kind](g, node.layer, ins, [net.values[v.name].spec for v in node.inputs], node)
+        for out, onnx_name in zip(node.outputs, outs if isinstance(outs, (list, tuple)) else [outs]):
+            names[out] = onnx_name
+    graph_outputs = []
+    for name, (value, _) in outputs.items():
+        g.node("Identity", [names[value]], output=name, name=f"output_{name}")
+        graph_outputs.append(helper.make_tensor_value_info(name, tp.FLOAT, ["batch", *net.values[value].spec.shape]))
+    graph = helper.make_graph(g.nodes, "lamina", graph_inputs, graph_outputs, initializer=g.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lamina")
+
+
+def param(layer, name):
+    return np.asarray(layer.params[name].value, np.float32)
+
+
+ACTIVATION_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exponential": "Exp", "softrelu": "Softplus"}
+
+
+def activate(g, x, kind, slope, name):
+    if kind == "linear":
+        return x
+    if kind == "leaky_relu":
+        return g.node("LeakyRelu", [x], name=f"{name}_act", alpha=float(slope))
+    if kind == "softmax":
+        return g.node("Softmax", [x], name=f"{name}_act", axis=-1)
+    return g.node(ACTIVATION_OPS[kind], [x], name=f"{name}_act")
+
+
+@exporter("linear")
+def linear(g, layer, ins, specs, node):
+    terms = []
+    for x, wname in zip(ins, layer.weight_names):
+        w = g.constant(f"{node.name}.{wname}", param(layer, wname))
+        terms.append(g.node("Gemm", [x, w], name=node.name, transB=1) if len(ins) == 1 else
+                     g.node("MatMul", [x, g.constant(f"{node.name}.{wname}_t", param(layer, wname).T)], name=node.name))
+    if len(ins) == 1 and layer.has_bias:
+        g.nodes.pop()
+        terms = [g.node("Gemm", [ins[0], w, g.constant(f"{node.name}.bias", param(layer, "bias"))], name=node.name,
+                        transB=1)]
+    y = terms[0]
+    for t in terms[1:]:
+        y = g.node("Add", [y, t], name=f"{node.name}_sum")
+    if len(ins) > 1 and layer.has_bias:
+        y = g.node("Add", [y, g.constant(f"{node.name}.bias", param(layer, "bias"))], name=f"{node.name}_bias")
+    return activate(g, y, layer.activation, layer.slope, node.name)
+
+
+@exporter("activation")
+def activation(g, layer, ins, specs, node):
+    return activate(g, ins[0], layer.activation, layer.slope, node.name) if layer.activation != "linear" \
+        else g.node("Identity", ins, name=node.name)
+
+
+@exporter("add")
+def add(g, layer, ins, specs, node):
+    y = ins[0] if len(ins) > 1 else g.node("Identity", ins, name=node.name)
+    for x in ins[1:]:
+        y = g.node("Add", [y, x], name=node.name)
+    return activate(g, y, layer.activation, layer.slope, node.name)
+
+
+@exporter("scale")
+def scale(g, layer, ins, specs, node):
+    return g.node("Mul", [ins[0], g.constant(f"{node.name}.factor", np.float32(layer.factor))], name=node.name)
+
+
+@exporter("bias")
+def bias(g, layer, ins, specs, node):
+    return g.node("Add", [ins[0], g.constant(f"{node.name}.bias", param(layer, "bias"))], name=node.name)
+
+
+@exporter("dropout")
+def dropout(g, layer, ins, specs, node):
+    return g.node("Identity", ins, name=node.name)
+
+
+@exporter("concat", "concat_channels")
+def concat(g, layer, ins, specs, node):
+    return g.node("Concat", ins, name=node.name, axis=1)
+
+
+@exporter("reshape")
+def reshape(g, layer, ins, specs, node):
+    shape = g.constant(f"{node.name}.shape", [-1, *layer.shape], dtype=np.int64)
+    return g.node("Reshape", [ins[0], shape], name=node.name)
+
+
+@exporter("embedding")
+def embedding(g, layer, ins, specs, node):
+    return g.node("Gather", [g.constant(f"{node.name}.weight", param(layer, "weight")), ins[0]], name=node.name, axis=0)
+
+
+@exporter("conv3d", "conv2d", "conv_transpose3d", "conv_transpose2d")
+def conv(g, layer, ins, specs, node):
+    nd = len(layer.kernel_size)
+    attrs = dict(kernel_shape=list(layer.kernel_size), strides=list(layer.stride), dilations=list(layer.dilation),
+                 pads=list(layer.padding) * 2, group=layer.groups)
+    if layer.transposed:
+        attrs["output_padding"] = list(layer.output_padding)
+    args = [ins[0], g.constant(f"{node.name}.weight", param(layer, "weight"))]
+    if layer.has_bias:
+        args.append(g.constant(f"{node.name}.bias", param(layer, "bias")))
+    assert nd == len(specs[0].shape) - 1
+    return g.node("ConvTranspose" if layer.transposed else "Conv", args, name=node.name, **attrs)
+
+
+@exporter("max_pool3d", "max_pool2d", "avg_pool3d", "avg_pool2d")
+def pool(g, layer, ins, specs, node):
+    attrs = dict(kernel_shape=list(layer.kernel_size), strides=list(layer.stride), pads=list(layer.padding) * 2)
+    if layer.kind.startswith("avg"):
+        return g.node("AveragePool", ins, name=node.name, count_include_pad=int(layer.count_include_pad), **attrs)
+    return g.node("MaxPool", ins, name=node.name, **attrs)
+
+
+@exporter("batch_norm3d", "batch_norm2d")
+def batch_norm(g, layer, ins, specs, node):
+    c = layer.num_features
+    weight = param(layer, "weight") if layer.affine else np.ones(c, np.float32)
+    bias = param(layer, "bias") if layer.affine else np.zeros(c, np.float32)
+    args = [ins[0]] + [g.constant(f"{node.name}.{n}", v) for n, v in (
+        ("weight", weight), ("bias", bias), ("running_mean", param(layer, "running_mean")),
+        ("running_var", param(layer, "running_var")))]
+    return g.node("BatchNormalization", args, name=node.name, epsilon=float(layer.eps))
+
+
+@exporter("multiply")
+def multiply(g, layer, ins, specs, node):
+    return g.node("Mul", ins, name=node.name)
