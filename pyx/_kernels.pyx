@@ -11,7 +11,7 @@ Conventions (the same for every backend, see lamina.backends.base):
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
-from libc.math cimport exp, expm1, log, log1p, tanh, sqrt, fabs
+from libc.math cimport erf, exp, expm1, log, log1p, tanh, sqrt, fabs
 cimport openmp
 
 ctypedef fused real:
@@ -50,6 +50,16 @@ cdef enum:
     LEAKY_RELU = 4
     EXPONENTIAL = 5
     SOFTRELU = 6
+    ELU = 7
+    SELU = 8
+    SOFTSIGN = 9
+    HARD_SIGMOID = 10
+    GELU = 11
+    HARD_SWISH = 12
+
+# SELU's constants (Klambauer et al.), as in PyTorch and ONNX
+cdef double SELU_ALPHA = 1.6732632423543772
+cdef double SELU_SCALE = 1.0507009873554805
 
 
 def set_num_threads(int n):
@@ -136,7 +146,24 @@ cdef inline double _act(int kind, double x, double slope) noexcept nogil:
     elif kind == SOFTRELU:
         # log(1 + e^x) without overflow
         return (x if x > 0 else 0.0) + log1p(exp(-fabs(x)))
+    elif kind == ELU:
+        return slope * expm1(x) if x < 0 else x
+    elif kind == SELU:
+        return SELU_SCALE * (SELU_ALPHA * expm1(x) if x < 0 else x)
+    elif kind == SOFTSIGN:
+        return x / (1.0 + fabs(x))
+    elif kind == HARD_SIGMOID:
+        return _unit_clip(slope * x + 0.5)
+    elif kind == GELU:
+        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
+    elif kind == HARD_SWISH:
+        return x * _unit_clip(x / 6.0 + 0.5)
     return x
+
+
+cdef inline double _unit_clip(double v) noexcept nogil:
+    """v clipped to [0, 1] (NaN stays NaN)."""
+    return 0.0 if v < 0 else (1.0 if v > 1 else v)
 
 
 cdef inline double _act_grad_from_output(int kind, double y, double slope) noexcept nogil:
@@ -154,6 +181,18 @@ cdef inline double _act_grad_from_output(int kind, double y, double slope) noexc
     elif kind == SOFTRELU:
         # f'(x) = sigmoid(x) = 1 - e^{-y}
         return -expm1(-y)
+    elif kind == ELU:
+        return 1.0 if y > 0 else y + slope
+    elif kind == SELU:
+        return SELU_SCALE if y > 0 else y + SELU_SCALE * SELU_ALPHA
+    elif kind == SOFTSIGN:
+        return (1.0 - fabs(y)) * (1.0 - fabs(y))
+    elif kind == HARD_SIGMOID:
+        return slope if 0 < y < 1 else 0.0
+    elif kind == GELU:  # y is the input x here (INPUT_GRAD_ACTIVATIONS)
+        return 0.5 * (1.0 + erf(y * 0.7071067811865476)) + y * exp(-0.5 * y * y) * 0.3989422804014327
+    elif kind == HARD_SWISH:  # y is the input x
+        return 0.0 if y < -3 else (1.0 if y > 3 else y / 3.0 + 0.5)
     return 1.0
 
 
@@ -198,6 +237,38 @@ def softmax_forward(real[:, ::1] x, real[:, ::1] y):
             s = s + y[i, j]
         for j in range(cols):
             y[i, j] = <real>(y[i, j] / s)
+
+
+def log_softmax_forward(real[:, ::1] x, real[:, ::1] y):
+    """y[i] = x[i] - max x[i] - log sum exp(x[i] - max x[i]), one row at a time."""
+    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
+    cdef double mx, s
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        mx = x[i, 0]
+        for j in range(1, cols):
+            if x[i, j] > mx:
+                mx = x[i, j]
+        s = 0
+        for j in range(cols):
+            s = s + exp(x[i, j] - mx)
+        s = mx + log(s)
+        for j in range(cols):
+            y[i, j] = <real>(x[i, j] - s)
+
+
+def log_softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta):
+    """dx = dy - exp(y) * sum(dy) + beta * dx, row-wise."""
+    cdef Py_ssize_t i, j, rows = y.shape[0], cols = y.shape[1]
+    cdef double d
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        d = 0
+        for j in range(cols):
+            d = d + dy[i, j]
+        for j in range(cols):
+            if beta == 0:
+                dx[i, j] = <real>(dy[i, j] - exp(y[i, j]) * d)
+            else:
+                dx[i, j] = <real>(dy[i, j] - exp(y[i, j]) * d + beta * dx[i, j])
 
 
 def softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta):

@@ -268,3 +268,42 @@ def test_layers_without_an_exporter_are_named():
     net.outputs(y=lm.layers.SequencePool("max")(net.input("s", 3, sequence=True)), z=lm.layers.Activation("tanh")(x))
     with pytest.raises(lm.GraphError, match="sequence and selection inputs have no ONNX export yet"):
         lm.onnx.save(net)
+
+
+class UNet3d(torch.nn.Module):
+    """Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d and a skip Concat."""
+
+    def __init__(self):
+        super().__init__()
+        block = lambda i, o: torch.nn.Sequential(torch.nn.Conv3d(i, o, 3, padding=1), torch.nn.BatchNorm3d(o),
+                                                 torch.nn.ReLU())
+        self.enc1, self.enc2 = block(1, 4), block(4, 8)
+        self.pool = torch.nn.MaxPool3d(2)
+        self.up = torch.nn.ConvTranspose3d(8, 4, 2, stride=2)
+        self.dec = block(8, 4)
+        self.out = torch.nn.Conv3d(4, 1, 1)
+
+    def forward(self, x):
+        e1 = self.enc1(x)
+        e2 = self.enc2(self.pool(e1))
+        return self.out(self.dec(torch.cat([self.up(e2), e1], 1)))
+
+
+@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                      for d, o in EXPORTS])
+def test_pytorch_unet3d_export(dynamo, opset):
+    torch.manual_seed(3)
+    model = UNet3d().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm3d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2)
+    blob = export(model, torch.randn(2, 1, 8, 8, 8), dynamo, opset)
+    net = lm.onnx.load(blob)
+    x = torch.randn(3, 1, 8, 8, 8)
+    ours = net.run({"x": x.numpy()})["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(ours, model(x).numpy(), rtol=1e-4, atol=1e-5)
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)

@@ -12,10 +12,16 @@ Two rules hold for every kernel:
 import numpy as np
 from abc import ABC, abstractmethod
 
-# position = the activation's code in the compiled kernels
-ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu")
-# softmax normalises along each row, so it is not element-wise; it shares the activation API
-ROW_ACTIVATIONS = ("softmax",)
+# position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
+# slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
+# the standard ones); gelu is the exact (erf) form; hard_swish is x · hard_sigmoid(x) with 1/6.
+ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu", "elu", "selu",
+               "softsign", "hard_sigmoid", "gelu", "hard_swish")
+# their derivative is not a function of the output: backward takes the input x instead of y
+INPUT_GRAD_ACTIVATIONS = ("gelu", "hard_swish")
+# softmax and log_softmax normalise along each row, so they are not element-wise; they share the
+# activation API
+ROW_ACTIVATIONS = ("softmax", "log_softmax")
 ALL_ACTIVATIONS = ACTIVATIONS + ROW_ACTIVATIONS
 # sequence pooling modes, in the compiled kernels' order
 POOL_MODES = ("last", "first", "average", "sum", "max")
@@ -81,7 +87,8 @@ class Backend(ABC):
 
     @abstractmethod
     def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
-        """dx = dy * f'(x) (with beta), f' written in terms of y = f(x)."""
+        """dx = dy * f'(x) (with beta), f' written in terms of y = f(x); for the kinds in
+        INPUT_GRAD_ACTIVATIONS the second argument is x itself."""
 
     @abstractmethod
     def axpby(self, alpha, x, beta, y):

@@ -181,6 +181,8 @@ class CPUBackend(HostStatistics, Backend):
         _same("activation", "x", x, y=y)
         if kind == "softmax":
             K.softmax_forward(_last_axis(x), _last_axis(y))
+        elif kind == "log_softmax":
+            K.log_softmax_forward(_last_axis(x), _last_axis(y))
         else:
             K.activation_forward(_ACT_CODE[kind], _flat(x), _flat(y), slope)
 
@@ -190,6 +192,8 @@ class CPUBackend(HostStatistics, Backend):
         _same("activation_backward", "y", y, dy=dy, dx=dx)
         if kind == "softmax":
             K.softmax_backward(_last_axis(y), _last_axis(dy), _last_axis(dx), beta)
+        elif kind == "log_softmax":
+            K.log_softmax_backward(_last_axis(y), _last_axis(dy), _last_axis(dx), beta)
         else:
             K.activation_backward(_ACT_CODE[kind], _flat(y), _flat(dy), _flat(dx), beta, slope)
 

@@ -252,9 +252,9 @@ class OpenCLBackend(Backend):
     # -- element-wise
     def activation(self, kind, x, y, slope=0.01):
         check_activation(kind, "activation")
-        if kind == "softmax":
+        if kind in ("softmax", "log_softmax"):
             x2 = _last_axis(x)
-            self._run("elementwise", "softmax_rows", x.dtype, self._global(x2.shape[0]), x, y,
+            self._run("elementwise", f"{kind}_rows", x.dtype, self._global(x2.shape[0]), x, y,
                       np.int32(x2.shape[0]), np.int32(x2.shape[1]))
             return
         self._run("elementwise", "activation", x.dtype, self._global(x.size), np.int32(ACTIVATIONS.index(kind)),
@@ -262,9 +262,9 @@ class OpenCLBackend(Backend):
 
     def activation_backward(self, kind, y, dy, dx, beta=0.0, slope=0.01):
         check_activation(kind, "activation_backward")
-        if kind == "softmax":
+        if kind in ("softmax", "log_softmax"):
             y2 = _last_axis(y)
-            self._run("elementwise", "softmax_rows_backward", y.dtype, self._global(y2.shape[0]), y,
+            self._run("elementwise", f"{kind}_rows_backward", y.dtype, self._global(y2.shape[0]), y,
                       dy, dx, y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]))
             return
         self._run("elementwise", "activation_backward", y.dtype, self._global(y.size),

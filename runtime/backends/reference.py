@@ -3,10 +3,16 @@ conformance test holds every real backend to (ncnn keeps such a reference beside
 
 Written from the math in base.py's docstrings, independently of the compiled kernels.
 """
+import math
+
 import numpy as np
 
 from .base import Backend, check_activation, HostStatistics
 from .checks import check_by_column, check_index, check_offsets, check_positions
+
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _with_beta(out, value, beta):
@@ -27,6 +33,13 @@ def _act(kind, x, slope):
         "exponential": lambda: np.exp(x),
         "softrelu": lambda: np.log1p(np.exp(x)),
         "softmax": lambda: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
+        "log_softmax": lambda: x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)),
+        "elu": lambda: np.where(x < 0, slope * np.expm1(x), x),
+        "selu": lambda: SELU_SCALE * np.where(x < 0, SELU_ALPHA * np.expm1(x), x),
+        "softsign": lambda: x / (1 + np.abs(x)),
+        "hard_sigmoid": lambda: np.clip(slope * x + 0.5, 0, 1),
+        "gelu": lambda: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
+        "hard_swish": lambda: x * np.clip(x / 6 + 0.5, 0, 1),
     }[kind]()
 
 
@@ -40,6 +53,14 @@ def _act_grad(kind, y, dy, slope):
         "exponential": lambda: dy * y,
         "softrelu": lambda: dy * (1 - np.exp(-y)),
         "softmax": lambda: y * (dy - (dy * y).sum(-1, keepdims=True)),
+        "log_softmax": lambda: dy - np.exp(y) * dy.sum(-1, keepdims=True),
+        "elu": lambda: dy * np.where(y > 0, 1, y + slope),
+        "selu": lambda: dy * np.where(y > 0, SELU_SCALE, y + SELU_SCALE * SELU_ALPHA),
+        "softsign": lambda: dy * (1 - np.abs(y)) ** 2,
+        "hard_sigmoid": lambda: dy * np.where((y > 0) & (y < 1), slope, 0),
+        # y is the input x for these two (INPUT_GRAD_ACTIVATIONS)
+        "gelu": lambda: dy * (0.5 * (1 + _erf(y / np.sqrt(2))) + y * np.exp(-0.5 * y * y) / np.sqrt(2 * np.pi)),
+        "hard_swish": lambda: dy * np.where(y < -3, 0, np.where(y > 3, 1, y / 3 + 0.5)),
     }[kind]()
 
 

@@ -1,7 +1,7 @@
 """Dense layers: fully connected, element-wise sum, concatenation, activation, dropout, scale."""
 import math
 
-from ..backends.base import check_activation
+from ..backends.base import INPUT_GRAD_ACTIVATIONS, check_activation
 from ..graph import Spec
 from ..random import generator
 from .base import Layer, common_rows, constant, register, require_features, require_float, same_specs, uniform
@@ -11,9 +11,14 @@ class _Activated(Layer):
     """A layer whose output is act(z): forward applies act in place on the output; backward
     turns the output gradient into dL/dz (in a workspace unless act is linear)."""
 
+    fused = True  # act is applied in place on the output: its derivative must follow from y
+
     def __init__(self, activation, slope, name):
         super().__init__(name)
         self.activation = check_activation(activation or "linear", type(self).__name__)
+        if self.fused and self.activation in INPUT_GRAD_ACTIVATIONS:
+            raise ValueError(f"{type(self).__name__}: activation {self.activation!r} needs its input in backward; "
+                             f"apply it as a separate Activation layer")
         self.slope = float(slope)
 
     def _activate(self, ctx):
@@ -167,6 +172,7 @@ class Activation(_Activated):
 
     kind = "activation"
     opencl = True
+    fused = False
 
     def __init__(self, activation, slope=0.01, name=None):
         super().__init__(activation, slope, name)
@@ -180,8 +186,9 @@ class Activation(_Activated):
     def backward(self, ctx):
         dx = ctx.input_grad(0)
         if dx is not None:
-            ctx.be.activation_backward(self.activation, ctx.output, ctx.grad_output, dx.array,
-                                       dx.beta, self.slope)
+            # f' from the output y, or from the input x where y does not determine it
+            z = ctx.inputs[0] if self.activation in INPUT_GRAD_ACTIVATIONS else ctx.output
+            ctx.be.activation_backward(self.activation, z, ctx.grad_output, dx.array, dx.beta, self.slope)
 
     def config(self):
         return self._act_config()

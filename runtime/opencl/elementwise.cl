@@ -19,6 +19,17 @@
 #define LEAKY_RELU 4
 #define EXPONENTIAL 5
 #define SOFTRELU 6
+#define ELU 7
+#define SELU 8
+#define SOFTSIGN 9
+#define HARD_SIGMOID 10
+#define GELU 11
+#define HARD_SWISH 12
+#define SELU_ALPHA 1.6732632423543772
+#define SELU_SCALE 1.0507009873554805
+
+/* v clipped to [0, 1] (NaN stays NaN) */
+inline REAL unit_clip(const REAL v) { return v < 0 ? 0 : (v > 1 ? 1 : v); }
 
 __kernel void fill(ARG(REAL, x), const REAL value, const int n)
 {
@@ -73,6 +84,12 @@ inline REAL act(const int kind, const REAL x, const REAL slope)
     case LEAKY_RELU: return x < 0 ? slope * x : x;
     case EXPONENTIAL: return exp(x);
     case SOFTRELU: return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+    case ELU: return x < 0 ? slope * expm1(x) : x;
+    case SELU: return (REAL)SELU_SCALE * (x < 0 ? (REAL)SELU_ALPHA * expm1(x) : x);
+    case SOFTSIGN: return x / (1 + fabs(x));
+    case HARD_SIGMOID: return unit_clip(slope * x + (REAL)0.5);
+    case GELU: return (REAL)0.5 * x * (1 + erf(x * (REAL)0.7071067811865476));
+    case HARD_SWISH: return x * unit_clip(x / 6 + (REAL)0.5);
     default: return x;
     }
 }
@@ -87,6 +104,13 @@ inline REAL act_grad(const int kind, const REAL y, const REAL slope)
     case LEAKY_RELU: return y > 0 ? 1 : slope;
     case EXPONENTIAL: return y;
     case SOFTRELU: return 1 - exp(-y);
+    case ELU: return y > 0 ? 1 : y + slope;
+    case SELU: return y > 0 ? (REAL)SELU_SCALE : y + (REAL)(SELU_SCALE * SELU_ALPHA);
+    case SOFTSIGN: return (1 - fabs(y)) * (1 - fabs(y));
+    case HARD_SIGMOID: return (y > 0 && y < 1) ? slope : 0;
+    /* y is the input x for these two (INPUT_GRAD_ACTIVATIONS) */
+    case GELU: return (REAL)0.5 * (1 + erf(y * (REAL)0.7071067811865476)) + y * exp((REAL)-0.5 * y * y) * (REAL)0.3989422804014327;
+    case HARD_SWISH: return y < -3 ? 0 : (y > 3 ? 1 : y / 3 + (REAL)0.5);
     default: return 1;
     }
 }
@@ -137,6 +161,37 @@ __kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG
     ACC d = 0;
     for (int j = 0; j < cols; j++) d += dy[o + j] * y[o + j];
     for (int j = 0; j < cols; j++) dx[o + j] = WITH_BETA(dx[o + j], y[o + j] * (dy[o + j] - d), beta);
+}
+
+/* row log-softmax: one work-item per row */
+__kernel void log_softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, const int cols)
+{
+    AT(const REAL, x);
+    AT(REAL, y);
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    __global const REAL* xi = x + i * cols;
+    __global REAL* yi = y + i * cols;
+    REAL m = xi[0];
+    for (int j = 1; j < cols; j++) m = fmax(m, xi[j]);
+    ACC s = 0;
+    for (int j = 0; j < cols; j++) s += exp(xi[j] - m);
+    const REAL lse = m + log(s);
+    for (int j = 0; j < cols; j++) yi[j] = xi[j] - lse;
+}
+
+__kernel void log_softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta,
+                                        const int rows, const int cols)
+{
+    AT(const REAL, y);
+    AT(const REAL, dy);
+    AT(REAL, dx);
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    const int o = i * cols;
+    ACC d = 0;
+    for (int j = 0; j < cols; j++) d += dy[o + j];
+    for (int j = 0; j < cols; j++) dx[o + j] = WITH_BETA(dx[o + j], dy[o + j] - exp(y[o + j]) * d, beta);
 }
 
 /* probs = softmax(x) per row; cost[i] = -w[i] log probs[i, labels[i]] */

@@ -114,7 +114,8 @@ def param(layer, name):
     return np.asarray(layer.params[name].value, np.float32)
 
 
-ACTIVATION_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exponential": "Exp", "softrelu": "Softplus"}
+ACTIVATION_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exponential": "Exp", "softrelu": "Softplus",
+                  "selu": "Selu", "softsign": "Softsign", "gelu": "Gelu", "hard_swish": "HardSwish"}
 
 
 def activate(g, x, kind, slope, name):
@@ -122,8 +123,12 @@ def activate(g, x, kind, slope, name):
         return x
     if kind == "leaky_relu":
         return g.node("LeakyRelu", [x], name=f"{name}_act", alpha=float(slope))
-    if kind == "softmax":
-        return g.node("Softmax", [x], name=f"{name}_act", axis=-1)
+    if kind in ("softmax", "log_softmax"):
+        return g.node("Softmax" if kind == "softmax" else "LogSoftmax", [x], name=f"{name}_act", axis=-1)
+    if kind == "elu":
+        return g.node("Elu", [x], name=f"{name}_act", alpha=float(slope))
+    if kind == "hard_sigmoid":
+        return g.node("HardSigmoid", [x], name=f"{name}_act", alpha=float(slope), beta=0.5)
     return g.node(ACTIVATION_OPS[kind], [x], name=f"{name}_act")
 
 

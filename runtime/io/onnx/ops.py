@@ -88,18 +88,45 @@ def cast(imp, node, inputs, attrs):
 # ---------------------------------------------------------------------------- activations
 
 def _activation(kind, slope=0.01):
+    """An element-wise activation; `slope` is the default of the ONNX attribute 'alpha'."""
     def convert(imp, node, inputs, attrs):
         x = value(inputs[0], "input")
         return [imp.add(L.Activation(kind, slope=attrs.get("alpha", slope)), [x], node)]
     return convert
 
 
-for _op, _kind in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("LeakyRelu", "leaky_relu"),
-                  ("Softplus", "softrelu"), ("Exp", "exponential")):
-    converter(_op, attributes={"alpha"} if _kind == "leaky_relu" else ())(_activation(_kind))
+for _op, _kind in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Softplus", "softrelu"),
+                  ("Exp", "exponential"), ("Softsign", "softsign"), ("HardSwish", "hard_swish")):
+    converter(_op)(_activation(_kind))
+converter("LeakyRelu", attributes={"alpha"})(_activation("leaky_relu", 0.01))
+converter("Elu", attributes={"alpha"})(_activation("elu", 1.0))
 
 
-@converter("Softmax", attributes={"axis"})
+@converter("HardSigmoid", attributes={"alpha", "beta"})
+def hard_sigmoid(imp, node, inputs, attrs):
+    if abs(attrs.get("beta", 0.5) - 0.5) > 1e-7:
+        raise Refused(f"beta {attrs['beta']} (lamina's hard sigmoid has beta 0.5, as PyTorch's)")
+    return _activation("hard_sigmoid", 0.2)(imp, node, inputs, attrs)
+
+
+@converter("Selu", attributes={"alpha", "gamma"})
+def selu(imp, node, inputs, attrs):
+    if abs(attrs.get("alpha", 1.6732632423543772) - 1.6732632423543772) > 1e-6 or \
+            abs(attrs.get("gamma", 1.0507009873554805) - 1.0507009873554805) > 1e-6:
+        raise Refused(f"alpha {attrs.get('alpha')} and gamma {attrs.get('gamma')} (lamina's SELU has the standard "
+                      f"constants)")
+    return _activation("selu")(imp, node, inputs, {})
+
+
+@converter("Gelu", attributes={"approximate"})
+def gelu(imp, node, inputs, attrs):
+    approximate = attrs.get("approximate", b"none")
+    if (approximate.decode() if isinstance(approximate, bytes) else approximate) != "none":
+        raise Refused(f"approximate={approximate!r} (lamina has the exact erf form)")
+    return _activation("gelu")(imp, node, inputs, {})
+
+
+@converter("Softmax", "LogSoftmax", attributes={"axis"})
 def softmax(imp, node, inputs, attrs):
     x = value(inputs[0], "input")
     rank = 1 + len(x.spec.shape)
@@ -108,7 +135,7 @@ def softmax(imp, node, inputs, attrs):
     # opset < 13 flattens from `axis` on; both readings agree when axis is the last axis
     if axis != rank - 1:
         raise Refused(f"axis {attrs.get('axis')} of a rank-{rank} tensor (lamina's softmax is along the last axis)")
-    return [imp.add(L.Activation("softmax"), [x], node)]
+    return [imp.add(L.Activation("softmax" if node.op_type == "Softmax" else "log_softmax"), [x], node)]
 
 
 # ---------------------------------------------------------------------------- dense
