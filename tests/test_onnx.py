@@ -126,7 +126,7 @@ def test_every_unsupported_part_is_listed_at_once():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
     model = graph_model([
-        helper.make_node("Elu", ["x"], ["a"], name="elu"),
+        helper.make_node("Mish", ["x"], ["a"], name="mish"),
         helper.make_node("Relu", ["a"], ["b"], name="relu"),  # fine, but its input is not: not reported
         helper.make_node("Gemm", ["b", "w"], ["c"], name="gemm_t", transA=1),
         helper.make_node("Concat", ["c", "c"], ["d"], name="cat0", axis=0),
@@ -136,17 +136,17 @@ def test_every_unsupported_part_is_listed_at_once():
         lm.onnx.load(model.SerializeToString())
     message = str(info.value)
     assert "cannot run 2 part(s)" in message
-    assert "node 'elu' (Elu): an operator lamina has no layer for" in message
+    assert "node 'mish' (Mish): an operator lamina has no layer for" in message
     assert "node 'soft' (Softmax): axis 0 of a rank-2 tensor" in message
-    # with the Elu gone, the nodes behind it are built and checked too
+    # with the Mish gone, the nodes behind it are built and checked too
     model.graph.node[0].op_type = "Tanh"
     del model.graph.node[3].attribute[:]
-    model.graph.node[3].op_type = "Selu"
+    model.graph.node[3].op_type = "Mish"
     model.graph.node[3].input.pop()
     with pytest.raises(lm.onnx.UnsupportedModelError) as info:
         lm.onnx.load(model)
     problems = {(n, what.split(" (")[0]) for n, _, what in info.value.problems}
-    # 'cat0', now a Selu, reads the refused Gemm's output: its operator is still checked
+    # 'cat0', now a Mish, reads the refused Gemm's output: its operator is still checked
     assert problems == {("gemm_t", "transA=1 with A from the inputs"), ("cat0", "an operator lamina has no layer for"),
                         ("soft", "axis 0 of a rank-2 tensor")}
 
