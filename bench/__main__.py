@@ -7,10 +7,11 @@ import argparse
 import importlib.util
 import sys
 
-from . import conv, fc, opencl, rnn, selective
+from . import conv, fc, onnx, opencl, rnn, selective
 from .harness import Bench, print_table, write_json
 
-SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run, "selective": selective.run, "opencl": opencl.run}
+SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run, "selective": selective.run, "opencl": opencl.run,
+          "onnx": onnx.run}
 
 
 def main(argv=None):
@@ -36,7 +37,7 @@ def main(argv=None):
             peaks[threads], peak_rows = bench.peak(threads)
             rows += peak_rows
             for suite in args.suites:
-                peers = {"have_ort": have_ort} if suite == "rnn" else {}
+                peers = {"have_ort": have_ort} if suite in ("rnn", "onnx") else {}
                 rows += SUITES[suite](bench, threads, args.rounds, have_torch, **peers)
     finally:
         bench.close()

@@ -200,7 +200,10 @@ def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
     """y = f(x), element-wise (x and y may be the same buffer). float32 tanh and sigmoid use the
     fast tanh of cells.h (vectorised); everything else libm in double."""
     cdef Py_ssize_t i, n = x.shape[0]
-    if real is float and kind == TANH:
+    if kind == RELU:  # the common case, as a loop the compiler vectorises (NaN stays NaN)
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            y[i] = 0 if x[i] < 0 else x[i]
+    elif real is float and kind == TANH:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             y[i] = lamina_fast_tanhf(x[i])
     elif real is float and kind == SIGMOID:
@@ -214,7 +217,10 @@ def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
 def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, double beta, double slope):
     """dx = dy * f'(x) + beta * dx, with f'(x) computed from y = f(x)."""
     cdef Py_ssize_t i, n = y.shape[0]
-    if beta == 0:
+    if kind == RELU and beta == 0:  # vectorised, as the forward
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            dx[i] = dy[i] if y[i] > 0 else 0
+    elif beta == 0:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope))
     else:
