@@ -307,3 +307,9 @@ def test_pytorch_unet3d_export(dynamo, opset):
         np.testing.assert_allclose(ours, model(x).numpy(), rtol=1e-4, atol=1e-5)
     theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_readme_carries_the_current_conformance_table():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert onnx_conformance.table() in readme, "regenerate it: python tests/onnx_conformance.py"
