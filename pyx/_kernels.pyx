@@ -29,7 +29,7 @@ cdef enum:
 
 # vol2col / col2vol: blocks of the column matrix are sized to stay in cache (about 2^18 values,
 # lamina.layers.conv.COL_BLOCK), so they go parallel well below PARALLEL_MIN (at PARALLEL_MIN
-# every block ran on one thread: 27 of the 66 ms of a training step of the issue's case A)
+# every block ran on one thread: 27 of the 66 ms of a training step of bench conv's case A)
 cdef enum:
     VOLUME_PARALLEL_MIN = 16384
 
@@ -228,8 +228,9 @@ def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, doubl
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope) + beta * dx[i])
 
 
-def softmax_forward(real[:, ::1] x, real[:, ::1] y):
-    """y[i] = exp(x[i] - max x[i]) / sum exp(...), one row at a time."""
+def softmax_forward(real[:, ::1] x, real[:, ::1] y, bint take_log=False):
+    """y[i] = exp(x[i] - max x[i]) / sum exp(...), one row at a time; take_log: its log,
+    x[i] - max x[i] - log sum exp(x[i] - max x[i])."""
     cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
     cdef double mx, s
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
@@ -239,58 +240,29 @@ def softmax_forward(real[:, ::1] x, real[:, ::1] y):
                 mx = x[i, j]
         s = 0
         for j in range(cols):
-            y[i, j] = <real>exp(x[i, j] - mx)
-            s = s + y[i, j]
-        for j in range(cols):
-            y[i, j] = <real>(y[i, j] / s)
-
-
-def log_softmax_forward(real[:, ::1] x, real[:, ::1] y):
-    """y[i] = x[i] - max x[i] - log sum exp(x[i] - max x[i]), one row at a time."""
-    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
-    cdef double mx, s
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        mx = x[i, 0]
-        for j in range(1, cols):
-            if x[i, j] > mx:
-                mx = x[i, j]
-        s = 0
-        for j in range(cols):
-            s = s + exp(x[i, j] - mx)
-        s = mx + log(s)
-        for j in range(cols):
-            y[i, j] = <real>(x[i, j] - s)
-
-
-def log_softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta):
-    """dx = dy - exp(y) * sum(dy) + beta * dx, row-wise."""
-    cdef Py_ssize_t i, j, rows = y.shape[0], cols = y.shape[1]
-    cdef double d
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        d = 0
-        for j in range(cols):
-            d = d + dy[i, j]
-        for j in range(cols):
-            if beta == 0:
-                dx[i, j] = <real>(dy[i, j] - exp(y[i, j]) * d)
+            if take_log:
+                s = s + exp(x[i, j] - mx)
             else:
-                dx[i, j] = <real>(dy[i, j] - exp(y[i, j]) * d + beta * dx[i, j])
+                y[i, j] = <real>exp(x[i, j] - mx)
+                s = s + y[i, j]
+        if take_log:
+            s = mx + log(s)
+        for j in range(cols):
+            y[i, j] = <real>(x[i, j] - s) if take_log else <real>(y[i, j] / s)
 
 
-def softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta):
-    """dx = y * (dy - sum(dy * y)) + beta * dx, row-wise."""
+def softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta, bint take_log=False):
+    """dx = y * (dy - sum(dy * y)) + beta * dx, row-wise; take_log (y = log softmax):
+    dx = dy - exp(y) * sum(dy) + beta * dx."""
     cdef Py_ssize_t i, j, rows = y.shape[0], cols = y.shape[1]
-    cdef double d
+    cdef double d, v
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
         d = 0
         for j in range(cols):
-            d = d + dy[i, j] * y[i, j]
-        if beta == 0:
-            for j in range(cols):
-                dx[i, j] = <real>(y[i, j] * (dy[i, j] - d))
-        else:
-            for j in range(cols):
-                dx[i, j] = <real>(y[i, j] * (dy[i, j] - d) + beta * dx[i, j])
+            d = d + (dy[i, j] if take_log else dy[i, j] * y[i, j])
+        for j in range(cols):
+            v = dy[i, j] - exp(y[i, j]) * d if take_log else y[i, j] * (dy[i, j] - d)
+            dx[i, j] = <real>v if beta == 0 else <real>(v + beta * dx[i, j])
 
 
 def add_bias(real[:, ::1] y, real[::1] b):

@@ -179,10 +179,8 @@ class CPUBackend(HostStatistics, Backend):
         check_activation(kind, "activation")
         _float("activation", "x", x)
         _same("activation", "x", x, y=y)
-        if kind == "softmax":
-            K.softmax_forward(_last_axis(x), _last_axis(y))
-        elif kind == "log_softmax":
-            K.log_softmax_forward(_last_axis(x), _last_axis(y))
+        if kind in ("softmax", "log_softmax"):
+            K.softmax_forward(_last_axis(x), _last_axis(y), kind == "log_softmax")
         else:
             K.activation_forward(_ACT_CODE[kind], _flat(x), _flat(y), slope)
 
@@ -190,10 +188,8 @@ class CPUBackend(HostStatistics, Backend):
         check_activation(kind, "activation_backward")
         _float("activation_backward", "y", y)
         _same("activation_backward", "y", y, dy=dy, dx=dx)
-        if kind == "softmax":
-            K.softmax_backward(_last_axis(y), _last_axis(dy), _last_axis(dx), beta)
-        elif kind == "log_softmax":
-            K.log_softmax_backward(_last_axis(y), _last_axis(dy), _last_axis(dx), beta)
+        if kind in ("softmax", "log_softmax"):
+            K.softmax_backward(_last_axis(y), _last_axis(dy), _last_axis(dx), beta, kind == "log_softmax")
         else:
             K.activation_backward(_ACT_CODE[kind], _flat(y), _flat(dy), _flat(dx), beta, slope)
 

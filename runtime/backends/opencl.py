@@ -254,8 +254,8 @@ class OpenCLBackend(Backend):
         check_activation(kind, "activation")
         if kind in ("softmax", "log_softmax"):
             x2 = _last_axis(x)
-            self._run("elementwise", f"{kind}_rows", x.dtype, self._global(x2.shape[0]), x, y,
-                      np.int32(x2.shape[0]), np.int32(x2.shape[1]))
+            self._run("elementwise", "softmax_rows", x.dtype, self._global(x2.shape[0]), x, y,
+                      np.int32(x2.shape[0]), np.int32(x2.shape[1]), np.int32(kind == "log_softmax"))
             return
         self._run("elementwise", "activation", x.dtype, self._global(x.size), np.int32(ACTIVATIONS.index(kind)),
                   x, y, x.dtype.type(slope), np.int32(x.size))
@@ -264,8 +264,9 @@ class OpenCLBackend(Backend):
         check_activation(kind, "activation_backward")
         if kind in ("softmax", "log_softmax"):
             y2 = _last_axis(y)
-            self._run("elementwise", f"{kind}_rows_backward", y.dtype, self._global(y2.shape[0]), y,
-                      dy, dx, y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]))
+            self._run("elementwise", "softmax_rows_backward", y.dtype, self._global(y2.shape[0]), y,
+                      dy, dx, y.dtype.type(beta), np.int32(y2.shape[0]), np.int32(y2.shape[1]),
+                      np.int32(kind == "log_softmax"))
             return
         self._run("elementwise", "activation_backward", y.dtype, self._global(y.size),
                   np.int32(ACTIVATIONS.index(kind)), y, dy, dx,

@@ -133,8 +133,8 @@ __kernel void activation_backward(const int kind, ARG(const REAL, y), ARG(const 
     if (i < n) dx[i] = WITH_BETA(dx[i], dy[i] * act_grad(kind, y[i], slope), beta);
 }
 
-/* row softmax: one work-item per row */
-__kernel void softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, const int cols)
+/* row softmax (take_log: log-softmax): one work-item per row */
+__kernel void softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, const int cols, const int take_log)
 {
     AT(const REAL, x);
     AT(REAL, y);
@@ -146,42 +146,13 @@ __kernel void softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, con
     for (int j = 1; j < cols; j++) m = fmax(m, xi[j]);
     ACC s = 0;
     for (int j = 0; j < cols; j++) { yi[j] = exp(xi[j] - m); s += yi[j]; }
-    for (int j = 0; j < cols; j++) yi[j] = yi[j] / s;
-}
-
-__kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta,
-                                    const int rows, const int cols)
-{
-    AT(const REAL, y);
-    AT(const REAL, dy);
-    AT(REAL, dx);
-    const int i = get_global_id(0);
-    if (i >= rows) return;
-    const int o = i * cols;
-    ACC d = 0;
-    for (int j = 0; j < cols; j++) d += dy[o + j] * y[o + j];
-    for (int j = 0; j < cols; j++) dx[o + j] = WITH_BETA(dx[o + j], y[o + j] * (dy[o + j] - d), beta);
-}
-
-/* row log-softmax: one work-item per row */
-__kernel void log_softmax_rows(ARG(const REAL, x), ARG(REAL, y), const int rows, const int cols)
-{
-    AT(const REAL, x);
-    AT(REAL, y);
-    const int i = get_global_id(0);
-    if (i >= rows) return;
-    __global const REAL* xi = x + i * cols;
-    __global REAL* yi = y + i * cols;
-    REAL m = xi[0];
-    for (int j = 1; j < cols; j++) m = fmax(m, xi[j]);
-    ACC s = 0;
-    for (int j = 0; j < cols; j++) s += exp(xi[j] - m);
     const REAL lse = m + log(s);
-    for (int j = 0; j < cols; j++) yi[j] = xi[j] - lse;
+    for (int j = 0; j < cols; j++) yi[j] = take_log ? xi[j] - lse : yi[j] / s;
 }
 
-__kernel void log_softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta,
-                                        const int rows, const int cols)
+/* take_log (y = log-softmax): dx = dy - exp(y) Σ dy; else dx = y (dy - Σ dy y) */
+__kernel void softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy), ARG(REAL, dx), const REAL beta,
+                                    const int rows, const int cols, const int take_log)
 {
     AT(const REAL, y);
     AT(const REAL, dy);
@@ -190,8 +161,11 @@ __kernel void log_softmax_rows_backward(ARG(const REAL, y), ARG(const REAL, dy),
     if (i >= rows) return;
     const int o = i * cols;
     ACC d = 0;
-    for (int j = 0; j < cols; j++) d += dy[o + j];
-    for (int j = 0; j < cols; j++) dx[o + j] = WITH_BETA(dx[o + j], dy[o + j] - exp(y[o + j]) * d, beta);
+    for (int j = 0; j < cols; j++) d += take_log ? dy[o + j] : dy[o + j] * y[o + j];
+    for (int j = 0; j < cols; j++) {
+        const REAL v = take_log ? dy[o + j] - exp(y[o + j]) * d : y[o + j] * (dy[o + j] - d);
+        dx[o + j] = WITH_BETA(dx[o + j], v, beta);
+    }
 }
 
 /* probs = softmax(x) per row; cost[i] = -w[i] log probs[i, labels[i]] */

@@ -191,16 +191,23 @@ def _bias_of(c, shape, negate):
     return -full if negate else full
 
 
-@converter("Add", "Sub")
-def add_sub(imp, node, inputs, attrs):
-    a, b = inputs
+def _operands(imp, inputs):
+    """The two operands of an element-wise node: values must hold floats, and two values one
+    shape (lamina does not broadcast between two inputs)."""
     for i, x in enumerate(inputs):
         if isinstance(x, Value):
             value(x, f"input {i}")
+    a, b = inputs
+    if isinstance(a, Value) and isinstance(b, Value) and a.spec != b.spec:
+        raise Refused(f"operands of shapes {list(imp.shape(a))} and {list(imp.shape(b))} (broadcasting "
+                      f"between two inputs is not supported)")
+    return a, b
+
+
+@converter("Add", "Sub")
+def add_sub(imp, node, inputs, attrs):
+    a, b = _operands(imp, inputs)
     if isinstance(a, Value) and isinstance(b, Value):
-        if a.spec != b.spec:
-            raise Refused(f"operands of shapes {list(imp.shape(a))} and {list(imp.shape(b))} (broadcasting "
-                          f"between two inputs is not supported)")
         if node.op_type == "Sub":
             b = imp.net.add(L.Scale(-1.0), [b])
         return [imp.add(L.Add(), [a, b], node)]
@@ -227,16 +234,10 @@ def add_sub(imp, node, inputs, attrs):
 
 @converter("Mul", "Div")
 def mul_div(imp, node, inputs, attrs):
-    a, b = inputs
-    for i, x in enumerate(inputs):
-        if isinstance(x, Value):
-            value(x, f"input {i}")
+    a, b = _operands(imp, inputs)
     if isinstance(a, Value) and isinstance(b, Value):
         if node.op_type == "Div":
             raise Refused("a division of two inputs")
-        if a.spec != b.spec:
-            raise Refused(f"operands of shapes {list(imp.shape(a))} and {list(imp.shape(b))} (broadcasting "
-                          f"between two inputs is not supported)")
         return [imp.add(L.Multiply(), [a, b], node)]
     if not isinstance(a, Value):
         if node.op_type == "Div":
