@@ -15,7 +15,11 @@ from .backends.blas import default_provider as _default_provider
 # right after OpenBLAS's input projection) ran 1.6x slower, and fc forward+backward at batch 64
 # 20x slower, than with a spin of 2^12 cycles, set here (read once, when OpenBLAS loads; set
 # OPENBLAS_THREAD_TIMEOUT to override).
-if _default_provider() == "openblas":
+try:
+    _provider = _default_provider()
+except ValueError:  # a bad LAMINA_BLAS: raised again, clearly, by the first CPU backend made
+    _provider = None
+if _provider == "openblas":
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 from . import layers, optim

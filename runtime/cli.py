@@ -437,10 +437,10 @@ def main(argv=None):
     from .errors import GraphError, InputError
     from .io.model import ModelFileError, NonFiniteModelError
     from .sequence import SequenceError
-    from .threads import ThreadSettingError
+    from .threads import SettingError
     try:
         return args.run(args)
-    except (CommandError, ModelFileError, InputError, GraphError, SequenceError, ThreadSettingError) as e:
+    except (CommandError, ModelFileError, InputError, GraphError, SequenceError, SettingError) as e:
         print(f"lamina {args.command}: {e}", file=sys.stderr)
         return 2
     except (FloatingPointError, NonFiniteModelError) as e:

@@ -14,8 +14,9 @@ from . import _kernels, _mkl, _openblas
 _current = None
 
 
-class ThreadSettingError(ValueError):
-    """A thread count that is not a positive integer (LAMINA_THREADS, set_num_threads)."""
+class SettingError(ValueError):
+    """A setting that is not valid: a thread count that is not a positive integer (LAMINA_THREADS,
+    set_num_threads), or an unknown LAMINA_BLAS."""
 
 
 def _default_threads():
@@ -24,9 +25,9 @@ def _default_threads():
         try:
             n = int(env)
         except ValueError:
-            raise ThreadSettingError(f"LAMINA_THREADS: expected a positive integer, found {env!r}") from None
+            raise SettingError(f"LAMINA_THREADS: expected a positive integer, found {env!r}") from None
         if n < 1:
-            raise ThreadSettingError(f"LAMINA_THREADS: expected a positive integer, found {n}")
+            raise SettingError(f"LAMINA_THREADS: expected a positive integer, found {n}")
         return n
     return len(os.sched_getaffinity(0))
 
@@ -36,7 +37,7 @@ def set_num_threads(n):
     global _current
     n = int(n)
     if n < 1:
-        raise ThreadSettingError(f"set_num_threads: expected a positive integer, found {n}")
+        raise SettingError(f"set_num_threads: expected a positive integer, found {n}")
     _kernels.set_num_threads(n)
     _mkl.set_num_threads(n)
     _openblas.set_num_threads(n)
@@ -95,12 +96,17 @@ def split_work(count, work, threads=None):
 ENV_ERROR = None
 try:
     _start = _default_threads()
-except ThreadSettingError as _e:
+except SettingError as _e:
     ENV_ERROR, _start = _e, len(os.sched_getaffinity(0))
 set_num_threads(_start)
 
 
 def check_environment():
-    """Raise the error of a bad LAMINA_THREADS, if there was one."""
+    """Raise the error of a bad LAMINA_THREADS or LAMINA_BLAS, if there is one."""
     if ENV_ERROR is not None:
         raise ENV_ERROR
+    from .backends.blas import default_provider
+    try:
+        default_provider()
+    except ValueError as e:
+        raise SettingError(str(e)) from None

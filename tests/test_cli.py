@@ -375,6 +375,9 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, capsys):
     env = dict(os.environ, LAMINA_THREADS="abc")
     proc = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr == "lamina devices: LAMINA_THREADS: expected a positive integer, found 'abc'\n"
+    env = dict(os.environ, LAMINA_BLAS="atlas")
+    proc = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr == "lamina devices: LAMINA_BLAS: expected one of mkl, openblas, found 'atlas'\n"
 
 
 def test_help_shows_defaults(capsys):

@@ -65,3 +65,10 @@ def test_demo_runs_and_reports_the_cards_figures(tmp_path):
     assert 4 < ppl < 12  # a quarter of the held-out files (the card: 7.03 on 2000 chunks of all)
     before, after = map(float, re.search(r"PSNR .*: noisy ([0-9.]+) dB -> denoised ([0-9.]+) dB", out).groups())
     assert after > before + 10
+
+
+@pytest.mark.parametrize("name", ["python_lm", "denoise3d"])
+def test_shipped_models_carry_a_digest_of_their_tensors(name):
+    from lamina.io.model import _read, digest
+    metadata, tensors = _read(ROOT / "models" / name / "model.lamina")
+    assert metadata["digest"] == digest(tensors)
