@@ -1090,12 +1090,29 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
     in the plane for backward."""
     cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
-    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at
+    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, at
     cdef real best
+    cdef bint inside
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
         for od in range(oD):
             for oh in range(oH):
                 for ow in range(oW):
+                    inside = (od * sd - pd >= 0 and od * sd - pd + kd <= D and oh * sh - ph >= 0 and
+                              oh * sh - ph + kh <= H and ow * sw - pw >= 0 and ow * sw - pw + kw <= W)
+                    if inside:  # the common case: no padding in the window, no bounds to test
+                        at = ((od * sd - pd) * H + oh * sh - ph) * W + ow * sw - pw
+                        best_at = at
+                        best = x[q, od * sd - pd, oh * sh - ph, ow * sw - pw]
+                        for a in range(kd):
+                            for b in range(kh):
+                                for e in range(kw):
+                                    i_d = (a * H + b) * W + e
+                                    if (&x[q, 0, 0, 0])[at + i_d] > best:
+                                        best = (&x[q, 0, 0, 0])[at + i_d]
+                                        best_at = at + i_d
+                        out[q, od, oh, ow] = best
+                        argmax[q, (od * oH + oh) * oW + ow] = <int>best_at
+                        continue
                     best_at = -1
                     best = 0
                     for a in range(kd):
