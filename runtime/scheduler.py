@@ -449,7 +449,9 @@ class Scheduler:
         try:
             yield b
         finally:
-            b.host_feeds = {}  # the caller's arrays are not kept past the run
+            b.host_feeds = {}  # the caller's arrays (and the device copies made of them) are not kept
+            for name in plan.inputs:
+                b.values.pop(name, None)
             with self._lock:
                 idle = self._idle.setdefault(id(plan), [])
                 if len(idle) < self.IDLE_PER_PLAN:

@@ -84,3 +84,15 @@ def test_dropped_networks_are_freed_without_the_cycle_collector():
     finally:
         gc.enable()
     assert growth < 16 << 20, f"RSS grew by {growth / 2**20:.1f} MiB over 30 dropped networks"
+
+
+def test_a_run_keeps_no_reference_to_the_callers_arrays():
+    import weakref
+    net = lm.Network()
+    x = net.input("x", 4)
+    net.outputs(y=Linear(4, 2)(x))
+    feed = np.ones((3, 4), np.float32)
+    ref = weakref.ref(feed)
+    net.run({"x": feed})
+    del feed
+    assert ref() is None
