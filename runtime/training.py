@@ -95,7 +95,8 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
     per_epoch = math.ceil(len(data) / batch_size)
     total = per_epoch * epochs if max_steps is None else min(max_steps, per_epoch * epochs)
     position = [resume.fields["epoch"], resume.fields["batch"]] if resume else [0, 0]  # next batch
-    done = first = position[0] * per_epoch + position[1]
+    done = position[0] * per_epoch + position[1]
+    samples = 0  # seen by this call (batches differ in size: the last of an epoch is short)
 
     def checkpoint():
         if folder:
@@ -124,13 +125,13 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
             if not skipped and not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} at epoch {epoch}, batch {b} and the step was "
                                          f"applied: lower the learning rate")
-            position, done = [epoch, b + 1], done + 1
+            position, done, samples = [epoch, b + 1], done + 1, samples + len(index)
             if not skipped:
                 losses.append(loss)
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}" if losses else "-",
                             skipped=optimizer.skipped_steps,
-                            samples_s=f"{len(index) * (done - first) / (time.perf_counter() - t0):.0f}")
+                            samples_s=f"{samples / (time.perf_counter() - t0):.0f}")
             if logfile:
                 entry = {"step": optimizer.step_count, "epoch": epoch, "batch": b,
                          "loss": loss if math.isfinite(loss) else str(loss), "lr": optimizer.current_lr}
