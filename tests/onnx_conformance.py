@@ -27,6 +27,9 @@ DATA_INPUTS = {
 }
 
 
+RECURRENT = ("RNN", "LSTM", "GRU")
+
+
 def cases():
     """The node cases of the listed operators (not the '_expanded' function bodies)."""
     from onnx.backend.test.case.node import collect_testcases
@@ -66,9 +69,18 @@ def with_initializers(case):
 def run_case(case):
     """('passed' | 'refused' | 'failed', detail)."""
     import lamina as lm
+    from lamina.io.onnx import to_onnx_layout
     model, feeds, expected = with_initializers(case)
+    node = model.graph.node[0]
+    sequences = {}
+    if node.op_type in RECURRENT:  # X is a padded batch of sequences, time-major unless layout=1
+        layout = {a.name: a.i for a in node.attribute}.get("layout", 0)
+        sequences[node.input[0]] = "NT" if layout else "TN"
+        x = feeds[node.input[0]]
+        padded = x if layout else x.transpose(1, 0, 2)
+        feeds[node.input[0]] = lm.Sequences.from_padded(padded, [padded.shape[1]] * len(padded))
     try:
-        net = lm.onnx.load(model)
+        net = lm.onnx.load(model, sequences=sequences)
     except lm.onnx.UnsupportedModelError as e:
         return "refused", "; ".join(what for _, _, what in e.problems)
     except Exception as e:  # an importer bug: a failure, not a refusal
@@ -81,7 +93,7 @@ def run_case(case):
         got = out.get(o.name)
         if got is None:
             return "failed", f"no output {o.name!r}"
-        got = got.values if hasattr(got, "values") else got
+        got = to_onnx_layout(got, net.onnx_axes[o.name])
         if got.shape != want.shape:
             return "failed", f"output {o.name!r} has shape {got.shape}, expected {want.shape}"
         tol = dict(rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6)) if want.dtype.kind == "f" else {}

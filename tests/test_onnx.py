@@ -313,3 +313,59 @@ def test_readme_carries_the_current_conformance_table():
     from pathlib import Path
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert onnx_conformance.table() in readme, "regenerate it: python tests/onnx_conformance.py"
+
+
+# ---------------------------------------------------------------- recurrent nodes on ragged sequences
+
+ONNX_GATES = {"LSTM": (0, 3, 1, 2), "GRU": (1, 0, 2), "RNN": (0,)}  # PyTorch's blocks in ONNX's order
+
+
+def onnx_recurrent_from_torch(module, op):
+    """A one-node ONNX model of a PyTorch RNN/LSTM/GRU (time-major X [T, N, F], dynamic T and N)."""
+    from onnx import TensorProto, helper, numpy_helper
+    H, D = module.hidden_size, 2 if module.bidirectional else 1
+
+    def blocks(a):
+        parts = np.split(a, len(ONNX_GATES[op]))
+        return np.concatenate([parts[g] for g in ONNX_GATES[op]])
+
+    sfx = ["_l0", "_l0_reverse"][:D]
+    get = lambda name: getattr(module, name).detach().numpy()
+    w = np.stack([blocks(get("weight_ih" + s)) for s in sfx])
+    r = np.stack([blocks(get("weight_hh" + s)) for s in sfx])
+    b = np.stack([np.concatenate([blocks(get("bias_ih" + s)), blocks(get("bias_hh" + s))]) for s in sfx])
+    attrs = dict(hidden_size=H, direction="bidirectional" if D == 2 else "forward")
+    if op == "GRU":
+        attrs["linear_before_reset"] = 1
+    node = helper.make_node(op, ["X", "W", "R", "B"], ["Y", "Y_h"], name="rnn", **attrs)
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "N", module.input_size])
+    outs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["T", D, "N", H]),
+            helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [D, "N", H])]
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in ((w, "W"), (r, "R"), (b, "B"))]
+    return graph_model([node], [x], outs, inits)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["forward", "bidirectional"])
+def test_recurrent_nodes_on_ragged_sequences_follow_pytorch_packed(op, bidirectional):
+    """ONNX's own cases never use ragged lengths: here each sequence of a ragged batch runs on
+    its own length, against PyTorch on a PackedSequence."""
+    torch.manual_seed(5)
+    module = getattr(torch.nn, op)(3, 4, bidirectional=bidirectional)
+    net = lm.onnx.load(onnx_recurrent_from_torch(module, op), sequences={"X": "TN"})
+    lengths = [5, 2, 4, 1]
+    rng = np.random.default_rng(6)
+    seqs = lm.Sequences.from_list([rng.standard_normal((n, 3)).astype(np.float32) for n in lengths])
+    out = net.run({"X": seqs})
+    padded = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(seqs[i]) for i in range(4)])  # [T, N, F]
+    packed = torch.nn.utils.rnn.pack_padded_sequence(padded, lengths, enforce_sorted=False)
+    with torch.no_grad():
+        y, h = module(packed)
+    y, _ = torch.nn.utils.rnn.pad_packed_sequence(y)  # [T, N, D*H], zeros past each end
+    h = h[0] if op == "LSTM" else h
+    D = 2 if bidirectional else 1
+    want_y = y.numpy().reshape(y.shape[0], 4, D, 4).transpose(0, 2, 1, 3)  # ONNX Y: [T, D, N, H]
+    got_y = lm.onnx.to_onnx_layout(out["Y"], net.onnx_axes["Y"])
+    np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
+    got_h = lm.onnx.to_onnx_layout(out["Y_h"], net.onnx_axes["Y_h"])
+    np.testing.assert_allclose(got_h, h.numpy(), rtol=1e-5, atol=1e-6)

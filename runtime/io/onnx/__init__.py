@@ -5,6 +5,6 @@ computes constants is folded at import; a model using an operator or attribute l
 refused with one error listing every such (node, operator, attribute). `save(net, path)` writes
 the network's inference graph as ONNX (opset 18)."""
 from .exporter import save
-from .importer import UnsupportedModelError, load
+from .importer import UnsupportedModelError, load, to_onnx_layout
 
-__all__ = ["load", "save", "UnsupportedModelError"]
+__all__ = ["load", "save", "UnsupportedModelError", "to_onnx_layout"]

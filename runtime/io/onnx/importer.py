@@ -71,8 +71,15 @@ def _read(source):
     return model, where
 
 
-def load(source, dtype="float32"):
-    """A Network from an ONNX model: a path, the file's bytes, or an onnx.ModelProto."""
+def load(source, dtype="float32", sequences=None):
+    """A Network from an ONNX model: a path, the file's bytes, or an onnx.ModelProto.
+
+    `sequences` names the inputs that are padded sequence batches and the order of their first
+    two axes: {"X": "TN"} (time-major) or "NT" (batch-major); an input whose first two axes are
+    both dynamic is taken as "NT". Such an input becomes a lamina sequence input (fed a
+    lamina.Sequences: no padding). `net.onnx_axes[name]` gives, for every input and output, the
+    ONNX axes in order: "N" (batch), "T" (time) or k (axis k of lamina's per-sample or per-step
+    shape); `to_onnx_layout` turns an output into that layout."""
     onnx = _onnx()
     model, where = _read(source)
     try:
@@ -83,7 +90,25 @@ def load(source, dtype="float32"):
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help, not a requirement
         pass
-    return Importer(model, where, dtype).build()
+    return Importer(model, where, dtype, sequences or {}).build()
+
+
+def default_axes(spec):
+    """The ONNX axes of a lamina value in the usual layout: batch (and time) first."""
+    return ("N",) + (("T",) if spec.sequence else ()) + tuple(range(len(spec.shape)))
+
+
+def to_onnx_layout(value, axes):
+    """A network output (array, or Sequences of equal lengths padded with zeros) as the ONNX
+    tensor of the given axes."""
+    from ...sequence import Sequences
+    if isinstance(value, Sequences):
+        array, _ = value.to_padded()  # [N, T, *step], zeros past each end (as ONNX Runtime)
+        have = ("N", "T") + tuple(range(array.ndim - 2))
+    else:
+        array = np.asarray(value)
+        have = ("N",) + tuple(range(array.ndim - 1))
+    return np.transpose(array, [have.index(a) for a in axes])
 
 
 def opset_of(model):
@@ -94,8 +119,9 @@ def opset_of(model):
 
 
 class Importer:
-    def __init__(self, model, where, dtype):
+    def __init__(self, model, where, dtype, sequences):
         from . import ops
+        self.sequences = dict(sequences)
         self.onnx = _onnx()
         self.model, self.where, self.graph = model, where, model.graph
         self.opset = opset_of(model)
@@ -134,7 +160,14 @@ class Importer:
             raise UnsupportedModelError(self.where, self.problems)
         self.net.outputs(**outputs)
         self.net.validate()
+        self.net.onnx_axes = {name: self.axes_of(v) for name, v in
+                              [(i, self.net.values[i]) for i in self.net.input_names] + list(outputs.items())}
         return self.net
+
+    @staticmethod
+    def axes_of(v):
+        """A value's ONNX axes (`onnx_axes`, set where they differ from default_axes)."""
+        return getattr(v, "onnx_axes", None) or default_axes(v.spec)
 
     def _input(self, inp):
         t = inp.type.tensor_type
@@ -150,11 +183,21 @@ class Importer:
         if not dims:
             self.problems.append((inp.name, "input", "a scalar input (lamina's inputs have a batch axis first)"))
             return Unknown()
-        if any(d is None for d in dims[1:]):
-            self.problems.append((inp.name, "input", f"dynamic axes after the first (the batch) in shape "
-                                                     f"{['?' if d is None else d for d in dims]}"))
+        order = self.sequences.get(inp.name)
+        if order is None and len(dims) >= 2 and dims[0] is None and dims[1] is None:
+            order = "NT"  # two dynamic leading axes: a batch of sequences
+        lead = 2 if order else 1
+        if order not in (None, "NT", "TN"):
+            self.problems.append((inp.name, "input", f"sequences={order!r}: expected 'NT' or 'TN'"))
             return Unknown()
-        return self.net.input(inp.name, tuple(dims[1:]), dtype=kind)
+        if len(dims) < lead or any(d is None for d in dims[lead:]):
+            self.problems.append((inp.name, "input", f"dynamic axes after the batch{' and time' if order else ''} "
+                                                     f"in shape {['?' if d is None else d for d in dims]}"))
+            return Unknown()
+        value = self.net.input(inp.name, tuple(dims[lead:]), dtype=kind, sequence=bool(order))
+        if order == "TN":
+            value.onnx_axes = ("T", "N") + tuple(range(len(dims) - 2))
+        return value
 
     def _convert(self, node):
         inputs = [self.env.get(name) if name else None for name in node.input]

@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import layers as L
 from ...graph import Value
-from .importer import Refused
+from .importer import Refused, default_axes
 
 CONVERTERS = {}
 ATTRIBUTES = {}  # operator -> the attributes its converter reads (any other is refused)
@@ -31,12 +31,17 @@ def unsupported_attributes(op_type, attrs):
     return f"attribute{'s' if len(extra) > 1 else ''} {', '.join(extra)} not supported" if extra else None
 
 
-def value(x, what, kind="float"):
-    """An input that is a lamina value of `kind` ('float': lamina's layers compute on floats)."""
+def value(x, what, kind="float", imp=None):
+    """An input that is a lamina value of `kind` ('float': lamina's layers compute on floats),
+    in the usual layout (batch, and time, first) unless the converter handles others itself."""
     if not isinstance(x, Value):
         raise Refused(f"{what} must depend on the model's inputs (a constant here)")
     if x.spec.kind != kind:
         raise Refused(f"{what} holds {x.spec.kind} values; this operator computes on {kind} in lamina")
+    axes = getattr(x, "onnx_axes", None)
+    if axes is not None and axes != default_axes(x.spec):
+        raise Refused(f"{what} has its axes as {axes} (N batch, T time, k lamina's axis k); this operator "
+                      f"takes the batch axis first")
     return x
 
 
@@ -471,3 +476,83 @@ def batch_norm(imp, node, inputs, attrs):
     for name, values in (("weight", scale), ("bias", bias), ("running_mean", mean), ("running_var", var)):
         assign(layer, name, values)
     return [imp.add(layer, [x], node)]
+
+
+# ---------------------------------------------------------------------------- recurrent
+
+# ONNX's gate blocks in lamina's (PyTorch's) order: LSTM i,o,f,c -> i,f,g,o; GRU z,r,h -> r,z,n
+GATE_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2), "RNN": (0,)}
+DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
+
+
+def _zero_or_absent(x, what):
+    if x is not None and (not isinstance(x, np.ndarray) or np.any(x)):
+        raise Refused(f"{what} other than zero (lamina takes initial states as inputs of its own)")
+
+
+def _reorder(blocks, op, hidden):
+    """[G·H, ...] in ONNX's gate order → lamina's."""
+    parts = [blocks[g * hidden:(g + 1) * hidden] for g in range(len(GATE_ORDER[op]))]
+    return np.concatenate([parts[g] for g in GATE_ORDER[op]])
+
+
+@converter("LSTM", "GRU", "RNN", attributes={"activation_alpha", "activation_beta", "activations", "clip",
+                                             "direction", "hidden_size", "input_forget", "layout",
+                                             "linear_before_reset"})
+def recurrent(imp, node, inputs, attrs):
+    op = node.op_type
+    inputs = inputs + [None] * (8 - len(inputs))
+    x, w, r, b, lengths, h0, c0, peep = inputs
+    if not isinstance(x, Value) or not x.spec.sequence:
+        raise Refused("X must be a batch of sequences (an input named in sequences=, or with dynamic batch "
+                      "and time axes)")
+    layout = attrs.get("layout", 0)
+    if imp.axes_of(x) != (("T", "N") if layout == 0 else ("N", "T")) + (0,):
+        raise Refused(f"X has axes {imp.axes_of(x)} for layout {layout}")
+    w, r = const(w, "W"), const(r, "R")
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    hidden = attrs["hidden_size"]
+    directions = 2 if direction == "bidirectional" else 1
+    acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
+    nonlinearity = "tanh"
+    if op == "RNN" and acts and set(acts) == {"Relu"}:
+        nonlinearity = "relu"
+    elif acts and acts != DEFAULT_ACTIVATIONS[op] * directions:
+        raise Refused(f"activations {acts}")
+    if "clip" in attrs:
+        raise Refused("clip")
+    if attrs.get("input_forget", 0):
+        raise Refused("input_forget=1")
+    if op == "GRU" and not attrs.get("linear_before_reset", 0):
+        raise Refused("linear_before_reset=0 (lamina's GRU is PyTorch's: the reset gate after the product)")
+    if lengths is not None:
+        raise Refused("sequence_lens (lamina takes each sequence's length from its lamina.Sequences)")
+    _zero_or_absent(h0, "initial_h")
+    _zero_or_absent(c0, "initial_c")
+    _zero_or_absent(peep, "peepholes P")
+    if w.shape[0] != directions:
+        raise Refused(f"W holds {w.shape[0]} directions, direction={direction}")
+    kind = {"LSTM": L.LSTM, "GRU": L.GRU, "RNN": L.RNN}[op]
+    kw = {"nonlinearity": nonlinearity} if op == "RNN" else {}
+    layer = kind(x.spec.shape[0], hidden, bidirectional=directions == 2, reverse=direction == "reverse", **kw)
+    for d in range(directions):
+        sfx = layer._suffix(0, d)
+        assign(layer, "weight_ih" + sfx, _reorder(w[d], op, hidden))
+        assign(layer, "weight_hh" + sfx, _reorder(r[d], op, hidden))
+        bias = const(b, "B")[d] if b is not None else np.zeros(2 * len(GATE_ORDER[op]) * hidden, np.float32)
+        half = len(bias) // 2
+        assign(layer, "bias_ih" + sfx, _reorder(bias[:half], op, hidden))
+        assign(layer, "bias_hh" + sfx, _reorder(bias[half:], op, hidden))
+    outs = imp.add(layer, [x], node)
+    y, last = outs[0], outs[1]
+    results = []
+    if node.output[0]:  # Y: [T, D, N, H] (layout 0) or [N, T, D, H]: per step lamina's [D·H] as [D, H]
+        y = imp.net.add(L.Reshape((directions, hidden)), [y])
+        y.onnx_axes = ("T", 0, "N", 1) if layout == 0 else ("N", "T", 0, 1)
+    results.append(y if node.output[0] else None)
+    for state in (last, outs[2] if op == "LSTM" else None):  # Y_h, Y_c: [D, N, H] or [N, D, H]
+        if state is not None and layout == 0:
+            state.onnx_axes = (0, "N", 1)
+        results.append(state)
+    return results
