@@ -120,7 +120,8 @@ def opset_of(model):
 
 class Importer:
     def __init__(self, model, where, dtype, sequences):
-        from . import ops
+        from . import ops, shapes
+        self.shapes = shapes
         self.sequences = dict(sequences)
         self.onnx = _onnx()
         self.model, self.where, self.graph = model, where, model.graph
@@ -207,6 +208,13 @@ class Importer:
             outs = [Unknown() for _ in node.output]
         elif all(v is None or isinstance(v, np.ndarray) for v in inputs) and node.op_type not in self.ops.NEVER_FOLD:
             outs = self._fold(node, inputs)
+        elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros)) for v in inputs)
+              and not any(isinstance(v, (Value, Unknown)) for v in inputs)):
+            try:  # shape arithmetic with the batch or time size
+                outs = self.shapes.symbolic(self, node, inputs, self.attributes(node))
+            except Refused as e:
+                self.problems.append((node.name, node.op_type, str(e)))
+                outs = [Unknown() for _ in node.output]
         else:
             # behind a refused node the values are unknown: the operator and its attribute names
             # are still checked, so one error lists as much as can be known

@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import layers as L
 from ...graph import Value
+from . import shapes
 from .importer import Refused, default_axes
 
 CONVERTERS = {}
@@ -279,22 +280,20 @@ def flatten(imp, node, inputs, attrs):
 
 @converter("Reshape", attributes={"allowzero"})
 def reshape(imp, node, inputs, attrs):
-    x = value(inputs[0], "data")
-    target = [int(s) for s in const(inputs[1], "shape")]
-    if attrs.get("allowzero", 0) and 0 in target:
+    if not isinstance(inputs[0], Value):
+        raise Refused("data must depend on the model's inputs")
+    if inputs[0].spec.kind != "float":
+        raise Refused("data holds integers")
+    if attrs.get("allowzero", 0) and isinstance(inputs[1], np.ndarray) and 0 in inputs[1]:
         raise Refused("allowzero=1 with a zero in the shape")
-    if not target or target[0] not in (0, -1):
-        raise Refused(f"shape {target}: the first axis must stay the batch (0 or -1)")
-    count = math.prod(x.spec.shape)
-    sample = [x.spec.shape[i - 1] if s == 0 else s for i, s in enumerate(target) if i > 0]
-    if target[0] == -1 and -1 in sample:
-        raise Refused(f"shape {target}: two axes of unknown size")
-    if -1 in sample:
-        known = math.prod(s for s in sample if s != -1)
-        sample[sample.index(-1)] = count // known if known else 0
-    if math.prod(sample) != count:
-        raise Refused(f"shape {target} for samples of {list(x.spec.shape)}: it must keep the batch axis")
-    return [imp.add(L.Reshape(tuple(sample)), [x], node)]
+    if not isinstance(inputs[1], (np.ndarray, shapes.Symbolic)):
+        raise Refused("the shape must be a constant or computed from shapes")
+    return shapes.reshape_value(imp, node, inputs, attrs)
+
+
+converter("Shape", attributes={"start", "end"})(shapes.shape)
+converter("Transpose", attributes={"perm"})(shapes.transpose)
+converter("Squeeze", attributes={"axes"})(shapes.squeeze)
 
 
 @converter("Gather", attributes={"axis"})
@@ -486,7 +485,7 @@ DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "
 
 
 def _zero_or_absent(x, what):
-    if x is not None and (not isinstance(x, np.ndarray) or np.any(x)):
+    if x is not None and not isinstance(x, shapes.Zeros) and (not isinstance(x, np.ndarray) or np.any(x)):
         raise Refused(f"{what} other than zero (lamina takes initial states as inputs of its own)")
 
 

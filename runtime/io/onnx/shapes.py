@@ -1,0 +1,185 @@
+"""Shape arithmetic that involves the batch or time size, and the values whose axes move.
+
+Exported sequence models compute shapes at run time: `Shape` of a value, `Gather`/`Slice`/
+`Concat`/`Unsqueeze`/`Mul` of the result, then `Reshape`, `ConstantOfShape` or `Expand` with it.
+Here such a shape is a Symbolic: an object array of ints and the names "N" (batch) and "T"
+(time), folded like constants. A tensor of zeros whose shape holds those names (the usual zero
+initial state of a recurrent layer) is Zeros. Transpose, Squeeze and Reshape of a lamina value
+re-label its ONNX axes (`onnx_axes`: "N", "T", or k for lamina's per-sample or per-step axis k)
+where no data moves, and refuse where it would.
+"""
+import math
+
+import numpy as np
+
+from ... import layers as L
+from ...graph import Value
+from .importer import Refused, default_axes
+
+
+class Symbolic:
+    """A 0-d or 1-d shape tensor whose entries are ints or the names "N" and "T"."""
+
+    def __init__(self, values):
+        self.values = np.array(values, dtype=object)
+
+    def __repr__(self):
+        return f"Symbolic({self.values.tolist()})"
+
+
+class Zeros:
+    """A tensor of zeros of a shape that involves the batch or time size."""
+
+
+def onnx_shape(imp, v):
+    """The ONNX shape of a lamina value, its batch and time axes by name."""
+    axes = imp.axes_of(v)
+    return [a if isinstance(a, str) else v.spec.shape[a] for a in axes]
+
+
+def _ints(x, what):
+    if not isinstance(x, np.ndarray):
+        raise Refused(f"{what} must be a constant")
+    return [int(i) for i in np.atleast_1d(x)]
+
+
+def _symbolic(x):
+    return x.values if isinstance(x, Symbolic) else np.asarray(x, dtype=object)
+
+
+def _mul(a, b):
+    if isinstance(a, str) or isinstance(b, str):
+        if a == 1 or b == 1:
+            return b if a == 1 else a
+        raise Refused(f"a product of the batch or time size ({a} x {b})")
+    return int(a) * int(b)
+
+
+def shape(imp, node, inputs, attrs):
+    x = inputs[0]
+    dims = onnx_shape(imp, x)
+    start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+    return [Symbolic(dims[slice(start, end)])]
+
+
+def symbolic(imp, node, inputs, attrs):
+    """An operator on shape tensors or zeros (see the module docstring)."""
+    op = node.op_type
+    if any(isinstance(v, Zeros) for v in inputs):
+        if op in ("Slice", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Cast"):
+            return [Zeros()]
+        raise Refused(f"{op} of a zero tensor whose shape holds the batch or time size")
+    if op == "ConstantOfShape":
+        fill = attrs.get("value")
+        if fill is not None and np.any(imp.onnx.numpy_helper.to_array(fill)):
+            raise Refused("ConstantOfShape of a non-zero value with the batch or time size")
+        return [Zeros()]
+    if op == "Expand":
+        if not isinstance(inputs[0], np.ndarray) or np.any(inputs[0]):
+            raise Refused("Expand of a non-zero constant to a shape with the batch or time size")
+        return [Zeros()]
+    vals = [_symbolic(v) if v is not None else None for v in inputs]
+    if op in ("Identity", "Cast"):
+        return [Symbolic(vals[0])]
+    if op == "Gather":
+        return [Symbolic(np.take(vals[0], _ints(inputs[1], "indices") if np.ndim(inputs[1]) else int(inputs[1]),
+                                 axis=attrs.get("axis", 0)))]
+    if op == "Unsqueeze":
+        axes = _ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs["axes"]
+        out = vals[0]
+        for a in sorted(axes):
+            out = np.expand_dims(out, a)
+        return [Symbolic(out)]
+    if op == "Squeeze":
+        return [Symbolic(vals[0].reshape(-1) if vals[0].ndim else vals[0])]
+    if op == "Concat":
+        return [Symbolic(np.concatenate([np.atleast_1d(v) for v in vals], axis=attrs.get("axis", 0)))]
+    if op == "Slice":
+        starts, ends = _ints(inputs[1], "starts"), _ints(inputs[2], "ends")
+        steps = _ints(inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None else [1]
+        if len(starts) != 1:
+            raise Refused("a slice of a shape along more than one axis")
+        n = len(vals[0])
+        end = min(ends[0], n) if ends[0] >= 0 else ends[0]
+        return [Symbolic(vals[0][slice(starts[0], end, steps[0])])]
+    if op == "Mul":
+        a, b = np.broadcast_arrays(vals[0], vals[1])
+        return [Symbolic(np.array([_mul(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))],
+                                  dtype=object).reshape(a.shape))]
+    if op == "Reshape":
+        return [Symbolic(vals[0].reshape(_ints(inputs[1], "shape")))]
+    raise Refused(f"{op} with the batch or time size among its inputs")
+
+
+def transpose(imp, node, inputs, attrs):
+    x = inputs[0]
+    axes = imp.axes_of(x)
+    perm = attrs.get("perm", list(range(len(axes)))[::-1])
+    new = tuple(axes[p] for p in perm)
+    if [a for a in new if not isinstance(a, str)] != [a for a in axes if not isinstance(a, str)]:
+        raise Refused(f"perm {list(perm)} moves data within a sample (axes {axes} -> {new})")
+    return [relabel(imp, x, new)]
+
+
+def relabel(imp, x, axes):
+    """x under other ONNX axes, no data moved: a new value (a copy), since x may be read under
+    its own axes elsewhere."""
+    if axes == imp.axes_of(x):
+        return x
+    y = imp.net.add(L.Reshape(x.spec.shape), [x])
+    if axes != default_axes(y.spec):
+        y.onnx_axes = axes
+    return y
+
+
+def squeeze(imp, node, inputs, attrs):
+    x = inputs[0]
+    axes = imp.axes_of(x)
+    which = _ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
+    if which is None:
+        raise Refused("Squeeze without axes")
+    which = sorted(a + len(axes) if a < 0 else a for a in which)
+    if any(isinstance(axes[a], str) or x.spec.shape[axes[a]] != 1 for a in which):
+        raise Refused(f"squeezing axes {which} of {axes}: only per-sample axes of size 1")
+    gone = {axes[a] for a in which}
+    keep = [k for k in range(len(x.spec.shape)) if k not in gone]
+    y = imp.net.add(L.Reshape(tuple(x.spec.shape[k] for k in keep) or (1,)), [x])
+    renumber = {k: i for i, k in enumerate(keep)}
+    new = tuple(a if isinstance(a, str) else renumber[a] for i, a in enumerate(axes) if i not in which)
+    if not keep:  # a scalar per step: lamina keeps one axis of size 1
+        raise Refused("squeezing every per-sample axis")
+    if new != default_axes(y.spec):
+        y.onnx_axes = new
+    return [y]
+
+
+def reshape_value(imp, node, inputs, attrs):
+    """Reshape of a lamina value: the batch (and time) axes stay where they are; the per-sample
+    (per-step) axes take the new sizes (-1 and 0 resolved)."""
+    x, target = inputs
+    axes = imp.axes_of(x)
+    target = list(_symbolic(target)) if isinstance(target, Symbolic) else [int(t) for t in target]
+    names = [a for a in axes if isinstance(a, str)]
+    lead = axes[:len(names)]
+    if tuple(lead) != tuple(names):
+        raise Refused(f"a reshape of a value whose axes are {axes} (per-sample axes before the batch axis)")
+    head = target[:len(names)]
+    for i, (want, name) in enumerate(zip(head, names)):
+        if want not in (name, 0) and not (want == -1 and "N" in names and len(names) == 1):
+            raise Refused(f"shape {target}: the {'batch' if name == 'N' else 'time'} axis must stay in place")
+    rest = [x.spec.shape[i] if s == 0 else s for i, s in enumerate(target[len(names):])]
+    if any(isinstance(s, str) for s in rest):
+        raise Refused(f"shape {target}: the batch or time size inside a sample")
+    count = math.prod(x.spec.shape)
+    if rest.count(-1) > 1:
+        raise Refused(f"shape {target}: two axes of unknown size")
+    if -1 in rest:
+        known = math.prod(s for s in rest if s != -1)
+        rest[rest.index(-1)] = count // known if known else 0
+    if math.prod(rest) != count or not rest:
+        raise Refused(f"shape {target} for samples of {list(x.spec.shape)}")
+    y = imp.add(L.Reshape(tuple(rest)), [x], node)
+    new = tuple(names) + tuple(range(len(rest)))
+    if new != default_axes(y.spec):
+        y.onnx_axes = new
+    return [y]
