@@ -1,7 +1,9 @@
 """Suite `onnx`: the same .onnx files run by lamina (lm.onnx.load) and by ONNX Runtime, same
-inputs, same thread count, inference: a 2-D CNN (Conv2d, ReLU, MaxPool2d, Flatten, Linear) and
-a 3-D U-Net (Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d, skip Concat), exported by
-PyTorch's TorchScript exporter. The recurrent models of the issue come with the recurrent import.
+inputs, same thread count, inference: an LSTM language model (Embedding 4096x128 -> 2-layer
+LSTM(256) -> Linear 4096) on 64 sequences of lengths 10..50 (lamina packed, ONNX Runtime padded
+to 50: the file has no sequence_lens), a 2-D CNN (Conv2d, ReLU, MaxPool2d, Flatten, Linear) and a
+3-D U-Net (Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d, skip Concat), exported by
+PyTorch's TorchScript exporter.
 
 The files are written once into build/bench/onnx/ by the parent (PyTorch needed), then every
 worker reads them.
@@ -15,9 +17,11 @@ from .harness import ROOT
 FOLDER = os.path.join(ROOT, "build", "bench", "onnx")
 CASES = {
     # name: (input shape, multiply-adds per sample, for GFLOP/s)
+    "lstm_lm": ((64, 50), None),
     "cnn": ((64, 1, 28, 28), None),
     "unet3d": ((4, 1, 24, 24, 24), None),
 }
+LM_LENGTHS = np.random.default_rng(1).integers(10, 51, 64)
 
 
 def _models():
@@ -49,7 +53,17 @@ def _models():
             e1 = self.enc1(x)
             return self.out(self.dec(torch.cat([self.up(self.enc2(self.pool(e1))), e1], 1)))
 
-    return {"cnn": CNN, "unet3d": UNet3d}
+    class LanguageModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(4096, 128)
+            self.lstm = torch.nn.LSTM(128, 256, num_layers=2, batch_first=True)
+            self.fc = torch.nn.Linear(256, 4096)
+
+        def forward(self, ids):
+            return self.fc(self.lstm(self.emb(ids))[0])
+
+    return {"lstm_lm": LanguageModel, "cnn": CNN, "unet3d": UNet3d}
 
 
 def export_models():
@@ -64,20 +78,28 @@ def export_models():
         torch.manual_seed(0)
         model = cls().eval()
         shape = CASES[name][0]
+        sequence = name == "lstm_lm"
+        example = torch.randint(0, 4096, (2, 7)) if sequence else torch.randn(2, *shape[1:])
+        axes = {0: "n", 1: "t"} if sequence else {0: "n"}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (torch.randn(2, *shape[1:]),), path, dynamo=False, opset_version=17,
-                              input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+            torch.onnx.export(model, (example,), path, dynamo=False, opset_version=17, input_names=["x"],
+                              output_names=["y"], dynamic_axes={"x": axes, "y": axes})
 
 
 def _input(name):
+    if name == "lstm_lm":
+        return np.random.default_rng(0).integers(0, 4096, CASES[name][0])
     return np.random.default_rng(0).standard_normal(CASES[name][0]).astype(np.float32)
 
 
 def lamina_onnx(name):
     import lamina as lm
     net = lm.onnx.load(os.path.join(FOLDER, f"{name}.onnx"))
-    feeds = {"x": _input(name)}
+    x = _input(name)
+    if name == "lstm_lm":  # the same ids, each sequence at its own length: no padding
+        x = lm.Sequences.from_padded(x.astype(np.int32), LM_LENGTHS)
+    feeds = {"x": x}
     return lambda: net.run(feeds)
 
 
