@@ -341,8 +341,9 @@ def _pads(attrs, nd, spatial, kernel, stride, dilation):
     return tuple(lo for lo, _ in pads)
 
 
-@converter("Conv", attributes={"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
-def conv(imp, node, inputs, attrs):
+def _conv_operands(inputs, attrs):
+    """What Conv and ConvTranspose share: X, W, B (or None), the spatial rank, kernel, strides,
+    dilations and groups."""
     x = value(inputs[0], "X")
     w = const(inputs[1], "W")
     b = const(inputs[2], "B") if len(inputs) > 2 and inputs[2] is not None else None
@@ -350,32 +351,33 @@ def conv(imp, node, inputs, attrs):
     kernel = tuple(w.shape[2:])
     if tuple(attrs.get("kernel_shape", kernel)) != kernel:
         raise Refused(f"kernel_shape {attrs['kernel_shape']} differs from W's {list(kernel)}")
-    stride = tuple(attrs.get("strides", [1] * nd))
-    dilation = tuple(attrs.get("dilations", [1] * nd))
-    groups = attrs.get("group", 1)
-    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation)
-    in_channels = x.spec.shape[0]
-    if w.shape[1] * groups != in_channels:
-        raise Refused(f"W has {w.shape[1]} input channels per group, X has {in_channels} for group {groups}")
-    layer = (L.Conv2d if nd == 2 else L.Conv3d)(in_channels, w.shape[0], kernel, stride=stride, padding=padding,
-                                               dilation=dilation, groups=groups, bias=b is not None)
+    return (x, w, b, nd, kernel, tuple(attrs.get("strides", [1] * nd)), tuple(attrs.get("dilations", [1] * nd)),
+            attrs.get("group", 1))
+
+
+def _with_weights(imp, node, layer, x, w, b):
     assign(layer, "weight", w)
     if b is not None:
         assign(layer, "bias", b)
     return [imp.add(layer, [x], node)]
 
 
+@converter("Conv", attributes={"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+def conv(imp, node, inputs, attrs):
+    x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
+    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation)
+    in_channels = x.spec.shape[0]
+    if w.shape[1] * groups != in_channels:
+        raise Refused(f"W has {w.shape[1]} input channels per group, X has {in_channels} for group {groups}")
+    layer = (L.Conv2d if nd == 2 else L.Conv3d)(in_channels, w.shape[0], kernel, stride=stride, padding=padding,
+                                               dilation=dilation, groups=groups, bias=b is not None)
+    return _with_weights(imp, node, layer, x, w, b)
+
+
 @converter("ConvTranspose", attributes={"auto_pad", "dilations", "group", "kernel_shape",
                                           "output_padding", "output_shape", "pads", "strides"})
 def conv_transpose(imp, node, inputs, attrs):
-    x = value(inputs[0], "X")
-    w = const(inputs[1], "W")
-    b = const(inputs[2], "B") if len(inputs) > 2 and inputs[2] is not None else None
-    nd = _spatial(x, "X")
-    kernel = tuple(w.shape[2:])
-    stride = tuple(attrs.get("strides", [1] * nd))
-    dilation = tuple(attrs.get("dilations", [1] * nd))
-    groups = attrs.get("group", 1)
+    x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
     spatial = x.spec.shape[1:]
     output_padding = list(attrs.get("output_padding", [0] * nd))
     if "output_shape" in attrs:
@@ -408,10 +410,7 @@ def conv_transpose(imp, node, inputs, attrs):
     layer = (L.ConvTranspose2d if nd == 2 else L.ConvTranspose3d)(
         in_channels, w.shape[1] * groups, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
         bias=b is not None, output_padding=tuple(output_padding))
-    assign(layer, "weight", w)
-    if b is not None:
-        assign(layer, "bias", b)
-    return [imp.add(layer, [x], node)]
+    return _with_weights(imp, node, layer, x, w, b)
 
 
 def _pool_window(imp, node, x, attrs, nd):
