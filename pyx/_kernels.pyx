@@ -1090,28 +1090,30 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
     in the plane for backward."""
     cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
-    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, at
+    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, at, base, o
     cdef real best
-    cdef bint inside
+    cdef const real* xp
+    # without padding every window lies inside the volume: plain pointer arithmetic, no bounds
+    cdef bint inside = pd == 0 and ph == 0 and pw == 0
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
+        xp = &x[q, 0, 0, 0]
         for od in range(oD):
             for oh in range(oH):
                 for ow in range(oW):
-                    inside = (od * sd - pd >= 0 and od * sd - pd + kd <= D and oh * sh - ph >= 0 and
-                              oh * sh - ph + kh <= H and ow * sw - pw >= 0 and ow * sw - pw + kw <= W)
-                    if inside:  # the common case: no padding in the window, no bounds to test
-                        at = ((od * sd - pd) * H + oh * sh - ph) * W + ow * sw - pw
-                        best_at = at
-                        best = x[q, od * sd - pd, oh * sh - ph, ow * sw - pw]
+                    o = (od * oH + oh) * oW + ow
+                    if inside:
+                        base = (od * sd * H + oh * sh) * W + ow * sw
+                        best_at = base
+                        best = xp[base]
                         for a in range(kd):
                             for b in range(kh):
                                 for e in range(kw):
-                                    i_d = (a * H + b) * W + e
-                                    if (&x[q, 0, 0, 0])[at + i_d] > best:
-                                        best = (&x[q, 0, 0, 0])[at + i_d]
-                                        best_at = at + i_d
-                        out[q, od, oh, ow] = best
-                        argmax[q, (od * oH + oh) * oW + ow] = <int>best_at
+                                    at = base + (a * H + b) * W + e
+                                    if xp[at] > best:
+                                        best = xp[at]
+                                        best_at = at
+                        (&out[q, 0, 0, 0])[o] = best
+                        argmax[q, o] = <int>best_at
                         continue
                     best_at = -1
                     best = 0
@@ -1131,7 +1133,7 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
                                     best = x[q, i_d, i_h, i_w]
                                     best_at = (i_d * H + i_h) * W + i_w
                     out[q, od, oh, ow] = best
-                    argmax[q, (od * oH + oh) * oW + ow] = <int>best_at
+                    argmax[q, o] = <int>best_at
 
 
 def max_pool_backward(real[:, :, :, ::1] dy, int[:, ::1] argmax, real[:, ::1] dx, double beta):
