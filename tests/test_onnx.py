@@ -266,8 +266,13 @@ def test_layers_without_an_exporter_are_named():
     net = lm.Network()
     x = net.input("x", 3)
     net.outputs(y=lm.layers.SequencePool("max")(net.input("s", 3, sequence=True)), z=lm.layers.Activation("tanh")(x))
-    with pytest.raises(lm.GraphError, match="sequence and selection inputs have no ONNX export yet"):
+    with pytest.raises(lm.GraphError, match="no ONNX export yet for layer type SequencePool"):
         lm.onnx.save(net)
+    sel = lm.Network()
+    h, cols = sel.input("h", 4), sel.input("cols", dtype="selection")
+    sel.outputs(scores=lm.layers.SelectiveLinear(4, 9)(h, cols))
+    with pytest.raises(lm.GraphError, match="input 'cols': selection inputs have no ONNX export yet"):
+        lm.onnx.save(sel)
 
 
 class UNet3d(torch.nn.Module):
@@ -425,3 +430,33 @@ def test_pytorch_lstm_language_model_runs_on_packed_sequences(dynamo, opset):
     theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
     ours = net.run({"ids": lm.Sequences.from_padded(ids.astype(np.int32), [7] * 4)})["y"]
     np.testing.assert_allclose(lm.onnx.to_onnx_layout(ours, net.onnx_axes["y"]), theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,options", [("LSTM", dict(num_layers=2, bidirectional=True)),
+                                          ("GRU", dict(bidirectional=True)), ("GRU", dict(reverse=True)),
+                                          ("RNN", dict(nonlinearity="relu", num_layers=2))],
+                         ids=["lstm-2-layer-bidir", "gru-bidir", "gru-reverse", "rnn-relu-2-layer"])
+def test_recurrent_networks_export_with_sequence_lengths(kind, options, tmp_path):
+    """Sequence inputs leave as padded [batch, time] plus `lengths` (sequence_lens of every
+    recurrent node); ONNX Runtime's outputs equal lamina's on each sequence's valid steps, and the
+    last states; the file imports back into lamina with the same results."""
+    lm.manual_seed(11)
+    net = lm.Network()
+    ids = net.input("ids", dtype="int32", sequence=True)
+    outs = getattr(lm.layers, kind)(8, 6, **options)(lm.layers.Embedding(20, 8)(ids))
+    width = 12 if options.get("bidirectional") else 6
+    net.outputs(y=lm.layers.Linear(width, 5, activation="tanh")(outs[0]), last=outs[1])
+    lm.onnx.save(net, tmp_path / "seq.onnx")
+    lengths = [5, 2, 4, 1]
+    rng = np.random.default_rng(12)
+    seqs = lm.Sequences.from_list([rng.integers(0, 20, n).astype(np.int32) for n in lengths])
+    ours = net.run({"ids": seqs})
+    padded, _ = seqs.to_padded()
+    session = ort.InferenceSession(str(tmp_path / "seq.onnx"), providers=["CPUExecutionProvider"])
+    y, last = session.run(None, {"ids": padded.astype(np.int64), "lengths": np.array(lengths, np.int64)})
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(y[i, :n], ours["y"][i], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(last, ours["last"], rtol=1e-5, atol=1e-6)
+    back = lm.onnx.load(tmp_path / "seq.onnx").run({"ids": seqs})
+    np.testing.assert_allclose(back["y"].values, ours["y"].values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(back["last"], ours["last"], rtol=1e-5, atol=1e-6)

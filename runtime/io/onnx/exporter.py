@@ -1,8 +1,11 @@
 """lamina Network → ONNX (opset 18): the inference graph of the outputs that need no labels.
 
-Each input gets a dynamic first axis ('batch') before its per-sample shape; each layer becomes
-one or a few standard ONNX nodes, its parameters initializers. Costs (and the outputs that need
-them) are training-only and left out. A layer kind without an exporter is refused by name.
+Each input gets a dynamic first axis ('batch') before its per-sample shape; a sequence input is
+a padded [batch, time, ...] tensor, and the model takes one more input, `lengths` (int64
+[batch]), which the recurrent nodes read as sequence_lens (values past each length are padding:
+ONNX Runtime zeroes the recurrent outputs there). Each layer becomes one or a few standard ONNX
+nodes, its parameters initializers. Costs (and the outputs that need them) are training-only and
+left out. A layer kind without an exporter is refused by name.
 """
 import numpy as np
 
@@ -11,6 +14,7 @@ from .importer import _onnx
 
 OPSET = 18
 EXPORTERS = {}
+LENGTHS = "lengths"  # the extra input of a model with sequence inputs
 
 
 def exporter(*kinds):
@@ -82,12 +86,16 @@ def to_model(net, onnx):
     inputs = [v for v in net.input_names if any(v in plan.inputs for _, plan in outputs.values())]
     names = {}
     graph_inputs = []
+    lead = lambda spec: ["batch", "time"] if spec.sequence else ["batch"]
+    if any(net.values[v].spec.sequence for v in inputs):
+        graph_inputs.append(helper.make_tensor_value_info(LENGTHS, tp.INT64, ["batch"]))
+        g.lengths = g.node("Cast", [LENGTHS], name="lengths_int32", to=tp.INT32)
     for v in inputs:
         spec = net.values[v].spec
-        if spec.sequence or spec.kind == "selection":
-            raise GraphError(f"input '{v}': sequence and selection inputs have no ONNX export yet")
+        if spec.kind == "selection":
+            raise GraphError(f"input '{v}': selection inputs have no ONNX export yet")
         elem = tp.FLOAT if spec.kind == "float" else tp.INT64
-        graph_inputs.append(helper.make_tensor_value_info(v, elem, ["batch", *spec.shape]))
+        graph_inputs.append(helper.make_tensor_value_info(v, elem, lead(spec) + list(spec.shape)))
         names[v] = g.fresh(v)
         if spec.kind != "float":  # lamina's ids are int32; ONNX models take int64 ids
             names[v] = g.node("Cast", [v], name=f"{v}_int32", to=tp.INT32)
@@ -105,7 +113,8 @@ def to_model(net, onnx):
     graph_outputs = []
     for name, (value, _) in outputs.items():
         g.node("Identity", [names[value]], output=name, name=f"output_{name}")
-        graph_outputs.append(helper.make_tensor_value_info(name, tp.FLOAT, ["batch", *net.values[value].spec.shape]))
+        spec = net.values[value].spec
+        graph_outputs.append(helper.make_tensor_value_info(name, tp.FLOAT, lead(spec) + list(spec.shape)))
     graph = helper.make_graph(g.nodes, "lamina", graph_inputs, graph_outputs, initializer=g.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lamina")
 
@@ -134,6 +143,14 @@ def activate(g, x, kind, slope, name):
 
 @exporter("linear")
 def linear(g, layer, ins, specs, node):
+    if specs[0].sequence:  # [batch, time, in]: MatMul broadcasts over both leading axes
+        y = None
+        for x, wname in zip(ins, layer.weight_names):
+            t = g.node("MatMul", [x, g.constant(f"{node.name}.{wname}_t", param(layer, wname).T)], name=node.name)
+            y = t if y is None else g.node("Add", [y, t], name=f"{node.name}_sum")
+        if layer.has_bias:
+            y = g.node("Add", [y, g.constant(f"{node.name}.bias", param(layer, "bias"))], name=f"{node.name}_bias")
+        return activate(g, y, layer.activation, layer.slope, node.name)
     terms = []
     for x, wname in zip(ins, layer.weight_names):
         w = g.constant(f"{node.name}.{wname}", param(layer, wname))
@@ -232,3 +249,55 @@ def batch_norm(g, layer, ins, specs, node):
 @exporter("multiply")
 def multiply(g, layer, ins, specs, node):
     return g.node("Mul", ins, name=node.name)
+
+
+# lamina's (PyTorch's) gate blocks in ONNX's order: LSTM i,o,f,c from i,f,g,o; GRU z,r,h from r,z,n
+ONNX_FROM_LAMINA = {"lstm": (0, 3, 1, 2), "gru": (1, 0, 2), "rnn": (0,)}
+
+
+def _onnx_gates(a, kind):
+    parts = np.split(a, len(ONNX_FROM_LAMINA[kind]))
+    return np.concatenate([parts[g] for g in ONNX_FROM_LAMINA[kind]])
+
+
+@exporter("rnn", "lstm", "gru")
+def recurrent(g, layer, ins, specs, node):
+    """Per layer: Transpose to time-major, the ONNX node with sequence_lens, back to
+    [batch, time, D·H]; the last states (and cells) of every layer concatenated as lamina's
+    [batch, L·D, H]."""
+    if len(ins) > 1:
+        raise GraphError(f"layer '{node.name}': initial states have no ONNX export yet")
+    op = {"rnn": "RNN", "lstm": "LSTM", "gru": "GRU"}[layer.kind]
+    D, H = layer.directions, layer.hidden_size
+    direction = "bidirectional" if D == 2 else ("reverse" if layer.reverse else "forward")
+    attrs = dict(hidden_size=H, direction=direction)
+    if layer.kind == "gru":
+        attrs["linear_before_reset"] = 1
+    if layer.kind == "rnn" and layer.nonlinearity == "relu":
+        attrs["activations"] = ["Relu"] * D
+    x, lasts, cells = ins[0], [], []
+    for l in range(layer.num_layers):
+        sfx = [layer._suffix(l, d) for d in range(D)]
+        w = np.stack([_onnx_gates(param(layer, "weight_ih" + s), layer.kind) for s in sfx])
+        r = np.stack([_onnx_gates(param(layer, "weight_hh" + s), layer.kind) for s in sfx])
+        if layer.has_bias:
+            b = np.stack([np.concatenate([_onnx_gates(param(layer, "bias_ih" + s), layer.kind),
+                                          _onnx_gates(param(layer, "bias_hh" + s), layer.kind)]) for s in sfx])
+        else:
+            b = np.zeros((D, 2 * w.shape[1]), np.float32)
+        xt = g.node("Transpose", [x], name=f"{node.name}_l{l}_time_major", perm=[1, 0, 2])
+        args = [xt] + [g.constant(f"{node.name}.{n}_l{l}", v) for n, v in (("W", w), ("R", r), ("B", b))]
+        args.append(g.lengths)
+        outs = [g.fresh(f"{node.name}_l{l}_{o}") for o in (("Y", "Y_h", "Y_c") if op == "LSTM" else ("Y", "Y_h"))]
+        g.nodes.append(g.helper.make_node(op, args, outs, name=g.fresh(f"{node.name}_l{l}"), **attrs))
+        y = g.node("Transpose", [outs[0]], name=f"{node.name}_l{l}_batch_major", perm=[2, 0, 1, 3])
+        x = g.node("Reshape", [y, g.constant(f"{node.name}_l{l}_shape", [0, 0, -1], dtype=np.int64)],
+                   name=f"{node.name}_l{l}_join")
+        lasts.append(outs[1])
+        if op == "LSTM":
+            cells.append(outs[2])
+    results = [x]
+    for states in (lasts, cells) if op == "LSTM" else (lasts,):
+        joined = states[0] if len(states) == 1 else g.node("Concat", states, name=f"{node.name}_states", axis=0)
+        results.append(g.node("Transpose", [joined], name=f"{node.name}_states_batch_major", perm=[1, 0, 2]))
+    return results

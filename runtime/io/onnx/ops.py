@@ -261,13 +261,24 @@ def mul_div(imp, node, inputs, attrs):
 
 @converter("Concat", attributes={"axis"})
 def concat(imp, node, inputs, attrs):
-    xs = [value(x, f"input {i}") for i, x in enumerate(inputs)]
-    rank = 1 + len(xs[0].spec.shape)
-    axis = attrs["axis"] + rank if attrs["axis"] < 0 else attrs["axis"]
-    if axis != 1:
-        raise Refused(f"axis {attrs['axis']} (lamina concatenates features or channels: axis 1)")
-    layer = L.Concat() if rank == 2 else L.ConcatChannels()
-    return [imp.add(layer, xs, node)]
+    """Along lamina's first per-sample axis (features, or channels), wherever the ONNX layout
+    puts it (the recurrent layers' states [D, N, H] concatenate along their axis 0)."""
+    axes = [imp.axes_of(x) if isinstance(x, Value) else None for x in inputs]
+    if any(a is None or a != axes[0] for a in axes):
+        raise Refused("inputs that are not all lamina values of one layout")
+    xs = list(inputs)
+    for i, x in enumerate(xs):
+        if x.spec.kind != "float":
+            raise Refused(f"input {i} holds {x.spec.kind} values")
+    layout = axes[0]
+    axis = attrs["axis"] + len(layout) if attrs["axis"] < 0 else attrs["axis"]
+    if layout[axis] != 0:
+        raise Refused(f"axis {attrs['axis']} (lamina concatenates features or channels: a sample's first axis)")
+    layer = L.Concat() if len(xs[0].spec.shape) == 1 else L.ConcatChannels()
+    out = imp.add(layer, xs, node)
+    if layout != default_axes(out.spec):
+        out.onnx_axes = layout
+    return [out]
 
 
 @converter("Flatten", attributes={"axis"})
@@ -524,8 +535,10 @@ def recurrent(imp, node, inputs, attrs):
         raise Refused("input_forget=1")
     if op == "GRU" and not attrs.get("linear_before_reset", 0):
         raise Refused("linear_before_reset=0 (lamina's GRU is PyTorch's: the reset gate after the product)")
-    if lengths is not None:
-        raise Refused("sequence_lens (lamina takes each sequence's length from its lamina.Sequences)")
+    if lengths is not None and not (isinstance(lengths, Value) and lengths.spec.kind == "int32"
+                                    and lengths.spec.shape == () and not lengths.spec.sequence):
+        # fed from an input, the lengths are those of the Sequences lamina is fed: nothing to read
+        raise Refused("sequence_lens other than an input of one length per sequence")
     _zero_or_absent(h0, "initial_h")
     _zero_or_absent(c0, "initial_c")
     _zero_or_absent(peep, "peepholes P")
