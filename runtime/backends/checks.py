@@ -52,6 +52,20 @@ def check_positions(where, name, pos, starts):
                               f"[{starts[at]}, {starts[at + 1]}), found {pos[at]}")
 
 
+def check_selection(where, starts, cols, shared, entries, rows, columns):
+    """A selection (row offsets `starts`, column ids `cols`, shared by every row or listed per
+    entry) describes `entries` values over a [rows, columns] array."""
+    if len(starts) != rows + 1:
+        raise IndexRangeError(f"{where}: starts must hold rows + 1 = {rows + 1} offsets, found {len(starts)}")
+    check_offsets(where, "starts", starts, entries)
+    if shared and entries != rows * len(cols):
+        raise IndexRangeError(f"{where}: a shared selection of {len(cols)} columns over {rows} rows has "
+                              f"{rows * len(cols)} entries, the values {entries}")
+    if not shared and len(cols) != entries:
+        raise IndexRangeError(f"{where}: the selection lists {len(cols)} columns for {entries} entries")
+    check_index(where, "cols", cols, columns)
+
+
 def check_by_column(where, by_column, entries, rows, columns):
     """A selection grouped by column (columns, bucket_starts, entries, entry_rows) indexes
     `entries` values, `rows` input rows and `columns` weight rows."""

@@ -9,7 +9,7 @@ import numpy as np
 from .. import _kernels as K
 from .. import _mkl, _selective
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
-from .checks import check_by_column, check_index, check_offsets, check_positions
+from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from .blas import default_provider, provider
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -323,15 +323,7 @@ class CPUBackend(HostStatistics, Backend):
     def _selection(where, starts, cols, shared, entries, rows, columns):
         check_array(where, "starts", starts, dtype=np.int32, ndim=1)
         check_array(where, "cols", cols, dtype=np.int32, ndim=1)
-        if len(starts) != rows + 1:
-            raise ValueError(f"{where}: starts must hold rows + 1 = {rows + 1} offsets, found {len(starts)}")
-        check_offsets(where, "starts", starts, entries)
-        if shared and entries != rows * len(cols):
-            raise ValueError(f"{where}: a shared selection of {len(cols)} columns over {rows} rows has "
-                             f"{rows * len(cols)} entries, the values {entries}")
-        if not shared and len(cols) != entries:
-            raise ValueError(f"{where}: the selection lists {len(cols)} columns for {entries} entries")
-        check_index(where, "cols", cols, columns)
+        check_selection(where, starts, cols, shared, entries, rows, columns)
 
     @staticmethod
     def _by_column(where, by_column, entries, rows, columns):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
-from .checks import check_by_column, check_index, check_offsets, check_positions
+from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
@@ -600,14 +600,8 @@ class OpenCLBackend(Backend):
 
     def _entries(self, where, starts, cols, shared, entries, shape):
         """A selection's (starts, cols) over a [rows, columns] array, checked and on the device."""
-        rows, columns = shape
-        starts_host = self._host(starts)
-        if len(starts_host) != rows + 1:
-            raise ValueError(f"{where}: starts must hold rows + 1 = {rows + 1} offsets, found {len(starts_host)}")
-        check_offsets(where, "starts", starts_host, entries)
-        if len(self._host(cols)) != (entries // max(rows, 1) if shared else entries):
-            raise ValueError(f"{where}: {len(cols)} columns do not describe {entries} entries over {rows} rows")
-        return self._device(starts, np.int32), self._ids(cols, where, "cols", columns)
+        check_selection(where, self._host(starts), self._host(cols), shared, entries, *shape)
+        return self._device(starts, np.int32), self._device(cols, np.int32)
 
     def _segment(self, where, starts, pos, entries):
         """A selection's row offsets and each row's position, checked and on the device."""

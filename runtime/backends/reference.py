@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .base import Backend, check_activation, HostStatistics
-from .checks import check_by_column, check_index, check_offsets, check_positions
+from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805
@@ -206,10 +206,9 @@ class ReferenceBackend(HostStatistics, Backend):
 
     # -- selections
     @staticmethod
-    def _entries(where, starts, cols, shared, entries, width):
-        """(row, column) of every entry, checked against `entries` values over `width` columns."""
-        check_offsets(where, "starts", starts, entries)
-        check_index(where, "cols", cols, width)
+    def _entries(where, starts, cols, shared, entries, shape):
+        """(row, column) of every entry, checked against `entries` values of a [rows, columns] array."""
+        check_selection(where, starts, cols, shared, entries, *shape)
         rows = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
         if shared:
             cols = np.tile(cols, len(starts) - 1)
@@ -248,11 +247,11 @@ class ReferenceBackend(HostStatistics, Backend):
         out += b[cols]
 
     def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
-        rows, cols = self._entries("gather_entries", starts, cols, shared, len(out), full.shape[1])
+        rows, cols = self._entries("gather_entries", starts, cols, shared, len(out), full.shape)
         _with_beta(out, full[rows, cols], beta)
 
     def scatter_entries(self, g, starts, cols, shared, full):
-        rows, cols = self._entries("scatter_entries", starts, cols, shared, len(g), full.shape[1])
+        rows, cols = self._entries("scatter_entries", starts, cols, shared, len(g), full.shape)
         full[...] = 0
         np.add.at(full, (rows, cols), g)
 
