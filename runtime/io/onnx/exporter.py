@@ -143,28 +143,20 @@ def activate(g, x, kind, slope, name):
 
 @exporter("linear")
 def linear(g, layer, ins, specs, node):
-    if specs[0].sequence:  # [batch, time, in]: MatMul broadcasts over both leading axes
+    """One input of [batch, in]: one Gemm (bias included). Several inputs, or a sequence batch
+    [batch, time, in] (MatMul broadcasts over both leading axes): a MatMul per input, summed,
+    plus the bias."""
+    bias = [g.constant(f"{node.name}.bias", param(layer, "bias"))] if layer.has_bias else []
+    if len(ins) == 1 and not specs[0].sequence:
+        w = g.constant(f"{node.name}.{layer.weight_names[0]}", param(layer, layer.weight_names[0]))
+        y = g.node("Gemm", [ins[0], w] + bias, name=node.name, transB=1)
+    else:
         y = None
         for x, wname in zip(ins, layer.weight_names):
             t = g.node("MatMul", [x, g.constant(f"{node.name}.{wname}_t", param(layer, wname).T)], name=node.name)
             y = t if y is None else g.node("Add", [y, t], name=f"{node.name}_sum")
-        if layer.has_bias:
-            y = g.node("Add", [y, g.constant(f"{node.name}.bias", param(layer, "bias"))], name=f"{node.name}_bias")
-        return activate(g, y, layer.activation, layer.slope, node.name)
-    terms = []
-    for x, wname in zip(ins, layer.weight_names):
-        w = g.constant(f"{node.name}.{wname}", param(layer, wname))
-        terms.append(g.node("Gemm", [x, w], name=node.name, transB=1) if len(ins) == 1 else
-                     g.node("MatMul", [x, g.constant(f"{node.name}.{wname}_t", param(layer, wname).T)], name=node.name))
-    if len(ins) == 1 and layer.has_bias:
-        g.nodes.pop()
-        terms = [g.node("Gemm", [ins[0], w, g.constant(f"{node.name}.bias", param(layer, "bias"))], name=node.name,
-                        transB=1)]
-    y = terms[0]
-    for t in terms[1:]:
-        y = g.node("Add", [y, t], name=f"{node.name}_sum")
-    if len(ins) > 1 and layer.has_bias:
-        y = g.node("Add", [y, g.constant(f"{node.name}.bias", param(layer, "bias"))], name=f"{node.name}_bias")
+        if bias:
+            y = g.node("Add", [y] + bias, name=f"{node.name}_bias")
     return activate(g, y, layer.activation, layer.slope, node.name)
 
 
