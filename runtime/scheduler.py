@@ -322,14 +322,19 @@ class Bindings:
         for slot, (shape, dtype, sequence) in self._slot_key.items():
             rows = steps if sequence else batch
             need = (rows or 0) * int(np.prod(shape, dtype=np.int64))
-            base = self._bases.get(slot)
-            if base is None or base.size < need:
-                grow = int(base.size * self.GROWTH) if base is not None else 0
-                self._bases[slot] = self.backend.empty((max(need, grow, 1),), dtype)
+            self._bases[slot] = self._grown(self._bases.get(slot), need, dtype, self.backend.empty)
             sizes[slot] = ((rows or 0),) + shape, need
         for (store, vname), slot in self._slot_of.items():
             shape, need = sizes[slot]
             (self.values if store == "value" else self.grads)[vname] = self._bases[slot][:need].reshape(shape)
+
+    @classmethod
+    def _grown(cls, base, need, dtype, empty):
+        """`base` if it holds `need` values, else a new flat buffer from empty(shape, dtype) with
+        GROWTH headroom over the old one."""
+        if base is not None and base.size >= need:
+            return base
+        return empty((max(need, int(base.size * cls.GROWTH) if base is not None else 0, 1),), dtype)
 
     def feed(self, name, a, dtype):
         """The array the kernels read for input `name`: the caller's own array when the backend
@@ -338,11 +343,9 @@ class Bindings:
         if a.dtype == dtype and a.dtype.kind == "f" and a.flags.c_contiguous and a.flags.aligned \
                 and a.flags.writeable:
             return a
-        base, out = self._feed_bases.get(name, (None, None))
-        if base is None or base.size < a.size:
-            base = np.empty(max(a.size, int(base.size * self.GROWTH) if base is not None else 0, 1), dtype)
-            out = None
-        if out is None or out.shape != a.shape:
+        old, out = self._feed_bases.get(name, (None, None))
+        base = self._grown(old, a.size, dtype, np.empty)
+        if base is not old or out.shape != a.shape:
             # one view per shape, kept: a device backend's upload cache knows it by identity
             out = base[:a.size].reshape(a.shape)
         self._feed_bases[name] = (base, out)
