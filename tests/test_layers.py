@@ -5,7 +5,7 @@ import pytest
 
 import lamina as lm
 from lamina.layers import (Activation, Add, BCEWithLogits, Bias, Concat, Dropout, Linear, Multiply, Reshape,
-                           Scale, SoftmaxCrossEntropy, SquareError)
+                           Scale, Slice, SoftmaxCrossEntropy, SquareError)
 from lamina.testing import GradientCheckError, add_probe_cost, check_gradients, probe_feed
 
 from helpers import rand
@@ -231,6 +231,28 @@ def test_bias_gradients_and_numpy():
     check_gradients(net, feeds)
     net.forward(feeds)
     np.testing.assert_allclose(net.scheduler.current.values[out.name], feeds["x0"] + np.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.parametrize("shape,start,stop,squeeze", [((6,), 2, 5, False), ((4, 3, 2), 1, 3, False),
+                                                      ((2, 5), 1, 2, True), ((3,), 2, 3, True)])
+def test_slice_gradients_and_numpy(shape, start, stop, squeeze):
+    net, feeds, out = probed(lambda x: Slice(start, stop, squeeze=squeeze)(x), [shape])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    want = feeds["x0"][:, start:stop]
+    want = want.reshape((N,) + (shape[1:] or (1,))) if squeeze else want
+    np.testing.assert_array_equal(net.scheduler.current.values[out.name], want)
+
+
+def test_slice_refuses_what_it_cannot_take():
+    net = lm.Network()
+    x = net.input("x", (3, 2))
+    with pytest.raises(ValueError, match="at least 4 entries along its first axis"):
+        Slice(1, 4)(x)
+    with pytest.raises(ValueError, match="0 <= start < stop"):
+        Slice(2, 2)
+    with pytest.raises(ValueError, match="single index"):
+        Slice(0, 2, squeeze=True)
 
 
 def test_multiply_gradients_and_numpy():

@@ -460,3 +460,116 @@ def test_recurrent_networks_export_with_sequence_lengths(kind, options, tmp_path
     back = lm.onnx.load(tmp_path / "seq.onnx").run({"ids": seqs})
     np.testing.assert_allclose(back["y"].values, ours["y"].values, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(back["last"], ours["last"], rtol=1e-5, atol=1e-6)
+
+
+class GRUClassifier(torch.nn.Module):
+    """Embedding -> bidirectional GRU over variable-length sequences -> Linear on both last
+    states. `packed`: the sequences go through pack_padded_sequence (the TorchScript exporter
+    writes their lengths as the GRU's sequence_lens; PyTorch 2.13's dynamo exporter cannot trace
+    pack_padded_sequence at all, so its export runs the GRU unpacked). The padded outputs of
+    every step are a second output."""
+
+    def __init__(self, packed, vocab=40, classes=3):
+        super().__init__()
+        self.packed = packed
+        self.emb = torch.nn.Embedding(vocab, 8)
+        self.gru = torch.nn.GRU(8, 12, batch_first=True, bidirectional=True)
+        self.fc = torch.nn.Linear(24, classes)
+
+    def forward(self, ids, lengths=None, enforce_sorted=True):
+        x = self.emb(ids)
+        if self.packed:
+            x = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=enforce_sorted)
+        out, h = self.gru(x)
+        if self.packed:
+            out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return self.fc(torch.cat([h[0], h[1]], dim=1)), out
+
+
+def export_gru_classifier(model, dynamo, opset):
+    ids, lengths = torch.randint(0, 40, (3, 7)), torch.tensor([7, 5, 2])
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            torch.onnx.export(model, (ids,), f, dynamo=True, opset_version=opset, input_names=["ids"],
+                              output_names=["y", "states"],
+                              dynamic_shapes=({0: torch.export.Dim("batch"), 1: torch.export.Dim("time")},))
+        else:
+            torch.onnx.export(model, (ids, lengths), f, dynamo=False, opset_version=opset,
+                              input_names=["ids", "lengths"], output_names=["y", "states"],
+                              dynamic_axes={"ids": {0: "batch", 1: "time"}, "lengths": {0: "batch"},
+                                            "y": {0: "batch"}, "states": {0: "batch", 1: "time"}})
+    return f.getvalue()
+
+
+@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                      for d, o in EXPORTS])
+def test_pytorch_bidirectional_gru_classifier_on_variable_lengths(dynamo, opset):
+    """lamina runs the export on ragged sequences in any order, each giving what PyTorch gives for
+    it alone (class scores from both directions' last states, and every step's outputs); fed as
+    ONNX Runtime is (padded, with the lengths input where the file has one), it equals ONNX
+    Runtime."""
+    torch.manual_seed(21)
+    model = GRUClassifier(packed=not dynamo).eval()
+    blob = export_gru_classifier(model, dynamo, opset)
+    net = lm.onnx.load(blob, sequences={"ids": "NT"})  # (dynamo at opset 20 may fix the time axis)
+    assert net.input_names == ["ids"] and net.onnx_lengths == ([] if dynamo else ["lengths"])
+    lengths = [5, 3, 9, 1]
+    seqs = [torch.randint(0, 40, (n,)) for n in lengths]
+    out = net.run({"ids": lm.Sequences.from_list([s.numpy().astype(np.int32) for s in seqs])})
+    with torch.no_grad():
+        for i, s in enumerate(seqs):
+            y, states = model(s[None], torch.tensor([len(s)]))
+            np.testing.assert_allclose(out["y"][i], y[0].numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(out["states"][i], states[0].numpy(), rtol=1e-4, atol=1e-5)
+    rng = np.random.default_rng(22)
+    ids = rng.integers(0, 40, (4, 7))
+    feeds = {"ids": ids} if dynamo else {"ids": ids, "lengths": np.array([7, 6, 6, 2])}  # sorted, as packed
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ours = net.run(lm.onnx.feeds(net, feeds))
+    np.testing.assert_allclose(ours["y"], theirs[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lm.onnx.to_onnx_layout(ours["states"], net.onnx_axes["states"]), theirs[1],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_fine_tuning_an_imported_gru_classifier_follows_pytorch():
+    """20 SGD steps on ragged batches in lamina (packed, no padding) and in PyTorch (packed,
+    unsorted) from the same weights: the gradients then still equal PyTorch's on the same batch,
+    and the loss fell."""
+    torch.manual_seed(23)
+    model = GRUClassifier(packed=True)
+    net = lm.onnx.load(export_gru_classifier(model.eval(), False, 17))
+    labels = net.input("labels", dtype="int32")
+    net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(net.values[net.output_values["y"]], labels))
+    assert [tuple(p.shape) for p in net.parameters()] == [tuple(p.shape) for p in model.parameters()]
+    rng = np.random.default_rng(24)
+    batches = []
+    for _ in range(2):
+        lengths = rng.integers(1, 12, 6)
+        batches.append(([rng.integers(0, 40, n).astype(np.int32) for n in lengths],
+                        rng.integers(0, 3, 6).astype(np.int32)))
+    opt = lm.optim.SGD(net, lr=0.5)
+    torch_opt = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def torch_loss(seqs, y):
+        padded = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(s).long() for s in seqs], batch_first=True)
+        scores, _ = model(padded, torch.tensor([len(s) for s in seqs]), enforce_sorted=False)
+        return torch.nn.functional.cross_entropy(scores, torch.from_numpy(y).long())
+
+    losses = []
+    for step in range(21):
+        seqs, y = batches[step % len(batches)]
+        feeds = {"ids": lm.Sequences.from_list(seqs), "labels": y}
+        torch_opt.zero_grad()
+        theirs = torch_loss(seqs, y)
+        theirs.backward()
+        if step < 20:
+            losses.append(net.train_step(feeds, opt))
+            np.testing.assert_allclose(losses[-1], theirs.item(), rtol=1e-4)
+            torch_opt.step()
+    net.forward(feeds, outputs=["loss"])
+    net.backward()
+    for p, q in zip(net.parameters(), model.parameters()):  # (the embedding's gradient is sparse)
+        np.testing.assert_allclose(p.dense_grad(net.backend), q.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert losses[-1] < 0.7 * losses[0]

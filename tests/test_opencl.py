@@ -219,7 +219,8 @@ def dense_net(seed=0):
     logits = Linear(16, 3, name="logits")(lm.layers.Bias((16,), name="shift")(m))
     reg = Linear(16, 5, activation="exponential", name="reg")(Dropout(0.0, name="drop")(c))
     net.outputs(xent=SoftmaxCrossEntropy(name="xent")(logits, y), se=SquareError(name="se")(reg, t),
-                bce=BCEWithLogits(name="bce")(Linear(16, 5, name="bl")(c), t),
+                bce=BCEWithLogits(name="bce")(Linear([16, 8], 5, name="bl")(
+                    c, lm.layers.Reshape((8,), name="rows")(lm.layers.Slice(1, 3, name="part")(square))), t),
                 probs=Activation("softmax", name="sm")(logits))
     net.values["x"].requires_grad = True
     return net

@@ -359,3 +359,54 @@ class Multiply(Layer):
             dx = ctx.input_grad(slot)
             if dx is not None:
                 ctx.be.multiply(dy, other, dx.array, dx.beta)
+
+
+@register
+class Slice(Layer):
+    """y = x[:, start:stop] along a sample's first axis (features, channels, or the directions of
+    a recurrent layer's states); x [N, A, *rest] → y [N, stop - start, *rest], or [N, *rest]
+    with squeeze=True for a single index (an ONNX Gather of a constant index, or a Slice)."""
+
+    kind = "slice"
+    opencl = True
+
+    def __init__(self, start, stop, squeeze=False, name=None):
+        super().__init__(name)
+        self.start, self.stop, self.squeeze = int(start), int(stop), bool(squeeze)
+        if not 0 <= self.start < self.stop:
+            raise ValueError(f"Slice: expected 0 <= start < stop, found start={start}, stop={stop}")
+        if self.squeeze and self.stop != self.start + 1:
+            raise ValueError(f"Slice: squeeze=True takes a single index (stop = start + 1), found {start}:{stop}")
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if not x.shape or x.shape[0] < self.stop:
+            raise ValueError(f"Slice {self.start}:{self.stop}: input 0 must have at least {self.stop} entries "
+                             f"along its first axis, found {x}")
+        rest = x.shape[1:]
+        shape = rest if self.squeeze and rest else (1,) if self.squeeze else (self.stop - self.start,) + rest
+        return Spec(shape, sequence=x.sequence)
+
+    def _columns(self, x):
+        """x as rows of columns, and the first column of the slice."""
+        inner = math.prod(x.shape[2:])
+        return x.reshape(x.shape[0], -1), self.start * inner
+
+    def forward(self, ctx):
+        rows, col = self._columns(ctx.inputs[0])
+        y = ctx.output
+        ctx.be.copy_from_columns(rows, col, y.reshape(y.shape[0], -1))
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is None:
+            return
+        rows, col = self._columns(dx.array)
+        if dx.beta == 0:
+            ctx.be.fill(rows, 0)  # columns outside the slice get no gradient
+        dy = ctx.grad_output
+        ctx.be.copy_to_columns(dy.reshape(dy.shape[0], -1), rows, col, beta=1.0 if dx.beta else 0.0)
+
+    def config(self):
+        return {"start": self.start, "stop": self.stop, "squeeze": self.squeeze}

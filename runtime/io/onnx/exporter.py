@@ -189,15 +189,32 @@ def dropout(g, layer, ins, specs, node):
     return g.node("Identity", ins, name=node.name)
 
 
+def sample_axis(spec):
+    """The ONNX axis of a sample's first axis: after the batch (and time) axes."""
+    return 2 if spec.sequence else 1
+
+
 @exporter("concat", "concat_channels")
 def concat(g, layer, ins, specs, node):
-    return g.node("Concat", ins, name=node.name, axis=1)
+    return g.node("Concat", ins, name=node.name, axis=sample_axis(specs[0]))
 
 
 @exporter("reshape")
 def reshape(g, layer, ins, specs, node):
-    shape = g.constant(f"{node.name}.shape", [-1, *layer.shape], dtype=np.int64)
+    # 0 keeps the batch (and time) size as it is
+    shape = g.constant(f"{node.name}.shape", [0] * sample_axis(specs[0]) + list(layer.shape), dtype=np.int64)
     return g.node("Reshape", [ins[0], shape], name=node.name)
+
+
+@exporter("slice")
+def slice_(g, layer, ins, specs, node):
+    axis = sample_axis(specs[0])
+    if layer.squeeze and len(specs[0].shape) > 1:
+        return g.node("Gather", [ins[0], g.constant(f"{node.name}.index", np.int64(layer.start), dtype=np.int64)],
+                      name=node.name, axis=axis)
+    bounds = [g.constant(f"{node.name}.{what}", [v], dtype=np.int64)
+              for what, v in (("start", layer.start), ("stop", layer.stop), ("axis", axis))]
+    return g.node("Slice", [ins[0], *bounds], name=node.name)
 
 
 @exporter("embedding")

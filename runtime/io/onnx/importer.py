@@ -111,6 +111,50 @@ def to_onnx_layout(value, axes):
     return np.transpose(array, [have.index(a) for a in axes])
 
 
+def feeds(net, arrays):
+    """Feeds for an imported network from arrays as the ONNX model takes them: a sequence input
+    may be a padded array in the model's layout (`net.onnx_axes`), with its lengths in the
+    model's sequence_lens input (`net.onnx_lengths`; without it, every sequence is full length);
+    it becomes a lamina.Sequences. Sequences pass as they are (lengths fed beside them must
+    agree); other inputs pass unchanged."""
+    from ...errors import InputError
+    from ...sequence import SequenceError, Sequences
+    arrays = dict(arrays)
+    given = [arrays.pop(n) for n in getattr(net, "onnx_lengths", ()) if n in arrays]
+    lengths = None
+    for name, a in zip(getattr(net, "onnx_lengths", ()), given):
+        a = np.asarray(a)
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise InputError(f"input '{name}': expected one integer length per sequence, found {a.dtype} {a.shape}")
+        if lengths is not None and not np.array_equal(a, lengths):
+            raise InputError(f"input '{name}': these lengths differ from the other lengths input's")
+        lengths = a
+    out = {}
+    for name, a in arrays.items():
+        value = net.values.get(name)
+        if value is None or not value.spec.sequence:
+            out[name] = a
+            continue
+        if isinstance(a, Sequences):
+            if lengths is not None and not np.array_equal(a.lengths, lengths):
+                raise InputError(f"input '{name}': the lengths fed ({lengths.tolist()}) are not those of the "
+                                 f"Sequences ({a.lengths.tolist()})")
+            out[name] = a
+            continue
+        a = np.asarray(a)
+        axes = net.onnx_axes[name]
+        if a.ndim != len(axes):
+            raise InputError(f"input '{name}': expected a padded array of axes {axes} (N batch, T time), "
+                             f"found shape {a.shape}")
+        batch_first = np.transpose(a, [axes.index(k) for k in default_axes(value.spec)])
+        n = lengths if lengths is not None else np.full(batch_first.shape[0], batch_first.shape[1])
+        try:
+            out[name] = Sequences.from_padded(batch_first, n)
+        except SequenceError as e:
+            raise InputError(f"input '{name}': {e}") from None
+    return out
+
+
 def opset_of(model):
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
@@ -138,6 +182,7 @@ class Importer:
         for out in self.graph.output:  # a graph output counts as a use
             self.uses[out.name] = self.uses.get(out.name, 0) + 1
         self.linear_of = {}  # value name -> the bias-less Linear that produced it (MatMul + Add → bias)
+        self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
 
     # ------------------------------------------------------------------ building
     def build(self):
@@ -160,10 +205,21 @@ class Importer:
         if self.problems:
             raise UnsupportedModelError(self.where, self.problems)
         self.net.outputs(**outputs)
+        self._drop_length_inputs()
         self.net.validate()
         self.net.onnx_axes = {name: self.axes_of(v) for name, v in
                               [(i, self.net.values[i]) for i in self.net.input_names] + list(outputs.items())}
         return self.net
+
+    def _drop_length_inputs(self):
+        """An input read only as sequence_lens is no input of the lamina network: a Sequences batch
+        carries its lengths. `net.onnx_lengths` names it for `feeds` (padded arrays + lengths)."""
+        read = {name for node in self.net.nodes for name in node.input_names}
+        self.net.onnx_lengths = sorted(n for n in self.length_inputs if n not in read)
+        for name in self.net.onnx_lengths:
+            self.net.input_names.remove(name)
+            del self.net.values[name]
+        self.net._invalidate()
 
     @staticmethod
     def axes_of(v):

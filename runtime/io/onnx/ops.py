@@ -302,14 +302,58 @@ def reshape(imp, node, inputs, attrs):
     return shapes.reshape_value(imp, node, inputs, attrs)
 
 
+@converter("Slice")
+def slice_(imp, node, inputs, attrs):
+    x = inputs[0]
+    if not isinstance(x, Value) or x.spec.kind != "float":
+        raise Refused("data must be a float value computed from the model's inputs")
+    starts, ends = (const(v, n) for v, n in zip(inputs[1:3], ("starts", "ends")))
+    axes = const(inputs[3], "axes") if len(inputs) > 3 and inputs[3] is not None else np.arange(len(starts))
+    steps = const(inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None else np.ones(len(starts))
+    if len(starts) != 1 or int(steps[0]) != 1:
+        raise Refused(f"a slice along axes {axes.tolist()} with steps {steps.tolist()}: lamina slices one axis, "
+                      f"step 1")
+    return [_sample_slice(imp, node, x, int(axes[0]), int(max(starts[0], -2**31)), int(min(ends[0], 2**31)),
+                          squeeze=False)]
+
+
 converter("Shape", attributes={"start", "end"})(shapes.shape)
 converter("Transpose", attributes={"perm"})(shapes.transpose)
 converter("Squeeze", attributes={"axes"})(shapes.squeeze)
 
 
+def _sample_slice(imp, node, x, axis, start, stop, squeeze):
+    """x[start:stop] along ONNX axis `axis`, which must be lamina's first per-sample axis (in
+    whatever layout the value has); squeeze drops that axis (a Gather of one index)."""
+    layout = imp.axes_of(x)
+    axis = axis + len(layout) if axis < 0 else axis
+    if not 0 <= axis < len(layout) or layout[axis] != 0:
+        raise Refused(f"axis {axis} of a value whose axes are {layout} (lamina slices a sample's first axis)")
+    size = x.spec.shape[0]
+    start, stop = (min(max(b + size if b < 0 else b, 0), size) for b in (start, stop))
+    if start >= stop:
+        raise Refused(f"an empty slice {start}:{stop} of {size}")
+    y = imp.add(L.Slice(start, stop, squeeze=squeeze), [x], node)
+    if squeeze:
+        if len(x.spec.shape) == 1:
+            raise Refused("taking one entry of a value of one axis (lamina keeps an axis per sample)")
+        new = tuple(a if isinstance(a, str) else a - 1 for a in layout if a != 0)
+    else:
+        new = layout
+    if new != default_axes(y.spec):
+        y.onnx_axes = new
+    return y
+
+
 @converter("Gather", attributes={"axis"})
 def gather(imp, node, inputs, attrs):
     table, ids = inputs
+    if isinstance(table, Value) and isinstance(ids, np.ndarray):  # one entry of a value's axis
+        if table.spec.kind != "float" or ids.ndim != 0:
+            raise Refused(f"indices {ids.tolist()} into a value: only a single index of a float value")
+        index = int(ids)
+        return [_sample_slice(imp, node, table, attrs.get("axis", 0), index, index + 1 if index != -1 else
+                              table.spec.shape[0], squeeze=True)]
     table = const(table, "data (the embedding table)")
     ids = value(ids, "indices", kind="int32")
     if attrs.get("axis", 0) != 0 or table.ndim != 2:
@@ -535,10 +579,12 @@ def recurrent(imp, node, inputs, attrs):
         raise Refused("input_forget=1")
     if op == "GRU" and not attrs.get("linear_before_reset", 0):
         raise Refused("linear_before_reset=0 (lamina's GRU is PyTorch's: the reset gate after the product)")
-    if lengths is not None and not (isinstance(lengths, Value) and lengths.spec.kind == "int32"
-                                    and lengths.spec.shape == () and not lengths.spec.sequence):
-        # fed from an input, the lengths are those of the Sequences lamina is fed: nothing to read
-        raise Refused("sequence_lens other than an input of one length per sequence")
+    if lengths is not None:
+        if not (isinstance(lengths, Value) and lengths.producer is None and lengths.spec.kind == "int32"
+                and lengths.spec.shape == () and not lengths.spec.sequence):
+            raise Refused("sequence_lens other than an input of one length per sequence")
+        # the lengths of the Sequences lamina is fed: the input is read by lm.onnx.feeds, not the layers
+        imp.length_inputs.add(lengths.name)
     _zero_or_absent(h0, "initial_h")
     _zero_or_absent(c0, "initial_c")
     _zero_or_absent(peep, "peepholes P")
