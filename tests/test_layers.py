@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import lamina as lm
-from lamina.layers import (Activation, Add, BCEWithLogits, Bias, Concat, Dropout, Linear, Multiply, Reshape,
+from lamina.layers import (Activation, Add, BCEWithLogits, Bias, Concat, Dropout, Linear, Multiply, PReLU, Reshape,
                            Scale, Slice, SoftmaxCrossEntropy, SquareError)
 from lamina.testing import GradientCheckError, add_probe_cost, check_gradients, probe_feed
 
@@ -242,6 +242,26 @@ def test_slice_gradients_and_numpy(shape, start, stop, squeeze):
     want = feeds["x0"][:, start:stop]
     want = want.reshape((N,) + (shape[1:] or (1,))) if squeeze else want
     np.testing.assert_array_equal(net.scheduler.current.values[out.name], want)
+
+
+@pytest.mark.parametrize("shape,slopes", [((6,), 6), ((3, 4, 2), 3), ((3, 4), 1)])
+def test_prelu_gradients_and_numpy(shape, slopes):
+    layer = PReLU(slopes)
+    net, feeds, out = probed(lambda x: layer(x), [shape])
+    a = np.linspace(-0.5, 0.8, slopes)
+    layer.params["weight"].assign(a)
+    feeds["x0"][np.abs(feeds["x0"]) < 1e-3] = 0.5  # away from the kink at 0 for central differences
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    x = feeds["x0"]
+    per = a.reshape((1, slopes) + (1,) * (len(shape) - 1)) if slopes > 1 else a[0]
+    np.testing.assert_allclose(net.scheduler.current.values[out.name], np.maximum(x, 0) + per * np.minimum(x, 0))
+
+
+def test_prelu_refuses_a_channel_count_it_lacks():
+    net = lm.Network()
+    with pytest.raises(ValueError, match="must have 4 channels"):
+        PReLU(4)(net.input("x", (3, 5)))
 
 
 def test_slice_refuses_what_it_cannot_take():

@@ -87,6 +87,50 @@ def test_pytorch_cnn_export_runs_as_in_pytorch_and_onnx_runtime(cnn, dynamo, ops
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
+class Signal1d(torch.nn.Module):
+    """1-D layers: Conv1d (strided, dilated, grouped), BatchNorm1d, PReLU (per channel and
+    single), MaxPool1d, AvgPool1d, ConvTranspose1d, BatchNorm1d over features, Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv1d(2, 6, 5, stride=2, padding=2)
+        self.bn = torch.nn.BatchNorm1d(6)
+        self.act = torch.nn.PReLU(6)
+        self.c2 = torch.nn.Conv1d(6, 6, 3, padding=2, dilation=2, groups=3)
+        self.pool = torch.nn.MaxPool1d(2)
+        self.avg = torch.nn.AvgPool1d(3, stride=1, padding=1, count_include_pad=False)
+        self.up = torch.nn.ConvTranspose1d(6, 3, 4, stride=2, padding=1)
+        self.fc = torch.nn.Linear(3 * 16, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.out = torch.nn.PReLU()
+
+    def forward(self, x):
+        x = self.pool(self.act(self.bn(self.c1(x))))
+        x = self.up(self.avg(self.c2(x)))
+        return self.out(self.norm(self.fc(torch.flatten(x, 1))))
+
+
+@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                      for d, o in EXPORTS])
+def test_pytorch_1d_signal_model_export(dynamo, opset):
+    """1-D convolutions and pools run as 2-D ones of height 1, to the same numbers."""
+    torch.manual_seed(5)
+    model = Signal1d().eval()
+    with torch.no_grad():
+        for bn in (model.bn, model.norm):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+        model.act.weight.uniform_(-0.5, 0.5)
+    blob = export(model, torch.randn(2, 2, 32), dynamo, opset)
+    net = lm.onnx.load(blob)
+    batch = torch.randn(5, 2, 32)
+    ours = net.run({"x": batch.numpy()})["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_fine_tuning_an_imported_cnn_follows_pytorch(dynamo):
     """Gradients of an imported model equal PyTorch's on the same batch, and 20 steps lower the loss."""
@@ -209,12 +253,14 @@ def every_exportable_layer():
     e = lm.layers.Embedding(11, 6)(ids)
     h = lm.layers.Linear([128, 6], 16, activation="tanh")(flat, e)
     h = lm.layers.Bias((16,))(lm.layers.Linear(16, 16, activation="leaky_relu", slope=0.2)(h))
+    h = lm.layers.PReLU(16)(h)
     y = lm.layers.Linear(16, 5, activation="softmax")(lm.layers.Add(activation="sigmoid")(h, h))
-    z = lm.layers.Activation("softrelu")(lm.layers.Linear(16, 4, bias=False)(h))
+    z = lm.layers.Activation("softrelu")(lm.layers.Linear(12, 4, bias=False)(lm.layers.Slice(2, 14)(h)))
     labels = net.input("labels", dtype="int32")
     net.outputs(probs=y, extra=z, loss=lm.layers.SoftmaxCrossEntropy()(y, labels))
     for p in (bn.params["running_mean"], bn.params["running_var"]):
         p.assign(np.linspace(0.5, 1.5, 4))
+    net.layer("prelu0").params["weight"].assign(np.linspace(-0.3, 0.6, 16))
     return net
 
 
@@ -250,6 +296,34 @@ def test_shipped_denoiser_exports(tmp_path):
     np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(lm.onnx.load(tmp_path / "dn.onnx").run({"noisy": noisy})["denoised"], ours,
                                rtol=1e-6, atol=1e-6)
+
+
+def test_shipped_language_model_exports(tmp_path):
+    """Embedding -> LSTM with initial states as inputs -> the selective layer in its full form
+    (every column): ONNX Runtime, fed padded ids with their lengths, gives lamina's scores on each
+    sequence's steps and its last states; the file imports back with the same results."""
+    from pathlib import Path
+    model = Path(__file__).resolve().parent.parent / "models/python_lm/model.lamina"
+    net = lm.load(model)
+    assert main(["export", str(model), "-o", str(tmp_path / "lm.onnx")]) == 0
+    rng = np.random.default_rng(3)
+    lengths = [5, 9, 3]
+    seqs = lm.Sequences.from_list([rng.integers(0, 4096, n).astype(np.int32) for n in lengths])
+    h0, c0 = (0.3 * rng.standard_normal((3, 1, 256)).astype(np.float32) for _ in range(2))
+    ours = net.run({"ids": seqs, "h0": h0, "c0": c0}, ["logits", "last", "cell"])
+    padded, _ = seqs.to_padded()
+    session = ort.InferenceSession(str(tmp_path / "lm.onnx"), providers=["CPUExecutionProvider"])
+    assert sorted(i.name for i in session.get_inputs()) == ["c0", "h0", "ids", "lengths"]
+    feeds = {"ids": padded.astype(np.int64), "lengths": np.array(lengths), "h0": h0, "c0": c0}
+    logits, last, cell = session.run(["logits", "last", "cell"], feeds)
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(logits[i, :n], ours["logits"][i], rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(last, ours["last"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cell, ours["cell"], rtol=1e-5, atol=1e-5)
+    back = lm.onnx.load(tmp_path / "lm.onnx")
+    again = back.run(lm.onnx.feeds(back, feeds))
+    np.testing.assert_allclose(again["logits"].values, ours["logits"].values, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(again["cell"], ours["cell"], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])

@@ -213,7 +213,7 @@ def dense_net(seed=0):
     h = Linear(6, 8, activation="tanh", name="a")(x)
     g = Linear([8, 4], 8, activation="leaky_relu", name="b")(h, z)
     s = Add(activation="sigmoid", name="add")(g, Scale(0.5, name="half")(h))
-    c = Concat(name="cat")(s, Activation("softrelu", name="act")(h))
+    c = Concat(name="cat")(s, lm.layers.PReLU(8, name="prelu")(h))
     square = lm.layers.Reshape((4, 4), name="square")(c)
     m = lm.layers.Multiply(name="mul")(c, lm.layers.Reshape((16,), name="flat")(square))
     logits = Linear(16, 3, name="logits")(lm.layers.Bias((16,), name="shift")(m))

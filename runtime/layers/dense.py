@@ -195,6 +195,75 @@ class Activation(_Activated):
 
 
 @register
+class PReLU(Layer):
+    """y = max(x, 0) + a_c · min(x, 0), with a learned slope per channel (a sample's first axis:
+    features, or the channels of [C, *spatial]) or one slope for everything (num_parameters=1),
+    as torch.nn.PReLU; `weight` [num_parameters]."""
+
+    kind = "prelu"
+    opencl = True
+
+    def __init__(self, num_parameters=1, init=0.25, name=None):
+        super().__init__(name)
+        self.num_parameters = int(num_parameters)
+        if self.num_parameters < 1:
+            raise ValueError(f"PReLU: num_parameters must be at least 1, found {num_parameters}")
+        self.add_param("weight", constant(float(init), (self.num_parameters,)))
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if self.num_parameters != 1 and (not x.shape or x.shape[0] != self.num_parameters):
+            raise ValueError(f"PReLU with {self.num_parameters} slopes: input 0 must have {self.num_parameters} "
+                             f"channels (its first axis per sample), found {x}")
+        return Spec(x.shape, sequence=x.sequence)
+
+    def _channels(self, a):
+        """a as [rows, slopes, the rest] (channel_bias's layout)."""
+        return a.reshape(a.shape[0], self.num_parameters, -1)
+
+    def _split(self, ctx, x):
+        """(max(x, 0), min(x, 0), the slopes broadcast to x's shape) in workspaces."""
+        be = ctx.be
+        pos, neg, slopes = (ctx.workspace(k, x.shape) for k in ("positive", "negative", "slopes"))
+        be.activation("relu", x, pos)
+        be.copy(x, neg)
+        be.axpby(-1.0, pos, 1.0, neg)
+        be.fill(slopes, 0)
+        be.channel_bias(slopes, self.params["weight"].buffer)
+        return pos, neg, slopes
+
+    def forward(self, ctx):
+        y = self._channels(ctx.output)
+        pos, neg, slopes = self._split(ctx, self._channels(ctx.inputs[0]))
+        ctx.be.copy(pos, y)
+        ctx.be.multiply(slopes, neg, y, beta=1.0)
+
+    def backward(self, ctx):
+        be = ctx.be
+        dy = self._channels(ctx.grad_output)
+        pos, neg, slopes = self._split(ctx, self._channels(ctx.inputs[0]))
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            through = ctx.workspace("through", dy.shape)  # dy where x > 0
+            be.activation_backward("relu", pos, dy, through)
+            rest = ctx.workspace("rest", dy.shape)  # dy where x <= 0
+            be.copy(dy, rest)
+            be.axpby(-1.0, through, 1.0, rest)
+            target = self._channels(dx.array)
+            be.axpby(1.0, through, dx.beta, target)
+            be.multiply(slopes, rest, target, beta=1.0)
+        da = ctx.param_grad("weight")
+        if da is not None:
+            product = ctx.workspace("through", dy.shape)
+            be.multiply(dy, neg, product)
+            be.channel_bias_grad(product, da.array, da.beta)
+
+    def config(self):
+        return {"num_parameters": self.num_parameters}
+
+
+@register
 class Dropout(Layer):
     """Training: y = x * m, m = 1/(1-p) with probability 1-p else 0 (inverted dropout, so the
     expected value is unchanged); inference: y = x."""

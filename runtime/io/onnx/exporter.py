@@ -141,11 +141,13 @@ def activate(g, x, kind, slope, name):
     return g.node(ACTIVATION_OPS[kind], [x], name=f"{name}_act")
 
 
-@exporter("linear")
+@exporter("linear", "selective_linear")
 def linear(g, layer, ins, specs, node):
     """One input of [batch, in]: one Gemm (bias included). Several inputs, or a sequence batch
     [batch, time, in] (MatMul broadcasts over both leading axes): a MatMul per input, summed,
-    plus the bias."""
+    plus the bias. A selective layer exports where it runs as its full layer (no selection
+    input: every column, as the language model's inference scores the whole vocabulary); its
+    selected form is a training device (sampled softmax), and a selection input is refused."""
     bias = [g.constant(f"{node.name}.bias", param(layer, "bias"))] if layer.has_bias else []
     if len(ins) == 1 and not specs[0].sequence:
         w = g.constant(f"{node.name}.{layer.weight_names[0]}", param(layer, layer.weight_names[0]))
@@ -164,6 +166,13 @@ def linear(g, layer, ins, specs, node):
 def activation(g, layer, ins, specs, node):
     return activate(g, ins[0], layer.activation, layer.slope, node.name) if layer.activation != "linear" \
         else g.node("Identity", ins, name=node.name)
+
+
+@exporter("prelu")
+def prelu(g, layer, ins, specs, node):
+    rest = len(specs[0].shape) - 1  # the slope broadcasts over a channel's other axes
+    slopes = param(layer, "weight").reshape((-1,) + (1,) * rest if layer.num_parameters > 1 else (1,))
+    return g.node("PRelu", [ins[0], g.constant(f"{node.name}.weight", slopes)], name=node.name)
 
 
 @exporter("add")
@@ -271,11 +280,9 @@ def _onnx_gates(a, kind):
 
 @exporter("rnn", "lstm", "gru")
 def recurrent(g, layer, ins, specs, node):
-    """Per layer: Transpose to time-major, the ONNX node with sequence_lens, back to
-    [batch, time, D·H]; the last states (and cells) of every layer concatenated as lamina's
-    [batch, L·D, H]."""
-    if len(ins) > 1:
-        raise GraphError(f"layer '{node.name}': initial states have no ONNX export yet")
+    """Per layer: Transpose to time-major, the ONNX node with sequence_lens (and this layer's
+    slice of the initial states, when they are inputs), back to [batch, time, D·H]; the last
+    states (and cells) of every layer concatenated as lamina's [batch, L·D, H]."""
     op = {"rnn": "RNN", "lstm": "LSTM", "gru": "GRU"}[layer.kind]
     D, H = layer.directions, layer.hidden_size
     direction = "bidirectional" if D == 2 else ("reverse" if layer.reverse else "forward")
@@ -297,6 +304,11 @@ def recurrent(g, layer, ins, specs, node):
         xt = g.node("Transpose", [x], name=f"{node.name}_l{l}_time_major", perm=[1, 0, 2])
         args = [xt] + [g.constant(f"{node.name}.{n}_l{l}", v) for n, v in (("W", w), ("R", r), ("B", b))]
         args.append(g.lengths)
+        for state in ins[1:]:  # lamina's [batch, L·D, H] → this layer's [D, batch, H]
+            bounds = [g.constant(f"{node.name}_l{l}_{what}", [v], dtype=np.int64)
+                      for what, v in (("first", l * D), ("end", (l + 1) * D), ("axis", 1))]
+            mine = g.node("Slice", [state, *bounds], name=f"{node.name}_l{l}_initial")
+            args.append(g.node("Transpose", [mine], name=f"{node.name}_l{l}_initial_state_major", perm=[1, 0, 2]))
         outs = [g.fresh(f"{node.name}_l{l}_{o}") for o in (("Y", "Y_h", "Y_c") if op == "LSTM" else ("Y", "Y_h"))]
         g.nodes.append(g.helper.make_node(op, args, outs, name=g.fresh(f"{node.name}_l{l}"), **attrs))
         y = g.node("Transpose", [outs[0]], name=f"{node.name}_l{l}_batch_major", perm=[2, 0, 1, 3])

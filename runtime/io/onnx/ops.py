@@ -132,6 +132,26 @@ def gelu(imp, node, inputs, attrs):
     return _activation("gelu")(imp, node, inputs, {})
 
 
+@converter("PRelu")
+def prelu(imp, node, inputs, attrs):
+    x = value(inputs[0], "X")
+    slope = const(inputs[1], "slope")
+    full = _bias_of(slope, x.spec.shape, negate=False)  # slope over one sample's shape
+    if full is None:
+        raise Refused(f"a slope of shape {list(slope.shape)} that does not broadcast over one sample "
+                      f"{list(x.spec.shape)}")
+    per_channel = full.reshape(full.shape[0], -1)[:, 0]
+    if np.all(full == full.flat[0]):
+        layer, slopes = L.PReLU(1), full.reshape(-1)[:1]
+    elif np.array_equal(full, np.broadcast_to(per_channel.reshape((-1,) + (1,) * (full.ndim - 1)), full.shape)):
+        layer, slopes = L.PReLU(len(per_channel)), per_channel
+    else:
+        raise Refused(f"a slope of shape {list(slope.shape)} that varies along more than the channel axis "
+                      f"(lamina's PReLU has one slope per channel, as PyTorch's)")
+    assign(layer, "weight", slopes)
+    return [imp.add(layer, [x], node)]
+
+
 @converter("Softmax", "LogSoftmax", attributes={"axis"})
 def softmax(imp, node, inputs, attrs):
     x = value(inputs[0], "input")
@@ -370,9 +390,43 @@ def gather(imp, node, inputs, attrs):
 def _spatial(x, what):
     nd = len(x.spec.shape) - 1
     if nd not in (2, 3) or x.spec.sequence:
-        raise Refused(f"{what} must be [N, C, H, W] or [N, C, D, H, W], found {len(x.spec.shape) + 1}-D "
-                      f"(1-D convolutions and pools are not supported yet)")
+        raise Refused(f"{what} must be [N, C, L], [N, C, H, W] or [N, C, D, H, W], found "
+                      f"{onnx_shape_text_of(x)}")
     return nd
+
+
+def onnx_shape_text_of(x):
+    return f"[N, {', '.join(map(str, x.spec.shape))}]" + (" (a sequence)" if x.spec.sequence else "")
+
+
+UNIT = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 0}
+
+
+def lifted_to_2d(convert):
+    """A converter of 2-D and 3-D volumes that also takes [N, C, L] (and, for batch norm,
+    [N, C]) as [N, C, 1, L]: a unit height is added to the input, the attributes and the weights,
+    and dropped from the output."""
+    def lifted(imp, node, inputs, attrs):
+        x = inputs[0]
+        if not (isinstance(x, Value) and len(x.spec.shape) in (1, 2) and not x.spec.sequence
+                and x.spec.kind == "float" and imp.axes_of(x) == default_axes(x.spec)):
+            return convert(imp, node, inputs, attrs)
+        c, length = (x.spec.shape + (1,))[:2]
+        attrs = {k: ([UNIT[k]] + list(v) if k in UNIT else v) for k, v in attrs.items()}
+        if "pads" in attrs:
+            attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+        if "output_shape" in attrs:
+            attrs["output_shape"] = [1, attrs["output_shape"][-1]]
+        inputs = list(inputs)
+        inputs[0] = imp.net.add(L.Reshape((c, 1, length)), [x])
+        if node.op_type in ("Conv", "ConvTranspose") and isinstance(inputs[1], np.ndarray):
+            inputs[1] = inputs[1][:, :, None]  # W [M, C/group, k] -> [M, C/group, 1, k]
+        outs = list(convert(imp, node, inputs, attrs))
+        y = outs[0]
+        outs[0] = imp.net.add(L.Reshape(y.spec.shape[:1] + y.spec.shape[2:] if len(x.spec.shape) == 2
+                                        else y.spec.shape[:1]), [y])
+        return outs
+    return lifted
 
 
 def _pads(attrs, nd, spatial, kernel, stride, dilation):
@@ -418,6 +472,7 @@ def _with_weights(imp, node, layer, x, w, b):
 
 
 @converter("Conv", attributes={"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+@lifted_to_2d
 def conv(imp, node, inputs, attrs):
     x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
     padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation)
@@ -431,6 +486,7 @@ def conv(imp, node, inputs, attrs):
 
 @converter("ConvTranspose", attributes={"auto_pad", "dilations", "group", "kernel_shape",
                                           "output_padding", "output_shape", "pads", "strides"})
+@lifted_to_2d
 def conv_transpose(imp, node, inputs, attrs):
     x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
     spatial = x.spec.shape[1:]
@@ -483,6 +539,7 @@ def _pool_window(imp, node, x, attrs, nd):
 
 @converter("MaxPool", attributes={"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
                                     "storage_order", "strides"})
+@lifted_to_2d
 def max_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
     nd = _spatial(x, "X")
@@ -495,6 +552,7 @@ def max_pool(imp, node, inputs, attrs):
 
 @converter("AveragePool", attributes={"auto_pad", "ceil_mode", "count_include_pad", "dilations",
                                         "kernel_shape", "pads", "strides"})
+@lifted_to_2d
 def average_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
     nd = _spatial(x, "X")
@@ -505,6 +563,7 @@ def average_pool(imp, node, inputs, attrs):
 
 
 @converter("GlobalAveragePool")
+@lifted_to_2d
 def global_average_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
     nd = _spatial(x, "X")
@@ -514,6 +573,7 @@ def global_average_pool(imp, node, inputs, attrs):
 
 
 @converter("BatchNormalization", attributes={"epsilon", "momentum", "training_mode", "spatial"})
+@lifted_to_2d
 def batch_norm(imp, node, inputs, attrs):
     if attrs.get("training_mode", 0):
         raise Refused("training_mode=1 (the imported layer uses the running statistics)")
@@ -540,7 +600,35 @@ DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "
 
 def _zero_or_absent(x, what):
     if x is not None and not isinstance(x, shapes.Zeros) and (not isinstance(x, np.ndarray) or np.any(x)):
-        raise Refused(f"{what} other than zero (lamina takes initial states as inputs of its own)")
+        raise Refused(f"{what} a constant other than zero (lamina's initial states are zero or inputs)")
+
+
+def _initial_states(imp, given, directions, hidden, layout):
+    """initial_h (and initial_c) as the lamina layer's state inputs: values whose ONNX tensor is
+    [D, N, H] (layout 0) or [N, D, H] (layout 1), which is lamina's [N, D, H] either way; zeros
+    (or absent) need no input. lamina's inputs go in order: h0, then c0."""
+    want = (0, "N", 1) if layout == 0 else ("N", 0, 1)
+    states = []
+    for x, what in zip(given, ("initial_h", "initial_c")):
+        if isinstance(x, Value):
+            if x.spec.kind != "float" or x.spec.sequence or x.spec.shape != (directions, hidden) or \
+                    imp.axes_of(x) != want:
+                raise Refused(f"{what} must be a float tensor {['D' if a == 0 else 'H' if a == 1 else a for a in want]}"
+                              f" = {[directions, hidden]} per sequence, found {onnx_shape_text(imp, x)}")
+            states.append(x)
+        else:
+            _zero_or_absent(x, what)
+            states.append(None)
+    while states and states[-1] is None:
+        states.pop()
+    if None in states:
+        raise Refused("initial_c from an input with a zero initial_h (lamina takes h0 before c0)")
+    return states
+
+
+def onnx_shape_text(imp, x):
+    return f"{[a if isinstance(a, str) else x.spec.shape[a] for a in imp.axes_of(x)]}" + \
+        (" (a sequence)" if x.spec.sequence else "")
 
 
 def _reorder(blocks, op, hidden):
@@ -585,11 +673,10 @@ def recurrent(imp, node, inputs, attrs):
             raise Refused("sequence_lens other than an input of one length per sequence")
         # the lengths of the Sequences lamina is fed: the input is read by lm.onnx.feeds, not the layers
         imp.length_inputs.add(lengths.name)
-    _zero_or_absent(h0, "initial_h")
-    _zero_or_absent(c0, "initial_c")
     _zero_or_absent(peep, "peepholes P")
     if w.shape[0] != directions:
         raise Refused(f"W holds {w.shape[0]} directions, direction={direction}")
+    states = _initial_states(imp, [h0, c0] if op == "LSTM" else [h0], directions, hidden, layout)
     kind = {"LSTM": L.LSTM, "GRU": L.GRU, "RNN": L.RNN}[op]
     kw = {"nonlinearity": nonlinearity} if op == "RNN" else {}
     layer = kind(x.spec.shape[0], hidden, bidirectional=directions == 2, reverse=direction == "reverse", **kw)
@@ -601,7 +688,7 @@ def recurrent(imp, node, inputs, attrs):
         half = len(bias) // 2
         assign(layer, "bias_ih" + sfx, _reorder(bias[:half], op, hidden))
         assign(layer, "bias_hh" + sfx, _reorder(bias[half:], op, hidden))
-    outs = imp.add(layer, [x], node)
+    outs = imp.add(layer, [x] + states, node)
     y, last = outs[0], outs[1]
     results = []
     if node.output[0]:  # Y: [T, D, N, H] (layout 0) or [N, T, D, H]: per step lamina's [D·H] as [D, H]
