@@ -1,9 +1,12 @@
 """Suite `onnx`: the same .onnx files run by lamina (lm.onnx.load) and by ONNX Runtime, same
 inputs, same thread count, inference: an LSTM language model (Embedding 4096x128 -> 2-layer
 LSTM(256) -> Linear 4096) on 64 sequences of lengths 10..50 (lamina packed, ONNX Runtime padded
-to 50: the file has no sequence_lens), a 2-D CNN (Conv2d, ReLU, MaxPool2d, Flatten, Linear) and a
-3-D U-Net (Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d, skip Concat), exported by
-PyTorch's TorchScript exporter.
+to 50: the file has no sequence_lens), a bidirectional GRU classifier (Embedding 4096x128 ->
+packed bidirectional GRU(256) -> Linear 10 on both last states) on the same lengths (ONNX
+Runtime padded, with the file's sequence_lens), a 2-D CNN (Conv2d, ReLU, MaxPool2d, Flatten,
+Linear) and a 3-D U-Net (Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d, skip Concat),
+exported by PyTorch's TorchScript exporter. "lamina-native" is the same network built with
+lamina's layers (what the import should cost nothing against).
 
 The files are written once into build/bench/onnx/ by the parent (PyTorch needed), then every
 worker reads them.
@@ -18,6 +21,7 @@ FOLDER = os.path.join(ROOT, "build", "bench", "onnx")
 CASES = {
     # name: (input shape, multiply-adds per sample, for GFLOP/s)
     "lstm_lm": ((64, 50), None),
+    "gru_classifier": ((64, 50), None),
     "cnn": ((64, 1, 28, 28), None),
     "unet3d": ((4, 1, 24, 24, 24), None),
 }
@@ -63,7 +67,47 @@ def _models():
         def forward(self, ids):
             return self.fc(self.lstm(self.emb(ids))[0])
 
-    return {"lstm_lm": LanguageModel, "cnn": CNN, "unet3d": UNet3d}
+    class GRUClassifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(4096, 128)
+            self.gru = torch.nn.GRU(128, 256, batch_first=True, bidirectional=True)
+            self.fc = torch.nn.Linear(512, 10)
+
+        def forward(self, ids, lengths):
+            packed = torch.nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths, batch_first=True)
+            out, h = self.gru(packed)
+            out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)  # (the exporter needs the pair)
+            return self.fc(torch.cat([h[0], h[1]], dim=1)), out
+
+    return {"lstm_lm": LanguageModel, "gru_classifier": GRUClassifier, "cnn": CNN, "unet3d": UNet3d}
+
+
+def native(name):
+    """The case's network built with lamina's layers (its weights do not matter for speed)."""
+    import lamina as lm
+    L = lm.layers
+    net = lm.Network()
+    if name in ("lstm_lm", "gru_classifier"):
+        x = L.Embedding(4096, 128)(net.input("x", dtype="int32", sequence=True))
+        if name == "lstm_lm":
+            net.outputs(y=L.Linear(256, 4096)(L.LSTM(128, 256, num_layers=2)(x)[0]))
+        else:
+            last = L.GRU(128, 256, bidirectional=True)(x)[1]
+            net.outputs(y=L.Linear(512, 10)(L.Reshape((512,))(last)))
+    elif name == "cnn":
+        x = net.input("x", (1, 28, 28))
+        for cin, cout in ((1, 32), (32, 64)):
+            x = L.MaxPool2d(2)(L.Activation("relu")(L.Conv2d(cin, cout, 3, padding=1)(x)))
+        x = L.Linear(128, 10)(L.Linear(64 * 7 * 7, 128, activation="relu")(L.Reshape((64 * 7 * 7,))(x)))
+        net.outputs(y=x)
+    else:
+        block = lambda x, i, o: L.Activation("relu")(L.BatchNorm3d(o, frozen_statistics=True)(
+            L.Conv3d(i, o, 3, padding=1)(x)))
+        e1 = block(net.input("x", (1, 24, 24, 24)), 1, 16)
+        up = L.ConvTranspose3d(32, 16, 2, stride=2)(block(L.MaxPool3d(2)(e1), 16, 32))
+        net.outputs(y=L.Conv3d(16, 1, 1)(block(L.ConcatChannels()(up, e1), 32, 16)))
+    return net
 
 
 def export_models():
@@ -78,28 +122,50 @@ def export_models():
         torch.manual_seed(0)
         model = cls().eval()
         shape = CASES[name][0]
-        sequence = name == "lstm_lm"
+        sequence = name in ("lstm_lm", "gru_classifier")
         example = torch.randint(0, 4096, (2, 7)) if sequence else torch.randn(2, *shape[1:])
         axes = {0: "n", 1: "t"} if sequence else {0: "n"}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (example,), path, dynamo=False, opset_version=17, input_names=["x"],
-                              output_names=["y"], dynamic_axes={"x": axes, "y": axes})
+            if name == "gru_classifier":
+                torch.onnx.export(model, (example, torch.tensor([7, 5])), path, dynamo=False, opset_version=17,
+                                  input_names=["x", "lengths"], output_names=["y", "states"],
+                                  dynamic_axes={"x": axes, "lengths": {0: "n"}, "y": {0: "n"}, "states": axes})
+            else:
+                torch.onnx.export(model, (example,), path, dynamo=False, opset_version=17, input_names=["x"],
+                                  output_names=["y"], dynamic_axes={"x": axes, "y": axes})
 
 
-def _input(name):
-    if name == "lstm_lm":
-        return np.random.default_rng(0).integers(0, 4096, CASES[name][0])
-    return np.random.default_rng(0).standard_normal(CASES[name][0]).astype(np.float32)
+def _inputs(name):
+    """The case's feeds as ONNX Runtime takes them."""
+    rng = np.random.default_rng(0)
+    if name in ("lstm_lm", "gru_classifier"):
+        feeds = {"x": rng.integers(0, 4096, CASES[name][0])}
+        if name == "gru_classifier":
+            feeds["lengths"] = LM_LENGTHS.astype(np.int64)
+        return feeds
+    return {"x": rng.standard_normal(CASES[name][0]).astype(np.float32)}
+
+
+def _lamina_feeds(name):
+    import lamina as lm
+    x = _inputs(name)["x"]
+    if name in ("lstm_lm", "gru_classifier"):  # the same ids, each sequence at its own length: no padding
+        x = lm.Sequences.from_padded(x.astype(np.int32), LM_LENGTHS)
+    return {"x": x}
 
 
 def lamina_onnx(name):
     import lamina as lm
     net = lm.onnx.load(os.path.join(FOLDER, f"{name}.onnx"))
-    x = _input(name)
-    if name == "lstm_lm":  # the same ids, each sequence at its own length: no padding
-        x = lm.Sequences.from_padded(x.astype(np.int32), LM_LENGTHS)
-    feeds = {"x": x}
+    feeds = _lamina_feeds(name)
+    outputs = ["y"]  # (the classifier's per-step outputs are a by-product of the export)
+    return lambda: net.run(feeds, outputs)
+
+
+def lamina_native(name):
+    net = native(name)
+    feeds = _lamina_feeds(name)
     return lambda: net.run(feeds)
 
 
@@ -109,8 +175,8 @@ def ort_onnx(name, threads):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(os.path.join(FOLDER, f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
-    feeds = {"x": _input(name)}
-    return lambda: session.run(None, feeds)
+    feeds = _inputs(name)
+    return lambda: session.run(["y"], feeds)
 
 
 def run(bench, threads, rounds, have_torch, have_ort=False):
@@ -119,6 +185,7 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
     export_models()
     rows = []
     for name in CASES:
-        impls = {"lamina": ("bench.onnx:lamina_onnx", [name]), "onnxruntime": ("bench.onnx:ort_onnx", [name, threads])}
+        impls = {"lamina": ("bench.onnx:lamina_onnx", [name]), "lamina-native": ("bench.onnx:lamina_native", [name]),
+                 "onnxruntime": ("bench.onnx:ort_onnx", [name, threads])}
         rows += bench.time_case("onnx", f"{name} infer b{CASES[name][0][0]}", threads, impls, None, rounds)
     return rows

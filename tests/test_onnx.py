@@ -508,8 +508,10 @@ def test_pytorch_lstm_language_model_runs_on_packed_sequences(dynamo, opset):
 
 @pytest.mark.parametrize("kind,options", [("LSTM", dict(num_layers=2, bidirectional=True)),
                                           ("GRU", dict(bidirectional=True)), ("GRU", dict(reverse=True)),
+                                          ("GRU", dict(linear_before_reset=False, bidirectional=True, num_layers=2)),
                                           ("RNN", dict(nonlinearity="relu", num_layers=2))],
-                         ids=["lstm-2-layer-bidir", "gru-bidir", "gru-reverse", "rnn-relu-2-layer"])
+                         ids=["lstm-2-layer-bidir", "gru-bidir", "gru-reverse", "gru-reset-first-2-layer-bidir",
+                              "rnn-relu-2-layer"])
 def test_recurrent_networks_export_with_sequence_lengths(kind, options, tmp_path):
     """Sequence inputs leave as padded [batch, time] plus `lengths` (sequence_lens of every
     recurrent node); ONNX Runtime's outputs equal lamina's on each sequence's valid steps, and the

@@ -351,6 +351,7 @@ def test_batch_norm_agrees_with_the_cpu(cl, kind, affine, frozen):
     ("RNN", dict(nonlinearity="tanh")), ("RNN", dict(nonlinearity="relu", bidirectional=True)),
     ("LSTM", dict()), ("LSTM", dict(bidirectional=True, num_layers=2)), ("LSTM", dict(reverse=True)),
     ("GRU", dict()), ("GRU", dict(bidirectional=True, num_layers=2)),
+    ("GRU", dict(linear_before_reset=False, bidirectional=True, num_layers=2)),
 ])
 def test_recurrent_layers_agree_with_the_cpu(cl, kind, options):
     """Outputs, last states and every gradient (inputs, initial states, weights) of a

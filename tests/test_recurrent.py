@@ -10,12 +10,14 @@ from lamina.backends.cpu import CPUBackend
 from lamina.layers.recurrent import _Recurrent
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 
-LAYERS = {"rnn": RNN, "rnn_relu": RNN, "lstm": LSTM, "gru": GRU}
+LAYERS = {"rnn": RNN, "rnn_relu": RNN, "lstm": LSTM, "gru": GRU, "gru_reset_first": GRU}
 
 
 def make(kind, **kw):
     if kind == "rnn_relu":
         kw["nonlinearity"] = "relu"
+    if kind == "gru_reset_first":
+        kw["linear_before_reset"] = False
     return LAYERS[kind](**kw)
 
 
@@ -43,7 +45,10 @@ def ref_cell(kind, layer, sfx, x, h, c):
         return o * np.tanh(c), c
     r = sigmoid(gi[:H] + gh[:H])
     u = sigmoid(gi[H:2 * H] + gh[H:2 * H])
-    n = np.tanh(gi[2 * H:] + r * gh[2 * H:])
+    if kind == "gru_reset_first":  # (r h) W_hnᵀ + b_hn
+        n = np.tanh(gi[2 * H:] + (r * h) @ p["weight_hh" + sfx][2 * H:].T + b_hh[2 * H:])
+    else:
+        n = np.tanh(gi[2 * H:] + r * gh[2 * H:])
     return (1 - u) * n + u * h, None
 
 
@@ -155,7 +160,7 @@ def test_gradients(kind, options, initial):
     check_gradients(net, feeds)
 
 
-@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "gru_reset_first"])
 @pytest.mark.parametrize("lengths", [[4], [1], [1, 1, 1]], ids=["one-sequence", "one-step", "all-length-1"])
 def test_gradients_small_batches(kind, lengths):
     net, feeds = probed(kind, dict(bidirectional=True), True, lengths)
@@ -163,7 +168,7 @@ def test_gradients_small_batches(kind, lengths):
 
 
 @pytest.mark.parametrize("blas", ["mkl", "openblas"])
-@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "gru_reset_first"])
 def test_gradients_packed_path(kind, blas):
     """Both pack formats (MKL's packed GEMM in float64, lamina's panels), whatever this machine's
     default provider."""

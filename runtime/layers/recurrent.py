@@ -319,8 +319,16 @@ class _Recurrent(Layer):
                                cs[rows] if cs is not None else None, dhs[rows],
                                dcs[rows] if dcs is not None else None, dg[rows], dgh[rows],
                                dprev_h, dprev_c)
-            if dprev_h is not None:  # dh_{t-1} += dG_t W_hh
-                self._recurrent_product(ctx, dgh[rows], "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
+            if dprev_h is not None:
+                self._add_recurrent_grad(ctx, sfx, dgh[rows], dprev_h)
+
+    def _add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
+        """dh_{t-1} += dG_t W_hh (the recurrent product's input gradient)."""
+        self._recurrent_product(ctx, dgh, "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
+
+    def _recurrent_weight_grad(self, ctx, l, d, dgh, hprev, grad):
+        """dW_hh = dGᵀ H_prev over the rows given (every step with a previous state)."""
+        ctx.be.gemm(dgh, hprev, grad.array, trans_a=True, beta=grad.beta)
 
     def _fused_backward_steps(self, ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0):
         H, given = self.hidden_size, self._given
@@ -351,7 +359,7 @@ class _Recurrent(Layer):
                 r0, b = order.step(t)
                 p0 = int(order.step_starts[t - 1])
                 be.copy(hs[p0:p0 + b], hprev[r0:r0 + b])
-            be.gemm(dgh[first:total], hprev[first:total], grad.array, trans_a=True, beta=grad.beta)
+            self._recurrent_weight_grad(ctx, l, d, dgh[first:total], hprev[first:total], grad)
         if self.has_bias:
             for name, src in (("bias_ih" + sfx, dg), ("bias_hh" + sfx, dgh)):
                 grad = ctx.param_grad(name)
@@ -418,14 +426,44 @@ class LSTM(_Recurrent):
 @register
 class GRU(_Recurrent):
     """r, z = σ(x W_i{r,z}ᵀ + b + h W_h{r,z}ᵀ + b); n = tanh(x W_inᵀ + b_in + r (h W_hnᵀ + b_hn));
-    h' = (1 - z) n + z h."""
+    h' = (1 - z) n + z h.
+
+    linear_before_reset=False takes the other form (ONNX's default, Keras's reset_after=False):
+    n = tanh(x W_inᵀ + b_in + (r h) W_hnᵀ + b_hn), the reset gate applied to the state before
+    the product. That form needs r before the candidate's recurrent product, so each step runs
+    two GEMMs (W_h{r,z}, then W_hn on r h) and the steps one at a time (no fused recurrence)."""
 
     kind = "gru"
     _fused_kind = 3
     gates = 3
     separate_recurrent_bias = True  # b_hh sits inside r * (...), so it cannot join b_ih
 
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False, reverse=False,
+                 packed=None, linear_before_reset=True, name=None):
+        self.linear_before_reset = bool(linear_before_reset)
+        super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, reverse, packed, name)
+
+    def config(self):
+        return {**super().config(), "linear_before_reset": self.linear_before_reset}
+
+    def _fused(self, ctx):
+        return self.linear_before_reset and super()._fused(ctx)
+
+    def _use_packed(self, be):
+        # the reset-first form multiplies by blocks of W_hh's rows: plain GEMMs on the weight itself
+        return self.linear_before_reset and super()._use_packed(be)
+
+    def _blocks(self, sfx):
+        """W_hh's rows for r and z, and for n."""
+        w, H = self.params["weight_hh" + sfx].buffer, self.hidden_size
+        return w[:2 * H], w[2 * H:]
+
+    def _scratch(self, ctx, key, l, d, rows):
+        return ctx.workspace(("gru", key, l, d), (ctx.order.num_sequences, self.hidden_size))[:rows]
+
     def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
+        if not self.linear_before_reset:
+            return self._reset_first_forward(ctx, sfx, l, d, rows, g, prev_h, h)
         be = ctx.be
         hh = self._ws(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
         if prev_h is not None:
@@ -439,3 +477,75 @@ class GRU(_Recurrent):
     def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
         hh = self._ws(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
         ctx.be.gru_step_backward(g, hh, prev_h, dh, dg, dgh, dprev_h)
+        if not self.linear_before_reset:
+            self._reset_first_backward(ctx, sfx, l, d, rows, g, prev_h, dg, dgh, dprev_h)
+
+    # The reset-first form through the same cell kernels: the candidate's recurrent part
+    # (r h) W_hnᵀ + b_hn is added into G's n block, and the n block of hh is zero, so gru_step's
+    # tanh(G_n + r · hh_n) is the right candidate, and gru_step_backward gives dz, dn and the
+    # direct path into h_{t-1}; the reset gate's gradient and the products' gradients follow here.
+    def _reset_first_forward(self, ctx, sfx, l, d, rows, g, prev_h, h):
+        be, H = ctx.be, self.hidden_size
+        n = g.shape[0]
+        w_rz, w_n = self._blocks(sfx)
+        b_hh = self.params["bias_hh" + sfx].buffer if self.has_bias else None
+        hh = self._ws(ctx, "hh", l, d, 3 * H)[rows]
+        r, part = self._scratch(ctx, "r", l, d, n), self._scratch(ctx, "part", l, d, n)
+        rh = self._ws(ctx, "rh", l, d, H)[rows]  # r h_{t-1}, kept for dW_hn
+        be.fill(hh, 0)
+        if prev_h is not None:
+            be.gemm(prev_h, w_rz, hh[:, :2 * H], trans_b=True)
+        if b_hh is not None:
+            be.add_bias(hh, b_hh)
+        be.copy_from_columns(g, 0, r)
+        be.copy_from_columns(hh, 0, r, beta=1.0)
+        be.activation("sigmoid", r, r)
+        if prev_h is not None:
+            be.multiply(r, prev_h, rh)
+            be.gemm(rh, w_n, part, trans_b=True)
+        else:
+            be.fill(rh, 0)
+            be.fill(part, 0)
+        be.copy_from_columns(hh, 2 * H, part, beta=1.0)  # + b_hn
+        be.copy_to_columns(part, g, 2 * H, beta=1.0)
+        be.fill(part, 0)
+        be.copy_to_columns(part, hh, 2 * H)
+        be.gru_step(g, hh, prev_h, h)
+
+    def _reset_first_backward(self, ctx, sfx, l, d, rows, g, prev_h, dg, dgh, dprev_h):
+        """After gru_step_backward with hh_n = 0: dG holds [0, dz, dn] and dh_{t-1} has z dh.
+        Here: dGh_n = dn (for dW_hn and db_hn), t = dn W_hn, dr = σ'(r) · t h_{t-1} (into both dG
+        and dGh), dh_{t-1} += r t + dGh_{r,z} W_h{r,z}."""
+        be, H = ctx.be, self.hidden_size
+        n = g.shape[0]
+        w_rz, w_n = self._blocks(sfx)
+        dn, t = self._scratch(ctx, "r", l, d, n), self._scratch(ctx, "part", l, d, n)
+        be.copy_from_columns(dg, 2 * H, dn)
+        be.copy_to_columns(dn, dgh, 2 * H)
+        if prev_h is None:  # no previous state: the reset gate had nothing to scale
+            return
+        be.gemm(dn, w_n, t)
+        r, u = dn, self._scratch(ctx, "u", l, d, n)  # (dn is no longer needed)
+        be.copy_from_columns(g, 0, r)
+        be.multiply(t, prev_h, u)
+        dr = self._scratch(ctx, "dr", l, d, n)
+        be.activation_backward("sigmoid", r, u, dr)
+        be.copy_to_columns(dr, dg, 0)
+        be.copy_to_columns(dr, dgh, 0)
+        if dprev_h is not None:
+            be.multiply(t, r, dprev_h, beta=1.0)
+            be.gemm(dgh[:, :2 * H], w_rz, dprev_h, beta=1.0)
+
+    def _add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
+        if self.linear_before_reset:
+            super()._add_recurrent_grad(ctx, sfx, dgh, dprev_h)
+        # (the reset-first form added its part in cell_backward)
+
+    def _recurrent_weight_grad(self, ctx, l, d, dgh, hprev, grad):
+        if self.linear_before_reset:
+            return super()._recurrent_weight_grad(ctx, l, d, dgh, hprev, grad)
+        be, H = ctx.be, self.hidden_size
+        total = int(ctx.order.step_starts[-1])
+        rh = self._ws(ctx, "rh", l, d, H)[total - hprev.shape[0]:total]  # the same rows as hprev
+        be.gemm(dgh[:, :2 * H], hprev, grad.array[:2 * H], trans_a=True, beta=grad.beta)
+        be.gemm(dgh[:, 2 * H:], rh, grad.array[2 * H:], trans_a=True, beta=grad.beta)

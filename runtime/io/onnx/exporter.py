@@ -288,7 +288,7 @@ def recurrent(g, layer, ins, specs, node):
     direction = "bidirectional" if D == 2 else ("reverse" if layer.reverse else "forward")
     attrs = dict(hidden_size=H, direction=direction)
     if layer.kind == "gru":
-        attrs["linear_before_reset"] = 1
+        attrs["linear_before_reset"] = int(layer.linear_before_reset)
     if layer.kind == "rnn" and layer.nonlinearity == "relu":
         attrs["activations"] = ["Relu"] * D
     x, lasts, cells = ins[0], [], []

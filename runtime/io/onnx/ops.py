@@ -665,8 +665,6 @@ def recurrent(imp, node, inputs, attrs):
         raise Refused("clip")
     if attrs.get("input_forget", 0):
         raise Refused("input_forget=1")
-    if op == "GRU" and not attrs.get("linear_before_reset", 0):
-        raise Refused("linear_before_reset=0 (lamina's GRU is PyTorch's: the reset gate after the product)")
     if lengths is not None:
         if not (isinstance(lengths, Value) and lengths.producer is None and lengths.spec.kind == "int32"
                 and lengths.spec.shape == () and not lengths.spec.sequence):
@@ -679,6 +677,8 @@ def recurrent(imp, node, inputs, attrs):
     states = _initial_states(imp, [h0, c0] if op == "LSTM" else [h0], directions, hidden, layout)
     kind = {"LSTM": L.LSTM, "GRU": L.GRU, "RNN": L.RNN}[op]
     kw = {"nonlinearity": nonlinearity} if op == "RNN" else {}
+    if op == "GRU":
+        kw["linear_before_reset"] = bool(attrs.get("linear_before_reset", 0))
     layer = kind(x.spec.shape[0], hidden, bidirectional=directions == 2, reverse=direction == "reverse", **kw)
     for d in range(directions):
         sfx = layer._suffix(0, d)
