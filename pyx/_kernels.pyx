@@ -56,10 +56,13 @@ cdef enum:
     HARD_SIGMOID = 10
     GELU = 11
     HARD_SWISH = 12
+    GELU_TANH = 13
 
 # SELU's constants (Klambauer et al.), as in PyTorch and ONNX
 cdef double SELU_ALPHA = 1.6732632423543772
 cdef double SELU_SCALE = 1.0507009873554805
+# √(2/π), the tanh approximation of GELU
+cdef double GELU_TANH_C = 0.7978845608028654
 
 
 def set_num_threads(int n):
@@ -158,6 +161,8 @@ cdef inline double _act(int kind, double x, double slope) noexcept nogil:
         return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
     elif kind == HARD_SWISH:
         return x * _unit_clip(x / 6.0 + 0.5)
+    elif kind == GELU_TANH:
+        return 0.5 * x * (1.0 + tanh(GELU_TANH_C * (x + 0.044715 * x * x * x)))
     return x
 
 
@@ -193,7 +198,14 @@ cdef inline double _act_grad_from_output(int kind, double y, double slope) noexc
         return 0.5 * (1.0 + erf(y * 0.7071067811865476)) + y * exp(-0.5 * y * y) * 0.3989422804014327
     elif kind == HARD_SWISH:  # y is the input x
         return 0.0 if y < -3 else (1.0 if y > 3 else y / 3.0 + 0.5)
+    elif kind == GELU_TANH:  # y is the input x
+        return _gelu_tanh_grad(y)
     return 1.0
+
+
+cdef inline double _gelu_tanh_grad(double x) noexcept nogil:
+    cdef double t = tanh(GELU_TANH_C * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_TANH_C * (1.0 + 3.0 * 0.044715 * x * x)
 
 
 def activation_forward(int kind, real[::1] x, real[::1] y, double slope):

@@ -282,6 +282,23 @@ def test_export_runs_in_onnx_runtime_and_passes_the_full_check(tmp_path):
         np.testing.assert_allclose(back[name], ours[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("kind", [a for a in lm.backends.base.ALL_ACTIVATIONS if a != "linear"])
+def test_every_activation_exports_and_imports_back(kind, tmp_path):
+    """Each activation as an ONNX node ONNX Runtime computes as lamina does (GELU needs opset 20,
+    which the file then declares), and back into lamina as the same activation."""
+    net = lm.Network()
+    net.outputs(y=lm.layers.Activation(kind, slope=0.3)(net.input("x", (3, 4))))
+    model = lm.onnx.save(net, tmp_path / "act.onnx")
+    assert model.opset_import[0].version == (20 if kind.startswith("gelu") else 18)
+    x = np.random.default_rng(4).standard_normal((5, 3, 4)).astype(np.float32) * 2
+    ours = net.run({"x": x})["y"]
+    theirs = ort.InferenceSession(str(tmp_path / "act.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-6)
+    back = lm.onnx.load(tmp_path / "act.onnx")
+    assert [layer.activation for layer in back.layers] == [kind]
+    np.testing.assert_allclose(back.run({"x": x})["y"], ours, rtol=1e-6, atol=1e-7)
+
+
 def test_shipped_denoiser_exports(tmp_path):
     from pathlib import Path
     from lamina.zoo import denoise

@@ -14,11 +14,12 @@ from abc import ABC, abstractmethod
 
 # position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
 # slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
-# the standard ones); gelu is the exact (erf) form; hard_swish is x · hard_sigmoid(x) with 1/6.
+# the standard ones); gelu is the exact (erf) form, gelu_tanh its tanh approximation
+# (0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))); hard_swish is x · hard_sigmoid(x) with 1/6.
 ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu", "elu", "selu",
-               "softsign", "hard_sigmoid", "gelu", "hard_swish")
+               "softsign", "hard_sigmoid", "gelu", "hard_swish", "gelu_tanh")
 # their derivative is not a function of the output: backward takes the input x instead of y
-INPUT_GRAD_ACTIVATIONS = ("gelu", "hard_swish")
+INPUT_GRAD_ACTIVATIONS = ("gelu", "hard_swish", "gelu_tanh")
 # softmax and log_softmax normalise along each row, so they are not element-wise; they share the
 # activation API
 ROW_ACTIVATIONS = ("softmax", "log_softmax")

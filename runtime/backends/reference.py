@@ -40,6 +40,7 @@ def _act(kind, x, slope):
         "hard_sigmoid": lambda: np.clip(slope * x + 0.5, 0, 1),
         "gelu": lambda: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
         "hard_swish": lambda: x * np.clip(x / 6 + 0.5, 0, 1),
+        "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(GELU_TANH_C * (x + 0.044715 * x ** 3))),
     }[kind]()
 
 
@@ -58,10 +59,19 @@ def _act_grad(kind, y, dy, slope):
         "selu": lambda: dy * np.where(y > 0, SELU_SCALE, y + SELU_SCALE * SELU_ALPHA),
         "softsign": lambda: dy * (1 - np.abs(y)) ** 2,
         "hard_sigmoid": lambda: dy * np.where((y > 0) & (y < 1), slope, 0),
-        # y is the input x for these two (INPUT_GRAD_ACTIVATIONS)
+        # y is the input x for these (INPUT_GRAD_ACTIVATIONS)
         "gelu": lambda: dy * (0.5 * (1 + _erf(y / np.sqrt(2))) + y * np.exp(-0.5 * y * y) / np.sqrt(2 * np.pi)),
         "hard_swish": lambda: dy * np.where(y < -3, 0, np.where(y > 3, 1, y / 3 + 0.5)),
+        "gelu_tanh": lambda: dy * _gelu_tanh_grad(y),
     }[kind]()
+
+
+GELU_TANH_C = np.sqrt(2 / np.pi)
+
+
+def _gelu_tanh_grad(x):
+    t = np.tanh(GELU_TANH_C * (x + 0.044715 * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_TANH_C * (1 + 3 * 0.044715 * x * x)
 
 
 def _w(w, rows, dtype):

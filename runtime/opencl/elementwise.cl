@@ -25,6 +25,8 @@
 #define HARD_SIGMOID 10
 #define GELU 11
 #define HARD_SWISH 12
+#define GELU_TANH 13
+#define GELU_TANH_C 0.7978845608028654 /* √(2/π) */
 #define SELU_ALPHA 1.6732632423543772
 #define SELU_SCALE 1.0507009873554805
 
@@ -90,6 +92,7 @@ inline REAL act(const int kind, const REAL x, const REAL slope)
     case HARD_SIGMOID: return unit_clip(slope * x + (REAL)0.5);
     case GELU: return (REAL)0.5 * x * (1 + erf(x * (REAL)0.7071067811865476));
     case HARD_SWISH: return x * unit_clip(x / 6 + (REAL)0.5);
+    case GELU_TANH: return (REAL)0.5 * x * (1 + tanh((REAL)GELU_TANH_C * (x + (REAL)0.044715 * x * x * x)));
     default: return x;
     }
 }
@@ -108,9 +111,13 @@ inline REAL act_grad(const int kind, const REAL y, const REAL slope)
     case SELU: return y > 0 ? (REAL)SELU_SCALE : y + (REAL)(SELU_SCALE * SELU_ALPHA);
     case SOFTSIGN: return (1 - fabs(y)) * (1 - fabs(y));
     case HARD_SIGMOID: return (y > 0 && y < 1) ? slope : 0;
-    /* y is the input x for these two (INPUT_GRAD_ACTIVATIONS) */
+    /* y is the input x for these (INPUT_GRAD_ACTIVATIONS) */
     case GELU: return (REAL)0.5 * (1 + erf(y * (REAL)0.7071067811865476)) + y * exp((REAL)-0.5 * y * y) * (REAL)0.3989422804014327;
     case HARD_SWISH: return y < -3 ? 0 : (y > 3 ? 1 : y / 3 + (REAL)0.5);
+    case GELU_TANH: {
+        const REAL t = tanh((REAL)GELU_TANH_C * (y + (REAL)0.044715 * y * y * y));
+        return (REAL)0.5 * (1 + t) + (REAL)0.5 * y * (1 - t * t) * (REAL)GELU_TANH_C * (1 + (REAL)(3 * 0.044715) * y * y);
+    }
     default: return 1;
     }
 }

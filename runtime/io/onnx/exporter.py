@@ -1,4 +1,5 @@
-"""lamina Network → ONNX (opset 18): the inference graph of the outputs that need no labels.
+"""lamina Network → ONNX (opset 18, or 20 where a GELU needs ONNX's Gelu): the inference graph
+of the outputs that need no labels.
 
 Each input gets a dynamic first axis ('batch') before its per-sample shape; a sequence input is
 a padded [batch, time, ...] tensor, and the model takes one more input, `lengths` (int64
@@ -31,6 +32,7 @@ class Graph:
     def __init__(self, onnx):
         self.onnx, self.helper = onnx, onnx.helper
         self.nodes, self.initializers, self._names = [], [], set()
+        self.opset = OPSET  # raised by nodes of operators that came later
 
     def fresh(self, base):
         name, i = base, 0
@@ -116,7 +118,7 @@ def to_model(net, onnx):
         spec = net.values[value].spec
         graph_outputs.append(helper.make_tensor_value_info(name, tp.FLOAT, lead(spec) + list(spec.shape)))
     graph = helper.make_graph(g.nodes, "lamina", graph_inputs, graph_outputs, initializer=g.initializers)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lamina")
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", g.opset)], producer_name="lamina")
 
 
 def param(layer, name):
@@ -124,7 +126,7 @@ def param(layer, name):
 
 
 ACTIVATION_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exponential": "Exp", "softrelu": "Softplus",
-                  "selu": "Selu", "softsign": "Softsign", "gelu": "Gelu", "hard_swish": "HardSwish"}
+                  "selu": "Selu", "softsign": "Softsign", "hard_swish": "HardSwish"}
 
 
 def activate(g, x, kind, slope, name):
@@ -138,6 +140,9 @@ def activate(g, x, kind, slope, name):
         return g.node("Elu", [x], name=f"{name}_act", alpha=float(slope))
     if kind == "hard_sigmoid":
         return g.node("HardSigmoid", [x], name=f"{name}_act", alpha=float(slope), beta=0.5)
+    if kind in ("gelu", "gelu_tanh"):
+        g.opset = max(g.opset, 20)  # ONNX's Gelu came with opset 20
+        return g.node("Gelu", [x], name=f"{name}_act", approximate="tanh" if kind == "gelu_tanh" else "none")
     return g.node(ACTIVATION_OPS[kind], [x], name=f"{name}_act")
 
 

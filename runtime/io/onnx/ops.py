@@ -127,9 +127,10 @@ def selu(imp, node, inputs, attrs):
 @converter("Gelu", attributes={"approximate"})
 def gelu(imp, node, inputs, attrs):
     approximate = attrs.get("approximate", b"none")
-    if (approximate.decode() if isinstance(approximate, bytes) else approximate) != "none":
-        raise Refused(f"approximate={approximate!r} (lamina has the exact erf form)")
-    return _activation("gelu")(imp, node, inputs, {})
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    if approximate not in ("none", "tanh"):
+        raise Refused(f"approximate={approximate!r} (ONNX defines 'none' and 'tanh')")
+    return _activation("gelu" if approximate == "none" else "gelu_tanh")(imp, node, inputs, {})
 
 
 @converter("PRelu")
