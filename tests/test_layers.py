@@ -5,7 +5,7 @@ import pytest
 
 import lamina as lm
 from lamina.layers import (Activation, Add, BCEWithLogits, Bias, Concat, Dropout, Linear, Multiply, PReLU, Reshape,
-                           Scale, Slice, SoftmaxCrossEntropy, SquareError)
+                           Scale, Slice, Broadcast, SoftmaxCrossEntropy, SquareError)
 from lamina.testing import GradientCheckError, add_probe_cost, check_gradients, probe_feed
 
 from helpers import rand
@@ -263,6 +263,24 @@ def test_prelu_refuses_a_channel_count_it_lacks():
     net = lm.Network()
     with pytest.raises(ValueError, match="must have 4 channels"):
         PReLU(4)(net.input("x", (3, 5)))
+
+
+@pytest.mark.parametrize("shape,target", [((3, 1, 1), (3, 4, 2)), ((1, 4, 2), (3, 4, 2)), ((3, 1, 2), (3, 4, 2)),
+                                          ((1,), (5,)), ((2, 3), (2, 3))])
+def test_broadcast_gradients_and_numpy(shape, target):
+    net, feeds, out = probed(lambda x: Broadcast(target)(x), [shape])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_array_equal(net.scheduler.current.values[out.name],
+                                  np.broadcast_to(feeds["x0"], (N,) + target))
+
+
+def test_broadcast_refuses_what_it_cannot_take():
+    net = lm.Network()
+    with pytest.raises(ValueError, match="one run of axes to repeat"):
+        Broadcast((3, 4, 2))(net.input("a", (1, 4, 1)))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        Broadcast((3, 4))(net.input("b", (2, 4)))
 
 
 def test_slice_refuses_what_it_cannot_take():

@@ -131,6 +131,44 @@ def test_pytorch_1d_signal_model_export(dynamo, opset):
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
+class SqueezeExcite(torch.nn.Module):
+    """A MobileNetV3-style block: Conv2d, Hardswish, squeeze-and-excitation (global average pool,
+    1x1 convolutions, Hardsigmoid, a product broadcast over each channel's plane), a residual Add,
+    tanh GELU, a spatial gate broadcast over the channels, Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.squeeze = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 4, 1), torch.nn.ReLU(),
+                                           torch.nn.Conv2d(4, 8, 1), torch.nn.Hardsigmoid())
+        self.where = torch.nn.Conv2d(8, 1, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 6 * 6, 5)
+
+    def forward(self, x):
+        h = torch.nn.functional.hardswish(self.conv(x))
+        h = torch.nn.functional.gelu(h * self.squeeze(h) + h, approximate="tanh")
+        h = h * torch.sigmoid(self.where(h))
+        return self.fc(torch.flatten(h, 1))
+
+
+@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                      for d, o in EXPORTS])
+def test_pytorch_squeeze_excite_export(dynamo, opset):
+    """Products of two values of different shapes broadcast (each channel's weight over its plane,
+    one map over every channel), as in PyTorch and ONNX Runtime."""
+    torch.manual_seed(6)
+    model = SqueezeExcite().eval()
+    blob = export(model, torch.randn(2, 3, 6, 6), dynamo, opset)
+    net = lm.onnx.load(blob)
+    assert any(layer.kind == "broadcast" for layer in net.layers)
+    batch = torch.randn(4, 3, 6, 6)
+    ours = net.run({"x": batch.numpy()})["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_fine_tuning_an_imported_cnn_follows_pytorch(dynamo):
     """Gradients of an imported model equal PyTorch's on the same batch, and 20 steps lower the loss."""

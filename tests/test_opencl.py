@@ -216,6 +216,10 @@ def dense_net(seed=0):
     c = Concat(name="cat")(s, lm.layers.PReLU(8, name="prelu")(h))
     square = lm.layers.Reshape((4, 4), name="square")(c)
     m = lm.layers.Multiply(name="mul")(c, lm.layers.Reshape((16,), name="flat")(square))
+    gate = Add(name="gate")(lm.layers.Broadcast((4, 4), name="rows_gate")(lm.layers.Reshape((4, 1), name="col")(z)),
+                            lm.layers.Broadcast((4, 4), name="cols_gate")(lm.layers.Reshape((1, 4), name="row")(z)))
+    m = Add(name="gated")(m, lm.layers.Reshape((16,), name="gate_flat")(
+        lm.layers.Multiply(name="gating")(square, gate)))
     logits = Linear(16, 3, name="logits")(lm.layers.Bias((16,), name="shift")(m))
     reg = Linear(16, 5, activation="exponential", name="reg")(Dropout(0.0, name="drop")(c))
     net.outputs(xent=SoftmaxCrossEntropy(name="xent")(logits, y), se=SquareError(name="se")(reg, t),

@@ -479,3 +479,71 @@ class Slice(Layer):
 
     def config(self):
         return {"start": self.start, "stop": self.stop, "squeeze": self.squeeze}
+
+
+@register
+class Broadcast(Layer):
+    """y = x repeated along its per-sample axes of size 1 to `shape` (numpy's broadcasting of one
+    sample, same rank); those axes must be one run: x [N, *P, 1…1, *R] → y [N, *P, *Q, *R].
+    With R empty (a channel's value over its plane, a sample's scalar over its features) forward
+    and backward are products with a vector of ones; otherwise a copy per position of Q."""
+
+    kind = "broadcast"
+    opencl = True
+
+    def __init__(self, shape, name=None):
+        super().__init__(name)
+        self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
+        if not self.shape or min(self.shape) < 1:
+            raise ValueError(f"Broadcast: shape must be one or more sizes of at least 1, found {shape}")
+
+    def _run(self, x):
+        """(P, Q, R): the sizes before, along and after the run of repeated axes."""
+        grown = [i for i, (a, b) in enumerate(zip(x, self.shape)) if a != b]
+        if not grown:
+            return math.prod(x), 1, 1
+        first, last = grown[0], grown[-1]
+        if any(x[i] != 1 for i in range(first, last + 1)):
+            raise ValueError(f"Broadcast to {list(self.shape)}: a sample of shape {list(x)} must have size 1 along "
+                             f"axes {first}..{last} (one run of axes to repeat)")
+        return math.prod(x[:first]), math.prod(self.shape[first:last + 1]), math.prod(x[last + 1:])
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if len(x.shape) != len(self.shape) or any(a not in (1, b) for a, b in zip(x.shape, self.shape)):
+            raise ValueError(f"Broadcast: a sample of shape {list(x.shape)} does not broadcast to {list(self.shape)} "
+                             f"(same number of axes, each of size 1 or the target's)")
+        self._run(x.shape)
+        return Spec(self.shape, sequence=x.sequence)
+
+    def _ones(self, ctx, n, column):
+        ones = ctx.workspace("ones", (n, 1) if column else (1, n))
+        ctx.be.fill(ones, 1)
+        return ones
+
+    def forward(self, ctx):
+        x, y = ctx.inputs[0], ctx.output
+        p, q, r = self._run(x.shape[1:])
+        src, dst = x.reshape(x.shape[0] * p, r), y.reshape(y.shape[0] * p, q * r)
+        if r == 1:
+            ctx.be.gemm(src, self._ones(ctx, q, column=False), dst)
+        else:
+            for k in range(q):
+                ctx.be.copy_to_columns(src, dst, k * r)
+
+    def backward(self, ctx):
+        dx = ctx.input_grad(0)
+        if dx is None:
+            return
+        dy = ctx.grad_output
+        p, q, r = self._run(dx.array.shape[1:])
+        src, dst = dy.reshape(dy.shape[0] * p, q * r), dx.array.reshape(dx.array.shape[0] * p, r)
+        if r == 1:
+            ctx.be.gemm(src, self._ones(ctx, q, column=True), dst, beta=dx.beta)
+        else:
+            for k in range(q):
+                ctx.be.copy_from_columns(src, k * r, dst, beta=dx.beta if k == 0 else 1.0)
+
+    def config(self):
+        return {"shape": list(self.shape)}

@@ -220,6 +220,13 @@ def reshape(g, layer, ins, specs, node):
     return g.node("Reshape", [ins[0], shape], name=node.name)
 
 
+@exporter("broadcast")
+def broadcast(g, layer, ins, specs, node):
+    # ONNX's Expand broadcasts both ways: ones keep the batch (and time) axes as they are
+    shape = g.constant(f"{node.name}.shape", [1] * sample_axis(specs[0]) + list(layer.shape), dtype=np.int64)
+    return g.node("Expand", [ins[0], shape], name=node.name)
+
+
 @exporter("slice")
 def slice_(g, layer, ins, specs, node):
     axis = sample_axis(specs[0])

@@ -219,15 +219,24 @@ def _bias_of(c, shape, negate):
 
 
 def _operands(imp, inputs):
-    """The two operands of an element-wise node: values must hold floats, and two values one
-    shape (lamina does not broadcast between two inputs)."""
+    """The two operands of an element-wise node: values must hold floats; two values of different
+    shapes broadcast (lamina's Broadcast layer) when they have one rank and each axis of size 1
+    where they differ (a channel's weight over its plane: squeeze-and-excitation)."""
     for i, x in enumerate(inputs):
         if isinstance(x, Value):
             value(x, f"input {i}")
     a, b = inputs
     if isinstance(a, Value) and isinstance(b, Value) and a.spec != b.spec:
-        raise Refused(f"operands of shapes {list(imp.shape(a))} and {list(imp.shape(b))} (broadcasting "
-                      f"between two inputs is not supported)")
+        sa, sb = a.spec.shape, b.spec.shape
+        if a.spec.sequence != b.spec.sequence or len(sa) != len(sb) or \
+                any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
+            raise Refused(f"operands of shapes {onnx_shape_text(imp, a)} and {onnx_shape_text(imp, b)} (lamina "
+                          f"broadcasts between two inputs of one rank, batch axes alike)")
+        target = tuple(max(x, y) for x, y in zip(sa, sb))
+        try:
+            a, b = (x if x.spec.shape == target else imp.net.add(L.Broadcast(target), [x]) for x in (a, b))
+        except ValueError as e:  # repeated axes that are not one run
+            raise Refused(str(e)) from None
     return a, b
 
 
@@ -278,6 +287,22 @@ def mul_div(imp, node, inputs, attrs):
             raise Refused("division by a constant zero")
         factor = 1.0 / factor
     return [imp.add(L.Scale(factor), [a], node)]
+
+
+@converter("Pow")
+def power(imp, node, inputs, attrs):
+    """x to a small whole constant power, as products (x³ in PyTorch's decomposition of the tanh
+    GELU)."""
+    x = value(inputs[0], "X")
+    exponent = const(inputs[1], "Y (the exponent)")
+    if exponent.size != 1:
+        raise Refused(f"an exponent of shape {list(exponent.shape)} (lamina takes one, a whole power 1 to 4)")
+    if float(exponent.reshape(())) not in (1.0, 2.0, 3.0, 4.0):
+        raise Refused(f"exponent {exponent.reshape(()).item()} (lamina takes the whole powers 1 to 4, as products)")
+    y = x
+    for _ in range(int(exponent.reshape(())) - 1):
+        y = imp.net.add(L.Multiply(), [y, x])
+    return [y if y is not x else imp.add(L.Scale(1.0), [x], node)]
 
 
 @converter("Concat", attributes={"axis"})
@@ -571,6 +596,24 @@ def global_average_pool(imp, node, inputs, attrs):
     spatial = x.spec.shape[1:]
     layer = (L.AvgPool2d if nd == 2 else L.AvgPool3d)(spatial, spatial, 0)
     return [imp.add(layer, [x], node)]
+
+
+@converter("ReduceMean", attributes={"axes", "keepdims", "noop_with_empty_axes"})
+@lifted_to_2d
+def reduce_mean(imp, node, inputs, attrs):
+    """The mean over every spatial axis of [N, C, *spatial] (what PyTorch's exporter writes for
+    AdaptiveAvgPool(1) and x.mean((2, 3))): a global average pool."""
+    x = value(inputs[0], "data")
+    nd = _spatial(x, "data")
+    axes = shapes.constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
+    rank = len(x.spec.shape) + 1
+    if axes is None or sorted(a + rank if a < 0 else a for a in axes) != list(range(2, rank)):
+        raise Refused(f"axes {axes} (lamina averages over every spatial axis of [N, C, *spatial])")
+    spatial = x.spec.shape[1:]
+    y = imp.add((L.AvgPool2d if nd == 2 else L.AvgPool3d)(spatial, spatial, 0), [x], node)
+    if not attrs.get("keepdims", 1):
+        y = imp.net.add(L.Reshape((x.spec.shape[0],)), [y])
+    return [y]
 
 
 @converter("BatchNormalization", attributes={"epsilon", "momentum", "training_mode", "spatial"})

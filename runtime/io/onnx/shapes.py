@@ -37,7 +37,7 @@ def onnx_shape(imp, v):
     return [a if isinstance(a, str) else v.spec.shape[a] for a in axes]
 
 
-def _ints(x, what):
+def constant_ints(x, what):
     if not isinstance(x, np.ndarray):
         raise Refused(f"{what} must be a constant")
     return [int(i) for i in np.atleast_1d(x)]
@@ -82,10 +82,10 @@ def symbolic(imp, node, inputs, attrs):
     if op in ("Identity", "Cast"):
         return [Symbolic(vals[0])]
     if op == "Gather":
-        return [Symbolic(np.take(vals[0], _ints(inputs[1], "indices") if np.ndim(inputs[1]) else int(inputs[1]),
+        return [Symbolic(np.take(vals[0], constant_ints(inputs[1], "indices") if np.ndim(inputs[1]) else int(inputs[1]),
                                  axis=attrs.get("axis", 0)))]
     if op == "Unsqueeze":
-        axes = _ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs["axes"]
+        axes = constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs["axes"]
         out = vals[0]
         for a in sorted(axes):
             out = np.expand_dims(out, a)
@@ -95,8 +95,8 @@ def symbolic(imp, node, inputs, attrs):
     if op == "Concat":
         return [Symbolic(np.concatenate([np.atleast_1d(v) for v in vals], axis=attrs.get("axis", 0)))]
     if op == "Slice":
-        starts, ends = _ints(inputs[1], "starts"), _ints(inputs[2], "ends")
-        steps = _ints(inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None else [1]
+        starts, ends = constant_ints(inputs[1], "starts"), constant_ints(inputs[2], "ends")
+        steps = constant_ints(inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None else [1]
         if len(starts) != 1:
             raise Refused("a slice of a shape along more than one axis")
         n = len(vals[0])
@@ -107,7 +107,7 @@ def symbolic(imp, node, inputs, attrs):
         return [Symbolic(np.array([_mul(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))],
                                   dtype=object).reshape(a.shape))]
     if op == "Reshape":
-        return [Symbolic(vals[0].reshape(_ints(inputs[1], "shape")))]
+        return [Symbolic(vals[0].reshape(constant_ints(inputs[1], "shape")))]
     raise Refused(f"{op} with the batch or time size among its inputs")
 
 
@@ -135,7 +135,7 @@ def relabel(imp, x, axes):
 def squeeze(imp, node, inputs, attrs):
     x = inputs[0]
     axes = imp.axes_of(x)
-    which = _ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
+    which = constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
     if which is None:
         raise Refused("Squeeze without axes")
     which = sorted(a + len(axes) if a < 0 else a for a in which)
