@@ -181,7 +181,7 @@ class Importer:
                     self.uses[name] = self.uses.get(name, 0) + 1
         for out in self.graph.output:  # a graph output counts as a use
             self.uses[out.name] = self.uses.get(out.name, 0) + 1
-        self.linear_of = {}  # value name -> the bias-less Linear that produced it (MatMul + Add → bias)
+        self.linear_of = {}  # ONNX tensor -> the bias-less Linear that produced it (MatMul + Add → bias)
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
 
     # ------------------------------------------------------------------ building

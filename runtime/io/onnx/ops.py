@@ -203,7 +203,7 @@ def matmul(imp, node, inputs, attrs):
     layer = L.Linear(b.shape[0], b.shape[1], bias=False)
     assign(layer, "weight", b.T)
     out = imp.add(layer, [a], node)
-    imp.linear_of[out.name] = layer
+    imp.linear_of[node.output[0]] = layer
     return [out]
 
 
@@ -247,19 +247,20 @@ def add_sub(imp, node, inputs, attrs):
         if node.op_type == "Sub":
             b = imp.net.add(L.Scale(-1.0), [b])
         return [imp.add(L.Add(), [a, b], node)]
+    tensor = node.input[0]  # the ONNX name of the value operand
     if not isinstance(a, Value):
         if node.op_type == "Sub":
             raise Refused("a constant minus an input")
-        a, b = b, a
+        a, b, tensor = b, a, node.input[1]
     bias = _bias_of(b, a.spec.shape, node.op_type == "Sub")
     if bias is None:
         raise Refused(f"a constant of shape {list(b.shape)} that does not broadcast over one sample "
                       f"{list(a.spec.shape)}")
-    layer = imp.linear_of.get(a.name)
-    if layer is not None and not layer.has_bias and imp.uses.get(a.name) == 1 and bias.ndim == 1:
+    layer = imp.linear_of.get(tensor)
+    if layer is not None and not layer.has_bias and imp.uses.get(tensor) == 1 and bias.ndim == 1:
         # MatMul + Add is Linear with a bias: fold it in
         layer.has_bias = True
-        layer.add_param("bias", np.ascontiguousarray(bias, np.float32))
+        layer.add_param("bias", np.array(bias, np.float32))  # (a copy: bias may be a read-only view)
         layer.bind_parameters()
         imp.net._invalidate()
         return [a]
