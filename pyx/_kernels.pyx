@@ -1105,8 +1105,10 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
     cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, at, base, o
     cdef real best, v
     cdef const real* xp
-    # without padding every window lies inside the volume: plain pointer arithmetic, no bounds
-    cdef bint inside = pd == 0 and ph == 0 and pw == 0
+    # without padding before, and with the last window ending inside (no padding after, no
+    # ceil mode), every window lies inside the volume: plain pointer arithmetic, no bounds
+    cdef bint inside = (pd == 0 and ph == 0 and pw == 0 and (oD - 1) * sd + kd <= D and (oH - 1) * sh + kh <= H
+                        and (oW - 1) * sw + kw <= W)
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
         xp = &x[q, 0, 0, 0]
         for od in range(oD):

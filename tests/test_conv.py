@@ -10,13 +10,16 @@ from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 
 
-def direct_conv(x, w, b, stride, padding, dilation, groups):
-    """Cross-correlation by explicit loops over every output element (NCDHW, float64)."""
+def direct_conv(x, w, b, stride, padding, dilation, groups, padding_end=None):
+    """Cross-correlation by explicit loops over every output element (NCDHW, float64); padding
+    before each axis, padding_end after it (padding when not given)."""
     N, C = x.shape[:2]
     O, Cg = w.shape[:2]
     k = w.shape[2:]
-    out = [(n + 2 * p - d * (kk - 1) - 1) // s + 1 for n, kk, s, p, d in zip(x.shape[2:], k, stride, padding, dilation)]
-    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    padding_end = padding_end or padding
+    out = [(n + p + q - d * (kk - 1) - 1) // s + 1
+           for n, kk, s, p, q, d in zip(x.shape[2:], k, stride, padding, padding_end, dilation)]
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(padding, padding_end)))
     y = np.zeros((N, O) + tuple(out))
     og = O // groups
     for n, o in itertools.product(range(N), range(O)):
@@ -31,14 +34,16 @@ def direct_conv(x, w, b, stride, padding, dilation, groups):
     return y
 
 
-def direct_conv_transpose(x, w, b, stride, padding, output_padding, dilation, groups):
-    """Scatter every input element through the kernel (the definition of the transposed conv)."""
+def direct_conv_transpose(x, w, b, stride, padding, output_padding, dilation, groups, padding_end=None):
+    """Scatter every input element through the kernel (the definition of the transposed conv);
+    padding crops the start of each axis, padding_end its end."""
     N, C = x.shape[:2]
     Og = w.shape[1]
     k = w.shape[2:]
     cg = C // groups
-    out = [(n - 1) * s - 2 * p + d * (kk - 1) + op + 1
-           for n, kk, s, p, d, op in zip(x.shape[2:], k, stride, padding, dilation, output_padding)]
+    padding_end = padding_end or padding
+    out = [(n - 1) * s - p - q + d * (kk - 1) + op + 1
+           for n, kk, s, p, q, d, op in zip(x.shape[2:], k, stride, padding, padding_end, dilation, output_padding)]
     y = np.zeros((N, Og * groups) + tuple(out))
     for n, c in itertools.product(range(N), range(C)):
         g = c // cg
@@ -80,6 +85,10 @@ CASES = [
     (Conv2d, 4, 6, (5, 7), dict(kernel_size=3, stride=2, padding=1, groups=2)),
     (ConvTranspose2d, 4, 2, (3, 4), dict(kernel_size=3, stride=2, padding=1, output_padding=1, groups=2)),
     (ConvTranspose2d, 4, 4, (5, 13), dict(kernel_size=(4, 5), stride=2, padding=(1, 2), output_padding=1, groups=2)),
+    # padding before and after each axis (ONNX's asymmetric pads, TensorFlow's SAME)
+    (Conv2d, 3, 4, (7, 6), dict(kernel_size=3, stride=2, padding=((1, 0), (0, 2)))),
+    (Conv3d, 2, 4, (5, 4, 6), dict(kernel_size=(3, 2, 3), padding=((0, 1), (1, 1), (2, 0)), groups=2)),
+    (ConvTranspose2d, 2, 3, (4, 5), dict(kernel_size=3, stride=2, padding=((1, 0), (0, 2)), output_padding=1)),
 ]
 IDS = [f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)]
 
@@ -112,9 +121,10 @@ def test_matches_direct_loops(case):
     w = layer.weight.value
     b = layer.bias.value if layer.bias is not None else None
     if layer.transposed:
-        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation, layer.groups)
+        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
+                                    layer.groups, layer.padding_end)
     else:
-        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups)
+        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
     np.testing.assert_allclose(net.run({"x": X})["y"], ref, rtol=1e-12, atol=1e-12)
 
 

@@ -337,6 +337,25 @@ def test_every_activation_exports_and_imports_back(kind, tmp_path):
     np.testing.assert_allclose(back.run({"x": x})["y"], ours, rtol=1e-6, atol=1e-7)
 
 
+def test_padding_before_and_after_and_ceil_mode_export(tmp_path):
+    """Convolutions and pools padded differently before and after an axis, pools in ceil_mode:
+    ONNX Runtime computes what lamina does, and the file imports back."""
+    lm.manual_seed(9)
+    net = lm.Network()
+    x = net.input("x", (2, 9, 8))
+    h = lm.layers.Conv2d(2, 4, 3, stride=2, padding=((1, 0), (0, 2)))(x)            # [4, 4, 5]
+    h = lm.layers.MaxPool2d(3, stride=2, padding=((1, 0), (0, 1)), ceil_mode=True)(h)
+    h = lm.layers.ConvTranspose2d(4, 3, 3, stride=2, padding=((0, 1), (1, 0)), output_padding=1)(h)
+    h = lm.layers.AvgPool2d(2, stride=2, ceil_mode=True, count_include_pad=False)(h)
+    net.outputs(y=h)
+    lm.onnx.save(net, tmp_path / "pads.onnx")
+    X = np.random.default_rng(10).standard_normal((3, 2, 9, 8)).astype(np.float32)
+    ours = net.run({"x": X})["y"]
+    theirs = ort.InferenceSession(str(tmp_path / "pads.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lm.onnx.load(tmp_path / "pads.onnx").run({"x": X})["y"], ours, rtol=1e-6, atol=1e-6)
+
+
 def test_shipped_denoiser_exports(tmp_path):
     from pathlib import Path
     from lamina.zoo import denoise

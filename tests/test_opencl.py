@@ -576,6 +576,8 @@ def test_shipped_language_model_runs_on_the_device(cl):
     ("ConvTranspose3d", dict(kernel_size=4, stride=2, padding=1, groups=2)),
     ("Conv2d", dict(kernel_size=3, stride=2, padding=1)),
     ("ConvTranspose2d", dict(kernel_size=3, stride=2, padding=0, dilation=2)),
+    ("Conv2d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 2)))),
+    ("ConvTranspose3d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 2), (1, 1)), output_padding=1)),
 ])
 def test_convolutions_agree_with_the_cpu(cl, kind, options):
     nd = 3 if kind.endswith("3d") else 2
@@ -621,6 +623,8 @@ def test_shipped_denoiser_runs_on_the_device(cl):
     ("AvgPool3d", dict(kernel_size=3, stride=2, padding=1)),
     ("AvgPool3d", dict(kernel_size=3, stride=1, padding=1, count_include_pad=False)),
     ("MaxPool2d", dict(kernel_size=3, stride=2)), ("AvgPool2d", dict(kernel_size=2, padding=1)),
+    ("MaxPool3d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 1), (1, 1)), ceil_mode=True)),
+    ("AvgPool2d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 1)), ceil_mode=True, count_include_pad=False)),
 ])
 def test_pooling_agrees_with_the_cpu(cl, kind, options):
     nd = 3 if kind.endswith("3d") else 2

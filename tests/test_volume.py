@@ -17,6 +17,12 @@ POOLS = [
     (AvgPool3d, (2, 4, 5, 5), dict(kernel_size=(3, 2, 3), stride=2, padding=(1, 1, 0), count_include_pad=True)),
     (MaxPool2d, (3, 7, 6), dict(kernel_size=3, stride=2, padding=1)),
     (AvgPool2d, (3, 7, 6), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    # ceil_mode (windows that end past the input), padding before and after each axis
+    (MaxPool2d, (2, 7, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    (MaxPool3d, (2, 5, 6, 5), dict(kernel_size=2, stride=2, ceil_mode=True)),
+    (AvgPool2d, (2, 7, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    (MaxPool2d, (2, 7, 6), dict(kernel_size=3, stride=2, padding=((1, 0), (0, 1)))),
+    (AvgPool3d, (2, 5, 4, 6), dict(kernel_size=(3, 2, 3), stride=2, padding=((1, 0), (0, 1), (1, 1)))),
 ]
 POOL_IDS = [f"{p[0].__name__}-{i}" for i, p in enumerate(POOLS)]
 
@@ -132,8 +138,14 @@ def test_pool_matches_pytorch(case):
     x = net.input("x", shape)
     net.outputs(y=layer_type(**kw)(x))
     X = np.random.default_rng(4).standard_normal((2,) + shape).astype(np.float32)
+    kw, tx = dict(kw), torch.from_numpy(X)
+    if isinstance(kw.get("padding"), tuple) and isinstance(kw["padding"][0], tuple):
+        # PyTorch pads both sides alike: pad explicitly (-inf never wins a maximum; zeros count
+        # in an average with count_include_pad, the default)
+        sides = [side for pair in reversed(kw.pop("padding")) for side in pair]
+        tx = torch.nn.functional.pad(tx, sides, value=-np.inf if "Max" in layer_type.__name__ else 0.0)
     tlayer = getattr(torch.nn, layer_type.__name__)(**kw)
-    np.testing.assert_allclose(net.run({"x": X})["y"], tlayer(torch.from_numpy(X)).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(net.run({"x": X})["y"], tlayer(tx).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_batch_norm_parameters_are_saved_and_running_stats_never_trained(tmp_path):

@@ -162,6 +162,18 @@ def int_tuple(value, nd, what):
     return t
 
 
+def padding_pairs(value, nd, what):
+    """(before, after) per axis from an int, nd ints (both sides alike) or nd (before, after)
+    pairs (ONNX's asymmetric pads, TensorFlow's SAME padding)."""
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, (tuple, list)) for v in value):
+        pairs = tuple((int(a), int(b)) for a, b in value) if all(len(v) == 2 for v in value) else ()
+        if len(pairs) != nd:
+            raise ValueError(f"{what} must be an int, {nd} ints or {nd} (before, after) pairs, found {value!r}")
+        return tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+    both = int_tuple(value, nd, what)
+    return both, both
+
+
 def uniform(rng, bound, shape):
     """U(-bound, bound) initial values (drawn from rng when the parameter is made)."""
     return Init(shape, lambda s: rng.uniform(-bound, bound, size=s).astype(np.float32))

@@ -17,7 +17,7 @@ from .. import _kernels
 from ..graph import Spec
 from ..random import generator
 from ..threads import get_num_threads, split_work
-from .base import Layer, int_tuple, register, require_volume, uniform
+from .base import Layer, int_tuple, padding_pairs, register, require_volume, uniform
 
 
 class _ConvNd(Layer):
@@ -33,7 +33,8 @@ class _ConvNd(Layer):
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
         self.kernel_size = int_tuple(kernel_size, nd, f"{where}: kernel_size")
         self.stride = int_tuple(stride, nd, f"{where}: stride")
-        self.padding = int_tuple(padding, nd, f"{where}: padding")
+        # padding: before each axis; padding_end: after it (the same unless given as pairs)
+        self.padding, self.padding_end = padding_pairs(padding, nd, f"{where}: padding")
         self.dilation = int_tuple(dilation, nd, f"{where}: dilation")
         self.output_padding = int_tuple(output_padding, nd, f"{where}: output_padding")
         self.has_bias = bool(bias)
@@ -42,7 +43,7 @@ class _ConvNd(Layer):
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(f"{where}: in_channels ({self.in_channels}) and out_channels ({self.out_channels}) "
                              f"must both be divisible by groups ({self.groups})")
-        if min(self.kernel_size + self.stride + self.dilation) < 1 or min(self.padding) < 0:
+        if min(self.kernel_size + self.stride + self.dilation) < 1 or min(self.padding + self.padding_end) < 0:
             raise ValueError(f"{where}: kernel_size, stride and dilation must be at least 1 and padding at "
                              f"least 0, found {self.kernel_size}, {self.stride}, {self.dilation}, {self.padding}")
         if not self.transposed and any(self.output_padding):
@@ -73,18 +74,27 @@ class _ConvNd(Layer):
     def config(self):
         cfg = {"in_channels": self.in_channels, "out_channels": self.out_channels,
                "kernel_size": list(self.kernel_size), "stride": list(self.stride),
-               "padding": list(self.padding), "dilation": list(self.dilation), "groups": self.groups,
+               "padding": list(self.padding) if self.symmetric else [list(p) for p in zip(self.padding,
+                                                                                            self.padding_end)],
+               "dilation": list(self.dilation), "groups": self.groups,
                "bias": self.has_bias}
         if self.transposed:
             cfg["output_padding"] = list(self.output_padding)
         return cfg
 
+    @property
+    def symmetric(self):
+        """Whether every axis is padded alike on both sides (the direct and depth-tap kernels
+        take one padding per axis; vol2col and col2vol read the grid they are given)."""
+        return self.padding == self.padding_end
+
     def _out_sizes(self, sizes):
         if self.transposed:
-            return tuple((n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
-                         zip(sizes, self.kernel_size, self.stride, self.padding, self.dilation, self.output_padding))
-        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in
-                     zip(sizes, self.kernel_size, self.stride, self.padding, self.dilation))
+            return tuple((n - 1) * s - p - q + d * (k - 1) + op + 1 for n, k, s, p, q, d, op in
+                         zip(sizes, self.kernel_size, self.stride, self.padding, self.padding_end, self.dilation,
+                             self.output_padding))
+        return tuple((n + p + q - d * (k - 1) - 1) // s + 1 for n, k, s, p, q, d in
+                     zip(sizes, self.kernel_size, self.stride, self.padding, self.padding_end, self.dilation))
 
     def output_spec(self, specs):
         x = require_volume(specs[0], self.nd)
@@ -201,7 +211,8 @@ class _Conv(_ConvNd):
 
     def _depth_taps(self, ctx):
         # the tap-major weight copy is a numpy layout change: the CPU backend only
-        return self.nd == 3 and self.stride[0] == 1 and self.kernel_size[0] > 1 and ctx.be.name == "cpu"
+        return (self.nd == 3 and self.stride[0] == 1 and self.kernel_size[0] > 1 and ctx.be.name == "cpu"
+                and self.symmetric)
 
     # ---------------------------------------------------------------- direct forward
     # With unit stride along the width, the CPU backend runs the forward without a column matrix
@@ -209,7 +220,7 @@ class _Conv(_ConvNd):
     # packed in reading order, cached per weight version), and with unit strides everywhere the
     # input gradient too.
     def _direct(self, ctx):
-        return ctx.be.name == "cpu" and self.stride[-1] == 1
+        return ctx.be.name == "cpu" and self.stride[-1] == 1 and self.symmetric
 
     def _direct_weights(self, which):
         """The weight packed for direct_conv.h, cached per weight version: 'forward', or 'input

@@ -3,31 +3,52 @@ pooling, batch normalisation, and concatenation along channels."""
 import numpy as np
 
 from ..graph import Spec
-from .base import Layer, constant, int_tuple, register, require_float, require_volume
+from .base import Layer, constant, int_tuple, padding_pairs, register, require_float, require_volume
 
 
 class _Pool(Layer):
+    """padding: an int, one per axis, or (before, after) pairs; ceil_mode: windows that start
+    inside the input (or the padding before it) but end past the padding after it still count,
+    as PyTorch's and ONNX's ceil_mode (the output size rounds up)."""
+
     opencl = True
     nd = 3
 
-    def __init__(self, kernel_size, stride=None, padding=0, name=None):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, name=None):
         super().__init__(name)
         where = type(self).__name__
         self.kernel_size = int_tuple(kernel_size, self.nd, f"{where}: kernel_size")
         self.stride = int_tuple(stride if stride is not None else kernel_size, self.nd, f"{where}: stride")
-        self.padding = int_tuple(padding, self.nd, f"{where}: padding")
-        if min(self.kernel_size + self.stride) < 1 or min(self.padding) < 0:
+        self.padding, self.padding_end = padding_pairs(padding, self.nd, f"{where}: padding")
+        self.ceil_mode = bool(ceil_mode)
+        if min(self.kernel_size + self.stride) < 1 or min(self.padding + self.padding_end) < 0:
             raise ValueError(f"{where}: kernel_size and stride must be at least 1, padding at least 0")
-        if any(2 * p > k for p, k in zip(self.padding, self.kernel_size)):
+        if any(2 * p > k for p, k in zip(self.padding + self.padding_end, self.kernel_size * 2)):
             raise ValueError(f"{where}: padding must be at most half the kernel size, found padding "
-                             f"{self.padding} for kernel {self.kernel_size}")
+                             f"{self._padding_config()} for kernel {self.kernel_size}")
+
+    def _padding_config(self):
+        if self.padding == self.padding_end:
+            return list(self.padding)
+        return [list(p) for p in zip(self.padding, self.padding_end)]
 
     def config(self):
-        return {"kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding)}
+        cfg = {"kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": self._padding_config()}
+        if self.ceil_mode:
+            cfg["ceil_mode"] = True
+        return cfg
+
+    def _out_size(self, n, k, s, p, q):
+        span = n + p + q - k
+        out = (-(-span // s) if self.ceil_mode else span // s) + 1
+        if self.ceil_mode and (out - 1) * s >= n + p:  # the last window would start past the input
+            out -= 1
+        return out
 
     def output_spec(self, specs):
         x = require_volume(specs[0], self.nd)
-        out = tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(x.shape[1:], self.kernel_size, self.stride, self.padding))
+        out = tuple(self._out_size(n, k, s, p, q) for n, k, s, p, q in
+                    zip(x.shape[1:], self.kernel_size, self.stride, self.padding, self.padding_end))
         if min(out) < 1:
             raise ValueError(f"the output would be empty: input size {x.shape[1:]} with kernel {self.kernel_size}")
         return Spec((x.shape[0],) + out)
@@ -56,12 +77,25 @@ class _MaxPool(_Pool):
 class _AvgPool(_Pool):
     """y = the mean of each window; count_include_pad says whether padded positions count."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad=True, name=None):
-        super().__init__(kernel_size, stride, padding, name)
+    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad=True, ceil_mode=False, name=None):
+        super().__init__(kernel_size, stride, padding, ceil_mode, name)
         self.count_include_pad = bool(count_include_pad)
 
     def config(self):
         return {**super().config(), "count_include_pad": self.count_include_pad}
+
+    def output_spec(self, specs):
+        out = super().output_spec(specs)
+        if self.count_include_pad:
+            # the kernels divide by the whole window: every window must end within the padding
+            for n, o, k, s, p, q in zip(specs[0].shape[1:], out.shape[1:], self.kernel_size, self.stride,
+                                        self.padding, self.padding_end):
+                if (o - 1) * s + k > n + p + q:
+                    raise ValueError(f"{type(self).__name__}: with count_include_pad, ceil_mode's last window "
+                                     f"would reach past the padding (input {list(specs[0].shape[1:])}, kernel "
+                                     f"{list(self.kernel_size)}, stride {list(self.stride)}); PyTorch divides it "
+                                     f"by its part inside, which lamina does not")
+        return out
 
     def forward(self, ctx):
         ctx.be.avg_pool(ctx.inputs[0], ctx.output, self._window(), self.count_include_pad)

@@ -247,7 +247,7 @@ def embedding(g, layer, ins, specs, node):
 def conv(g, layer, ins, specs, node):
     nd = len(layer.kernel_size)
     attrs = dict(kernel_shape=list(layer.kernel_size), strides=list(layer.stride), dilations=list(layer.dilation),
-                 pads=list(layer.padding) * 2, group=layer.groups)
+                 pads=list(layer.padding) + list(layer.padding_end), group=layer.groups)
     if layer.transposed:
         attrs["output_padding"] = list(layer.output_padding)
     args = [ins[0], g.constant(f"{node.name}.weight", param(layer, "weight"))]
@@ -259,7 +259,8 @@ def conv(g, layer, ins, specs, node):
 
 @exporter("max_pool3d", "max_pool2d", "avg_pool3d", "avg_pool2d")
 def pool(g, layer, ins, specs, node):
-    attrs = dict(kernel_shape=list(layer.kernel_size), strides=list(layer.stride), pads=list(layer.padding) * 2)
+    attrs = dict(kernel_shape=list(layer.kernel_size), strides=list(layer.stride),
+                 pads=list(layer.padding) + list(layer.padding_end), ceil_mode=int(layer.ceil_mode))
     if layer.kind.startswith("avg"):
         return g.node("AveragePool", ins, name=node.name, count_include_pad=int(layer.count_include_pad), **attrs)
     return g.node("MaxPool", ins, name=node.name, **attrs)

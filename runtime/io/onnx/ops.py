@@ -456,8 +456,9 @@ def lifted_to_2d(convert):
     return lifted
 
 
-def _pads(attrs, nd, spatial, kernel, stride, dilation):
-    """Symmetric per-axis padding from pads / auto_pad, or Refused."""
+def _pads(attrs, nd, spatial, kernel, stride, dilation, asymmetric=False):
+    """Per-axis padding from pads / auto_pad: (before, after) pairs where `asymmetric` is
+    allowed, else one padding per axis (or Refused where the sides differ)."""
     auto = attrs.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -472,8 +473,10 @@ def _pads(attrs, nd, spatial, kernel, stride, dilation):
     else:
         flat = list(attrs.get("pads", [0] * 2 * nd))
         pads = list(zip(flat[:nd], flat[nd:]))
+    if asymmetric:
+        return tuple(pads)
     if any(lo != hi for lo, hi in pads):
-        raise Refused(f"asymmetric padding {pads} (auto_pad {auto}); lamina pads both sides alike")
+        raise Refused(f"asymmetric padding {pads} (auto_pad {auto}); lamina's pools pad both sides alike")
     return tuple(lo for lo, _ in pads)
 
 
@@ -502,7 +505,7 @@ def _with_weights(imp, node, layer, x, w, b):
 @lifted_to_2d
 def conv(imp, node, inputs, attrs):
     x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
-    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation)
+    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation, asymmetric=True)
     in_channels = x.spec.shape[0]
     if w.shape[1] * groups != in_channels:
         raise Refused(f"W has {w.shape[1]} input channels per group, X has {in_channels} for group {groups}")
@@ -518,50 +521,56 @@ def conv_transpose(imp, node, inputs, attrs):
     x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
     spatial = x.spec.shape[1:]
     output_padding = list(attrs.get("output_padding", [0] * nd))
-    if "output_shape" in attrs:
-        # total padding from the requested size; SAME_UPPER's split (the rest at the end) otherwise
-        wanted = list(attrs["output_shape"])[-nd:]
-        pads = []
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        # the padding that gives the requested size (SAME: input size times stride), split as
+        # ONNX's ConvTranspose says: the larger half at the end for SAME_UPPER, else at the start
+        wanted = list(attrs["output_shape"])[-nd:] if "output_shape" in attrs else [n * s for n, s in
+                                                                                       zip(spatial, stride)]
+        padding = []
         for i, (n, k, s, d) in enumerate(zip(spatial, kernel, stride, dilation)):
             total = s * (n - 1) + output_padding[i] + (k - 1) * d + 1 - wanted[i]
-            if total < 0:
-                raise Refused(f"output_shape {wanted} is larger than the kernel reaches")
-            lo = total // 2 if attrs.get("auto_pad", b"NOTSET") in (b"SAME_UPPER", "SAME_UPPER", b"NOTSET",
-                                                                     "NOTSET") else total - total // 2
-            pads.append((total - lo, lo) if attrs.get("auto_pad") in (b"SAME_UPPER", "SAME_UPPER") else (lo, total - lo))
-        if any(lo != hi for lo, hi in pads):
-            raise Refused(f"output_shape {wanted} needs asymmetric padding {pads}")
-        padding = tuple(lo for lo, _ in pads)
+            small = total // 2
+            before, after = (small, total - small) if auto == "SAME_UPPER" else (total - small, small)
+            if after < 0:  # a larger output than the kernel reaches: zeros (and the bias) at the end
+                output_padding[i], after = output_padding[i] - after, 0
+            if before < 0:
+                raise Refused(f"output_shape {wanted} needs the output to start before the first input")
+            padding.append((before, after))
     else:
-        auto = attrs.get("auto_pad", b"NOTSET")
-        auto = auto.decode() if isinstance(auto, bytes) else auto
-        if auto in ("SAME_UPPER", "SAME_LOWER"):
-            raise Refused(f"auto_pad {auto} on a transposed convolution")
         flat = list(attrs.get("pads", [0] * 2 * nd))
-        pads = list(zip(flat[:nd], flat[nd:]))
-        if any(lo != hi for lo, hi in pads):
-            raise Refused(f"asymmetric padding {pads}; lamina pads both sides alike")
-        padding = tuple(lo for lo, _ in pads)
+        padding = list(zip(flat[:nd], flat[nd:]))
     in_channels = x.spec.shape[0]
     if w.shape[0] != in_channels:
         raise Refused(f"W has {w.shape[0]} input channels, X has {in_channels}")
-    layer = (L.ConvTranspose2d if nd == 2 else L.ConvTranspose3d)(
-        in_channels, w.shape[1] * groups, kernel, stride=stride, padding=padding, dilation=dilation, groups=groups,
-        bias=b is not None, output_padding=tuple(output_padding))
+    try:
+        layer = (L.ConvTranspose2d if nd == 2 else L.ConvTranspose3d)(
+            in_channels, w.shape[1] * groups, kernel, stride=stride, padding=tuple(padding), dilation=dilation,
+            groups=groups, bias=b is not None, output_padding=tuple(output_padding))
+    except ValueError as e:  # (an output_padding of stride or more: lamina follows PyTorch's limit)
+        raise Refused(str(e)) from None
     return _with_weights(imp, node, layer, x, w, b)
 
 
 def _pool_window(imp, node, x, attrs, nd):
+    """kernel, stride, (before, after) padding pairs and ceil_mode of a pool node."""
     kernel = tuple(attrs["kernel_shape"])
     stride = tuple(attrs.get("strides", [1] * nd))
     if any(d != 1 for d in attrs.get("dilations", [1] * nd)):
         raise Refused(f"dilations {attrs['dilations']} (lamina's pools have none)")
-    if attrs.get("ceil_mode", 0):
-        raise Refused("ceil_mode=1")
-    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, (1,) * nd)
-    if any(2 * p > k for p, k in zip(padding, kernel)):
-        raise Refused(f"padding {padding} more than half the kernel {kernel}")
-    return kernel, stride, padding
+    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, (1,) * nd, asymmetric=True)
+    if any(2 * p > k for pair, k in zip(padding, kernel) for p in pair):
+        raise Refused(f"padding {[list(p) for p in padding]} more than half the kernel {list(kernel)}")
+    return kernel, stride, padding, bool(attrs.get("ceil_mode", 0))
+
+
+def _pool(imp, node, x, layer_type, *args, **kw):
+    try:
+        layer = layer_type(*args, **kw)
+        return imp.add(layer, [x], node)
+    except ValueError as e:  # (a combination lamina's pools refuse, said by the layer)
+        raise Refused(str(e)) from None
 
 
 @converter("MaxPool", attributes={"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads",
@@ -572,9 +581,8 @@ def max_pool(imp, node, inputs, attrs):
     nd = _spatial(x, "X")
     if len(node.output) > 1 and node.output[1]:
         raise Refused("the Indices output")
-    kernel, stride, padding = _pool_window(imp, node, x, attrs, nd)
-    layer = (L.MaxPool2d if nd == 2 else L.MaxPool3d)(kernel, stride, padding)
-    return [imp.add(layer, [x], node)]
+    kernel, stride, padding, ceil_mode = _pool_window(imp, node, x, attrs, nd)
+    return [_pool(imp, node, x, L.MaxPool2d if nd == 2 else L.MaxPool3d, kernel, stride, padding, ceil_mode)]
 
 
 @converter("AveragePool", attributes={"auto_pad", "ceil_mode", "count_include_pad", "dilations",
@@ -583,10 +591,9 @@ def max_pool(imp, node, inputs, attrs):
 def average_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
     nd = _spatial(x, "X")
-    kernel, stride, padding = _pool_window(imp, node, x, attrs, nd)
-    layer = (L.AvgPool2d if nd == 2 else L.AvgPool3d)(kernel, stride, padding,
-                                                     count_include_pad=bool(attrs.get("count_include_pad", 0)))
-    return [imp.add(layer, [x], node)]
+    kernel, stride, padding, ceil_mode = _pool_window(imp, node, x, attrs, nd)
+    return [_pool(imp, node, x, L.AvgPool2d if nd == 2 else L.AvgPool3d, kernel, stride, padding,
+                  count_include_pad=bool(attrs.get("count_include_pad", 0)), ceil_mode=ceil_mode)]
 
 
 @converter("GlobalAveragePool")
