@@ -5,7 +5,7 @@ import pytest
 
 import lamina as lm
 from lamina.layers import (Activation, Add, BCEWithLogits, Bias, Concat, Dropout, Linear, Multiply, PReLU, Reshape,
-                           Scale, Slice, Broadcast, SoftmaxCrossEntropy, SquareError)
+                           Scale, Slice, Broadcast, Transpose, SoftmaxCrossEntropy, SquareError)
 from lamina.testing import GradientCheckError, add_probe_cost, check_gradients, probe_feed
 
 from helpers import rand
@@ -273,6 +273,24 @@ def test_broadcast_gradients_and_numpy(shape, target):
     net.forward(feeds)
     np.testing.assert_array_equal(net.scheduler.current.values[out.name],
                                   np.broadcast_to(feeds["x0"], (N,) + target))
+
+
+@pytest.mark.parametrize("shape,perm", [((3, 4), (1, 0)), ((2, 3, 4), (2, 0, 1)), ((2, 3, 4), (0, 2, 1)),
+                                        ((5,), (0,))])
+def test_transpose_gradients_and_numpy(shape, perm):
+    net, feeds, out = probed(lambda x: Transpose(perm)(x), [shape])
+    check_gradients(net, feeds)
+    net.forward(feeds)
+    np.testing.assert_array_equal(net.scheduler.current.values[out.name],
+                                  feeds["x0"].transpose((0,) + tuple(p + 1 for p in perm)))
+
+
+def test_transpose_refuses_what_it_cannot_take():
+    net = lm.Network()
+    with pytest.raises(ValueError, match="must order the axes"):
+        Transpose((0, 0))
+    with pytest.raises(ValueError, match="must have 2 axes per sample"):
+        Transpose((1, 0))(net.input("x", (2, 3, 4)))
 
 
 def test_broadcast_refuses_what_it_cannot_take():

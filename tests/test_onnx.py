@@ -169,6 +169,39 @@ def test_pytorch_squeeze_excite_export(dynamo, opset):
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
+class Rearranging(torch.nn.Module):
+    """Data moved within a sample: a softmax over the channels, two branches joined along the
+    height, a permute of height and width, a log-softmax over the height."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(2, 3, 3, padding=1), torch.nn.Conv2d(2, 3, 1)
+        self.fc = torch.nn.Linear(3 * 10 * 4, 4)
+
+    def forward(self, x):
+        h = torch.cat([torch.softmax(self.a(x), dim=1), self.b(x)], dim=2)        # [N, 3, 10, 4]
+        h = torch.log_softmax(h.permute(0, 1, 3, 2), dim=3)                          # [N, 3, 4, 10]
+        return self.fc(torch.flatten(h, 1))
+
+
+@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                      for d, o in EXPORTS])
+def test_pytorch_model_moving_data_within_samples(dynamo, opset):
+    """Softmax along a channel axis, Concat along the height, Transpose within a sample: lamina's
+    Transpose layer moves the data, as PyTorch and ONNX Runtime do."""
+    torch.manual_seed(12)
+    model = Rearranging().eval()
+    blob = export(model, torch.randn(2, 2, 5, 4), dynamo, opset)
+    net = lm.onnx.load(blob)
+    assert any(layer.kind == "transpose" for layer in net.layers)
+    batch = torch.randn(3, 2, 5, 4)
+    ours = net.run({"x": batch.numpy()})["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_fine_tuning_an_imported_cnn_follows_pytorch(dynamo):
     """Gradients of an imported model equal PyTorch's on the same batch, and 20 steps lower the loss."""
@@ -286,12 +319,13 @@ def every_exportable_layer():
     h = lm.layers.ConcatChannels()(a, b)                         # [8, 4, 4]
     up = lm.layers.ConvTranspose2d(8, 2, 3, stride=2, padding=1, output_padding=1)(h)  # [2, 8, 8]
     g = lm.layers.Conv2d(2, 2, 3, padding=2, dilation=2, groups=2)(up)
-    flat = lm.layers.Reshape((128,))(lm.layers.Multiply()(up, g))
+    flat = lm.layers.Reshape((128,))(lm.layers.Multiply()(lm.layers.Transpose((0, 2, 1))(up), g))
     flat = lm.layers.Dropout(0.3)(lm.layers.Scale(0.5)(flat))
     e = lm.layers.Embedding(11, 6)(ids)
     h = lm.layers.Linear([128, 6], 16, activation="tanh")(flat, e)
     h = lm.layers.Bias((16,))(lm.layers.Linear(16, 16, activation="leaky_relu", slope=0.2)(h))
     h = lm.layers.PReLU(16)(h)
+    h = lm.layers.Multiply()(h, lm.layers.Broadcast((16,))(lm.layers.Linear(16, 1, activation="sigmoid")(h)))
     y = lm.layers.Linear(16, 5, activation="softmax")(lm.layers.Add(activation="sigmoid")(h, h))
     z = lm.layers.Activation("softrelu")(lm.layers.Linear(12, 4, bias=False)(lm.layers.Slice(2, 14)(h)))
     labels = net.input("labels", dtype="int32")

@@ -214,7 +214,7 @@ def dense_net(seed=0):
     g = Linear([8, 4], 8, activation="leaky_relu", name="b")(h, z)
     s = Add(activation="sigmoid", name="add")(g, Scale(0.5, name="half")(h))
     c = Concat(name="cat")(s, lm.layers.PReLU(8, name="prelu")(h))
-    square = lm.layers.Reshape((4, 4), name="square")(c)
+    square = lm.layers.Transpose((1, 0), name="turned")(lm.layers.Reshape((4, 4), name="square")(c))
     m = lm.layers.Multiply(name="mul")(c, lm.layers.Reshape((16,), name="flat")(square))
     gate = Add(name="gate")(lm.layers.Broadcast((4, 4), name="rows_gate")(lm.layers.Reshape((4, 1), name="col")(z)),
                             lm.layers.Broadcast((4, 4), name="cols_gate")(lm.layers.Reshape((1, 4), name="row")(z)))

@@ -227,6 +227,12 @@ def broadcast(g, layer, ins, specs, node):
     return g.node("Expand", [ins[0], shape], name=node.name)
 
 
+@exporter("transpose")
+def transpose(g, layer, ins, specs, node):
+    lead = sample_axis(specs[0])
+    return g.node("Transpose", ins, name=node.name, perm=list(range(lead)) + [p + lead for p in layer.perm])
+
+
 @exporter("slice")
 def slice_(g, layer, ins, specs, node):
     axis = sample_axis(specs[0])

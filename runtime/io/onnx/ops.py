@@ -155,14 +155,26 @@ def prelu(imp, node, inputs, attrs):
 
 @converter("Softmax", "LogSoftmax", attributes={"axis"})
 def softmax(imp, node, inputs, attrs):
-    x = value(inputs[0], "input")
-    rank = 1 + len(x.spec.shape)
+    """Along any axis of a sample: lamina's softmax runs along the last, so another axis is moved
+    there and back (two Transpose layers)."""
+    x = inputs[0]
+    if not isinstance(x, Value) or x.spec.kind != "float":
+        raise Refused("input must be float values computed from the model's inputs")
     axis = attrs.get("axis", -1 if imp.opset >= 13 else 1)
-    axis = axis + rank if axis < 0 else axis
-    # opset < 13 flattens from `axis` on; both readings agree when axis is the last axis
-    if axis != rank - 1:
-        raise Refused(f"axis {attrs.get('axis')} of a rank-{rank} tensor (lamina's softmax is along the last axis)")
-    return [imp.add(L.Activation("softmax" if node.op_type == "Softmax" else "log_softmax"), [x], node)]
+    k = shapes.along(imp, x, axis, "axis")
+    last = len(x.spec.shape) - 1
+    if imp.opset < 13 and k != last:  # opset < 13 flattens from `axis` on: a softmax along one axis only at the end
+        raise Refused(f"axis {axis} before the last at opset {imp.opset} (a softmax over the flattened trailing axes)")
+    kind = "softmax" if node.op_type == "Softmax" else "log_softmax"
+    if k == last:
+        y = imp.add(L.Activation(kind), [x], node)
+    else:
+        to_end = [i for i in range(last + 1) if i != k] + [k]
+        y = imp.net.add(L.Activation(kind), [shapes.moved(imp, x, to_end)])
+        y = imp.add(L.Transpose([to_end.index(i) for i in range(last + 1)]), [y], node)
+    if getattr(x, "onnx_axes", None):
+        y.onnx_axes = x.onnx_axes
+    return [y]
 
 
 # ---------------------------------------------------------------------------- dense
@@ -290,6 +302,29 @@ def mul_div(imp, node, inputs, attrs):
     return [imp.add(L.Scale(factor), [a], node)]
 
 
+@converter("Expand")
+def expand(imp, node, inputs, attrs):
+    """A value repeated along its axes of size 1 (lamina's Broadcast); the batch (and time) axes
+    stay as they are."""
+    x = value(inputs[0], "input")
+    target = inputs[1]
+    if not isinstance(target, (np.ndarray, shapes.Symbolic)):
+        raise Refused("the shape must be a constant or computed from shapes")
+    target = list(target.values) if isinstance(target, shapes.Symbolic) else [int(t) for t in target]
+    lead = 2 if x.spec.sequence else 1
+    if len(target) != lead + len(x.spec.shape) or any(t not in (1, "N", "T") for t in target[:lead]):
+        raise Refused(f"shape {target} for a value of shape {onnx_shape_text(imp, x)} (lamina expands a sample's "
+                      f"axes, same rank, the batch axes as they are)")
+    rest = target[lead:]
+    if any(isinstance(t, str) for t in rest):
+        raise Refused(f"shape {target}: the batch or time size inside a sample")
+    try:
+        sample = np.broadcast_shapes(x.spec.shape, tuple(rest))
+        return [x if sample == x.spec.shape else imp.add(L.Broadcast(sample), [x], node)]
+    except ValueError as e:
+        raise Refused(str(e)) from None
+
+
 @converter("Pow")
 def power(imp, node, inputs, attrs):
     """x to a small whole constant power, as products (x³ in PyTorch's decomposition of the tanh
@@ -318,11 +353,14 @@ def concat(imp, node, inputs, attrs):
         if x.spec.kind != "float":
             raise Refused(f"input {i} holds {x.spec.kind} values")
     layout = axes[0]
-    axis = attrs["axis"] + len(layout) if attrs["axis"] < 0 else attrs["axis"]
-    if layout[axis] != 0:
-        raise Refused(f"axis {attrs['axis']} (lamina concatenates features or channels: a sample's first axis)")
-    layer = L.Concat() if len(xs[0].spec.shape) == 1 else L.ConcatChannels()
-    out = imp.add(layer, xs, node)
+    k = shapes.along(imp, xs[0], attrs["axis"], "axis")
+    rank = len(xs[0].spec.shape)
+    if k and xs[0].spec.sequence:
+        raise Refused(f"axis {attrs['axis']} of a sequence's steps (lamina concatenates their features)")
+    front = [k] + [i for i in range(rank) if i != k]  # another axis is moved first and back
+    layer = L.Concat() if rank == 1 else L.ConcatChannels()
+    out = imp.add(layer, [shapes.moved(imp, x, front) for x in xs], node)
+    out = shapes.moved(imp, out, [front.index(i) for i in range(rank)])
     if layout != default_axes(out.spec):
         out.onnx_axes = layout
     return [out]

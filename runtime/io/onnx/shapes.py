@@ -112,13 +112,40 @@ def symbolic(imp, node, inputs, attrs):
 
 
 def transpose(imp, node, inputs, attrs):
+    """Where only the batch (and time) axes move, a relabelling; where a sample's own axes change
+    order, lamina's Transpose layer moves the data."""
     x = inputs[0]
     axes = imp.axes_of(x)
     perm = attrs.get("perm", list(range(len(axes)))[::-1])
     new = tuple(axes[p] for p in perm)
-    if [a for a in new if not isinstance(a, str)] != [a for a in axes if not isinstance(a, str)]:
-        raise Refused(f"perm {list(perm)} moves data within a sample (axes {axes} -> {new})")
-    return [relabel(imp, x, new)]
+    order = [a for a in new if not isinstance(a, str)]  # lamina's axes in their new order
+    if order == sorted(order):
+        return [relabel(imp, x, new)]
+    if x.spec.kind != "float":
+        raise Refused(f"perm {list(perm)} moves {x.spec.kind} values within a sample")
+    y = imp.add(L.Transpose(order), [x], node)
+    labels = tuple(a if isinstance(a, str) else order.index(a) for a in new)
+    if labels != default_axes(y.spec):
+        y.onnx_axes = labels
+    return [y]
+
+
+def along(imp, x, axis, where):
+    """Lamina's per-sample axis that ONNX axis `axis` of x is (negative counts from the end)."""
+    layout = imp.axes_of(x)
+    k = axis + len(layout) if axis < 0 else axis
+    if not 0 <= k < len(layout):
+        raise Refused(f"{where} {axis} of a rank-{len(layout)} tensor")
+    if isinstance(layout[k], str):
+        raise Refused(f"{where} {axis} is the {'batch' if layout[k] == 'N' else 'time'} axis (lamina computes "
+                      f"within each sample)")
+    return layout[k]
+
+
+def moved(imp, x, perm):
+    """x with its per-sample axes in the order perm (a Transpose layer; x itself for the
+    identity); the caller labels what it returns."""
+    return x if list(perm) == sorted(perm) else imp.net.add(L.Transpose(perm), [x])
 
 
 def relabel(imp, x, axes):
