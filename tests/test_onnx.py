@@ -263,7 +263,7 @@ def test_every_unsupported_part_is_listed_at_once():
     problems = {(n, what.split(" (")[0]) for n, _, what in info.value.problems}
     # 'cat0', now a Mish, reads the refused Gemm's output: its operator is still checked
     assert problems == {("gemm_t", "transA=1 with A from the inputs"), ("cat0", "an operator lamina has no layer for"),
-                        ("soft", "axis 0 of a rank-2 tensor")}
+                        ("soft", "axis 0 is the batch axis")}
 
 
 def test_malformed_files_name_the_file(tmp_path):
