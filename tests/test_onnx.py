@@ -61,6 +61,9 @@ def export(model, example, dynamo, opset):
 
 
 EXPORTS = [(False, 17), (False, 20), (True, 18), (True, 20)]  # (dynamo, opset): 17 and the newest of each
+# a test per exporter and opset
+each_exporter = pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
+                                                                      for d, o in EXPORTS])
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +76,23 @@ def cnn():
     return model
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_cnn_export_runs_as_in_pytorch_and_onnx_runtime(cnn, dynamo, opset):
     x = torch.randn(3, 1, 16, 16)
-    blob = export(cnn, x, dynamo, opset)
+    imported_as_in_pytorch_and_onnx_runtime(cnn, x, torch.randn(5, 1, 16, 16), dynamo, opset)
+
+
+def imported_as_in_pytorch_and_onnx_runtime(model, example, batch, dynamo, opset):
+    """Export `model` with `example`, load it in lamina; on `batch` (another batch size) lamina's
+    output equals PyTorch's and ONNX Runtime's to 1e-4. Returns the imported network."""
+    blob = export(model, example, dynamo, opset)
     net = lm.onnx.load(blob)
-    batch = torch.randn(5, 1, 16, 16)  # another batch size than the example's
     ours = net.run({"x": batch.numpy()})["y"]
     with torch.no_grad():
-        np.testing.assert_allclose(ours, cnn(batch).numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
     theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    return net
 
 
 class Signal1d(torch.nn.Module):
@@ -110,8 +118,7 @@ class Signal1d(torch.nn.Module):
         return self.out(self.norm(self.fc(torch.flatten(x, 1))))
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_1d_signal_model_export(dynamo, opset):
     """1-D convolutions and pools run as 2-D ones of height 1, to the same numbers."""
     torch.manual_seed(5)
@@ -121,14 +128,7 @@ def test_pytorch_1d_signal_model_export(dynamo, opset):
             bn.running_mean.uniform_(-1, 1)
             bn.running_var.uniform_(0.5, 2)
         model.act.weight.uniform_(-0.5, 0.5)
-    blob = export(model, torch.randn(2, 2, 32), dynamo, opset)
-    net = lm.onnx.load(blob)
-    batch = torch.randn(5, 2, 32)
-    ours = net.run({"x": batch.numpy()})["y"]
-    with torch.no_grad():
-        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
-    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    imported_as_in_pytorch_and_onnx_runtime(model, torch.randn(2, 2, 32), torch.randn(5, 2, 32), dynamo, opset)
 
 
 class SqueezeExcite(torch.nn.Module):
@@ -151,22 +151,15 @@ class SqueezeExcite(torch.nn.Module):
         return self.fc(torch.flatten(h, 1))
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_squeeze_excite_export(dynamo, opset):
     """Products of two values of different shapes broadcast (each channel's weight over its plane,
     one map over every channel), as in PyTorch and ONNX Runtime."""
     torch.manual_seed(6)
     model = SqueezeExcite().eval()
-    blob = export(model, torch.randn(2, 3, 6, 6), dynamo, opset)
-    net = lm.onnx.load(blob)
+    net = imported_as_in_pytorch_and_onnx_runtime(model, torch.randn(2, 3, 6, 6), torch.randn(4, 3, 6, 6), dynamo,
+                                                  opset)
     assert any(layer.kind == "broadcast" for layer in net.layers)
-    batch = torch.randn(4, 3, 6, 6)
-    ours = net.run({"x": batch.numpy()})["y"]
-    with torch.no_grad():
-        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
-    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
 class Rearranging(torch.nn.Module):
@@ -184,22 +177,15 @@ class Rearranging(torch.nn.Module):
         return self.fc(torch.flatten(h, 1))
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_model_moving_data_within_samples(dynamo, opset):
     """Softmax along a channel axis, Concat along the height, Transpose within a sample: lamina's
     Transpose layer moves the data, as PyTorch and ONNX Runtime do."""
     torch.manual_seed(12)
     model = Rearranging().eval()
-    blob = export(model, torch.randn(2, 2, 5, 4), dynamo, opset)
-    net = lm.onnx.load(blob)
+    net = imported_as_in_pytorch_and_onnx_runtime(model, torch.randn(2, 2, 5, 4), torch.randn(3, 2, 5, 4), dynamo,
+                                                  opset)
     assert any(layer.kind == "transpose" for layer in net.layers)
-    batch = torch.randn(3, 2, 5, 4)
-    ours = net.run({"x": batch.numpy()})["y"]
-    with torch.no_grad():
-        np.testing.assert_allclose(ours, model(batch).numpy(), rtol=1e-4, atol=1e-5)
-    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"x": batch.numpy()})[0]
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
@@ -476,8 +462,7 @@ class UNet3d(torch.nn.Module):
         return self.out(self.dec(torch.cat([self.up(e2), e1], 1)))
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_unet3d_export(dynamo, opset):
     torch.manual_seed(3)
     model = UNet3d().eval()
@@ -589,8 +574,7 @@ def export_sequences(model, example, dynamo, opset):
     return f.getvalue()
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_lstm_language_model_runs_on_packed_sequences(dynamo, opset):
     """The export feeds padded [batch, time] ids; lamina runs the same file on ragged sequences
     without padding, each giving what PyTorch gives for it alone; padded to the file's layout, a
@@ -688,8 +672,7 @@ def export_gru_classifier(model, dynamo, opset):
     return f.getvalue()
 
 
-@pytest.mark.parametrize("dynamo,opset", EXPORTS, ids=[f"{'dynamo' if d else 'torchscript'}-opset{o}"
-                                                      for d, o in EXPORTS])
+@each_exporter
 def test_pytorch_bidirectional_gru_classifier_on_variable_lengths(dynamo, opset):
     """lamina runs the export on ragged sequences in any order, each giving what PyTorch gives for
     it alone (class scores from both directions' last states, and every step's outputs); fed as
