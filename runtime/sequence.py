@@ -78,6 +78,9 @@ class Sequences:
                                 f"({len(padded)}), found shape {lengths.shape}")
         if padded.ndim < 2:
             raise SequenceError(f"Sequences.from_padded: padded must be [sequences, steps, ...], found {padded.shape}")
+        if lengths.dtype.kind not in "iu" or (lengths < 0).any():
+            raise SequenceError(f"Sequences.from_padded: lengths must be integers of at least 0, found "
+                                f"{lengths.tolist()}")
         if (lengths > padded.shape[1]).any():
             i = int(np.argmax(lengths > padded.shape[1]))
             raise SequenceError(f"Sequences.from_padded: sequence {i} has length {lengths[i]} but the "

@@ -697,6 +697,12 @@ def test_pytorch_bidirectional_gru_classifier_on_variable_lengths(dynamo, opset)
     theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, feeds)
     ours = net.run(lm.onnx.feeds(net, feeds))
     np.testing.assert_allclose(ours["y"], theirs[0], rtol=1e-4, atol=1e-5)
+    if not dynamo:  # lengths that are not a batch's are refused, never read
+        for bad in ([7, 6, -1, 2], [7, 6, 8, 2], [7, 6]):
+            with pytest.raises(lm.InputError, match="input 'ids'"):
+                lm.onnx.feeds(net, {"ids": ids, "lengths": np.array(bad)})
+        with pytest.raises(lm.InputError, match="are not those of the Sequences"):
+            lm.onnx.feeds(net, {"ids": lm.Sequences.from_padded(ids, [7, 6, 6, 2]), "lengths": np.array([7, 6, 6, 1])})
     np.testing.assert_allclose(lm.onnx.to_onnx_layout(ours["states"], net.onnx_axes["states"]), theirs[1],
                                rtol=1e-4, atol=1e-5)
 
