@@ -316,7 +316,3 @@ class Importer:
         """Apply a lamina layer to values, named after the ONNX node where possible."""
         name = node.name if node.name and node.name not in self.net.values else None
         return self.net.add(layer, list(inputs), name=name)
-
-    def shape(self, value):
-        """The ONNX shape of a value: (None for the batch,) + its per-sample shape."""
-        return (None,) + tuple(value.spec.shape)

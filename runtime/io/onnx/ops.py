@@ -46,6 +46,11 @@ def value(x, what, kind="float", imp=None):
     return x
 
 
+def onnx_shape_text(imp, x):
+    """A value's ONNX shape for a message: [N, 3, 4], the batch and time axes by name."""
+    return f"[{', '.join(map(str, shapes.onnx_shape(imp, x)))}]" + (" (a sequence)" if x.spec.sequence else "")
+
+
 def const(x, what):
     if not isinstance(x, np.ndarray):
         raise Refused(f"{what} must be a constant (an initializer); lamina takes it as a parameter")
@@ -186,7 +191,7 @@ def gemm(imp, node, inputs, attrs):
     if attrs.get("transA", 0):
         raise Refused("transA=1 with A from the inputs (it would move the batch axis)")
     if len(a.spec.shape) != 1 or b.ndim != 2:
-        raise Refused(f"A must be [batch, K] and B 2-D, found A {list(imp.shape(a))}, B {list(b.shape)}")
+        raise Refused(f"A must be [batch, K] and B 2-D, found A {onnx_shape_text(imp, a)}, B {list(b.shape)}")
     bm = b.T if attrs.get("transB", 0) else b  # [K, M]
     k, m = bm.shape
     if k != a.spec.shape[0]:
@@ -211,7 +216,7 @@ def matmul(imp, node, inputs, attrs):
     a = value(inputs[0], "A")
     b = const(inputs[1], "B (the second operand)")
     if len(a.spec.shape) != 1 or b.ndim != 2 or b.shape[0] != a.spec.shape[0]:
-        raise Refused(f"A [batch, K] times a constant B [K, M] only; found A {list(imp.shape(a))}, B {list(b.shape)}")
+        raise Refused(f"A [batch, K] times a constant B [K, M] only; found A {onnx_shape_text(imp, a)}, B {list(b.shape)}")
     layer = L.Linear(b.shape[0], b.shape[1], bias=False)
     assign(layer, "weight", b.T)
     out = imp.add(layer, [a], node)
@@ -411,8 +416,7 @@ def _sample_slice(imp, node, x, axis, start, stop, squeeze):
     """x[start:stop] along ONNX axis `axis`, which must be lamina's first per-sample axis (in
     whatever layout the value has); squeeze drops that axis (a Gather of one index)."""
     layout = imp.axes_of(x)
-    axis = axis + len(layout) if axis < 0 else axis
-    if not 0 <= axis < len(layout) or layout[axis] != 0:
+    if shapes.along(imp, x, axis, "axis") != 0:
         raise Refused(f"axis {axis} of a value whose axes are {layout} (lamina slices a sample's first axis)")
     size = x.spec.shape[0]
     start, stop = (min(max(b + size if b < 0 else b, 0), size) for b in (start, stop))
@@ -444,7 +448,7 @@ def gather(imp, node, inputs, attrs):
     if attrs.get("axis", 0) != 0 or table.ndim != 2:
         raise Refused("only rows of a 2-D table (axis 0), as an embedding")
     if ids.spec.kind != "int32" or ids.spec.shape != ():
-        raise Refused(f"indices must be one integer per row, found {list(imp.shape(ids))}")
+        raise Refused(f"indices must be one integer per row, found {onnx_shape_text(imp, ids)}")
     layer = L.Embedding(table.shape[0], table.shape[1])
     assign(layer, "weight", table)
     return [imp.add(layer, [ids], node)]
@@ -452,16 +456,11 @@ def gather(imp, node, inputs, attrs):
 
 # ---------------------------------------------------------------------------- volumes
 
-def _spatial(x, what):
+def _spatial(imp, x, what):
     nd = len(x.spec.shape) - 1
     if nd not in (2, 3) or x.spec.sequence:
-        raise Refused(f"{what} must be [N, C, L], [N, C, H, W] or [N, C, D, H, W], found "
-                      f"{onnx_shape_text_of(x)}")
+        raise Refused(f"{what} must be [N, C, L], [N, C, H, W] or [N, C, D, H, W], found {onnx_shape_text(imp, x)}")
     return nd
-
-
-def onnx_shape_text_of(x):
-    return f"[N, {', '.join(map(str, x.spec.shape))}]" + (" (a sequence)" if x.spec.sequence else "")
 
 
 UNIT = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 0}
@@ -518,13 +517,13 @@ def _pads(attrs, nd, spatial, kernel, stride, dilation, asymmetric=False):
     return tuple(lo for lo, _ in pads)
 
 
-def _conv_operands(inputs, attrs):
+def _conv_operands(imp, inputs, attrs):
     """What Conv and ConvTranspose share: X, W, B (or None), the spatial rank, kernel, strides,
     dilations and groups."""
     x = value(inputs[0], "X")
     w = const(inputs[1], "W")
     b = const(inputs[2], "B") if len(inputs) > 2 and inputs[2] is not None else None
-    nd = _spatial(x, "X")
+    nd = _spatial(imp, x, "X")
     kernel = tuple(w.shape[2:])
     if tuple(attrs.get("kernel_shape", kernel)) != kernel:
         raise Refused(f"kernel_shape {attrs['kernel_shape']} differs from W's {list(kernel)}")
@@ -542,7 +541,7 @@ def _with_weights(imp, node, layer, x, w, b):
 @converter("Conv", attributes={"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
 @lifted_to_2d
 def conv(imp, node, inputs, attrs):
-    x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
+    x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(imp, inputs, attrs)
     padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation, asymmetric=True)
     in_channels = x.spec.shape[0]
     if w.shape[1] * groups != in_channels:
@@ -556,7 +555,7 @@ def conv(imp, node, inputs, attrs):
                                           "output_padding", "output_shape", "pads", "strides"})
 @lifted_to_2d
 def conv_transpose(imp, node, inputs, attrs):
-    x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(inputs, attrs)
+    x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(imp, inputs, attrs)
     spatial = x.spec.shape[1:]
     output_padding = list(attrs.get("output_padding", [0] * nd))
     auto = attrs.get("auto_pad", b"NOTSET")
@@ -616,7 +615,7 @@ def _pool(imp, node, x, layer_type, *args, **kw):
 @lifted_to_2d
 def max_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
-    nd = _spatial(x, "X")
+    nd = _spatial(imp, x, "X")
     if len(node.output) > 1 and node.output[1]:
         raise Refused("the Indices output")
     kernel, stride, padding, ceil_mode = _pool_window(imp, node, x, attrs, nd)
@@ -628,7 +627,7 @@ def max_pool(imp, node, inputs, attrs):
 @lifted_to_2d
 def average_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
-    nd = _spatial(x, "X")
+    nd = _spatial(imp, x, "X")
     kernel, stride, padding, ceil_mode = _pool_window(imp, node, x, attrs, nd)
     return [_pool(imp, node, x, L.AvgPool2d if nd == 2 else L.AvgPool3d, kernel, stride, padding,
                   count_include_pad=bool(attrs.get("count_include_pad", 0)), ceil_mode=ceil_mode)]
@@ -638,7 +637,7 @@ def average_pool(imp, node, inputs, attrs):
 @lifted_to_2d
 def global_average_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
-    nd = _spatial(x, "X")
+    nd = _spatial(imp, x, "X")
     spatial = x.spec.shape[1:]
     layer = (L.AvgPool2d if nd == 2 else L.AvgPool3d)(spatial, spatial, 0)
     return [imp.add(layer, [x], node)]
@@ -650,7 +649,7 @@ def reduce_mean(imp, node, inputs, attrs):
     """The mean over every spatial axis of [N, C, *spatial] (what PyTorch's exporter writes for
     AdaptiveAvgPool(1) and x.mean((2, 3))): a global average pool."""
     x = value(inputs[0], "data")
-    nd = _spatial(x, "data")
+    nd = _spatial(imp, x, "data")
     axes = shapes.constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
     rank = len(x.spec.shape) + 1
     if axes is None or sorted(a + rank if a < 0 else a for a in axes) != list(range(2, rank)):
@@ -670,7 +669,7 @@ def batch_norm(imp, node, inputs, attrs):
     if len(node.output) > 1 and any(node.output[1:]):
         raise Refused("the running-statistics outputs (training mode)")
     x = value(inputs[0], "X")
-    nd = _spatial(x, "X")
+    nd = _spatial(imp, x, "X")
     scale, bias, mean, var = (const(v, n) for v, n in zip(inputs[1:5], ("scale", "B", "input_mean", "input_var")))
     channels = x.spec.shape[0]
     layer = (L.BatchNorm2d if nd == 2 else L.BatchNorm3d)(channels, eps=attrs.get("epsilon", 1e-5),
@@ -714,11 +713,6 @@ def _initial_states(imp, given, directions, hidden, layout):
     if None in states:
         raise Refused("initial_c from an input with a zero initial_h (lamina takes h0 before c0)")
     return states
-
-
-def onnx_shape_text(imp, x):
-    return f"{[a if isinstance(a, str) else x.spec.shape[a] for a in imp.axes_of(x)]}" + \
-        (" (a sequence)" if x.spec.sequence else "")
 
 
 def _reorder(blocks, op, hidden):
