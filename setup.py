@@ -94,9 +94,10 @@ extensions = [
 ]
 
 setup(
-    packages=["lamina", "lamina.backends", "lamina.layers", "lamina.io", "lamina.io.onnx", "lamina.zoo"],
-    package_dir={"lamina": "runtime"},
-    package_data={"lamina": ["opencl/*.cl", "opencl/*.h"]},
+    packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx", "lamina.zoo",
+              "lamina.opencl"],
+    package_dir={"lamina": "runtime", "lamina.opencl": "opencl"},
+    package_data={"lamina.opencl": ["*.cl", "*.h"]},
     ext_modules=cythonize(
         extensions,
         compiler_directives={

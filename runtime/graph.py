@@ -264,7 +264,7 @@ class Network:
 
     def _to(self, backend):
         if backend.name != "cpu":
-            cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if not getattr(l, backend.name)]
+            cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if backend.name not in l.backends]
             if cannot:
                 which = f"layer {cannot[0]} has" if len(cannot) == 1 else f"layers {', '.join(cannot)} have"
                 raise GraphError(f"cannot place the network on {backend}: {which} no {backend.name} kernels yet")
@@ -395,7 +395,7 @@ class Network:
     def zero_grad(self):
         """Drop unconsumed parameter gradients, so the next backward overwrites them."""
         for p in self.parameters():
-            p.grad_pending = False
+            p.drop_grad()
 
     def summary(self):
         order = self.validate()

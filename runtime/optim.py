@@ -135,7 +135,7 @@ class Optimizer:
     def _refuse(self, what):
         if self.nonfinite == "raise":
             for p in self.params:  # the step ends here: no gradient carries over to the next
-                p.grad_pending, p.grad_rows = False, None
+                p.drop_grad()
             self._deferred = []
             raise FloatingPointError(f"{type(self).__name__}: {what}, so the step stops without applying it "
                                      f"(nonfinite='raise')")
@@ -150,12 +150,12 @@ class Optimizer:
         if id(p) not in self._ids or not p.grad_pending:
             return
         if self._skip is not None:
-            p.grad_pending, p.grad_rows = False, None
+            p.drop_grad()
             return
         if self.clip_norm is None:
             if self.nonfinite != "apply" and not self._finite_grad(p):
                 self._refuse(f"the gradient of '{p.name}' holds NaN or infinity")
-                p.grad_pending, p.grad_rows = False, None
+                p.drop_grad()
                 return
             self._apply(p)
         else:
@@ -172,7 +172,7 @@ class Optimizer:
                 self._refuse(f"the gradients' norm is {norm}")
             if self._skip is not None:
                 for p in self._deferred:
-                    p.grad_pending, p.grad_rows = False, None
+                    p.drop_grad()
                 self._deferred = []
         self.last_step_skipped = self._skip is not None
         if self.last_step_skipped:
@@ -203,8 +203,7 @@ class Optimizer:
         if p.grad_rows is None or not self.apply_rows(p, lr, weight_decay):
             p.dense_grad(self._be(p))
             self.apply(p, lr, weight_decay)
-        p.grad_pending = False
-        p.grad_rows = None
+        p.drop_grad()
         p.changed()
 
     def apply_rows(self, p, lr, weight_decay):

@@ -29,11 +29,9 @@ class Parameter:
         self.state = {}
         self.backend = None  # where buffer lives: None for the CPU (numpy), else the backend
         self.version = 0
-        # True while grad holds a gradient no optimizer has consumed: the next backward adds to it
-        self.grad_pending = False
-        # a sparse gradient: the sorted rows that hold it (zero elsewhere, whatever the buffer
-        # holds there), or None for a dense gradient
-        self.grad_rows = None
+        self._grad_pending = False  # see grad_pending
+        self._grad_rows = None  # see grad_rows
+        self._derived = {}  # key -> ((version, buffer id), an array derived from the values)
 
     def __repr__(self):
         return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype}{', frozen' if self.frozen else ''})"
@@ -79,16 +77,73 @@ class Parameter:
             self.buffer.set(np.ascontiguousarray(values, dtype=self.dtype))
         self.changed()
 
+    # -- the gradient's state: only these methods change it
+    @property
+    def grad_pending(self):
+        """Whether grad holds a gradient no optimizer has consumed (the next writer adds to it)."""
+        return self._grad_pending
+
+    @property
+    def grad_rows(self):
+        """The sorted int32 rows a sparse gradient holds (zero elsewhere, whatever the buffer
+        holds there), or None for a dense gradient."""
+        return self._grad_rows
+
+    def ensure_grad(self, backend):
+        """Give the parameter a gradient array on `backend` of its shape and dtype (a new one
+        holds no gradient yet)."""
+        if self.grad is None or self.grad.shape != self.shape or self.grad.dtype != self.dtype:
+            self.grad = backend.empty(self.shape, self.dtype)
+            self.drop_grad()
+
+    def grad_target(self, backend):
+        """(array, beta) for a writer of the whole gradient: beta 0 for the first writer since
+        the last update (overwrite), 1 for every later one (add; a sparse gradient is made
+        dense first)."""
+        if self._grad_pending:
+            self.dense_grad(backend)
+        beta = 1.0 if self._grad_pending else 0.0
+        self._grad_pending, self._grad_rows = True, None
+        return self.grad, beta
+
+    def sparse_grad_target(self, backend, rows):
+        """(array, beta) for a writer of `rows` only (sorted, distinct int32): beta 0 means the
+        rows are fresh (overwrite them), 1 that they hold gradient already (add; rows new to a
+        sparse gradient are zeroed here first). Rows not listed are never written and count
+        as zero."""
+        if not self._grad_pending:
+            self._grad_pending, self._grad_rows = True, rows
+            return self.grad, 0.0
+        if self._grad_rows is not None:
+            backend.fill_rows(self.grad, np.setdiff1d(rows, self._grad_rows, assume_unique=True).astype(np.int32), 0)
+            self._grad_rows = np.union1d(self._grad_rows, rows).astype(np.int32)
+        return self.grad, 1.0
+
+    def drop_grad(self):
+        """Forget the gradient (consumed by an update, or refused): the next writer overwrites."""
+        self._grad_pending, self._grad_rows = False, None
+
     def dense_grad(self, backend):
         """The gradient as a full array: a sparse one has its other rows zeroed first."""
-        if self.grad_rows is not None:
-            rows, width = self.grad_rows, self.size // self.shape[0]
+        if self._grad_rows is not None:
+            rows, width = self._grad_rows, self.size // self.shape[0]
             kept = backend.empty((len(rows), width), self.dtype)
             backend.gather_rows(self.grad, rows, kept)
             backend.fill(self.grad, 0)
             backend.scatter_rows(kept, rows, self.grad)
-            self.grad_rows = None
+            self._grad_rows = None
         return self.grad
+
+    def derived(self, key, build):
+        """build(buffer): an array derived from the values (a copy in another layout), cached
+        under `key` and rebuilt once the values or the buffer change. Threads may build the
+        same one twice; each gets a complete array."""
+        stamp = (self.version, id(self.buffer))
+        entry = self._derived.get(key)
+        if entry is None or entry[0] != stamp:
+            entry = (stamp, build(self.buffer))
+            self._derived[key] = entry
+        return entry[1]
 
     def changed(self):
         """Record that the values changed in place (optimizers call this after an update)."""
@@ -102,8 +157,7 @@ class Parameter:
                       for k, v in self.state.items()}
         self.backend = None if backend.name == "cpu" else backend
         self.grad = None
-        self.grad_pending = False
-        self.grad_rows = None
+        self.drop_grad()
         self.changed()
 
     def astype(self, dtype):
@@ -112,6 +166,5 @@ class Parameter:
         self.buffer = values if self.backend is None else self.backend.from_host(values)
         self.grad = None
         self.state = {}
-        self.grad_pending = False
-        self.grad_rows = None
+        self.drop_grad()
         self.changed()

@@ -125,14 +125,7 @@ class Context:
         since the last update overwrites; every later one (a shared weight, a second backward
         without an update) adds."""
         p = self.layer.params[name]
-        if p.frozen:
-            return None
-        if p.grad_pending:
-            p.dense_grad(self.be)  # a dense writer adds to a sparse gradient: zero its other rows
-        p.grad_rows = None
-        target = GradTarget(p.grad, 1.0 if p.grad_pending else 0.0)
-        p.grad_pending = True
-        return target
+        return None if p.frozen else GradTarget(*p.grad_target(self.be))
 
     def sparse_param_grad(self, name, ids):
         """The gradient array of a parameter whose gradient touches only rows `ids` (int32,
@@ -152,17 +145,7 @@ class Context:
         beta 1 that they hold gradient already (add; rows new to a sparse gradient are zeroed
         here first). Rows not listed are never written and count as zero."""
         p = self.layer.params[name]
-        if p.frozen:
-            return None
-        if not p.grad_pending:
-            p.grad_rows, beta = rows, 0.0
-        else:
-            beta = 1.0
-            if p.grad_rows is not None:
-                self.be.fill_rows(p.grad, np.setdiff1d(rows, p.grad_rows, assume_unique=True).astype(np.int32), 0)
-                p.grad_rows = np.union1d(p.grad_rows, rows).astype(np.int32)
-        p.grad_pending = True
-        return GradTarget(p.grad, beta)
+        return None if p.frozen else GradTarget(*p.sparse_grad_target(self.be, rows))
 
     def selected_output(self, selection, rows):
         """Size this node's (selected) output, and its gradient in training, for `selection`
@@ -272,9 +255,8 @@ class Bindings:
                 if not self._is_selected(v):
                     self._own_slot("grad", v)
             for p in net.parameters():
-                if not p.frozen and (p.grad is None or p.grad.shape != p.shape or p.grad.dtype != p.dtype):
-                    p.grad = self.backend.empty(p.shape, p.dtype)
-                    p.grad_pending = False
+                if not p.frozen:
+                    p.ensure_grad(self.backend)
         else:
             self._share_slots(plan)
         me = weakref.proxy(self)

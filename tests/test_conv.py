@@ -198,10 +198,10 @@ BLOCKED = [CASES[1], CASES[2], CASES[6], CASES[7], CASES[8], CASES[9], CASES[14]
 def test_blocked_column_matrix_gives_the_same_result(case, monkeypatch):
     """vol2col works on blocks of window rows; with tiny blocks (many per sample) the forward
     output and every gradient equal the single-block result."""
-    import lamina.layers.conv as conv
+    import lamina.backends.convolution as columns
     results = []
     for block in (1 << 18, 7):
-        monkeypatch.setattr(conv, "COL_BLOCK", block)
+        monkeypatch.setattr(columns, "COL_BLOCK", block)
         results.append(output_and_gradients(case, batch=2, passes=1))
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
@@ -263,28 +263,25 @@ def test_split_work_covers_the_items_and_restores_blas_threads():
         lm.set_num_threads(before)
 
 
-def test_direct_input_gradient_adds_to_another_consumers():
+def test_direct_input_gradient_adds_to_another_consumers(monkeypatch):
     """Two stride-1 convolutions read the same input: the direct kernel's input gradient
     (the flipped-kernel convolution of dy) of the second adds to the first's (beta 1)."""
-    import lamina.layers.conv as conv
+    import lamina.backends.cpu.convolution as cpu_conv
     calls = []
-    real = conv._Conv._direct_run
+    real = cpu_conv._direct_run
 
-    def spy(self, ctx, which, *args, **kw):
+    def spy(conv, ctx, which, *args, **kw):
         calls.append(which)
-        return real(self, ctx, which, *args, **kw)
-    conv._Conv._direct_run = spy
-    try:
-        net = lm.Network()
-        x = net.input("x", (3, 5, 6, 7))
-        a = Conv3d(3, 4, 3, padding=1)(x)
-        b = Conv3d(3, 4, (3, 2, 3), padding=(1, 1, 2), dilation=(1, 1, 2))(x)
-        net.astype("float64")
-        probes = [add_probe_cost(net, v) for v in (a, b)]
-        feeds = {"x": np.random.default_rng(0).standard_normal((3, 3, 5, 6, 7))}
-        for seed, name in enumerate(probes, 1):
-            feeds[name] = probe_feed(net, name, 3, seed=seed)
-        check_gradients(net, feeds)
-    finally:
-        conv._Conv._direct_run = real
+        return real(conv, ctx, which, *args, **kw)
+    monkeypatch.setattr(cpu_conv, "_direct_run", spy)
+    net = lm.Network()
+    x = net.input("x", (3, 5, 6, 7))
+    a = Conv3d(3, 4, 3, padding=1)(x)
+    b = Conv3d(3, 4, (3, 2, 3), padding=(1, 1, 2), dilation=(1, 1, 2))(x)
+    net.astype("float64")
+    probes = [add_probe_cost(net, v) for v in (a, b)]
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 3, 5, 6, 7))}
+    for seed, name in enumerate(probes, 1):
+        feeds[name] = probe_feed(net, name, 3, seed=seed)
+    check_gradients(net, feeds)
     assert "input grad" in calls and "forward" in calls

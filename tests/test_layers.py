@@ -174,7 +174,7 @@ def test_gradient_check_catches_missing_accumulation():
     class Overwriting(Linear):
         def backward(self, ctx):
             p = self.params["bias"]
-            p.grad_pending = False  # pretend every backward is the first
+            p.drop_grad()  # pretend every backward is the first
             super().backward(ctx)
 
     net, feeds, _ = probed(lambda x: Overwriting(3, 2)(x), [3])

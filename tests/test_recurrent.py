@@ -7,7 +7,6 @@ import pytest
 import lamina as lm
 from lamina.layers import GRU, LSTM, RNN
 from lamina.backends.cpu import CPUBackend
-from lamina.layers.recurrent import _Recurrent
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 
 LAYERS = {"rnn": RNN, "rnn_relu": RNN, "lstm": LSTM, "gru": GRU, "gru_reset_first": GRU}
@@ -197,8 +196,8 @@ def test_gradients_fused_recurrence(kind, share, hidden, monkeypatch):
 def spy_fused(monkeypatch, by_rows):
     """Force the fused recurrence onto every thread, sharing by rows or by units; returns
     (forward|backward, threads, by_rows) per call."""
-    import lamina.layers.recurrent as recurrent
-    calls, kernels = [], recurrent._kernels
+    import lamina.backends.cpu.recurrence as recurrence
+    calls, kernels = [], recurrence._kernels
 
     class Spy:
         def __getattr__(self, name):
@@ -213,10 +212,10 @@ def spy_fused(monkeypatch, by_rows):
         def recurrence_backward(*args):
             calls.append(("backward",) + args[-2:])
             return kernels.recurrence_backward(*args)
-    monkeypatch.setattr(_Recurrent, "FUSED_PARALLEL_MIN", 0)
-    monkeypatch.setattr(_Recurrent, "ROWS_PER_THREAD", 1)
-    monkeypatch.setattr(_Recurrent, "FUSED_SHARE", "rows" if by_rows else "units")
-    monkeypatch.setattr(recurrent, "_kernels", Spy())
+    monkeypatch.setattr(recurrence, "FUSED_PARALLEL_MIN", 0)
+    monkeypatch.setattr(recurrence, "ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(recurrence, "FUSED_SHARE", "rows" if by_rows else "units")
+    monkeypatch.setattr(recurrence, "_kernels", Spy())
     return calls
 
 

@@ -12,6 +12,8 @@ Two rules hold for every kernel:
 import numpy as np
 from abc import ABC, abstractmethod
 
+from . import convolution, recurrence
+
 # position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
 # slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
 # the standard ones); gelu is the exact (erf) form, gelu_tanh its tanh approximation
@@ -214,6 +216,41 @@ class Backend(ABC):
     @abstractmethod
     def col2vol(self, col, x, geometry, rows=None):
         """The adjoint of vol2col: ACCUMULATES every column entry into x."""
+
+    # -- convolutions as whole algorithms; `conv` is the layer (lamina.layers.conv), the bias is
+    #    its own step. Here vol2col + GEMM from the kernels above (lamina.backends.convolution);
+    #    a backend with faster algorithms overrides these and picks per shape.
+    def conv_algorithm(self, conv):
+        """The name of the algorithm conv_forward runs `conv` with."""
+        return "columns"
+
+    def conv_forward(self, conv, ctx):
+        """ctx.output = conv(ctx.inputs[0]), transposed or not, without the bias."""
+        (convolution.transposed_forward if conv.transposed else convolution.forward)(conv, ctx)
+
+    def conv_backward(self, conv, ctx):
+        """The weight gradient (ctx.param_grad) and the input gradient (ctx.input_grad)."""
+        if conv.transposed:
+            convolution.transposed_backward(conv, ctx)
+        else:
+            convolution.backward(conv, ctx, ctx.input_grad(0))
+
+    # -- the recurrence of one layer direction over a batch order (lamina.backends.recurrence):
+    #    `cell` is the layer, `run` its Direction; here step by step with the layer's cell
+    packs_recurrent_weights = False  # whether recurrent layers pack W_hh by default (Backend.pack)
+
+    def recurrence_forward(self, cell, ctx, run):
+        """Every step's gates and states, and the states into run.output."""
+        recurrence.forward(cell, ctx, run)
+
+    def recurrence_backward(self, cell, ctx, run):
+        """Every step's dg and dgh, and the initial states' gradients."""
+        recurrence.backward(cell, ctx, run)
+
+    def sample_threads(self, batch):
+        """How many host threads share the samples of a batch in the generic convolution (each
+        with single-threaded kernels): one, unless the backend's kernels run on the host."""
+        return 1
 
     @abstractmethod
     def channel_bias(self, y, b):

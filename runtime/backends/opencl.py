@@ -1,5 +1,5 @@
-"""The OpenCL backend: pyopencl arrays from a memory pool, kernels from runtime/opencl/*.cl built
-once per context and element type.
+"""The OpenCL backend: pyopencl arrays from a memory pool, kernels from the OpenCL C sources (the
+package lamina.opencl: opencl/*.cl in the repository) built once per context and element type.
 
 Device choice: `OpenCLBackend(device)` with device an index ('opencl:N' counts every device of
 every platform, in `lamina devices` order), else PYOPENCL_CTX, else the first GPU, else the first
@@ -8,9 +8,10 @@ Programs are built with -D options (element type, GEMM tile sizes chosen per dev
 kept with their Kernel objects; a build error shows the build log and the file.
 
 Every kernel of the interface runs here, so every layer of lamina does; `Network.to('opencl')`
-still refuses, by name, a layer that does not declare OpenCL support (Layer.opencl: a user's
-own layer that calls something else).
+still refuses, by name, a layer that does not declare OpenCL support (Layer.backends: a
+user's own layer that calls something else).
 """
+import importlib.resources
 import os
 import threading
 import weakref
@@ -21,7 +22,7 @@ import numpy as np
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "opencl"
+KERNEL_DIR = Path(importlib.resources.files("lamina.opencl"))
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
 # device runs the panel kernels instead (below); its entry only builds the tiled kernel.
 TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}

@@ -55,7 +55,9 @@ class Layer:
     is_cost = False
     arity = (1, 1)  # (fewest, most) inputs
     output_labels = ("",)  # one per output; "" is the node's own name, others '<node>.<label>'
-    opencl = False  # whether every kernel it calls runs on the OpenCL backend
+    # the backends whose kernels it calls exist on (Backend.name); a layer written against the
+    # backend interface alone runs on every one, a layer calling numpy on its arrays on the CPU
+    backends = ("cpu",)
 
     def __init__(self, name=None):
         self.name = name

@@ -44,7 +44,7 @@ class Linear(_Activated):
     b [out]. Several inputs (in_features a list) each get their own weight: weight_0, weight_1…"""
 
     kind = "linear"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, in_features, out_features, bias=True, activation="linear", slope=0.01, name=None):
         super().__init__(activation, slope, name)
@@ -112,7 +112,7 @@ class Add(_Activated):
     """y = act(x_0 + x_1 + …), inputs of one shape (Paddle's addto)."""
 
     kind = "add"
-    opencl = True
+    backends = ("cpu", "opencl")
     arity = (1, 64)
 
     def __init__(self, activation="linear", slope=0.01, name=None):
@@ -143,7 +143,7 @@ class Concat(Layer):
     """y = [x_0, x_1, …] along the feature axis; x_i [N, f_i] → y [N, Σ f_i]."""
 
     kind = "concat"
-    opencl = True
+    backends = ("cpu", "opencl")
     arity = (1, 64)
 
     def output_spec(self, specs):
@@ -172,7 +172,7 @@ class Activation(_Activated):
     """y = act(x), element-wise (softmax: along the last axis)."""
 
     kind = "activation"
-    opencl = True
+    backends = ("cpu", "opencl")
     fused = False
 
     def __init__(self, activation, slope=0.01, name=None):
@@ -202,7 +202,7 @@ class PReLU(Layer):
     as torch.nn.PReLU; `weight` [num_parameters]."""
 
     kind = "prelu"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, num_parameters=1, init=0.25, name=None):
         super().__init__(name)
@@ -270,7 +270,7 @@ class Dropout(Layer):
     expected value is unchanged); inference: y = x."""
 
     kind = "dropout"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, p=0.5, name=None):
         super().__init__(name)
@@ -308,7 +308,7 @@ class Scale(Layer):
     """y = factor * x."""
 
     kind = "scale"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, factor, name=None):
         super().__init__(name)
@@ -335,7 +335,7 @@ class Bias(Layer):
     constant; b [*shape])."""
 
     kind = "bias"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, shape, name=None):
         super().__init__(name)
@@ -377,7 +377,7 @@ class Multiply(Layer):
     """y = x_0 * x_1, element-wise, inputs of one shape (an ONNX Mul of two values)."""
 
     kind = "multiply"
-    opencl = True
+    backends = ("cpu", "opencl")
     arity = (2, 2)
 
     def output_spec(self, specs):

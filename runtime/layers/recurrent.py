@@ -25,11 +25,10 @@ first row, as in PyTorch.
 """
 import math
 
-from .. import _kernels
 from ..graph import Spec
 from ..packing import PackedWeight
+from ..backends.recurrence import Direction
 from ..scheduler import GradTarget
-from ..threads import get_num_threads
 from ..random import generator
 from .base import Layer, register, require_float, uniform
 
@@ -37,7 +36,7 @@ from .base import Layer, register, require_float, uniform
 class _Recurrent(Layer):
     gates = 1
     cell_state = False
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False,
                  reverse=False, packed=None, name=None):
@@ -96,15 +95,17 @@ class _Recurrent(Layer):
         return (out, state, state)[:len(self.output_labels)]
 
     # ------------------------------------------------------------------ shared pieces
-    def _use_packed(self, be):
-        if self.packed is None:  # the CPU backend packs (MKL's format on MKL, lamina's panels elsewhere)
-            return be.name == "cpu"
+    def uses_packed(self, be):
+        """Whether the recurrent products use W_hh packed (Backend.pack): as the layer says, else
+        as the backend prefers (the CPU's: MKL's format on MKL, lamina's panels elsewhere)."""
+        if self.packed is None:
+            return be.packs_recurrent_weights
         return bool(self.packed)
 
     def _recurrent_product(self, ctx, a, name, out, beta, transpose):
         """out = a @ W_hhᵀ (transpose) or a @ W_hh, plus beta * out; packed when enabled."""
         be, w = ctx.be, self.params[name]
-        if self._use_packed(be):
+        if self.uses_packed(be):
             be.packed_gemm(a, self._pack(ctx, w, transpose), out, beta)
         else:
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
@@ -118,6 +119,10 @@ class _Recurrent(Layer):
             pack = self._packs[key] = PackedWeight(w, trans=transpose)
         return pack.get(ctx.be, ctx.order.num_sequences)
 
+    def recurrent_pack(self, ctx, sfx, transpose):
+        """W_hh of one direction packed (transposed for the forward's h W_hhᵀ)."""
+        return self._pack(ctx, self.params["weight_hh" + sfx], transpose)
+
     def _sorted_state(self, ctx, state, k, key):
         """Initial state k of every sequence, in the batch order's sorted order, or None."""
         if state is None:
@@ -126,7 +131,7 @@ class _Recurrent(Layer):
         ctx.be.gather_rows(state, ctx.order.order, out, col=k * self.hidden_size)
         return out
 
-    def _ws(self, ctx, key, l, d, width):
+    def workspace(self, ctx, key, l, d, width):
         return ctx.workspace((key, l, d), (ctx.order.step_starts[-1], width))
 
     # ------------------------------------------------------------------ forward
@@ -136,7 +141,7 @@ class _Recurrent(Layer):
         D, H, L = self.directions, self.hidden_size, self.num_layers
         layer_in = ins[0]
         for l in range(L):
-            layer_out = outs[0] if l == L - 1 else self._ws(ctx, "out", l, 0, D * H)
+            layer_out = outs[0] if l == L - 1 else self.workspace(ctx, "out", l, 0, D * H)
             for d in range(D):
                 self._forward_direction(ctx, l, d, layer_in, layer_out, h0, c0, outs)
             layer_in = layer_out
@@ -145,9 +150,9 @@ class _Recurrent(Layer):
         be, order, H = ctx.be, ctx.order, self.hidden_size
         sfx, k = self._suffix(l, d), l * self.directions + d
         index = order.index(self._reversed(d))
-        xs = self._ws(ctx, "x", l, d, layer_in.shape[1])
+        xs = self.workspace(ctx, "x", l, d, layer_in.shape[1])
         be.gather_rows(layer_in, index, xs)
-        g = self._ws(ctx, "g", l, d, self.gates * H)
+        g = self.workspace(ctx, "g", l, d, self.gates * H)
         be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
         bias = None
         if self.has_bias:
@@ -157,84 +162,17 @@ class _Recurrent(Layer):
                 be.axpby(1.0, bias, 0.0, both)
                 be.axpby(1.0, self.params["bias_hh" + sfx].buffer, 1.0, both)
                 bias = both
-        hs = self._ws(ctx, "h", l, d, H)
-        cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
+        hs = self.workspace(ctx, "h", l, d, H)
+        cs = self.workspace(ctx, "c", l, d, H) if self.cell_state else None
         init_h = self._sorted_state(ctx, h0, k, "h0")
         init_c = self._sorted_state(ctx, c0, k, "c0")
-        if self._fused(ctx):  # the fused cells add the bias as they read G and write the output rows
-            self._fused_steps(ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c, (layer_out, index, d * H))
-        else:
-            if bias is not None:
-                be.add_bias(g, bias)
-            self._steps(ctx, sfx, l, d, g, hs, cs, init_h, init_c)
-            be.scatter_rows(hs, index, layer_out, col=d * H)
+        be.recurrence_forward(self, ctx, Direction(sfx, l, d, g, hs, cs, init_h, init_c, bias=bias,
+                                                   output=(layer_out, index, d * H)))
         last = ctx.workspace(("last", l, d), (order.num_sequences, H))
         for state, out in ((hs, outs[1]), (cs, outs[2] if cs is not None else None)):
             if state is not None:
                 be.gather_rows(state, order.last_rows, last)
                 be.scatter_rows(last, order.order, out, col=k * H)
-
-    def _steps(self, ctx, sfx, l, d, g, hs, cs, init_h, init_c):
-        """The recurrence one step at a time: a (packed) GEMM and a cell kernel per step."""
-        order = ctx.order
-        for t in range(order.steps):
-            r0, b = order.step(t)
-            rows = slice(r0, r0 + b)
-            if t == 0:
-                prev_h = init_h[:b] if init_h is not None else None
-                prev_c = init_c[:b] if init_c is not None else None
-            else:
-                p0 = int(order.step_starts[t - 1])
-                prev_h = hs[p0:p0 + b]
-                prev_c = cs[p0:p0 + b] if cs is not None else None
-            self.cell_forward(ctx, sfx, l, d, rows, g[rows], prev_h, prev_c, hs[rows],
-                              cs[rows] if cs is not None else None)
-
-    # multiply-adds of a direction's recurrent products below which the fused recurrence runs on
-    # one thread (a barrier per step costs more than it saves on small layers)
-    FUSED_PARALLEL_MIN = 1 << 24
-
-    # The CPU backend's panel-packed weights (non-MKL providers) also run the whole recurrence
-    # as one parallel region (pyx/recurrence.h) instead of a team of threads woken for every
-    # step's GEMM and a cell pass on one thread. The threads share the batch by blocks of hidden
-    # units (a barrier per step) when the hidden size is whole panels of 64 bytes, measured a
-    # little faster than by sequences (each thread reads only its part of W_hh); else by
-    # sequences (each thread runs its own sequences start to end, never waiting), given at least
-    # ROWS_PER_THREAD sequences per thread, else on one thread. FUSED_SHARE forces one way.
-    ROWS_PER_THREAD = 4
-    FUSED_SHARE = "auto"  # or "rows", "units"
-
-    def _fused(self, ctx):
-        be = ctx.be
-        return self._use_packed(be) and be.name == "cpu" and getattr(be, "blas_name", "mkl") != "mkl"
-
-    def _fused_share(self, ctx, g):
-        """(threads, by_rows) for the fused recurrence."""
-        threads = get_num_threads() if g.shape[0] * g.shape[1] * self.hidden_size >= self.FUSED_PARALLEL_MIN else 1
-        share = self.FUSED_SHARE
-        if share == "auto":
-            share = "units" if self.hidden_size * g.dtype.itemsize % 64 == 0 else "rows"
-        if share == "rows" and ctx.order.num_sequences < self.ROWS_PER_THREAD * threads:
-            threads = 1
-        return threads, share == "rows"
-
-    @staticmethod
-    def _given(a, placeholder):
-        """(array, present) for the fused kernels' optional arguments: an absent one passes a
-        placeholder of the right kind, never read."""
-        return (a, True) if a is not None else (placeholder, False)
-
-    def _fused_steps(self, ctx, sfx, l, d, g, bias, hs, cs, init_h, init_c, output):
-        """output: (out, rows, col): the states also go to out[rows[r], col:col + H]."""
-        H, given = self.hidden_size, self._given
-        packed = self._pack(ctx, self.params["weight_hh" + sfx], transpose=True)
-        gru = self.kind == "gru"
-        hh = self._ws(ctx, "hh", l, d, 3 * H) if gru else g
-        b_hh = self.params["bias_hh" + sfx].buffer if gru and self.has_bias else None
-        _kernels.recurrence_forward(
-            self._fused_kind, ctx.order.step_starts, g, *given(bias, packed.panels), hh,
-            *given(b_hh, packed.panels), packed.panels, hs, *given(cs, hs), *given(init_h, hs),
-            *given(init_c, hs), *output, *self._fused_share(ctx, g))
 
     # ------------------------------------------------------------------ backward
     def backward(self, ctx):
@@ -245,8 +183,8 @@ class _Recurrent(Layer):
         h0_target = ctx.input_grad(1) if n_in > 1 else None
         c0_target = ctx.input_grad(2) if n_in > 2 else None
         for l in reversed(range(L)):
-            layer_in = ctx.inputs[0] if l == 0 else self._ws(ctx, "out", l - 1, 0, D * H)
-            d_layer_out = d_out if l == L - 1 else self._ws(ctx, "dout", l, 0, D * H)
+            layer_in = ctx.inputs[0] if l == 0 else self.workspace(ctx, "out", l - 1, 0, D * H)
+            d_layer_out = d_out if l == L - 1 else self.workspace(ctx, "dout", l, 0, D * H)
             for d in range(D):
                 if l == 0:
                     target = ctx.input_grad(0)
@@ -254,7 +192,7 @@ class _Recurrent(Layer):
                         target.beta = 1.0  # the second direction adds to the first's
                 else:
                     # between stacked layers: the first direction writes, the second adds
-                    target = GradTarget(self._ws(ctx, "dout", l - 1, 0, D * H), 0.0 if d == 0 else 1.0)
+                    target = GradTarget(self.workspace(ctx, "dout", l - 1, 0, D * H), 0.0 if d == 0 else 1.0)
                 self._backward_direction(ctx, l, d, layer_in, d_layer_out, target, d_last, d_cell,
                                          h0_target, c0_target)
 
@@ -264,19 +202,19 @@ class _Recurrent(Layer):
         sfx, k = self._suffix(l, d), l * self.directions + d
         n_seq = order.num_sequences
         index = order.index(self._reversed(d))
-        xs, g, hs = (self._ws(ctx, key, l, d, w) for key, w in
+        xs, g, hs = (self.workspace(ctx, key, l, d, w) for key, w in
                      (("x", layer_in.shape[1]), ("g", self.gates * H), ("h", H)))
-        cs = self._ws(ctx, "c", l, d, H) if self.cell_state else None
+        cs = self.workspace(ctx, "c", l, d, H) if self.cell_state else None
         init_h = ctx.workspace(("h0", k), (n_seq, H)) if len(ctx.inputs) > 1 else None
         init_c = ctx.workspace(("c0", k), (n_seq, H)) if len(ctx.inputs) > 2 else None
 
         # gradients reaching each step's hidden (and cell) state from outside the recurrence
-        dhs = self._ws(ctx, "dh", l, d, H)
+        dhs = self.workspace(ctx, "dh", l, d, H)
         if d_layer_out is not None:
             be.gather_rows(d_layer_out, index, dhs, col=d * H)
         else:
             be.fill(dhs, 0)
-        dcs = self._ws(ctx, "dc", l, d, H) if self.cell_state else None
+        dcs = self.workspace(ctx, "dc", l, d, H) if self.cell_state else None
         if dcs is not None:
             be.fill(dcs, 0)
         tmp = ctx.workspace(("dlast", l, d), (n_seq, H))
@@ -290,55 +228,20 @@ class _Recurrent(Layer):
             if a is not None:
                 be.fill(a, 0)
 
-        dg = self._ws(ctx, "dg", l, d, self.gates * H)
-        dgh = self._ws(ctx, "dgh", l, d, self.gates * H) if self.separate_recurrent_bias else dg
-        if self._fused(ctx):
-            self._fused_backward_steps(ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0)
-        else:
-            self._backward_steps(ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0)
+        dg = self.workspace(ctx, "dg", l, d, self.gates * H)
+        dgh = self.workspace(ctx, "dgh", l, d, self.gates * H) if self.separate_recurrent_bias else dg
+        be.recurrence_backward(self, ctx, Direction(sfx, l, d, g, hs, cs, init_h, init_c, dhs=dhs, dcs=dcs, dg=dg,
+                                                    dgh=dgh, dh0=dh0, dc0=dc0))
         self._weight_grads(ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target, c0_target,
                            dh0, dc0)
 
-    def _backward_steps(self, ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0):
-        """The backward recurrence one step at a time: a cell kernel and a (packed) GEMM per step."""
-        order = ctx.order
-        for t in reversed(range(order.steps)):
-            r0, b = order.step(t)
-            rows = slice(r0, r0 + b)
-            if t == 0:
-                prev_h = init_h[:b] if init_h is not None else None
-                prev_c = init_c[:b] if init_c is not None else None
-                dprev_h = dh0[:b] if dh0 is not None and prev_h is not None else None
-                dprev_c = dc0[:b] if dc0 is not None else None
-            else:
-                p0 = int(order.step_starts[t - 1])
-                prev_h, dprev_h = hs[p0:p0 + b], dhs[p0:p0 + b]
-                prev_c = cs[p0:p0 + b] if cs is not None else None
-                dprev_c = dcs[p0:p0 + b] if dcs is not None else None
-            self.cell_backward(ctx, sfx, l, d, rows, g[rows], prev_h, prev_c, hs[rows],
-                               cs[rows] if cs is not None else None, dhs[rows],
-                               dcs[rows] if dcs is not None else None, dg[rows], dgh[rows],
-                               dprev_h, dprev_c)
-            if dprev_h is not None:
-                self._add_recurrent_grad(ctx, sfx, dgh[rows], dprev_h)
-
-    def _add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
+    def add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
         """dh_{t-1} += dG_t W_hh (the recurrent product's input gradient)."""
         self._recurrent_product(ctx, dgh, "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
 
     def _recurrent_weight_grad(self, ctx, l, d, dgh, hprev, grad):
         """dW_hh = dGᵀ H_prev over the rows given (every step with a previous state)."""
         ctx.be.gemm(dgh, hprev, grad.array, trans_a=True, beta=grad.beta)
-
-    def _fused_backward_steps(self, ctx, sfx, l, d, g, hs, cs, dhs, dcs, dg, dgh, init_h, init_c, dh0, dc0):
-        H, given = self.hidden_size, self._given
-        packed = self._pack(ctx, self.params["weight_hh" + sfx], transpose=False)
-        hh = self._ws(ctx, "hh", l, d, 3 * H) if self.kind == "gru" else g
-        cell = cs is not None
-        _kernels.recurrence_backward(
-            self._fused_kind, ctx.order.step_starts, g, hh, hs, cs if cell else hs, dhs, dcs if cell else hs, cell,
-            dg, dgh, packed.panels, *given(init_h, hs), *given(init_c, hs), *given(dh0, hs), *given(dc0, hs),
-            *self._fused_share(ctx, g))
 
     def _weight_grads(self, ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target,
                       c0_target, dh0, dc0):
@@ -351,7 +254,7 @@ class _Recurrent(Layer):
             be.gemm(dg, xs, grad.array, trans_a=True, beta=grad.beta)
         grad = ctx.param_grad("weight_hh" + sfx)
         if grad is not None:
-            hprev = self._ws(ctx, "hprev", l, d, H)
+            hprev = self.workspace(ctx, "hprev", l, d, H)
             first = 0 if init_h is not None else n_seq  # rows of step 0 have no previous state
             if init_h is not None:
                 be.copy(init_h, hprev[:n_seq])
@@ -366,7 +269,7 @@ class _Recurrent(Layer):
                 if grad is not None:
                     be.bias_grad(src, grad.array, grad.beta)
         if in_target is not None:
-            dxs = self._ws(ctx, "dx", l, d, layer_in.shape[1])
+            dxs = self.workspace(ctx, "dx", l, d, layer_in.shape[1])
             be.gemm(dg, self.params["weight_ih" + sfx].buffer, dxs)
             be.scatter_rows(dxs, index, in_target.array, beta=in_target.beta)
         for target, sorted_grad in ((h0_target, dh0), (c0_target, dc0)):  # each (l, d) owns a column block
@@ -382,8 +285,8 @@ class RNN(_Recurrent):
     separate_recurrent_bias = False
 
     @property
-    def _fused_kind(self):
-        return 1 if self.nonlinearity == "relu" else 0
+    def cell_name(self):
+        return "rnn_" + self.nonlinearity
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
                  bidirectional=False, reverse=False, packed=None, name=None):
@@ -409,7 +312,7 @@ class LSTM(_Recurrent):
     """i, f, g, o = σ, σ, tanh, σ of (x W_ihᵀ + b_ih + h W_hhᵀ + b_hh); c = f c + i g; h = o tanh(c)."""
 
     kind = "lstm"
-    _fused_kind = 2
+    cell_name = "lstm"
     gates = 4
     cell_state = True
     separate_recurrent_bias = False
@@ -434,7 +337,6 @@ class GRU(_Recurrent):
     two GEMMs (W_h{r,z}, then W_hn on r h) and the steps one at a time (no fused recurrence)."""
 
     kind = "gru"
-    _fused_kind = 3
     gates = 3
     separate_recurrent_bias = True  # b_hh sits inside r * (...), so it cannot join b_ih
 
@@ -446,12 +348,13 @@ class GRU(_Recurrent):
     def config(self):
         return {**super().config(), "linear_before_reset": self.linear_before_reset}
 
-    def _fused(self, ctx):
-        return self.linear_before_reset and super()._fused(ctx)
+    @property
+    def cell_name(self):
+        return "gru" if self.linear_before_reset else "gru_reset_first"
 
-    def _use_packed(self, be):
+    def uses_packed(self, be):
         # the reset-first form multiplies by blocks of W_hh's rows: plain GEMMs on the weight itself
-        return self.linear_before_reset and super()._use_packed(be)
+        return self.linear_before_reset and super().uses_packed(be)
 
     def _blocks(self, sfx):
         """W_hh's rows for r and z, and for n."""
@@ -465,7 +368,7 @@ class GRU(_Recurrent):
         if not self.linear_before_reset:
             return self._reset_first_forward(ctx, sfx, l, d, rows, g, prev_h, h)
         be = ctx.be
-        hh = self._ws(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
+        hh = self.workspace(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
         if prev_h is not None:
             self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, hh, 0.0, transpose=True)
         else:
@@ -475,7 +378,7 @@ class GRU(_Recurrent):
         be.gru_step(g, hh, prev_h, h)
 
     def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
-        hh = self._ws(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
+        hh = self.workspace(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
         ctx.be.gru_step_backward(g, hh, prev_h, dh, dg, dgh, dprev_h)
         if not self.linear_before_reset:
             self._reset_first_backward(ctx, sfx, l, d, rows, g, prev_h, dg, dgh, dprev_h)
@@ -489,9 +392,9 @@ class GRU(_Recurrent):
         n = g.shape[0]
         w_rz, w_n = self._blocks(sfx)
         b_hh = self.params["bias_hh" + sfx].buffer if self.has_bias else None
-        hh = self._ws(ctx, "hh", l, d, 3 * H)[rows]
+        hh = self.workspace(ctx, "hh", l, d, 3 * H)[rows]
         r, part = self._scratch(ctx, "r", l, d, n), self._scratch(ctx, "part", l, d, n)
-        rh = self._ws(ctx, "rh", l, d, H)[rows]  # r h_{t-1}, kept for dW_hn
+        rh = self.workspace(ctx, "rh", l, d, H)[rows]  # r h_{t-1}, kept for dW_hn
         be.fill(hh, 0)
         if prev_h is not None:
             be.gemm(prev_h, w_rz, hh[:, :2 * H], trans_b=True)
@@ -536,9 +439,9 @@ class GRU(_Recurrent):
             be.multiply(t, r, dprev_h, beta=1.0)
             be.gemm(dgh[:, :2 * H], w_rz, dprev_h, beta=1.0)
 
-    def _add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
+    def add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
         if self.linear_before_reset:
-            super()._add_recurrent_grad(ctx, sfx, dgh, dprev_h)
+            super().add_recurrent_grad(ctx, sfx, dgh, dprev_h)
         # (the reset-first form added its part in cell_backward)
 
     def _recurrent_weight_grad(self, ctx, l, d, dgh, hprev, grad):
@@ -546,6 +449,6 @@ class GRU(_Recurrent):
             return super()._recurrent_weight_grad(ctx, l, d, dgh, hprev, grad)
         be, H = ctx.be, self.hidden_size
         total = int(ctx.order.step_starts[-1])
-        rh = self._ws(ctx, "rh", l, d, H)[total - hprev.shape[0]:total]  # the same rows as hprev
+        rh = self.workspace(ctx, "rh", l, d, H)[total - hprev.shape[0]:total]  # the same rows as hprev
         be.gemm(dgh[:, :2 * H], hprev, grad.array[:2 * H], trans_a=True, beta=grad.beta)
         be.gemm(dgh[:, 2 * H:], rh, grad.array[2 * H:], trans_a=True, beta=grad.beta)

@@ -16,7 +16,7 @@ class Embedding(Layer):
     are written, and SGD and AdaGrad update only those rows (where that is exact)."""
 
     kind = "embedding"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, num_embeddings, embedding_dim, name=None):
         super().__init__(name)
@@ -59,7 +59,7 @@ class SequencePool(Layer):
     """One row per sequence: the last, first, average, sum or max of its rows."""
 
     kind = "sequence_pool"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, mode="last", name=None):
         super().__init__(name)
@@ -95,7 +95,7 @@ class SequenceSoftmax(Layer):
     """Softmax over the steps of each sequence, for one value per step ([] or [1] per row)."""
 
     kind = "sequence_softmax"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def output_spec(self, specs):
         x = specs[0]

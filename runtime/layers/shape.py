@@ -15,7 +15,7 @@ class Reshape(Layer):
     sample; x [N, *in_shape] → y [N, *shape]. The copy is one pass; backward copies back."""
 
     kind = "reshape"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, shape, name=None):
         super().__init__(name)
@@ -51,7 +51,7 @@ class Slice(Layer):
     with squeeze=True for a single index (an ONNX Gather of a constant index, or a Slice)."""
 
     kind = "slice"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, start, stop, squeeze=False, name=None):
         super().__init__(name)
@@ -103,7 +103,7 @@ class Broadcast(Layer):
     and backward are products with a vector of ones; otherwise a copy per position of Q."""
 
     kind = "broadcast"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, shape, name=None):
         super().__init__(name)
@@ -170,7 +170,7 @@ class Transpose(Layer):
     backward scatters the gradient back: a permutation moves each value once."""
 
     kind = "transpose"
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, perm, name=None):
         super().__init__(name)

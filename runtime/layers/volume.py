@@ -11,7 +11,7 @@ class _Pool(Layer):
     inside the input (or the padding before it) but end past the padding after it still count,
     as PyTorch's and ONNX's ceil_mode (the output size rounds up)."""
 
-    opencl = True
+    backends = ("cpu", "opencl")
     nd = 3
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, name=None):
@@ -138,7 +138,7 @@ class _BatchNorm(Layer):
     backward is that map's gradient."""
 
     nd = 3
-    opencl = True
+    backends = ("cpu", "opencl")
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, frozen_statistics=False, name=None):
         super().__init__(name)
@@ -216,7 +216,7 @@ class ConcatChannels(Layer):
     """y = [x_0, x_1, …] along the channel axis; inputs [C_i, *spatial] of one spatial size."""
 
     kind = "concat_channels"
-    opencl = True
+    backends = ("cpu", "opencl")
     arity = (1, 64)
 
     def output_spec(self, specs):

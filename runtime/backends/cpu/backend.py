@@ -6,11 +6,13 @@ with the GIL released.
 """
 import numpy as np
 
-from .. import _kernels as K
-from .. import _mkl, _selective
-from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
-from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
-from .blas import default_provider, provider
+from ... import _kernels as K
+from ... import _mkl, _selective
+from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
+from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
+from ..blas import default_provider, provider
+from ...threads import get_num_threads
+from . import convolution, recurrence
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
 # pair-cost codes of the compiled kernels, and the names errors use
@@ -435,6 +437,34 @@ class CPUBackend(HostStatistics, Backend):
 
     def col2vol(self, col, x, geometry, rows=None):
         K.col2vol(col, x, *self._volume("col2vol", x, col, geometry, rows))
+
+    # -- convolutions: the direct and depth-tap kernels where they apply (cpu/convolution.py)
+    def conv_algorithm(self, conv):
+        return convolution.forward_algorithm(conv)
+
+    def conv_forward(self, conv, ctx):
+        if conv.transposed:
+            super().conv_forward(conv, ctx)
+        else:
+            convolution.forward(conv, ctx)
+
+    def conv_backward(self, conv, ctx):
+        if conv.transposed:
+            super().conv_backward(conv, ctx)
+        else:
+            convolution.backward(conv, ctx)
+
+    # -- the recurrence: the fused kernel where it applies (cpu/recurrence.py)
+    packs_recurrent_weights = True
+
+    def recurrence_forward(self, cell, ctx, run):
+        (recurrence.forward if recurrence.fuses(cell, self) else super().recurrence_forward)(cell, ctx, run)
+
+    def recurrence_backward(self, cell, ctx, run):
+        (recurrence.backward if recurrence.fuses(cell, self) else super().recurrence_backward)(cell, ctx, run)
+
+    def sample_threads(self, batch):
+        return min(get_num_threads(), batch)
 
     def channel_bias(self, y, b):
         _float("channel_bias", "y", y)

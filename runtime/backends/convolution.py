@@ -1,0 +1,181 @@
+"""Convolution by vol2col/col2vol and one GEMM per group: the algorithm every backend has, built
+from its vol2col, col2vol and gemm. A backend with faster algorithms for some shapes (the CPU's
+direct and depth-tap kernels, backends/cpu/convolution.py) overrides the Backend methods that
+call these and falls back to them elsewhere.
+
+Conv:       W [out, in/groups, *k]; per sample, col = vol2col(x) [in·K, P] and, per group,
+            y_g = W_g col_g. Backward recomputes col: dW_g += dy_g col_gᵀ; dx = col2vol(W_gᵀ dy_g).
+Transposed: W [in, out/groups, *k]; the mirror image: y = col2vol(W_gᵀ x_g); backward
+            dcol = vol2col(dy), dx_g = W_g dcol_g, dW_g += x_g dcol_gᵀ.
+A 2-D convolution is the 3-D one with depth 1. `conv` is the layer (lamina.layers.conv): its
+sizes, its geometry(grid) and its weight; the bias is the layer's own step.
+
+The samples of a batch are independent convolutions, each a chain of small GEMMs and copies;
+`backend.sample_threads` says how many threads share them (lamina.threads.split_work), each with
+its own column buffer and single-threaded kernels, instead of waking a team of threads for every
+block. Weight gradients: the first thread adds into the parameter's gradient, the others into
+their own buffers, summed at the end.
+"""
+import numpy as np
+
+from ..threads import split_work
+
+# vol2col works on blocks of window rows so that a block of the column matrix (about this many
+# values) stays in cache between being written and being read by the GEMM. Measured on the bench's
+# transposed cases (2 threads, min of 18 calls, ms fwd+bwd): 2^18 A 27.3 C 13.6; 2^19 A 25.7 C 13.0;
+# 2^20 A 27.7 C 13.0; 2^21 A 34.1 C 13.9 (fewer, larger blocks until the block leaves the cache).
+COL_BLOCK = 1 << 19
+
+
+def as_volume(a):
+    """A sample [C, *spatial] as [C, D, H, W]."""
+    return a.reshape((a.shape[0],) + (1,) * (4 - a.ndim) + a.shape[1:])
+
+
+def by_groups(a, groups):
+    """A weight or its gradient as [groups, rows, cols]: conv [out_g, in_g·K], transposed
+    [in_g, out_g·K]."""
+    return a.reshape(groups, a.shape[0] // groups, -1)
+
+
+def threads(ctx):
+    return ctx.be.sample_threads(ctx.inputs[0].shape[0])
+
+
+class Blocks:
+    """The column-matrix blocks of one convolution: window rows [r0, r1) of a grid, a buffer
+    sized for the largest block, and each block's [rows, columns] view of it."""
+
+    def __init__(self, ctx, col_rows, grid, key="col"):
+        self.grid, self.rows = grid, col_rows
+        per_row = col_rows * grid[-1]
+        self.step = max(1, COL_BLOCK // per_row)
+        total = int(np.prod(grid[:-1]))
+        self.ranges = [(r0, min(total, r0 + self.step)) for r0 in range(0, total, self.step)]
+        self.buffer = ctx.workspace(key, (col_rows * min(self.step, total) * grid[-1],))
+
+    def __iter__(self):
+        width = self.grid[-1]
+        for r0, r1 in self.ranges:
+            cols = (r1 - r0) * width
+            yield (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
+
+
+def weight_grad_parts(ctx, dw, count):
+    """Per thread, (array, beta of its first write): the gradient itself for thread 0."""
+    if dw is None:
+        return [(None, 0.0)] * count
+    return [(dw.array, dw.beta)] + [(ctx.workspace(("dweight", t), dw.array.shape), 0.0) for t in range(1, count)]
+
+
+def sum_weight_grad_parts(ctx, parts):
+    for part, _ in parts[1:]:
+        ctx.be.axpby(1.0, part, 1.0, parts[0][0])
+
+
+def _thread_start(ctx, t, col_rows, grid, parts, groups):
+    """Thread t's column blocks, its weight-gradient part by groups and that part's first beta."""
+    part, beta = parts[t]
+    return Blocks(ctx, col_rows, grid, ("col", t)), (by_groups(part, groups) if part is not None else None), beta
+
+
+def forward(conv, ctx):
+    be, x, y = ctx.be, ctx.inputs[0], ctx.output
+    geometry = conv.geometry(y.shape[2:])
+    w = by_groups(conv.weight.buffer, conv.groups)
+    k_rows, out_g = w.shape[2], conv.out_channels // conv.groups
+    col_rows = conv.in_channels * int(np.prod(conv.kernel_size))
+
+    def work(t, samples):
+        blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
+        for n in samples:
+            xn, yn = as_volume(x[n]), y[n].reshape(conv.out_channels, -1)
+            for rows, cols, col in blocks:
+                be.vol2col(xn, col, geometry, rows)
+                for g in range(conv.groups):
+                    be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
+    split_work(x.shape[0], work, threads(ctx))
+
+
+def backward(conv, ctx, dx):
+    """The weight gradient (when not frozen) and the input gradient into dx (a GradTarget, or
+    None when it is not wanted or was computed already)."""
+    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    geometry = conv.geometry(dy.shape[2:])
+    w = by_groups(conv.weight.buffer, conv.groups)
+    k_rows, out_g = w.shape[2], conv.out_channels // conv.groups
+    col_rows = conv.in_channels * int(np.prod(conv.kernel_size))
+    dw, count = ctx.param_grad("weight"), threads(ctx)
+    parts = weight_grad_parts(ctx, dw, count)
+
+    def work(t, samples):
+        blocks, dwg, beta = _thread_start(ctx, t, col_rows, geometry[4], parts, conv.groups)
+        for n in samples:
+            dyn, xn = dy[n].reshape(conv.out_channels, -1), as_volume(x[n])
+            if dx is not None:
+                dxn = as_volume(dx.array[n])
+                if dx.beta == 0:
+                    be.fill(dxn, 0)
+            for rows, cols, col in blocks:
+                if dwg is not None:  # dW_g += dy_g col_gᵀ
+                    be.vol2col(xn, col, geometry, rows)
+                    for g in range(conv.groups):
+                        be.gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
+                                trans_b=True, beta=beta)
+                    beta = 1.0
+                if dx is not None:  # dx += col2vol(W_gᵀ dy_g)
+                    for g in range(conv.groups):
+                        be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                                trans_a=True)
+                    be.col2vol(col, dxn, geometry, rows)
+    split_work(x.shape[0], work, count)
+    if dw is not None:
+        sum_weight_grad_parts(ctx, parts)
+
+
+def transposed_forward(conv, ctx):
+    be, x, y = ctx.be, ctx.inputs[0], ctx.output
+    geometry = conv.geometry(x.shape[2:])
+    w = by_groups(conv.weight.buffer, conv.groups)  # [groups, in_g, out_g·K]
+    in_g, k_rows = w.shape[1], w.shape[2]
+    col_rows = conv.out_channels * int(np.prod(conv.kernel_size))
+
+    def work(t, samples):
+        blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
+        for n in samples:
+            xn, yn = x[n].reshape(conv.in_channels, -1), as_volume(y[n])
+            be.fill(yn, 0)
+            for rows, cols, col in blocks:
+                for g in range(conv.groups):
+                    be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                            trans_a=True)
+                be.col2vol(col, yn, geometry, rows)
+    split_work(x.shape[0], work, threads(ctx))
+
+
+def transposed_backward(conv, ctx):
+    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    geometry = conv.geometry(x.shape[2:])
+    w = by_groups(conv.weight.buffer, conv.groups)
+    in_g, k_rows = w.shape[1], w.shape[2]
+    col_rows = conv.out_channels * int(np.prod(conv.kernel_size))
+    dw, dx, count = ctx.param_grad("weight"), ctx.input_grad(0), threads(ctx)
+    parts = weight_grad_parts(ctx, dw, count)
+
+    def work(t, samples):
+        blocks, dwg, beta = _thread_start(ctx, t, col_rows, geometry[4], parts, conv.groups)
+        for n in samples:
+            xn, dyn = x[n].reshape(conv.in_channels, -1), as_volume(dy[n])
+            dxn = dx.array[n].reshape(conv.in_channels, -1) if dx is not None else None
+            for rows, cols, col in blocks:
+                be.vol2col(dyn, col, geometry, rows)
+                for g in range(conv.groups):
+                    colg = col[g * k_rows:(g + 1) * k_rows]
+                    if dxn is not None:  # dx_g = W_g dcol_g (blocks of columns are disjoint)
+                        be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)
+                    if dwg is not None:  # dW_g += x_g dcol_gᵀ
+                        be.gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True, beta=beta)
+                beta = 1.0
+    split_work(x.shape[0], work, count)
+    if dw is not None:
+        sum_weight_grad_parts(ctx, parts)

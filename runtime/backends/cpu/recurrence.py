@@ -1,0 +1,68 @@
+"""The CPU backend's fused recurrence (pyx/recurrence.h): with lamina's panel-packed W_hh (every
+BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole layer direction runs
+as one parallel region instead of a team of threads woken for every step's GEMM and a cell pass
+on one thread.
+
+The threads share the batch by blocks of hidden units (a barrier per step) when the hidden size
+is whole panels of 64 bytes, measured a little faster than by sequences (each thread reads only
+its part of W_hh); else by sequences (each thread runs its own sequences start to end, never
+waiting), given at least ROWS_PER_THREAD sequences per thread, else on one thread. FUSED_SHARE
+forces one way.
+"""
+from ... import _kernels
+from ...threads import get_num_threads
+
+# the compiled kernels' cell codes, by the layers' cell names
+FUSED_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
+# multiply-adds of a direction's recurrent products below which the fused recurrence runs on
+# one thread (a barrier per step costs more than it saves on small layers)
+FUSED_PARALLEL_MIN = 1 << 24
+ROWS_PER_THREAD = 4
+FUSED_SHARE = "auto"  # or "rows", "units"
+
+
+def fuses(cell, backend):
+    """Whether the fused recurrence runs this layer on `backend`."""
+    return cell.cell_name in FUSED_CELLS and cell.uses_packed(backend) and backend.blas_name != "mkl"
+
+
+def _share(cell, ctx, g):
+    """(threads, by_rows) for the fused recurrence."""
+    threads = get_num_threads() if g.shape[0] * g.shape[1] * cell.hidden_size >= FUSED_PARALLEL_MIN else 1
+    share = FUSED_SHARE
+    if share == "auto":
+        share = "units" if cell.hidden_size * g.dtype.itemsize % 64 == 0 else "rows"
+    if share == "rows" and ctx.order.num_sequences < ROWS_PER_THREAD * threads:
+        threads = 1
+    return threads, share == "rows"
+
+
+def _given(a, placeholder):
+    """(array, present) for the fused kernels' optional arguments: an absent one passes a
+    placeholder of the right kind, never read."""
+    return (a, True) if a is not None else (placeholder, False)
+
+
+def _hh(cell, ctx, run):
+    """The GRU's recurrent products (the kernels keep them for backward); g for the others."""
+    return cell.workspace(ctx, "hh", run.l, run.d, 3 * cell.hidden_size) if cell.cell_name == "gru" else run.g
+
+
+def forward(cell, ctx, run):
+    """The fused cells add the bias as they read G and write the output rows."""
+    panels = cell.recurrent_pack(ctx, run.sfx, transpose=True).panels
+    b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
+    _kernels.recurrence_forward(
+        FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, *_given(run.bias, panels), _hh(cell, ctx, run),
+        *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
+        *_given(run.init_c, run.hs), *run.output, *_share(cell, ctx, run.g))
+
+
+def backward(cell, ctx, run):
+    panels = cell.recurrent_pack(ctx, run.sfx, transpose=False).panels
+    has_cell = run.cs is not None
+    _kernels.recurrence_backward(
+        FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run), run.hs,
+        run.cs if has_cell else run.hs, run.dhs, run.dcs if has_cell else run.hs, has_cell, run.dg, run.dgh, panels,
+        *_given(run.init_h, run.hs), *_given(run.init_c, run.hs), *_given(run.dh0, run.hs),
+        *_given(run.dc0, run.hs), *_share(cell, ctx, run.g))

@@ -1,0 +1,76 @@
+"""The recurrence of one layer direction over a batch order, step by step: the algorithm every
+backend has. Each step is the layer's cell (lamina.layers.recurrent: a recurrent GEMM over the
+running sequences and a cell kernel); the rows of step t are the sequences longer than t and the
+first rows of step t-1 hold their previous states (lamina.sequence.BatchOrder). A backend with a
+faster whole-recurrence kernel (the CPU's fused recurrence, backends/cpu/recurrence.py)
+overrides the Backend methods that call these.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Direction:
+    """One layer direction's buffers, rows in batch order (time-major)."""
+    sfx: str  # the parameters' suffix (_l0, _l0_reverse, ...)
+    l: int  # the layer
+    d: int  # the direction
+    g: np.ndarray  # [rows, gates·H]: x W_ihᵀ in, the activated gates out
+    hs: np.ndarray  # [rows, H]: every step's hidden state
+    cs: np.ndarray = None  # [rows, H]: every step's cell state (LSTM)
+    init_h: np.ndarray = None  # [sequences, H]: initial states in sorted order, or None for zeros
+    init_c: np.ndarray = None
+    bias: np.ndarray = None  # forward: b_ih (+ b_hh where it joins it), added to g
+    output: tuple = None  # forward: (out, rows, col): the states also go to out[rows[r], col:col + H]
+    dhs: np.ndarray = None  # backward: gradients reaching each step's states from outside
+    dcs: np.ndarray = None
+    dg: np.ndarray = None  # backward: the gates' pre-activation gradients
+    dgh: np.ndarray = None  # backward: those of the recurrent product (dg unless b_hh is apart)
+    dh0: np.ndarray = None  # backward: the initial states' gradients, or None
+    dc0: np.ndarray = None
+
+
+def _rows(a, rows):
+    return a[rows] if a is not None else None
+
+
+def forward(cell, ctx, run):
+    be, order = ctx.be, ctx.order
+    if run.bias is not None:
+        be.add_bias(run.g, run.bias)
+    for t in range(order.steps):
+        r0, b = order.step(t)
+        rows = slice(r0, r0 + b)
+        if t == 0:
+            prev = slice(0, b)
+            prev_h, prev_c = _rows(run.init_h, prev), _rows(run.init_c, prev)
+        else:
+            p0 = int(order.step_starts[t - 1])
+            prev_h, prev_c = run.hs[p0:p0 + b], _rows(run.cs, slice(p0, p0 + b))
+        cell.cell_forward(ctx, run.sfx, run.l, run.d, rows, run.g[rows], prev_h, prev_c, run.hs[rows],
+                          _rows(run.cs, rows))
+    out, index, col = run.output
+    be.scatter_rows(run.hs, index, out, col=col)
+
+
+def backward(cell, ctx, run):
+    """dg and dgh of every step, walking back; dh_{t-1} += dG_t W_hh between steps."""
+    order = ctx.order
+    for t in reversed(range(order.steps)):
+        r0, b = order.step(t)
+        rows = slice(r0, r0 + b)
+        if t == 0:
+            prev = slice(0, b)
+            prev_h, prev_c = _rows(run.init_h, prev), _rows(run.init_c, prev)
+            dprev_h = _rows(run.dh0, prev) if prev_h is not None else None
+            dprev_c = _rows(run.dc0, prev)
+        else:
+            prev = slice(int(order.step_starts[t - 1]), int(order.step_starts[t - 1]) + b)
+            prev_h, dprev_h = run.hs[prev], run.dhs[prev]
+            prev_c, dprev_c = _rows(run.cs, prev), _rows(run.dcs, prev)
+        cell.cell_backward(ctx, run.sfx, run.l, run.d, rows, run.g[rows], prev_h, prev_c, run.hs[rows],
+                           _rows(run.cs, rows), run.dhs[rows], _rows(run.dcs, rows), run.dg[rows], run.dgh[rows],
+                           dprev_h, dprev_c)
+        if dprev_h is not None:
+            cell.add_recurrent_grad(ctx, run.sfx, run.dgh[rows], dprev_h)
