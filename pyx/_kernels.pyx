@@ -985,21 +985,68 @@ cdef extern from "direct_conv.h" nogil:
     void direct_conv_dw_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* dyp, long cout,
                           long oD, long oH, long oWp, const long* geo, double* partials, double* dw)
     void direct_conv_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
-                       const long* geo, float* y, long oD, long oH, long oW)
+                       const long* geo, float* y, long oD, long oH, long oW, int accumulate)
     void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
-                       const long* geo, double* y, long oD, long oH, long oW)
+                       const long* geo, double* y, long oD, long oH, long oW, int accumulate)
 
 
 cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_t pd, Py_ssize_t ph,
-                       Py_ssize_t pw) noexcept nogil:
-    """dst = zeros, with src copied in at offset (pd, ph, pw) (dst must be big enough): a volume
-    padded for direct_conv.h."""
-    cdef Py_ssize_t c, d, h
+                       Py_ssize_t pw, Py_ssize_t phases=1) noexcept nogil:
+    """dst = zeros, with src copied in at offset (pd, ph, pw) (dst big enough: _check_padded): a
+    volume padded for direct_conv.h. phases = s > 1 splits each padded row by width phase, phase
+    by phase: dst[r·C + c, d, h, j] = padded src[c, d, h, j·s + r]."""
+    cdef Py_ssize_t c, d, h, j, w
     memset(&dst[0, 0, 0, 0], 0, dst.shape[0] * dst.shape[1] * dst.shape[2] * dst.shape[3] * sizeof(real))
     for c in range(src.shape[0]):
         for d in range(src.shape[1]):
             for h in range(src.shape[2]):
-                memcpy(&dst[c, d + pd, h + ph, pw], &src[c, d, h, 0], src.shape[3] * sizeof(real))
+                if phases == 1:
+                    memcpy(&dst[c, d + pd, h + ph, pw], &src[c, d, h, 0], src.shape[3] * sizeof(real))
+                else:
+                    for j in range(src.shape[3]):
+                        w = j + pw
+                        dst[(w % phases) * src.shape[0] + c, d + pd, h + ph, w // phases] = src[c, d, h, j]
+
+
+cdef tuple _dims(real[:, :, :, ::1] a):
+    return (a.shape[0], a.shape[1], a.shape[2], a.shape[3])
+
+
+cdef _check_padded(str where, tuple src, tuple dst, Py_ssize_t pd, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t phases):
+    """The padded scratch holds the source at (pd, ph, pw), split into `phases` width phases."""
+    cdef Py_ssize_t C = src[0], D = src[1], H = src[2], W = src[3]
+    if min(pd, ph, pw) < 0 or phases < 1:
+        raise ValueError(f"{where}: padding and phases must not be negative, found {(pd, ph, pw)}, {phases}")
+    need = (C * phases, D + pd, H + ph, (W + pw + phases - 1) // phases)
+    if dst[0] != need[0] or dst[1] < need[1] or dst[2] < need[2] or dst[3] < need[3]:
+        raise ValueError(f"{where}: the padded scratch must be [{need[0]}, >={need[1]}, >={need[2]}, >={need[3]}] "
+                         f"for a source {src} padded by {(pd, ph, pw)} in {phases} width phase(s), found {dst}")
+
+
+cdef _check_direct(str where, Py_ssize_t cin, tuple xp, Py_ssize_t packed, tuple y, int groups, long* geo,
+                   tuple origin, Py_ssize_t vector_width):
+    """Every read of direct_conv.h's direct_conv stays inside xp [cin, Dp, Hp, Wp] and the
+    packed weights: geo = kd, kh, kw, sd, sh, dd, dh, dw; outputs y [cout, oD, oH, oW] read the
+    window from `origin` (d, h, w) on, in tiles of vector_width widths."""
+    cdef Py_ssize_t cout = y[0], oD = y[1], oH = y[2], oW = y[3], k
+    if groups < 1 or cin % groups or cout % groups or xp[0] != cin:
+        raise ValueError(f"{where}: {cin} input and {cout} output channels in {groups} groups, the padded input "
+                         f"{xp}")
+    for k in range(8):
+        if geo[k] < 1:
+            raise ValueError(f"{where}: kernel sizes, strides and dilations must be at least 1, found "
+                             f"{[geo[i] for i in range(8)]}")
+    if min(origin) < 0 or min(oD, oH, oW) < 1:
+        raise ValueError(f"{where}: origin {origin} and output {y} must not be negative or empty")
+    last = (origin[0] + (oD - 1) * geo[3] + (geo[0] - 1) * geo[5], origin[1] + (oH - 1) * geo[4] + (geo[1] - 1) * geo[6],
+            origin[2] + ((oW - 1) // vector_width + 1) * vector_width + (geo[2] - 1) * geo[7] - 1)
+    if last[0] >= xp[1] or last[1] >= xp[2] or last[2] >= xp[3]:
+        raise ValueError(f"{where}: the output {y[1:]} from origin {origin} reads the padded input up to {last}, "
+                         f"outside its {xp[1:]}")
+    in_g, out_g = cin // groups, cout // groups
+    need = groups * ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * geo[0] * geo[1] * geo[2] * CO_BLOCK
+    if packed < need:
+        raise ValueError(f"{where}: the packed weights hold {packed} values, expected {need}")
 
 
 def direct_conv_block():
@@ -1007,27 +1054,48 @@ def direct_conv_block():
     return CO_BLOCK
 
 
-def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[:, :, :, ::1] xp,
-                int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw):
-    """y = the convolution of one sample x [C, D, H, W] with unit stride along the width, by
-    direct_conv.h: x is copied into xp (zeros around it; xp's width leaves a vector's worth past
-    each row), then each group runs over it. packed: the weights as direct_conv.h reads them,
-    per group. Overwrites y [Cout, oD, oH, oW]."""
-    cdef Py_ssize_t C = x.shape[0]
-    cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
-    cdef Py_ssize_t cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g
-    cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
+def padded_copy(real[:, :, :, ::1] x, real[:, :, :, ::1] xp, int pd, int ph, int pw, int phases=1):
+    """xp = x padded by zeros for direct_conv_padded: x at (pd, ph, pw), the rest zero; with
+    phases = s > 1 each padded row split by width phase, phase by phase (xp[r·C + c, d, h, j] =
+    padded x[c, d, h, j·s + r]), so a convolution of stride s along the width is a sum of s
+    convolutions of stride 1, one per phase."""
+    _check_padded("padded_copy", _dims(x), _dims(xp), pd, ph, pw, phases)
+    with nogil:
+        _padded_copy(x, xp, pd, ph, pw, phases)
+
+
+def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1] y, int groups,
+                       int kd, int kh, int kw, int sd, int sh, int dd, int dh, int dw, int d0=0, int h0=0, int w0=0,
+                       bint accumulate=False):
+    """y [Cout, oD, oH, oW] = the unit-width-stride convolution of an already padded volume xp
+    [C, Dp, Hp, Wp] (padded_copy) by direct_conv.h, its windows starting at (d0, h0, w0): output
+    (od, oh, ow) reads xp[:, d0 + od·sd + a·dd, h0 + oh·sh + b·dh, w0 + ow + e·dw]. packed: the
+    weights as direct_conv.h reads them, per group. Overwrites y, or adds to it (accumulate)."""
+    cdef Py_ssize_t C = xp.shape[0], Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
+    cdef Py_ssize_t cout = y.shape[0], in_g, out_g, g, per_group
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
+    _check_direct("direct_conv_padded", C, _dims(xp), packed.shape[0], _dims(y), groups, geo,
+                  (d0, h0, w0), 16 if real is float else 8)
+    in_g, out_g = C // groups, cout // groups
+    per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
     with nogil:
-        _padded_copy(x, xp, pd, ph, pw)
         for g in range(groups):
             if real is float:
-                direct_conv_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
-                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3])
+                direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
+                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3], accumulate)
             else:
-                direct_conv_d(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
-                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3])
+                direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
+                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3], accumulate)
+
+
+def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[:, :, :, ::1] xp,
+                int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw):
+    """y = the convolution of one sample x [C, D, H, W] with unit stride along the width:
+    padded_copy of x into xp (xp's width leaves a vector's worth past each row), then
+    direct_conv_padded. Overwrites y [Cout, oD, oH, oW]."""
+    padded_copy(x, xp, pd, ph, pw)
+    direct_conv_padded(xp, packed, y, groups, kd, kh, kw, sd, sh, dd, dh, dw)
 
 
 def direct_conv_dw_max_width():
@@ -1051,12 +1119,29 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
     cdef Py_ssize_t C = x.shape[0]
     cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
     cdef Py_ssize_t cout = dy.shape[0], oD = dy.shape[1], oH = dy.shape[2], oWp = dyp.shape[3]
-    cdef Py_ssize_t in_g = C // groups, out_g = cout // groups, g
+    cdef Py_ssize_t in_g, out_g, g
     cdef Py_ssize_t taps = kd * kh * kw
     cdef long geo[8]
+    if groups < 1:
+        raise ValueError(f"direct_conv_dw: groups must be at least 1, found {groups}")
+    in_g, out_g = C // groups, cout // groups
     if kw > DW_MAX_KW:
         raise ValueError(f"direct_conv_dw: kernel width at most {DW_MAX_KW}, found {kw}")
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw_]
+    _check_padded("direct_conv_dw (x)", _dims(x), _dims(xp), pd, ph, pw, 1)
+    _check_padded("direct_conv_dw (dy)", _dims(dy), _dims(dyp), 0, 0, 0, 1)
+    lanes = 8 if real is float else 4
+    if groups < 1 or C % groups or cout % groups or min(kd, kh, kw, sd, sh, dd, dh, dw_) < 1 or oWp % lanes:
+        raise ValueError(f"direct_conv_dw: {C} input and {cout} output channels in {groups} groups, geometry "
+                         f"{[geo[i] for i in range(8)]}, padded dy rows of {oWp} (a multiple of {lanes})")
+    last = ((oD - 1) * sd + (kd - 1) * dd, (oH - 1) * sh + (kh - 1) * dh, oWp - 1 + (kw - 1) * dw_)
+    if last[0] >= Dp or last[1] >= Hp or last[2] >= Wp:
+        raise ValueError(f"direct_conv_dw: dy {_dims(dy)[1:]} reads the padded input up to {last}, outside "
+                         f"its {(Dp, Hp, Wp)}")
+    scratch = direct_conv_dw_workspace(in_g, out_g, kd, kh, kw, lanes == 8)
+    if dw.shape[0] != cout * in_g * taps or partials.shape[0] < scratch:
+        raise ValueError(f"direct_conv_dw: dw must hold {cout * in_g * taps} values and partials {scratch}, found "
+                         f"{dw.shape[0]} and {partials.shape[0]}")
     with nogil:
         _padded_copy(x, xp, pd, ph, pw)
         _padded_copy(dy, dyp, 0, 0, 0)

@@ -1,8 +1,9 @@
 /* The direct convolution for the REAL type direct_conv.h sets. One group: xp [cin, Dp, Hp, Wp]
  * (padded), wp [ceil(cout / CB)][cin][kd][kh][kw][CB] (zero past cout), y [cout, oD, oH, oW]
- * (overwritten). geo: kd, kh, kw, sd, sh, dd, dh, dw. */
+ * (overwritten, or added to when accumulate is set). geo: kd, kh, kw, sd, sh, dd, dh, dw. */
 LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long Dp, long Hp, long Wp, const REAL *wp,
-                                                long cout, const long *geo, REAL *y, long oD, long oH, long oW) {
+                                                long cout, const long *geo, REAL *y, long oD, long oH, long oW,
+                                                int accumulate) {
     const long NW = 2 * LANES, CB = LAMINA_CO_BLOCK;
     const long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], dd = geo[5], dh = geo[6], dw = geo[7];
     const long per_block = cin * kd * kh * kw * CB;
@@ -38,15 +39,13 @@ LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long D
                         if (i >= nco)
                             break;
                         REAL *yr = y + (((cb + i) * oD + od) * oH + oh) * oW + w0;
-                        if (n == NW) {
-                            memcpy(yr, &lo[i], sizeof lo[i]);
-                            memcpy(yr + LANES, &hi[i], sizeof hi[i]);
-                        } else {
-                            REAL t[2 * LANES];
-                            memcpy(t, &lo[i], sizeof lo[i]);
-                            memcpy(t + LANES, &hi[i], sizeof hi[i]);
+                        REAL t[2 * LANES];
+                        memcpy(t, &lo[i], sizeof lo[i]);
+                        memcpy(t + LANES, &hi[i], sizeof hi[i]);
+                        if (accumulate)
+                            for (long l = 0; l < n; l++) yr[l] += t[l];
+                        else
                             memcpy(yr, t, sizeof(REAL) * n);
-                        }
                     }
                 }
             }

@@ -24,6 +24,7 @@ if _provider == "openblas":
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 from . import layers, optim
 from .backends.cpu import CPUBackend
+from .backends.cpu.convolution import get_conv_algorithm, set_conv_algorithm
 from .errors import GraphError, InputError
 from .graph import Network, Spec, Value
 from .io import ModelFileError, load, load_checkpoint, save, save_checkpoint
@@ -37,4 +38,5 @@ from .threads import get_num_threads, set_num_threads
 __version__ = "0.1.0"
 
 __all__ = ["Network", "Value", "Spec", "Parameter", "Sequences", "Selection", "sampled_selection", "top_k", "CPUBackend", "GraphError", "InputError",
-           "layers", "optim", "save", "load", "save_checkpoint", "load_checkpoint", "ModelFileError", "onnx", "manual_seed", "set_num_threads", "get_num_threads"]
+           "layers", "optim", "save", "load", "save_checkpoint", "load_checkpoint", "ModelFileError", "onnx", "manual_seed", "set_num_threads", "get_num_threads",
+           "set_conv_algorithm", "get_conv_algorithm"]

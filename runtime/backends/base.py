@@ -220,9 +220,9 @@ class Backend(ABC):
     # -- convolutions as whole algorithms; `conv` is the layer (lamina.layers.conv), the bias is
     #    its own step. Here vol2col + GEMM from the kernels above (lamina.backends.convolution);
     #    a backend with faster algorithms overrides these and picks per shape.
-    def conv_algorithm(self, conv):
-        """The name of the algorithm conv_forward runs `conv` with."""
-        return "columns"
+    def conv_algorithms(self, conv):
+        """{'forward', 'input grad', 'weight grad'}: the algorithm each step of `conv` runs with."""
+        return dict.fromkeys(("forward", "input grad", "weight grad"), "columns")
 
     def conv_forward(self, conv, ctx):
         """ctx.output = conv(ctx.inputs[0]), transposed or not, without the bias."""

@@ -110,9 +110,9 @@ class _ConvNd(Layer):
         return (pad + self.kernel_size, pad + self.stride, z + self.padding, pad + self.dilation,
                 pad + tuple(grid))
 
-    def algorithm(self, backend):
-        """The name of the algorithm `backend` runs this layer's forward with."""
-        return backend.conv_algorithm(self)
+    def algorithms(self, backend):
+        """{'forward', 'input grad', 'weight grad'}: the algorithm `backend` runs each with."""
+        return backend.conv_algorithms(self)
 
     def forward(self, ctx):
         ctx.be.conv_forward(self, ctx)

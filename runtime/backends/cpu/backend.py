@@ -439,8 +439,8 @@ class CPUBackend(HostStatistics, Backend):
         K.col2vol(col, x, *self._volume("col2vol", x, col, geometry, rows))
 
     # -- convolutions: the direct and depth-tap kernels where they apply (cpu/convolution.py)
-    def conv_algorithm(self, conv):
-        return convolution.forward_algorithm(conv)
+    def conv_algorithms(self, conv):
+        return convolution.algorithms(conv) if not conv.transposed else super().conv_algorithms(conv)
 
     def conv_forward(self, conv, ctx):
         if conv.transposed:

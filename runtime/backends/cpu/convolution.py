@@ -13,12 +13,16 @@
   3-D column matrix (measured 2.4x faster forward on 16->32 channels, 32^3, kernel 3).
 - columns: vol2col + GEMM (lamina.backends.convolution), everything else.
 """
+import logging
+import math
+import time
+
 import numpy as np
 
 from ... import _kernels
 from .. import convolution as columns
 from ..convolution import as_volume
-from ...threads import split_work
+from ...threads import SettingError, get_num_threads, split_work
 
 # direct_conv.h reads up to two float vectors past the end of each output row's input, and the
 # weight gradient reads dy in whole vectors: the padded copies leave that much room
@@ -26,25 +30,80 @@ ROW_SLACK = 16
 DY_ROW_MULTIPLE = 8
 
 
-def forward_algorithm(conv):
-    """The algorithm the CPU runs a convolution's forward with: 'direct', 'depth taps' or
-    'columns'."""
+_log = logging.getLogger("lamina.conv")
+
+ALGORITHMS = ("direct", "direct, width phases", "depth taps", "columns")
+_setting = {"mode": "rule"}
+_measured = {}  # (layer geometry, input shape, dtype, threads) -> the fastest forward measured
+
+
+def set_conv_algorithm(mode):
+    """How the CPU picks a convolution's forward algorithm, process-wide: 'rule' (the default:
+    by the shape, as forward_algorithm says), 'measure' (time every algorithm that applies once
+    per layer geometry, input shape and thread count, then keep the fastest, like cuDNN's
+    benchmark mode; logged at DEBUG on 'lamina.conv'), or one of ALGORITHMS (that one wherever
+    it applies, the rule elsewhere)."""
+    if mode not in ("rule", "measure") + ALGORITHMS:
+        raise SettingError(f"set_conv_algorithm: expected 'rule', 'measure' or one of {', '.join(ALGORITHMS)}, "
+                           f"found {mode!r}")
+    _setting["mode"] = mode
+    _measured.clear()
+
+
+def get_conv_algorithm():
+    return _setting["mode"]
+
+
+def candidates(conv):
+    """The forward algorithms that apply to a convolution, fastest first by the rule."""
     if conv.transposed:
-        return "columns"
-    if _direct(conv):
-        return "direct"
-    return "depth taps" if _depth_taps(conv) else "columns"
+        return ["columns"]
+    found = [name for name, applies in (("direct", _direct), ("direct, width phases", _width_phases),
+                                        ("depth taps", _depth_taps)) if applies(conv)]
+    return found + ["columns"]
+
+
+def forward_algorithm(conv):
+    """The algorithm the rule (or a forced setting) runs a convolution's forward with."""
+    found = candidates(conv)
+    return _setting["mode"] if _setting["mode"] in found else found[0]
+
+
+def algorithms(conv):
+    """{'forward', 'input grad', 'weight grad'}: the algorithm of each (the input gradient
+    assumed wanted); 'measured' where the forward is timed per shape."""
+    taps = "depth taps" if _depth_taps(conv) else "columns"
+    direct_grad = _flipped_padding(conv) is not None
+    return {"forward": "measured" if _setting["mode"] == "measure" and not conv.transposed else forward_algorithm(conv),
+            "input grad": "direct" if direct_grad else taps,
+            "weight grad": "direct" if direct_grad and conv.kernel_size[-1] <= _kernels.direct_conv_dw_max_width()
+            else taps}
 
 
 def forward(conv, ctx):
     """A plain convolution's forward (transposed ones run the generic algorithm)."""
-    algorithm = forward_algorithm(conv)
-    if algorithm == "direct":
-        _direct_run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_direct_geometry(conv, ctx.output))
-    elif algorithm == "depth taps":
-        _forward_depth_taps(conv, ctx)
-    else:
-        columns.forward(conv, ctx)
+    _FORWARD[_choose_forward(conv, ctx)](conv, ctx)
+
+
+def _choose_forward(conv, ctx):
+    if _setting["mode"] != "measure":
+        return forward_algorithm(conv)
+    x = ctx.inputs[0]
+    key = (type(conv).__name__, repr(conv.config()), x.shape, x.dtype.str, get_num_threads())
+    choice = _measured.get(key)
+    if choice is None:
+        times = {}
+        for name in candidates(conv):
+            best = math.inf
+            for _ in range(2):  # the first call also sizes the workspaces
+                start = time.perf_counter()
+                _FORWARD[name](conv, ctx)
+                best = min(best, time.perf_counter() - start)
+            times[name] = best
+        choice = _measured[key] = min(times, key=times.get)
+        _log.debug("%s %s on %s: %s (%s)", type(conv).__name__, conv.config(), x.shape, choice,
+                   ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in times.items()))
+    return choice
 
 
 def backward(conv, ctx):
@@ -60,6 +119,14 @@ def _direct(conv):
     return not conv.transposed and conv.stride[-1] == 1 and conv.symmetric
 
 
+def _forward_direct(conv, ctx):
+    _direct_run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_direct_geometry(conv, ctx.output))
+
+
+def _width_phases(conv):
+    return (not conv.transposed and conv.stride[-1] > 1 and conv.dilation[-1] == 1 and conv.symmetric)
+
+
 def _depth_taps(conv):
     return (conv.nd == 3 and not conv.transposed and conv.stride[0] == 1 and conv.kernel_size[0] > 1
             and conv.symmetric)
@@ -72,24 +139,38 @@ def _direct_geometry(conv, out):
     return padding, stride, dilation
 
 
+def _direct_layout(groups):
+    """Weights [groups, out_g, in_g, taps] as direct_conv.h reads them: per group, blocks of
+    direct_conv_block() output channels (zero past out_g), each [in_g][taps][block]."""
+    g, out_g, in_g, taps = groups.shape
+    block = _kernels.direct_conv_block()
+    blocks = (out_g + block - 1) // block
+    padded = np.zeros((g, blocks * block, in_g, taps), groups.dtype)
+    padded[:, :out_g] = groups
+    return np.ascontiguousarray(padded.reshape(g, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)).reshape(-1)
+
+
 def _pack_direct(conv, which):
     """The weight packed for direct_conv.h: 'forward', or 'input grad' (flipped taps, in/out
     channels swapped per group)."""
+    out_g, in_g = conv.out_channels // conv.groups, conv.in_channels // conv.groups
 
     def build(buffer):
-        out_g, in_g = conv.out_channels // conv.groups, conv.in_channels // conv.groups
-        taps = int(np.prod(conv.kernel_size))
-        groups = buffer.reshape(conv.groups, out_g, in_g, taps)
+        groups = buffer.reshape(conv.groups, out_g, in_g, -1)
         if which == "input grad":
             groups = groups[..., ::-1].transpose(0, 2, 1, 3)  # [groups, in_g, out_g, taps]
-            out_g, in_g = in_g, out_g
-        block = _kernels.direct_conv_block()
-        blocks = (out_g + block - 1) // block
-        padded = np.zeros((conv.groups, blocks * block, in_g, taps), buffer.dtype)
-        padded[:, :out_g] = groups
-        packed = padded.reshape(conv.groups, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)
-        return np.ascontiguousarray(packed).reshape(-1)
+        return _direct_layout(groups)
     return conv.weight.derived(("direct", which), build)
+
+
+def _pack_width_phase(conv, r):
+    """The forward weight's taps of width phase r (widths r, r + s, ...) packed for direct_conv.h."""
+    out_g, in_g, s = conv.out_channels // conv.groups, conv.in_channels // conv.groups, conv.stride[-1]
+
+    def build(buffer):
+        phase = buffer.reshape((conv.groups, out_g, in_g) + conv.kernel_size)[..., r::s]
+        return _direct_layout(phase.reshape(conv.groups, out_g, in_g, -1))
+    return conv.weight.derived(("width phase", r), build)
 
 
 def _padded_shape(batch, padding):
@@ -117,12 +198,37 @@ def _direct_run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0)
     split_work(src.shape[0], work, columns.threads(ctx))
 
 
-def _flipped_padding(conv, ctx):
+def _forward_width_phases(conv, ctx):
+    """A stride s > 1 along the width as s direct convolutions of unit width stride: the padded
+    input's rows split by width phase (phase r holds widths r, r + s, ...: padded_copy), phase r
+    convolved with the kernel's taps r, r + s, ... and added in. The multiply-adds are the
+    convolution's own; no column matrix."""
+    x, y = ctx.inputs[0], ctx.output
+    kernel, stride, padding, dilation, _ = conv.geometry(y.shape[2:])
+    s, (c, d, h, w) = stride[2], as_volume(x[0]).shape
+    widths = [-(-(kernel[2] - r) // s) for r in range(s)]  # taps per phase (0 when kw < s)
+    row = max(-(-(w + padding[2]) // s), (-(-y.shape[-1] // ROW_SLACK)) * ROW_SLACK + max(widths) - 1)
+    shape = (s * c, d + 2 * padding[0], h + 2 * padding[1], row)
+    packs = [_pack_width_phase(conv, r) if widths[r] else None for r in range(s)]
+
+    def work(t, samples):
+        xp = ctx.workspace(("padded phases", t), shape)
+        for n in samples:
+            _kernels.padded_copy(as_volume(x[n]), xp, *padding, s)
+            for r in range(s):
+                if widths[r]:
+                    _kernels.direct_conv_padded(xp[r * c:(r + 1) * c], packs[r], as_volume(y[n]), conv.groups,
+                                                kernel[0], kernel[1], widths[r], stride[0], stride[1], dilation[0],
+                                                dilation[1], 1, accumulate=r > 0)
+    split_work(x.shape[0], work, columns.threads(ctx))
+
+
+def _flipped_padding(conv):
     """The padding of the input gradient as a direct convolution of dy (all strides 1, and
     dilation·(k - 1) - padding not negative), or None when it is not one."""
     if not (_direct(conv) and max(conv.stride) == 1):
         return None
-    kernel, _, padding, dilation, _ = conv.geometry(ctx.grad_output.shape[2:])
+    kernel, _, padding, dilation, _ = conv.geometry((1,) * conv.nd)
     flipped = tuple(d * (k - 1) - p for k, p, d in zip(kernel, padding, dilation))
     return flipped if min(flipped) >= 0 else None
 
@@ -130,7 +236,7 @@ def _flipped_padding(conv, ctx):
 def _input_grad(conv, ctx):
     """The input-gradient target the column paths should fill: None when the gradient is not
     wanted or was computed here by the direct kernel."""
-    dx, flipped = ctx.input_grad(0), _flipped_padding(conv, ctx)
+    dx, flipped = ctx.input_grad(0), _flipped_padding(conv)
     if dx is None or flipped is None:
         return dx
     dilation = conv.geometry(ctx.grad_output.shape[2:])[3]
@@ -142,7 +248,7 @@ def _direct_weight_grad(conv, ctx):
     # (not ctx.param_grad: asking for the target marks the gradient as written)
     return (_direct(conv) and conv.kernel_size[-1] <= _kernels.direct_conv_dw_max_width()
             and not conv.weight.frozen
-            and (ctx.input_grad(0) is None or _flipped_padding(conv, ctx) is not None))
+            and (ctx.input_grad(0) is None or _flipped_padding(conv) is not None))
 
 
 def _backward_direct(conv, ctx):
@@ -283,3 +389,7 @@ def _backward_depth_taps(conv, ctx):
             dw.array[...] = back
         else:
             dw.array[...] += back
+
+
+_FORWARD = {"direct": _forward_direct, "direct, width phases": _forward_width_phases,
+            "depth taps": _forward_depth_taps, "columns": columns.forward}
