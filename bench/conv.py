@@ -5,6 +5,10 @@ channels_last_3d (the faster of the two is the peer that counts). Shapes from th
   B: the same with groups=4
   C: ConvTranspose3d N=2, 64->64, 8^3, kernel 4, stride 2, padding 1
   D: Conv3d N=8, 16->32, 32^3, kernel 3, stride 1, padding 1
+  E: Conv3d N=8, 32->64, 32^3, kernel 3, stride 2, padding 1 (a U-Net's or ResNet's downsampling)
+  F: ConvTranspose3d N=8, 32->16, 16^3, kernel 2, stride 2 (a U-Net's up-convolution)
+The last column names the algorithm lamina's CPU backend runs (forward; and input gradient,
+weight gradient for fwd+bwd).
 GFLOP/s count the convolution's multiply-adds (2 per weight tap per output of the direct form)."""
 import numpy as np
 
@@ -15,6 +19,8 @@ CASES = {
     "B": dict(transposed=True, n=8, cin=32, cout=16, size=16, k=3, s=2, p=1, op=1, groups=4),
     "C": dict(transposed=True, n=2, cin=64, cout=64, size=8, k=4, s=2, p=1, op=0, groups=1),
     "D": dict(transposed=False, n=8, cin=16, cout=32, size=32, k=3, s=1, p=1, op=0, groups=1),
+    "E": dict(transposed=False, n=8, cin=32, cout=64, size=32, k=3, s=2, p=1, op=0, groups=1),
+    "F": dict(transposed=True, n=8, cin=32, cout=16, size=16, k=2, s=2, p=0, op=0, groups=1),
 }
 
 
@@ -32,17 +38,31 @@ def _input(c):
     return np.random.default_rng(0).standard_normal((c["n"], c["cin"]) + (c["size"],) * 3).astype(np.float32)
 
 
+def lamina_layer(case):
+    import lamina as lm
+    c = CASES[case]
+    if c["transposed"]:
+        return lm.layers.ConvTranspose3d(c["cin"], c["cout"], c["k"], stride=c["s"], padding=c["p"],
+                                         output_padding=c["op"], groups=c["groups"])
+    return lm.layers.Conv3d(c["cin"], c["cout"], c["k"], stride=c["s"], padding=c["p"], groups=c["groups"])
+
+
+def algorithm(case, mode):
+    """What the CPU backend runs: the forward's algorithm, and for fwd+bwd each gradient's."""
+    import lamina as lm
+    steps = lamina_layer(case).algorithms(lm.CPUBackend())
+    if mode == "fwd":
+        return steps["forward"]
+    return " / ".join(steps[k] for k in ("forward", "input grad", "weight grad"))
+
+
 def lamina_conv(case, mode, device="cpu"):
     import lamina as lm
     c = CASES[case]
     net = lm.Network()
     x = net.input("x", (c["cin"],) + (c["size"],) * 3)
     x.requires_grad = True
-    if c["transposed"]:
-        layer = lm.layers.ConvTranspose3d(c["cin"], c["cout"], c["k"], stride=c["s"], padding=c["p"],
-                                          output_padding=c["op"], groups=c["groups"])
-    else:
-        layer = lm.layers.Conv3d(c["cin"], c["cout"], c["k"], stride=c["s"], padding=c["p"], groups=c["groups"])
+    layer = lamina_layer(case)
     y = layer(x)
     net.outputs(y=y)
     grad = {"y": np.random.default_rng(1).standard_normal((c["n"],) + y.spec.shape).astype(np.float32)}
@@ -84,6 +104,10 @@ def run(bench, threads, rounds, have_torch):
             if have_torch:
                 impls["torch"] = ("bench.conv:torch_conv", [case, mode, "contiguous"])
                 impls["torch-cl3d"] = ("bench.conv:torch_conv", [case, mode, "channels_last_3d"])
-            rows += bench.time_case("conv", f"{case} {mode}", threads, impls, mult * flops(case), rounds,
+            timed = bench.time_case("conv", f"{case} {mode}", threads, impls, mult * flops(case), rounds,
                                     turn_seconds=0.2, with_peak=True)
+            for row in timed:
+                if row.impl == "lamina":
+                    row.algorithm = algorithm(case, mode)
+            rows += timed
     return rows

@@ -44,6 +44,7 @@ class Row:
     ms_median: float
     ms_min: float
     gflops: float | None
+    algorithm: str | None = None  # how lamina ran the case, where the suite says
 
 
 class Worker:
@@ -195,7 +196,8 @@ def print_table(rows, peaks, file=None):
     for r in rows:
         cases.setdefault((r.suite, r.case, r.threads), {})[r.impl] = r
     head = (f"{'suite':<6} {'case':<34} {'thr':>3} {'lamina ms':>10} {'peer':<15} {'peer ms':>9} "
-            f"{'speedup':>8} {'GFLOP/s':>8} {'peak':>6} {'% peak':>7} {'best':>6} {'raw ms':>8} {'% raw':>6}")
+            f"{'speedup':>8} {'GFLOP/s':>8} {'peak':>6} {'% peak':>7} {'best':>6} {'raw ms':>8} {'% raw':>6}"
+            + ("  algorithm" if any(r.algorithm for r in rows) else ""))
     print(head, file=file)
     print("-" * len(head), file=file)
     for (suite, case, threads), impls in cases.items():
@@ -219,8 +221,8 @@ def print_table(rows, peaks, file=None):
             of_raw = f"{100 * best_raw.ms_median / ours.ms_median:5.1f}%" if best_raw and ours else ""
             print(f"{suite:<6} {case:<34} {threads:>3} {(ours.ms_median if ours else 0):>10.3f} "
                   f"{(peer.impl if peer else '-'):<15} {(peer.ms_median if peer else float('nan')):>9.3f} "
-                  f"{speed:>8} {subject.gflops or 0:>8.1f} {peak or 0:>6.0f} {frac:>7} {best:>6} {raw_ms:>8} {of_raw:>6}",
-                  file=file)
+                  f"{speed:>8} {subject.gflops or 0:>8.1f} {peak or 0:>6.0f} {frac:>7} {best:>6} {raw_ms:>8} {of_raw:>6}"
+                  + (f"  {ours.algorithm}" if ours and ours.algorithm else ""), file=file)
 
 
 def write_json(path, rows, peaks):

@@ -1098,6 +1098,75 @@ def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, re
     direct_conv_padded(xp, packed, y, groups, kd, kh, kw, sd, sh, dd, dh, dw)
 
 
+cdef extern from "winograd.h" nogil:
+    void wino_conv_f(const float* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
+                     const float* packed, long COp, long cout, long T, float* V, float* M, float* y,
+                     long oD, long oH, long oW, int accumulate)
+    void wino_conv_d(const double* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
+                     const double* packed, long COp, long cout, long T, double* V, double* M, double* y,
+                     long oD, long oH, long oW, int accumulate)
+
+
+def winograd_lanes(bint is_float):
+    """The vector width the Winograd kernels pad channel counts to (and panel columns are twice)."""
+    return 8 if is_float else 4
+
+
+def winograd_workspace(int C, int cout, int D, int H, int W, int pd, int ph, int pw, bint depth3, int block,
+                       bint is_float):
+    """(xcl, V, M, packed) value counts of winograd_conv's scratch and transformed weights for one
+    sample x [C, D, H, W] with padding (pd, ph, pw), tiles in blocks of `block`."""
+    cdef long lanes = 8 if is_float else 4
+    cdef long Cp = (C + lanes - 1) // lanes * lanes, COp = (cout + lanes - 1) // lanes * lanes
+    cdef long XI = 64 if depth3 else 16
+    cdef long oD = D + 2 * pd - 2 if depth3 else D, oH = H + 2 * ph - 2, oW = W + 2 * pw - 2
+    cdef long TD = (oD + 1) // 2 if depth3 else oD, TH = (oH + 1) // 2, TW = (oW + 1) // 2
+    cdef long Dp = max(2 * TD + 2, D + pd) if depth3 else D
+    cdef long Hp = max(2 * TH + 2, H + ph), Wp = max(2 * TW + 2, W + pw)
+    cdef long panels = (COp + 2 * lanes - 1) // (2 * lanes)
+    return Dp * Hp * Wp * Cp, XI * block * Cp, XI * block * COp, XI * panels * Cp * 2 * lanes
+
+
+def winograd_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[::1] xcl, real[::1] V,
+                  real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False):
+    """y [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of one sample x
+    [C, D, H, W] with a kernel of 3 along height and width (and depth when depth3; else 1 and
+    pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h). packed: the transformed,
+    panel-packed weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked."""
+    cdef long C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef long cout = y.shape[0], oD = y.shape[1], oH = y.shape[2], oW = y.shape[3]
+    cdef long lanes = 8 if real is float else 4
+    cdef long Cp = (C + lanes - 1) // lanes * lanes, COp = (cout + lanes - 1) // lanes * lanes
+    cdef long TD, TH, TW, Dp, Hp, Wp, c, d, h, w
+    if min(pd, ph, pw) < 0 or block < 1 or (not depth3 and pd != 0):
+        raise ValueError(f"winograd_conv: padding {(pd, ph, pw)} (depth 0 for images) and block {block}")
+    want = (D + 2 * pd - 2 if depth3 else D, H + 2 * ph - 2, W + 2 * pw - 2)
+    if (oD, oH, oW) != want or min(want) < 1:
+        raise ValueError(f"winograd_conv: an input {(D, H, W)} padded by {(pd, ph, pw)} gives outputs {want}, "
+                         f"found y {(oD, oH, oW)}")
+    need = winograd_workspace(C, cout, D, H, W, pd, ph, pw, depth3, block, real is float)
+    found = (xcl.shape[0], V.shape[0], M.shape[0], packed.shape[0])
+    if any(f < n for f, n in zip(found, need)):
+        raise ValueError(f"winograd_conv: xcl, V, M and packed must hold at least {need} values, found {found}")
+    TD = (oD + 1) // 2 if depth3 else oD
+    TH, TW = (oH + 1) // 2, (oW + 1) // 2
+    Dp = max(2 * TD + 2, D + pd) if depth3 else D
+    Hp, Wp = max(2 * TH + 2, H + ph), max(2 * TW + 2, W + pw)
+    with nogil:
+        memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
+        for c in range(C):
+            for d in range(D):
+                for h in range(H):
+                    for w in range(W):
+                        xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[c, d, h, w]
+        if real is float:
+            wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
+                        &y[0, 0, 0, 0], oD, oH, oW, accumulate)
+        else:
+            wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
+                        &y[0, 0, 0, 0], oD, oH, oW, accumulate)
+
+
 def direct_conv_dw_max_width():
     """The widest kernel direct_conv_dw takes."""
     return DW_MAX_KW

@@ -76,7 +76,7 @@ CASES = [
     (ConvTranspose3d, 4, 8, (2, 3, 3), dict(kernel_size=(2, 3, 3), stride=(3, 2, 1), padding=(0, 1, 2),
                                            output_padding=(2, 1, 0), groups=4, bias=False)),
     (ConvTranspose3d, 2, 2, (3, 3, 2), dict(kernel_size=3, stride=1, padding=1, dilation=2, output_padding=1)),
-    # width stride 2 runs the direct transposed kernel: kernel widths 1, 4 and 5 (one, two and three
+    # width stride 2 in transposed convolutions: kernel widths 1, 4 and 5 (one, two and three
     # taps per parity), odd and even width padding, output channels not whole register blocks,
     # rows longer than one tile, depth/height strides 1..3 with rows no tap reaches
     (ConvTranspose3d, 3, 5, (2, 3, 9), dict(kernel_size=(2, 3, 1), stride=(1, 3, 2), padding=(1, 0, 0),

@@ -1,0 +1,28 @@
+/* Winograd convolution F(2, 3) along each axis of a stride-1, dilation-1 kernel of 3: F(2x2x2,
+ * 3x3x3) for volumes (64 products per 2x2x2 outputs where the direct form needs 216) and
+ * F(2x2, 3x3) for images (16 where direct needs 36). With the 1-D transforms
+ *     Bᵀ = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   (input tile d of 4)
+ *     G  = [1 0 0; ½ ½ ½; ½ -½ ½; 0 0 1]              (kernel g of 3, done by the caller)
+ *     Aᵀ = [1 1 1 0; 0 1 -1 -1]                       (back to 2 outputs)
+ * applied along every axis, y = Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A sums over input channels inside the
+ * transform domain: for each of the XI = 4^axes points ξ, M_ξ [tiles x Cout] = V_ξ [tiles x Cin]
+ * · U_ξ [Cin x Cout], a GEMM (panels.h, U_ξ panel-packed once per weight version).
+ *
+ * Layouts (channel counts padded to whole vectors with zeros, Cp and COp):
+ *   xcl  the input padded and channels-last [Dp][Hp][Wp][Cp]; tile t reads the 4x4(x4) block
+ *        from (2·td, 2·th, 2·tw) (depth td when the kernel has depth 1)
+ *   V    [XI][T][Cp] for a block of T tiles, M [XI][T][COp]
+ * A block of tiles keeps V and M in cache between the transforms and the products. Vectors run
+ * along channels, so every transform is whole-vector adds. Compiled for AVX2 + FMA and the
+ * baseline (clones.h). */
+#ifndef LAMINA_WINOGRAD_H
+#define LAMINA_WINOGRAD_H
+
+#include <string.h>
+#include "clones.h"
+#include "panels.h"
+
+#define LAMINA_IMPL "winograd_impl.h"
+#include "instantiate.h"
+
+#endif

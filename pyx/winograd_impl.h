@@ -1,0 +1,98 @@
+/* Winograd F(2, 3) transforms for the REAL type winograd.h sets. depth3 selects the volume form
+ * (4 points along depth) over the image form (depth kernel 1: a tile spans one depth slice). */
+
+/* Bᵀ along one axis: four vectors at stride s, in place. */
+static inline __attribute__((always_inline)) void SUFFIXED(wino_in1)(VEC *v, long s) {
+    VEC d0 = v[0], d1 = v[s], d2 = v[2 * s], d3 = v[3 * s];
+    v[0] = d0 - d2;
+    v[s] = d1 + d2;
+    v[2 * s] = d2 - d1;
+    v[3 * s] = d1 - d3;
+}
+
+/* V[ξ][tl][c0..) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). */
+LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TH,
+                                               long TW, long t0, long t1, REAL *V) {
+    const long A = depth3 ? 4 : 1, XI = 16 * A, T = t1 - t0;
+    VEC buf[64];
+    for (long t = t0; t < t1; t++) {
+        long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
+        long d0 = depth3 ? 2 * td : td, h0 = 2 * th, w0 = 2 * tw;
+        for (long c0 = 0; c0 < Cp; c0 += LANES) {
+            for (long a = 0; a < A; a++)
+                for (long b = 0; b < 4; b++) {
+                    const REAL *row = xcl + (((d0 + a) * Hp + h0 + b) * Wp + w0) * Cp + c0;
+                    for (long e = 0; e < 4; e++) memcpy(&buf[(a * 4 + b) * 4 + e], row + e * Cp, sizeof(VEC));
+                }
+            for (long ab = 0; ab < A * 4; ab++) SUFFIXED(wino_in1)(buf + ab * 4, 1);      /* widths */
+            for (long a = 0; a < A; a++)
+                for (long e = 0; e < 4; e++) SUFFIXED(wino_in1)(buf + a * 16 + e, 4);   /* heights */
+            if (depth3)
+                for (long be = 0; be < 16; be++) SUFFIXED(wino_in1)(buf + be, 16);     /* depths */
+            for (long xi = 0; xi < XI; xi++)
+                memcpy(V + (xi * T + (t - t0)) * Cp + c0, &buf[xi], sizeof(VEC));
+        }
+    }
+}
+
+/* Aᵀ along one axis: four vectors at stride s in, two at stride s out (in place). */
+static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, long s) {
+    VEC m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s];
+    v[0] = m0 + m1 + m2;
+    v[s] = m1 - m2 - m3;
+}
+
+/* y[co, od, oh, ow] (+)= the outputs of tiles [t0, t1) from M[ξ][tl][co]; y [cout][oD][oH][oW]. */
+LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
+                                                long t0, long t1, REAL *y, long oD, long oH, long oW,
+                                                int accumulate) {
+    const long A = depth3 ? 4 : 1, XI = 16 * A, T = t1 - t0, OA = depth3 ? 2 : 1;
+    VEC buf[64];
+    REAL out[LANES];
+    for (long t = t0; t < t1; t++) {
+        long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
+        long od0 = depth3 ? 2 * td : td, oh0 = 2 * th, ow0 = 2 * tw;
+        for (long co0 = 0; co0 < COp; co0 += LANES) {
+            for (long xi = 0; xi < XI; xi++) memcpy(&buf[xi], M + (xi * T + (t - t0)) * COp + co0, sizeof(VEC));
+            for (long ab = 0; ab < A * 4; ab++) SUFFIXED(wino_out1)(buf + ab * 4, 1);
+            for (long a = 0; a < A; a++)
+                for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + a * 16 + e, 4);
+            if (depth3)
+                for (long b = 0; b < 2; b++)
+                    for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + b * 4 + e, 16);
+            long lanes = cout - co0 < LANES ? cout - co0 : LANES;
+            for (long a = 0; a < OA; a++)
+                for (long b = 0; b < 2; b++)
+                    for (long e = 0; e < 2; e++) {
+                        long od = od0 + a, oh = oh0 + b, ow = ow0 + e;
+                        if (od >= oD || oh >= oH || ow >= oW) continue;
+                        memcpy(out, &buf[(a * 4 + b) * 4 + e], sizeof out);
+                        REAL *yp = y + ((co0 * oD + od) * oH + oh) * oW + ow;
+                        const long plane = oD * oH * oW;
+                        for (long l = 0; l < lanes; l++) {
+                            if (accumulate)
+                                yp[l * plane] += out[l];
+                            else
+                                yp[l * plane] = out[l];
+                        }
+                    }
+        }
+    }
+}
+
+/* The whole convolution of one sample from its channels-last padded copy: tiles in blocks of T,
+ * each block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows). */
+static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
+                                const REAL *packed, long COp, long cout, long T, REAL *V, REAL *M, REAL *y,
+                                long oD, long oH, long oW, int accumulate) {
+    const long XI = depth3 ? 64 : 16, tiles = TD * TH * TW;
+    const long panels = SUFFIXED(panel_count)(COp), per_xi = panels * Cp * 2 * LANES;
+    for (long t0 = 0; t0 < tiles; t0 += T) {
+        long t1 = t0 + T < tiles ? t0 + T : tiles, n = t1 - t0;
+        SUFFIXED(wino_input)(xcl, Cp, Hp, Wp, depth3, TH, TW, t0, t1, V);
+        for (long xi = 0; xi < XI; xi++)
+            SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * n * Cp, Cp, packed + xi * per_xi, 0, panels,
+                                 M + xi * n * COp, COp, 0);
+        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, accumulate);
+    }
+}
