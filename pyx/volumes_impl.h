@@ -122,6 +122,36 @@ LAMINA_CLONES static void SUFFIXED(col2vol_channel)(const REAL *col, long ldcol,
     SUFFIXED(volume_walk)(0, x, D, H, W, (REAL *)col, ldcol, geo, oH, oW, r0, r1);  /* col only read */
 }
 
+/* A transposed convolution whose kernel equals its stride (no padding, no dilation) writes every
+ * output once: x[od·sd + a][oh·sh + b][ow·sw + e] = col[(a·sh + b)·sw + e][(r - r0)·oW + ow] for
+ * the window rows r = od·oH + oh in [r0, r1), x [oD·sd][oH·sh][oW·sw] one channel, col its
+ * sd·sh·sw rows (overwrites; "depth to space"). Width stride 2 interleaves two rows by shuffles. */
+LAMINA_CLONES static void SUFFIXED(depth_to_space_channel)(const REAL *col, long ldcol, REAL *x, long sd, long sh,
+                                                           long sw, long oH, long oW, long r0, long r1) {
+    const long H = oH * sh, W = oW * sw;
+    for (long a = 0; a < sd; a++)
+        for (long b = 0; b < sh; b++) {
+            const REAL *rows = col + (a * sh + b) * sw * ldcol;
+            for (long r = r0; r < r1; r++) {
+                long od = r / oH, oh = r - od * oH;
+                REAL *dst = x + ((od * sd + a) * H + oh * sh + b) * W;
+                const REAL *c = rows + (r - r0) * oW;
+                long ow = 0;
+                if (sw == 2)
+                    for (; ow + LANES <= oW; ow += LANES) {
+                        VEC v0, v1;
+                        memcpy(&v0, c + ow, sizeof v0);
+                        memcpy(&v1, c + ldcol + ow, sizeof v1);
+                        VEC lo = __builtin_shuffle(v0, v1, (IVEC)ZIP_LO), hi = __builtin_shuffle(v0, v1, (IVEC)ZIP_HI);
+                        memcpy(dst + 2 * ow, &lo, sizeof lo);
+                        memcpy(dst + 2 * ow + LANES, &hi, sizeof hi);
+                    }
+                for (; ow < oW; ow++)
+                    for (long e = 0; e < sw; e++) dst[ow * sw + e] = c[e * ldcol + ow];
+            }
+        }
+}
+
 #undef EVENS
 #undef ZIP_LO
 #undef ZIP_HI

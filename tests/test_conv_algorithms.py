@@ -8,10 +8,10 @@ import pytest
 import lamina as lm
 from lamina import _kernels
 from lamina.backends.cpu import convolution as cpu_conv
-from lamina.layers import Conv2d, Conv3d
+from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 from lamina.threads import SettingError
-from test_conv import CASES, conv_net, direct_conv
+from test_conv import CASES, conv_net, direct_conv, direct_conv_transpose
 
 # Winograd's shapes (kernel 3, stride 1, one group): volumes and images, padding 0..2 (the input
 # gradient's is 2 - padding), odd sizes so the last tile along every axis is partial, channel
@@ -24,7 +24,14 @@ WINOGRAD = [
     (Conv2d, 3, 10, (7, 5), dict(kernel_size=3, padding=1)),
     (Conv2d, 1, 3, (4, 9), dict(kernel_size=3)),
 ]
-ALL = CASES + WINOGRAD
+# transposed with kernel = stride (each output written once, depth to space): widths with whole
+# vectors and a remainder, a stride of 1 along one axis, groups
+NO_OVERLAP = [
+    (ConvTranspose3d, 3, 5, (3, 2, 11), dict(kernel_size=2, stride=2)),
+    (ConvTranspose3d, 2, 4, (2, 3, 4), dict(kernel_size=(1, 2, 3), stride=(1, 2, 3), bias=False)),
+    (ConvTranspose2d, 4, 6, (5, 9), dict(kernel_size=2, stride=2, groups=2)),
+]
+ALL = CASES + WINOGRAD + NO_OVERLAP
 
 
 @pytest.fixture
@@ -35,14 +42,8 @@ def algorithm():
 
 
 def forced_cases(cases):
-    """(case, algorithm) for every algorithm that applies to each plain convolution."""
-    found = []
-    for case in cases:
-        layer_type, cin, cout, _, kw = case
-        if layer_type in (Conv2d, Conv3d):
-            for name in cpu_conv.candidates(layer_type(cin, cout, **kw)):
-                found.append((case, name))
-    return found
+    """(case, algorithm) for every algorithm that applies to each convolution."""
+    return [(case, name) for case in cases for name in cpu_conv.candidates(case[0](case[1], case[2], **case[4]))]
 
 
 FORCED = forced_cases(ALL)
@@ -57,13 +58,18 @@ def test_every_algorithm_matches_direct_loops(case, name, algorithm):
     X = np.random.default_rng(2).standard_normal((3,) + x.spec.shape)
     b = layer.bias.value if layer.bias is not None else None
     w = layer.weight.value.astype(np.float64)
-    ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
+    if layer.transposed:
+        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
+                                    layer.groups, layer.padding_end)
+    else:
+        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
     for dtype, tol in (("float64", 1e-12), ("float32", 2e-5)):
         net.astype(dtype)
         np.testing.assert_allclose(net.run({"x": X.astype(dtype)})["y"], ref, rtol=tol, atol=tol, err_msg=dtype)
 
 
-GRADIENT_CASES = [(c, n) for c, n in forced_cases(WINOGRAD + CASES[:6]) if n in ("winograd", "direct, width phases")]
+GRADIENT_CASES = [(c, n) for c, n in forced_cases(WINOGRAD + CASES[:6] + NO_OVERLAP)
+                  if n in ("winograd", "direct, width phases", "depth to space")]
 
 
 @pytest.mark.parametrize("case,name", GRADIENT_CASES,
@@ -163,6 +169,12 @@ def test_compiled_convolution_kernels_refuse_bad_sizes():
     _kernels.winograd_conv(x, buffers[3], y, *buffers[:3], 1, 1, 1, True, 6)  # the sizes it asks for
     with pytest.raises(ValueError, match="xcl, V, M and packed must hold at least"):
         _kernels.winograd_conv(x, buffers[3][:-1], y, *buffers[:3], 1, 1, 1, True, 6)
+    col = np.zeros((8, 12), f)
+    _kernels.depth_to_space(col, np.zeros((2, 2, 4, 6), f), 1, 2, 2, 0, 4)
+    with pytest.raises(ValueError, match=r"depth_to_space: window rows \[0, 5\) of 4 need col \[8, >=15\]"):
+        _kernels.depth_to_space(col, np.zeros((2, 2, 4, 6), f), 1, 2, 2, 0, 5)
+    with pytest.raises(ValueError, match=r"depth_to_space: strides \(1, 3, 2\) .* divide the volume \(2, 4, 6\)"):
+        _kernels.depth_to_space(col, np.zeros((2, 2, 4, 6), f), 1, 3, 2, 0, 4)
     with pytest.raises(ValueError, match=r"gives outputs \(3, 4, 5\), found y \(3, 4, 4\)"):
         _kernels.winograd_conv(x, buffers[3], y[:, :, :, :4].copy(), *buffers[:3], 1, 1, 1, True, 6)
 

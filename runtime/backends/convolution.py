@@ -133,7 +133,10 @@ def backward(conv, ctx, dx):
         sum_weight_grad_parts(ctx, parts)
 
 
-def transposed_forward(conv, ctx):
+def transposed_forward(conv, ctx, place=None):
+    """place(col, y_n, geometry, rows), where given, writes a block's columns into the sample's
+    output without its being zeroed first (every output written once: the CPU's depth-to-space
+    when the kernel equals the stride); else col2vol adds them into a zeroed output."""
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
     geometry = conv.geometry(x.shape[2:])
     w = by_groups(conv.weight.buffer, conv.groups)  # [groups, in_g, out_g·K]
@@ -144,12 +147,13 @@ def transposed_forward(conv, ctx):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
         for n in samples:
             xn, yn = x[n].reshape(conv.in_channels, -1), as_volume(y[n])
-            be.fill(yn, 0)
+            if place is None:
+                be.fill(yn, 0)
             for rows, cols, col in blocks:
                 for g in range(conv.groups):
                     be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],
                             trans_a=True)
-                be.col2vol(col, yn, geometry, rows)
+                (place or be.col2vol)(col, yn, geometry, rows)
     split_work(x.shape[0], work, threads(ctx))
 
 

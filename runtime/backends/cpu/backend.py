@@ -440,13 +440,10 @@ class CPUBackend(HostStatistics, Backend):
 
     # -- convolutions: the direct and depth-tap kernels where they apply (cpu/convolution.py)
     def conv_algorithms(self, conv):
-        return convolution.algorithms(conv) if not conv.transposed else super().conv_algorithms(conv)
+        return convolution.algorithms(conv)
 
     def conv_forward(self, conv, ctx):
-        if conv.transposed:
-            super().conv_forward(conv, ctx)
-        else:
-            convolution.forward(conv, ctx)
+        convolution.forward(conv, ctx)
 
     def conv_backward(self, conv, ctx):
         if conv.transposed:

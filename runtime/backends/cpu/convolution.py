@@ -32,7 +32,7 @@ DY_ROW_MULTIPLE = 8
 
 _log = logging.getLogger("lamina.conv")
 
-ALGORITHMS = ("winograd", "direct", "direct, width phases", "depth taps", "columns")
+ALGORITHMS = ("winograd", "direct", "direct, width phases", "depth taps", "depth to space", "columns")
 _setting = {"mode": "rule"}
 _measured = {}  # (layer geometry, input shape, dtype, threads) -> the fastest forward measured
 
@@ -55,9 +55,9 @@ def get_conv_algorithm():
 
 
 def candidates(conv):
-    """The forward algorithms that apply to a convolution, fastest first by the rule."""
+    """The forward algorithms that apply to a convolution."""
     if conv.transposed:
-        return ["columns"]
+        return (["depth to space"] if _no_overlap(conv) else []) + ["columns"]
     found = [name for name, applies in (("winograd", _winograd), ("direct", _direct),
                                         ("direct, width phases", _width_phases), ("depth taps", _depth_taps))
              if applies(conv)]
@@ -70,7 +70,7 @@ def candidates(conv):
 # the 2-D CNN's 32 -> 64 at 14x14: 6.2, 11.0, -, 9.1; but 1 -> 32 at 28x28: 7.6, 4.3, -, 6.5, a
 # single input channel padded to a vector of eight); then the direct kernel, depth taps, columns.
 WINOGRAD_MIN_CHANNELS = 8
-_RULE = ("winograd", "direct", "depth taps", "columns")
+_RULE = ("winograd", "direct", "depth taps", "depth to space", "columns")
 
 
 def forward_algorithm(conv):
@@ -105,7 +105,7 @@ def algorithms(conv):
 
 
 def forward(conv, ctx):
-    """A plain convolution's forward (transposed ones run the generic algorithm)."""
+    """A convolution's forward, plain or transposed."""
     _FORWARD[_choose_forward(conv, ctx)](conv, ctx)
 
 
@@ -221,6 +221,21 @@ def _winograd_run(conv, ctx, which, src, dst, padding, beta=0.0):
 
 def _forward_winograd(conv, ctx):
     _winograd_run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2])
+
+
+# ---------------------------------------------------------------- transposed, kernel = stride
+def _no_overlap(conv):
+    """A transposed convolution whose windows do not overlap: kernel = stride on every axis, no
+    padding, dilation or output padding (a U-Net's up-convolution, kernel 2, stride 2)."""
+    return (conv.transposed and conv.kernel_size == conv.stride and max(conv.padding + conv.padding_end) == 0
+            and max(conv.dilation) == 1 and max(conv.output_padding) == 0)
+
+
+def _forward_depth_to_space(conv, ctx):
+    """One GEMM per block of input positions into the column matrix, whose rows then land in the
+    output once each (depth_to_space), instead of being added into a zeroed output."""
+    columns.transposed_forward(conv, ctx, place=lambda col, y, geometry, rows: _kernels.depth_to_space(
+        col, y, *geometry[1], *rows))
 
 
 def _width_phases(conv):
@@ -501,4 +516,5 @@ def _backward_depth_taps(conv, ctx):
 
 
 _FORWARD = {"winograd": _forward_winograd, "direct": _forward_direct, "direct, width phases": _forward_width_phases,
-            "depth taps": _forward_depth_taps, "columns": columns.forward}
+            "depth taps": _forward_depth_taps, "depth to space": _forward_depth_to_space,
+            "columns": lambda conv, ctx: (columns.transposed_forward if conv.transposed else columns.forward)(conv, ctx)}
