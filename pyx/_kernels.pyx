@@ -1274,41 +1274,39 @@ def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):
 # x is [planes, D, H, W] (planes = N * C); out [planes, oD, oH, oW]; windows of k with stride s
 # and padding p (a 2-D pool is depth 1).
 
+cdef extern from "pools.h" nogil:
+    void max_pool_inside_f(const float* x, long H, long W, float* out, int* argmax, long oD, long oH, long oW,
+                           const long* geo)
+    void max_pool_inside_d(const double* x, long H, long W, double* out, int* argmax, long oD, long oH, long oW,
+                           const long* geo)
+
+
 def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
              int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw):
     """out = the maximum over each window (padding never wins); argmax keeps its flat position
     in the plane for backward."""
     cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
-    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, at, base, o
-    cdef real best, v
-    cdef const real* xp
+    cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, o
+    cdef real best
     # without padding before, and with the last window ending inside (no padding after, no
     # ceil mode), every window lies inside the volume: plain pointer arithmetic, no bounds
     cdef bint inside = (pd == 0 and ph == 0 and pw == 0 and (oD - 1) * sd + kd <= D and (oH - 1) * sh + kh <= H
                         and (oW - 1) * sw + kw <= W)
+    cdef long geo[6]
+    geo[:] = [kd, kh, kw, sd, sh, sw]
+    if inside:  # pools.h, tap by tap over output rows
+        for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
+            if real is float:
+                max_pool_inside_f(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0], oD, oH, oW, geo)
+            else:
+                max_pool_inside_d(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0], oD, oH, oW, geo)
+        return
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
-        xp = &x[q, 0, 0, 0]
         for od in range(oD):
             for oh in range(oH):
                 for ow in range(oW):
                     o = (od * oH + oh) * oW + ow
-                    if inside:
-                        base = (od * sd * H + oh * sh) * W + ow * sw
-                        best_at = base
-                        best = xp[base]
-                        for a in range(kd):
-                            for b in range(kh):
-                                for e in range(kw):
-                                    # without branches (conditional moves): which value wins is
-                                    # data, and a mispredicted branch per compare cost 3x
-                                    at = base + (a * H + b) * W + e
-                                    v = xp[at]
-                                    best_at = at if v > best else best_at
-                                    best = v if v > best else best
-                        (&out[q, 0, 0, 0])[o] = best
-                        argmax[q, o] = <int>best_at
-                        continue
                     best_at = -1
                     best = 0
                     for a in range(kd):

@@ -23,6 +23,11 @@ POOLS = [
     (AvgPool2d, (2, 7, 6), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
     (MaxPool2d, (2, 7, 6), dict(kernel_size=3, stride=2, padding=((1, 0), (0, 1)))),
     (AvgPool3d, (2, 5, 4, 6), dict(kernel_size=(3, 2, 3), stride=2, padding=((1, 0), (0, 1), (1, 1)))),
+    # every window inside (pools.h): 2x2 of stride 2 in whole vectors of outputs and a rest (odd
+    # input sizes drop their last row and column), and other windows tap by tap
+    (MaxPool2d, (3, 5, 37), dict(kernel_size=2)),
+    (MaxPool3d, (2, 3, 4, 19), dict(kernel_size=(1, 2, 2))),
+    (MaxPool3d, (2, 5, 5, 9), dict(kernel_size=(2, 3, 2), stride=(1, 2, 1))),
 ]
 POOL_IDS = [f"{p[0].__name__}-{i}" for i, p in enumerate(POOLS)]
 
@@ -164,6 +169,27 @@ def test_batch_norm_parameters_are_saved_and_running_stats_never_trained(tmp_pat
     lm.save(net, tmp_path / "m.lamina")
     loaded = lm.load(tmp_path / "m.lamina")
     np.testing.assert_array_equal(loaded.layer("bn").params["running_var"].value, bn.params["running_var"].value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_ties_and_nan_choose_as_the_generic_loop(dtype):
+    """pools.h's 2x2 windows: of equal maxima the first in window order wins (its position goes
+    to argmax); a NaN stays only as a window's first tap (no value compares greater than it, and
+    it compares greater than none), as in the generic loop."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, (4, 1, 6, 34)).astype(dtype)  # many ties
+    x[0, 0, 0, 0], x[1, 0, 2, 7] = np.nan, np.nan
+    out = np.empty((4, 1, 3, 17), dtype)
+    argmax = np.empty((4, 51), np.int32)
+    lm.CPUBackend().max_pool(x, out, argmax, ((1, 2, 2), (1, 2, 2), (0, 0, 0)))
+    windows = x.reshape(4, 3, 2, 17, 2).transpose(0, 1, 3, 2, 4).reshape(4, 3, 17, 4)
+    first = np.argmax(windows == np.nanmax(windows, axis=-1, keepdims=True), axis=-1)
+    first[0, 0, 0] = 0  # the window whose first tap is NaN
+    rows, cols = np.meshgrid(np.arange(3), np.arange(17), indexing="ij")
+    want_at = (2 * rows + first // 2) * 34 + 2 * cols + first % 2
+    np.testing.assert_array_equal(argmax.reshape(4, 3, 17), want_at)
+    np.testing.assert_array_equal(out[:, 0], np.take_along_axis(windows, first[..., None], -1)[..., 0])
+    assert np.isnan(out[0, 0, 0, 0]) and not np.isnan(out[1]).any()
 
 
 def test_concat_channels():
