@@ -1088,6 +1088,22 @@ def padded_copy(real[:, :, :, ::1] x, real[:, :, :, ::1] xp, int pd, int ph, int
         _padded_copy(x, xp, pd, ph, pw, phases)
 
 
+cdef void _direct_run(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1] y, int groups, long* geo,
+                      Py_ssize_t d0, Py_ssize_t h0, Py_ssize_t w0, bint accumulate) noexcept nogil:
+    """direct_conv.h over every group (the caller checked the sizes: _check_direct)."""
+    cdef Py_ssize_t C = xp.shape[0], cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g
+    cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * geo[0] * geo[1] * geo[2] * CO_BLOCK
+    for g in range(groups):
+        if real is float:
+            direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                          &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
+                          y.shape[3], accumulate)
+        else:
+            direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                          &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
+                          y.shape[3], accumulate)
+
+
 def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1] y, int groups,
                        int kd, int kh, int kw, int sd, int sh, int dd, int dh, int dw, int d0=0, int h0=0, int w0=0,
                        bint accumulate=False):
@@ -1095,31 +1111,35 @@ def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::
     [C, Dp, Hp, Wp] (padded_copy) by direct_conv.h, its windows starting at (d0, h0, w0): output
     (od, oh, ow) reads xp[:, d0 + od·sd + a·dd, h0 + oh·sh + b·dh, w0 + ow + e·dw]. packed: the
     weights as direct_conv.h reads them, per group. Overwrites y, or adds to it (accumulate)."""
-    cdef Py_ssize_t C = xp.shape[0], Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
-    cdef Py_ssize_t cout = y.shape[0], in_g, out_g, g, per_group
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
-    _check_direct("direct_conv_padded", C, _dims(xp), packed.shape[0], _dims(y), groups, geo,
+    _check_direct("direct_conv_padded", xp.shape[0], _dims(xp), packed.shape[0], _dims(y), groups, geo,
                   (d0, h0, w0), 16 if real is float else 8)
-    in_g, out_g = C // groups, cout // groups
-    per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
     with nogil:
-        for g in range(groups):
-            if real is float:
-                direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
-                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3], accumulate)
-            else:
-                direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, Dp, Hp, Wp, &packed[g * per_group], out_g, geo,
-                              &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3], accumulate)
+        _direct_run(xp, packed, y, groups, geo, d0, h0, w0, accumulate)
 
 
-def direct_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[:, :, :, ::1] xp,
-                int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw):
-    """y = the convolution of one sample x [C, D, H, W] with unit stride along the width:
-    padded_copy of x into xp (xp's width leaves a vector's worth past each row), then
-    direct_conv_padded. Overwrites y [Cout, oD, oH, oW]."""
-    padded_copy(x, xp, pd, ph, pw)
-    direct_conv_padded(xp, packed, y, groups, kd, kh, kw, sd, sh, dd, dh, dw)
+def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[:, :, :, ::1] xp,
+                int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw,
+                bint accumulate=False):
+    """y[n] = (or +=, accumulate) the convolution of each sample x[n] [C, D, H, W] with unit
+    stride along the width: x[n] padded into xp (padded_copy; xp's width leaves a vector's worth
+    past each row), then direct_conv_padded. y [N, Cout, oD, oH, oW]; one call for the samples,
+    checked once."""
+    cdef Py_ssize_t n, N = x.shape[0]
+    cdef long geo[8]
+    geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
+    if y.shape[0] != N:
+        raise ValueError(f"direct_conv: {N} input samples and {y.shape[0]} output samples")
+    if N == 0:
+        return
+    _check_padded("direct_conv", _dims(x[0]), _dims(xp), pd, ph, pw, 1)
+    _check_direct("direct_conv", xp.shape[0], _dims(xp), packed.shape[0], _dims(y[0]), groups, geo, (0, 0, 0),
+                  16 if real is float else 8)
+    with nogil:
+        for n in range(N):
+            _padded_copy(x[n], xp, pd, ph, pw)
+            _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, accumulate)
 
 
 cdef extern from "winograd.h" nogil:
@@ -1151,44 +1171,47 @@ def winograd_workspace(int C, int cout, int D, int H, int W, int pd, int ph, int
     return Dp * Hp * Wp * Cp, XI * block * Cp, XI * block * COp, XI * panels * Cp * 2 * lanes
 
 
-def winograd_conv(real[:, :, :, ::1] x, real[::1] packed, real[:, :, :, ::1] y, real[::1] xcl, real[::1] V,
+def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[::1] xcl, real[::1] V,
                   real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False):
-    """y [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of one sample x
+    """y[n] [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of each sample x[n]
     [C, D, H, W] with a kernel of 3 along height and width (and depth when depth3; else 1 and
     pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h). packed: the transformed,
-    panel-packed weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked."""
-    cdef long C = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef long cout = y.shape[0], oD = y.shape[1], oH = y.shape[2], oW = y.shape[3]
+    panel-packed weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked once
+    for the samples."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], D = x.shape[2], H = x.shape[3], W = x.shape[4]
+    cdef Py_ssize_t cout = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef long lanes = 8 if real is float else 4
     cdef long Cp = (C + lanes - 1) // lanes * lanes, COp = (cout + lanes - 1) // lanes * lanes
-    cdef long TD, TH, TW, Dp, Hp, Wp, c, d, h, w
-    if min(pd, ph, pw) < 0 or block < 1 or (not depth3 and pd != 0):
-        raise ValueError(f"winograd_conv: padding {(pd, ph, pw)} (depth 0 for images) and block {block}")
+    cdef long TD, TH, TW, Dp, Hp, Wp, n, c, d, h, w
+    if min(pd, ph, pw) < 0 or block < 1 or (not depth3 and pd != 0) or y.shape[0] != N:
+        raise ValueError(f"winograd_conv: padding {(pd, ph, pw)} (depth 0 for images), block {block}, {N} input "
+                         f"and {y.shape[0]} output samples")
     want = (D + 2 * pd - 2 if depth3 else D, H + 2 * ph - 2, W + 2 * pw - 2)
     if (oD, oH, oW) != want or min(want) < 1:
         raise ValueError(f"winograd_conv: an input {(D, H, W)} padded by {(pd, ph, pw)} gives outputs {want}, "
                          f"found y {(oD, oH, oW)}")
     need = winograd_workspace(C, cout, D, H, W, pd, ph, pw, depth3, block, real is float)
     found = (xcl.shape[0], V.shape[0], M.shape[0], packed.shape[0])
-    if any(f < n for f, n in zip(found, need)):
+    if any(f < k for f, k in zip(found, need)):
         raise ValueError(f"winograd_conv: xcl, V, M and packed must hold at least {need} values, found {found}")
     TD = (oD + 1) // 2 if depth3 else oD
     TH, TW = (oH + 1) // 2, (oW + 1) // 2
     Dp = max(2 * TD + 2, D + pd) if depth3 else D
     Hp, Wp = max(2 * TH + 2, H + ph), max(2 * TW + 2, W + pw)
     with nogil:
-        memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
-        for c in range(C):
-            for d in range(D):
-                for h in range(H):
-                    for w in range(W):
-                        xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[c, d, h, w]
-        if real is float:
-            wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                        &y[0, 0, 0, 0], oD, oH, oW, accumulate)
-        else:
-            wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                        &y[0, 0, 0, 0], oD, oH, oW, accumulate)
+        for n in range(N):
+            memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
+            for c in range(C):
+                for d in range(D):
+                    for h in range(H):
+                        for w in range(W):
+                            xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[n, c, d, h, w]
+            if real is float:
+                wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
+                            &y[n, 0, 0, 0, 0], oD, oH, oW, accumulate)
+            else:
+                wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
+                            &y[n, 0, 0, 0, 0], oD, oH, oW, accumulate)
 
 
 def direct_conv_dw_max_width():

@@ -164,7 +164,7 @@ def test_compiled_convolution_kernels_refuse_bad_sizes():
     with pytest.raises(ValueError, match="groups must be at least 1"):
         _kernels.direct_conv_dw(x, x, np.zeros(10, f), xp, xp, np.zeros(10, f), 0, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1)
     sizes = _kernels.winograd_workspace(2, 4, 3, 4, 5, 1, 1, 1, True, 6, True)
-    y = np.zeros((4, 3, 4, 5), f)
+    x, y = x[None], np.zeros((1, 4, 3, 4, 5), f)
     buffers = [np.zeros(n, f) for n in sizes]
     _kernels.winograd_conv(x, buffers[3], y, *buffers[:3], 1, 1, 1, True, 6)  # the sizes it asks for
     with pytest.raises(ValueError, match="xcl, V, M and packed must hold at least"):
@@ -176,7 +176,7 @@ def test_compiled_convolution_kernels_refuse_bad_sizes():
     with pytest.raises(ValueError, match=r"depth_to_space: strides \(1, 3, 2\) .* divide the volume \(2, 4, 6\)"):
         _kernels.depth_to_space(col, np.zeros((2, 2, 4, 6), f), 1, 3, 2, 0, 4)
     with pytest.raises(ValueError, match=r"gives outputs \(3, 4, 5\), found y \(3, 4, 4\)"):
-        _kernels.winograd_conv(x, buffers[3], y[:, :, :, :4].copy(), *buffers[:3], 1, 1, 1, True, 6)
+        _kernels.winograd_conv(x, buffers[3], y[..., :4].copy(), *buffers[:3], 1, 1, 1, True, 6)
 
 
 def test_kernels_overwrite_outputs_full_of_nan():
@@ -187,8 +187,8 @@ def test_kernels_overwrite_outputs_full_of_nan():
     packed = rng.standard_normal(sizes[3]).astype(np.float32)
     results = []
     for fill in (0.0, np.nan):
-        y = np.full((5, 4, 5, 6), fill, np.float32)
-        _kernels.winograd_conv(x, packed, y, *(np.full(n, fill, np.float32) for n in sizes[:3]), 1, 1, 1, True, 6)
+        y = np.full((1, 5, 4, 5, 6), fill, np.float32)
+        _kernels.winograd_conv(x[None], packed, y, *(np.full(n, fill, np.float32) for n in sizes[:3]), 1, 1, 1, True, 6)
         xp = np.full((3, 6, 7, 24), fill, np.float32)
         _kernels.padded_copy(x, xp, 1, 1, 1)
         z = np.full((5, 4, 5, 6), fill, np.float32)

@@ -32,6 +32,11 @@ def as_volume(a):
     return a.reshape((a.shape[0],) + (1,) * (4 - a.ndim) + a.shape[1:])
 
 
+def as_volumes(a):
+    """Samples [N, C, *spatial] as [N, C, D, H, W]."""
+    return a.reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
 def by_groups(a, groups):
     """A weight or its gradient as [groups, rows, cols]: conv [out_g, in_g·K], transposed
     [in_g, out_g·K]."""

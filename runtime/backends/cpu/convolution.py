@@ -21,7 +21,7 @@ import numpy as np
 
 from ... import _kernels
 from .. import convolution as columns
-from ..convolution import as_volume
+from ..convolution import as_volume, as_volumes
 from ...threads import SettingError, get_num_threads, split_work
 
 # direct_conv.h reads up to two float vectors past the end of each output row's input, and the
@@ -208,15 +208,10 @@ def _winograd_run(conv, ctx, which, src, dst, padding, beta=0.0):
     sizes = _kernels.winograd_workspace(c, cout, d, h, w, pd, padding[1], padding[2], depth3, block,
                                         src.dtype == np.float32)
 
-    def work(t, samples):
+    def run(t, x, y, accumulate):
         xcl, v, m = (ctx.workspace(("winograd " + key, t), (size,)) for key, size in zip(("xcl", "V", "M"), sizes))
-        for n in samples:  # beta 0 overwrites, 1 adds; others by way of a scratch output
-            out = as_volume(dst[n]) if beta in (0, 1) else ctx.workspace(("winograd out", t), as_volume(dst[n]).shape)
-            _kernels.winograd_conv(as_volume(src[n]), packed, out, xcl, v, m, pd, padding[1], padding[2], depth3,
-                                   block, accumulate=beta == 1)
-            if beta not in (0, 1):
-                ctx.be.axpby(1.0, out, beta, as_volume(dst[n]))
-    split_work(src.shape[0], work, columns.threads(ctx))
+        _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate)
+    _over_samples(ctx, src, dst, beta, run)
 
 
 def _forward_winograd(conv, ctx):
@@ -297,19 +292,28 @@ def _padded_shape(batch, padding):
 
 def _direct_run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0):
     """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads."""
-    be, packed = ctx.be, _pack_direct(conv, which)
+    packed = _pack_direct(conv, which)
     kernel = conv.geometry(dst.shape[2:])[0]
     padded = _padded_shape(src, padding)
 
+    def run(t, x, y, accumulate):
+        _kernels.direct_conv(x, packed, y, ctx.workspace(("padded", t), padded), conv.groups, *kernel, *stride[:2],
+                             *padding, *dilation, accumulate)
+    _over_samples(ctx, src, dst, beta, run)
+
+
+def _over_samples(ctx, src, dst, beta, run):
+    """run(t, x, y, accumulate) on thread t's run of samples in one compiled call, x and y their
+    volumes [n, C, D, H, W]: beta 0 overwrites dst, 1 adds to it, any other beta goes by way of a
+    scratch output, a sample at a time."""
     def work(t, samples):
-        xp = ctx.workspace(("padded", t), padded)
-        tmp = ctx.workspace(("direct_out", t), dst.shape[1:]) if beta else None
+        s0, s1 = samples[0], samples[-1] + 1
+        if beta in (0, 1):
+            return run(t, as_volumes(src[s0:s1]), as_volumes(dst[s0:s1]), beta == 1)
+        scratch = ctx.workspace(("scaled output", t), (1,) + dst.shape[1:])
         for n in samples:
-            out = tmp if beta else dst[n]
-            _kernels.direct_conv(as_volume(src[n]), packed, as_volume(out), xp, conv.groups, *kernel,
-                                 *stride[:2], *padding, *dilation)
-            if beta:
-                be.axpby(1.0, out, beta, dst[n])
+            run(t, as_volumes(src[n:n + 1]), as_volumes(scratch), False)
+            ctx.be.axpby(1.0, scratch[0], beta, dst[n])
     split_work(src.shape[0], work, columns.threads(ctx))
 
 
