@@ -11,7 +11,9 @@
  * Layouts (channel counts padded to whole vectors with zeros, Cp and COp):
  *   xcl  the input padded and channels-last [Dp][Hp][Wp][Cp]; tile t reads the 4x4(x4) block
  *        from (2·td, 2·th, 2·tw) (depth td when the kernel has depth 1)
- *   V    [XI][T][Cp] for a block of T tiles, M [XI][T][COp]
+ *   V    [T][XI][Cp] for a block of T tiles, M [T][XI][COp]: a tile's points are adjacent, so
+ *        the transforms read and write them in order; the GEMM of point ξ steps over tiles
+ *        with a leading dimension of XI·Cp (XI·COp)
  * A block of tiles keeps V and M in cache between the transforms and the products. Vectors run
  * along channels, so every transform is whole-vector adds. Compiled for AVX2 + FMA and the
  * baseline (clones.h). */

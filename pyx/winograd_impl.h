@@ -10,10 +10,10 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_in1)(VEC *v, lon
     v[3 * s] = d1 - d3;
 }
 
-/* V[ξ][tl][c0..) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). */
+/* V[tl][ξ][c0..) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). */
 LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TH,
                                                long TW, long t0, long t1, REAL *V) {
-    const long A = depth3 ? 4 : 1, XI = 16 * A, T = t1 - t0;
+    const long A = depth3 ? 4 : 1, XI = 16 * A;
     VEC buf[64];
     for (long t = t0; t < t1; t++) {
         long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
@@ -30,7 +30,7 @@ LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp
             if (depth3)
                 for (long be = 0; be < 16; be++) SUFFIXED(wino_in1)(buf + be, 16);     /* depths */
             for (long xi = 0; xi < XI; xi++)
-                memcpy(V + (xi * T + (t - t0)) * Cp + c0, &buf[xi], sizeof(VEC));
+                memcpy(V + ((t - t0) * XI + xi) * Cp + c0, &buf[xi], sizeof(VEC));
         }
     }
 }
@@ -42,40 +42,47 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
     v[s] = m1 - m2 - m3;
 }
 
-/* y[co, od, oh, ow] (+)= the outputs of tiles [t0, t1) from M[ξ][tl][co]; y [cout][oD][oH][oW]. */
+/* y[co, od, oh, ow] (+)= the outputs of tiles [t0, t1) from M[tl][ξ][co]; y [cout][oD][oH][oW]. */
 LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
                                                 long t0, long t1, REAL *y, long oD, long oH, long oW,
                                                 int accumulate) {
-    const long A = depth3 ? 4 : 1, XI = 16 * A, T = t1 - t0, OA = depth3 ? 2 : 1;
+    const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1;
     VEC buf[64];
-    REAL out[LANES];
     for (long t = t0; t < t1; t++) {
         long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
         long od0 = depth3 ? 2 * td : td, oh0 = 2 * th, ow0 = 2 * tw;
         for (long co0 = 0; co0 < COp; co0 += LANES) {
-            for (long xi = 0; xi < XI; xi++) memcpy(&buf[xi], M + (xi * T + (t - t0)) * COp + co0, sizeof(VEC));
+            for (long xi = 0; xi < XI; xi++) memcpy(&buf[xi], M + ((t - t0) * XI + xi) * COp + co0, sizeof(VEC));
             for (long ab = 0; ab < A * 4; ab++) SUFFIXED(wino_out1)(buf + ab * 4, 1);
             for (long a = 0; a < A; a++)
                 for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + a * 16 + e, 4);
             if (depth3)
                 for (long b = 0; b < 2; b++)
                     for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + b * 4 + e, 16);
-            long lanes = cout - co0 < LANES ? cout - co0 : LANES;
+            const long lanes = cout - co0 < LANES ? cout - co0 : LANES, plane = oD * oH * oW;
             for (long a = 0; a < OA; a++)
-                for (long b = 0; b < 2; b++)
-                    for (long e = 0; e < 2; e++) {
-                        long od = od0 + a, oh = oh0 + b, ow = ow0 + e;
-                        if (od >= oD || oh >= oH || ow >= oW) continue;
-                        memcpy(out, &buf[(a * 4 + b) * 4 + e], sizeof out);
-                        REAL *yp = y + ((co0 * oD + od) * oH + oh) * oW + ow;
-                        const long plane = oD * oH * oW;
-                        for (long l = 0; l < lanes; l++) {
-                            if (accumulate)
-                                yp[l * plane] += out[l];
-                            else
-                                yp[l * plane] = out[l];
-                        }
+                for (long b = 0; b < 2; b++) {
+                    long od = od0 + a, oh = oh0 + b;
+                    if (od >= oD || oh >= oH) continue;
+                    REAL v0[LANES], v1[LANES];  /* widths ow0 and ow0 + 1 of each lane's channel */
+                    memcpy(v0, &buf[(a * 4 + b) * 4], sizeof v0);
+                    memcpy(v1, &buf[(a * 4 + b) * 4 + 1], sizeof v1);
+                    REAL *yp = y + ((co0 * oD + od) * oH + oh) * oW + ow0;
+                    if (ow0 + 1 < oW) {
+                        if (accumulate)
+                            for (long l = 0; l < lanes; l++) {
+                                yp[l * plane] += v0[l];
+                                yp[l * plane + 1] += v1[l];
+                            }
+                        else
+                            for (long l = 0; l < lanes; l++) {
+                                yp[l * plane] = v0[l];
+                                yp[l * plane + 1] = v1[l];
+                            }
+                    } else {
+                        for (long l = 0; l < lanes; l++) yp[l * plane] = accumulate ? yp[l * plane] + v0[l] : v0[l];
                     }
+                }
         }
     }
 }
@@ -91,8 +98,8 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
         long t1 = t0 + T < tiles ? t0 + T : tiles, n = t1 - t0;
         SUFFIXED(wino_input)(xcl, Cp, Hp, Wp, depth3, TH, TW, t0, t1, V);
         for (long xi = 0; xi < XI; xi++)
-            SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * n * Cp, Cp, packed + xi * per_xi, 0, panels,
-                                 M + xi * n * COp, COp, 0);
+            SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * Cp, XI * Cp, packed + xi * per_xi, 0, panels,
+                                 M + xi * COp, XI * COp, 0);
         SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, accumulate);
     }
 }

@@ -1,5 +1,8 @@
 """The CPU backend's convolution algorithms, and the rule that picks one per layer and shape.
 
+- winograd: F(2x2x2, 3x3x3) and F(2x2, 3x3) for stride-1 kernels of 3 (pyx/winograd.h), the
+  forward and the input gradient (dy with the kernel flipped and its in/out channels swapped);
+  the transformed weights are cached per weight version.
 - direct: with unit stride along the width and the same padding on both sides of every axis,
   the forward runs without a column matrix (pyx/direct_conv.h: 4 output channels x 2 vectors of
   widths per register tile, weights packed in reading order, cached per weight version), and
@@ -11,6 +14,10 @@
   slice reads, and each slice's columns are one contiguous block, so the column matrix needs
   only the kh·kw taps of every input slice. That is kd times less data to build than the full
   3-D column matrix (measured 2.4x faster forward on 16->32 channels, 32^3, kernel 3).
+- direct, width phases: a width stride s > 1 as s unit-stride direct convolutions, one per
+  width phase of the input (a candidate for 'measure'; the rule prefers columns, measured faster).
+- depth to space: a transposed convolution whose kernel equals its stride writes each output
+  once from its column matrix instead of adding it into a zeroed output.
 - columns: vol2col + GEMM (lamina.backends.convolution), everything else.
 """
 import logging
@@ -73,26 +80,24 @@ WINOGRAD_MIN_CHANNELS = 8
 _RULE = ("winograd", "direct", "depth taps", "depth to space", "columns")
 
 
-def forward_algorithm(conv):
-    """The algorithm the rule (or a forced setting) runs a convolution's forward with."""
-    found = candidates(conv)
+def _pick(conv, found):
+    """Of the algorithms that apply, the one forced, else the rule's first."""
     if _setting["mode"] in found:
         return _setting["mode"]
-    if min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS and "winograd" in found:
-        found.remove("winograd")
-    return next(name for name in _RULE if name in found)
+    few = min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS
+    return next((name for name in _RULE if name in found and not (few and name == "winograd")), None)
+
+
+def forward_algorithm(conv):
+    """The algorithm the rule (or a forced setting) runs a convolution's forward with."""
+    return _pick(conv, candidates(conv))
 
 
 def _input_grad_algorithm(conv):
     """'winograd' or 'direct' where the input gradient runs as a stride-1 convolution of dy with
     the flipped kernel, else None (the backward's column or depth-tap path computes it)."""
-    found = [name for name, applies in (("winograd", _winograd(conv)), ("direct", _flipped_padding(conv) is not None))
-             if applies]
-    if _setting["mode"] in found:
-        return _setting["mode"]
-    if min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS and "winograd" in found:
-        found.remove("winograd")
-    return found[0] if found else None
+    return _pick(conv, [name for name, applies in (("winograd", _winograd(conv)),
+                                                   ("direct", _flipped_padding(conv) is not None)) if applies])
 
 
 def algorithms(conv):
@@ -367,16 +372,16 @@ def _input_grad(conv, ctx):
     return None
 
 
-def _direct_weight_grad_applies(conv):
+def _direct_weight_grad_applies(conv, input_grad=True):
+    """direct_conv_dw takes the weight gradient (its backward computes the input gradient by a
+    stride-1 convolution of dy, so that must be one where it is wanted)."""
     return (_direct(conv) and conv.kernel_size[-1] <= _kernels.direct_conv_dw_max_width()
-            and _flipped_padding(conv) is not None)
+            and (not input_grad or _flipped_padding(conv) is not None))
 
 
 def _direct_weight_grad(conv, ctx):
     # (not ctx.param_grad: asking for the target marks the gradient as written)
-    return (_direct(conv) and conv.kernel_size[-1] <= _kernels.direct_conv_dw_max_width()
-            and not conv.weight.frozen
-            and (ctx.input_grad(0) is None or _flipped_padding(conv) is not None))
+    return not conv.weight.frozen and _direct_weight_grad_applies(conv, ctx.input_grad(0) is not None)
 
 
 def _backward_direct(conv, ctx):
