@@ -266,14 +266,14 @@ def test_split_work_covers_the_items_and_restores_blas_threads():
 def test_direct_input_gradient_adds_to_another_consumers(monkeypatch):
     """Two stride-1 convolutions read the same input: the direct kernel's input gradient
     (the flipped-kernel convolution of dy) of the second adds to the first's (beta 1)."""
-    import lamina.backends.cpu.convolution as cpu_conv
+    import lamina.backends.cpu.direct as direct
     calls = []
-    real = cpu_conv._direct_run
+    real = direct.run
 
     def spy(conv, ctx, which, *args, **kw):
         calls.append(which)
         return real(conv, ctx, which, *args, **kw)
-    monkeypatch.setattr(cpu_conv, "_direct_run", spy)
+    monkeypatch.setattr(direct, "run", spy)
     net = lm.Network()
     x = net.input("x", (3, 5, 6, 7))
     a = Conv3d(3, 4, 3, padding=1)(x)

@@ -66,6 +66,21 @@ class Blocks:
             yield (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
 
 
+def over_samples(ctx, src, dst, beta, run):
+    """run(t, x, y, accumulate) on thread t's run of samples, for kernels that take a batch in one
+    compiled call (the CPU's direct and Winograd), x and y their volumes [n, C, D, H, W]: beta 0 overwrites dst, 1 adds to it, any other beta goes by way of a
+    scratch output, a sample at a time."""
+    def work(t, samples):
+        s0, s1 = samples[0], samples[-1] + 1
+        if beta in (0, 1):
+            return run(t, as_volumes(src[s0:s1]), as_volumes(dst[s0:s1]), beta == 1)
+        scratch = ctx.workspace(("scaled output", t), (1,) + dst.shape[1:])
+        for n in samples:
+            run(t, as_volumes(src[n:n + 1]), as_volumes(scratch), False)
+            ctx.be.axpby(1.0, scratch[0], beta, dst[n])
+    split_work(src.shape[0], work, threads(ctx))
+
+
 def weight_grad_parts(ctx, dw, count):
     """Per thread, (array, beta of its first write): the gradient itself for thread 0."""
     if dw is None:

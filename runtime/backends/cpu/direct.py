@@ -1,0 +1,166 @@
+"""The CPU's direct convolution (pyx/direct_conv.h), no column matrix: with unit stride along
+the width and the same padding on both sides of every axis, the forward (4 output channels x 2
+vectors of widths per register tile, weights packed in reading order, cached per weight
+version); with unit strides everywhere the input gradient too (the convolution of dy with the
+kernel flipped and its in/out channels swapped); the weight gradient by direct_conv_dw (kernel
+width up to direct_conv_dw_max_width()). A width stride s > 1 runs as s unit-stride direct
+convolutions, one per width phase of the input (width phases)."""
+import numpy as np
+
+from ... import _kernels
+from .. import convolution as columns
+from ..convolution import as_volume
+from ...threads import split_work
+
+# direct_conv.h reads up to two float vectors past the end of each output row's input, and the
+# weight gradient reads dy in whole vectors: the padded copies leave that much room
+ROW_SLACK = 16
+DY_ROW_MULTIPLE = 8
+
+
+def applies(conv):
+    """Unit stride along the width, the same padding on both sides of every axis."""
+    return not conv.transposed and conv.stride[-1] == 1 and conv.symmetric
+
+
+def width_phases_apply(conv):
+    """A width stride above 1 with no dilation along the width."""
+    return (not conv.transposed and conv.stride[-1] > 1 and conv.dilation[-1] == 1 and conv.symmetric)
+
+
+def _geometry(conv, out):
+    """(padding, stride, dilation) of the forward as 3-D tuples."""
+    _, stride, padding, dilation, _ = conv.geometry(out.shape[2:])
+    return padding, stride, dilation
+
+
+def _layout(groups):
+    """Weights [groups, out_g, in_g, taps] as direct_conv.h reads them: per group, blocks of
+    direct_conv_block() output channels (zero past out_g), each [in_g][taps][block]."""
+    g, out_g, in_g, taps = groups.shape
+    block = _kernels.direct_conv_block()
+    blocks = (out_g + block - 1) // block
+    padded = np.zeros((g, blocks * block, in_g, taps), groups.dtype)
+    padded[:, :out_g] = groups
+    return np.ascontiguousarray(padded.reshape(g, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)).reshape(-1)
+
+
+def _pack_direct(conv, which):
+    """The weight packed for direct_conv.h: 'forward', or 'input grad' (flipped taps, in/out
+    channels swapped per group)."""
+    out_g, in_g = conv.out_channels // conv.groups, conv.in_channels // conv.groups
+
+    def build(buffer):
+        groups = buffer.reshape(conv.groups, out_g, in_g, -1)
+        if which == "input grad":
+            groups = groups[..., ::-1].transpose(0, 2, 1, 3)  # [groups, in_g, out_g, taps]
+        return _layout(groups)
+    return conv.weight.derived(("direct", which), build)
+
+
+def _pack_width_phase(conv, r):
+    """The forward weight's taps of width phase r (widths r, r + s, ...) packed for direct_conv.h."""
+    out_g, in_g, s = conv.out_channels // conv.groups, conv.in_channels // conv.groups, conv.stride[-1]
+
+    def build(buffer):
+        phase = buffer.reshape((conv.groups, out_g, in_g) + conv.kernel_size)[..., r::s]
+        return _layout(phase.reshape(conv.groups, out_g, in_g, -1))
+    return conv.weight.derived(("width phase", r), build)
+
+
+def _padded_shape(batch, padding):
+    """The scratch a sample of `batch` is padded into for direct_conv.h: zeros around it, and
+    ROW_SLACK more past each row for the last tile's vector loads."""
+    c, d, h, w = as_volume(batch[0]).shape
+    return c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + ROW_SLACK
+
+
+def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0):
+    """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads."""
+    packed = _pack_direct(conv, which)
+    kernel = conv.geometry(dst.shape[2:])[0]
+    padded = _padded_shape(src, padding)
+
+    def call(t, x, y, accumulate):
+        _kernels.direct_conv(x, packed, y, ctx.workspace(("padded", t), padded), conv.groups, *kernel, *stride[:2],
+                             *padding, *dilation, accumulate)
+    columns.over_samples(ctx, src, dst, beta, call)
+
+
+def forward(conv, ctx):
+    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_geometry(conv, ctx.output))
+
+
+def forward_width_phases(conv, ctx):
+    """A stride s > 1 along the width as s direct convolutions of unit width stride: the padded
+    input's rows split by width phase (phase r holds widths r, r + s, ...: padded_copy), phase r
+    convolved with the kernel's taps r, r + s, ... and added in. The multiply-adds are the
+    convolution's own; no column matrix."""
+    x, y = ctx.inputs[0], ctx.output
+    kernel, stride, padding, dilation, _ = conv.geometry(y.shape[2:])
+    s, (c, d, h, w) = stride[2], as_volume(x[0]).shape
+    widths = [-(-(kernel[2] - r) // s) for r in range(s)]  # taps per phase (0 when kw < s)
+    row = max(-(-(w + padding[2]) // s), (-(-y.shape[-1] // ROW_SLACK)) * ROW_SLACK + max(widths) - 1)
+    shape = (s * c, d + 2 * padding[0], h + 2 * padding[1], row)
+    packs = [_pack_width_phase(conv, r) if widths[r] else None for r in range(s)]
+
+    def work(t, samples):
+        xp = ctx.workspace(("padded phases", t), shape)
+        for n in samples:
+            _kernels.padded_copy(as_volume(x[n]), xp, *padding, s)
+            for r in range(s):
+                if widths[r]:
+                    _kernels.direct_conv_padded(xp[r * c:(r + 1) * c], packs[r], as_volume(y[n]), conv.groups,
+                                                kernel[0], kernel[1], widths[r], stride[0], stride[1], dilation[0],
+                                                dilation[1], 1, accumulate=r > 0)
+    split_work(x.shape[0], work, columns.threads(ctx))
+
+
+def flipped_padding(conv):
+    """The padding of the input gradient as a direct convolution of dy (all strides 1, and
+    dilation·(k - 1) - padding not negative), or None when it is not one."""
+    if not (applies(conv) and max(conv.stride) == 1):
+        return None
+    kernel, _, padding, dilation, _ = conv.geometry((1,) * conv.nd)
+    flipped = tuple(d * (k - 1) - p for k, p, d in zip(kernel, padding, dilation))
+    return flipped if min(flipped) >= 0 else None
+
+
+def weight_grad_applies(conv, input_grad=True):
+    """direct_conv_dw takes the weight gradient (its backward computes the input gradient by a
+    stride-1 convolution of dy, so that must be one where it is wanted)."""
+    return (applies(conv) and conv.kernel_size[-1] <= _kernels.direct_conv_dw_max_width()
+            and (not input_grad or flipped_padding(conv) is not None))
+
+
+def weight_grad_runs(conv, ctx):
+    # (not ctx.param_grad: asking for the target marks the gradient as written)
+    return not conv.weight.frozen and weight_grad_applies(conv, ctx.input_grad(0) is not None)
+
+
+def backward(conv, ctx, input_grad):
+    """Weight gradient by direct_conv_dw, each thread adding its samples into its own part;
+    input gradient by the direct kernel too."""
+    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    kernel, stride, padding, dilation, _ = conv.geometry(dy.shape[2:])
+    count = columns.threads(ctx)
+    parts = columns.weight_grad_parts(ctx, ctx.param_grad("weight"), count)
+    input_grad(conv, ctx)
+    xp_shape = _padded_shape(x, padding)
+    out = as_volume(dy[0]).shape
+    dyp_shape = out[:3] + (-(-out[3] // DY_ROW_MULTIPLE) * DY_ROW_MULTIPLE,)
+    partials = _kernels.direct_conv_dw_workspace(conv.in_channels // conv.groups, conv.out_channels // conv.groups,
+                                                 *kernel, dy.dtype == np.float32)
+
+    def work(t, samples):
+        part, beta = parts[t]
+        if beta == 0:
+            be.fill(part, 0)
+        xp = ctx.workspace(("padded", t), xp_shape)
+        dyp = ctx.workspace(("padded dy", t), dyp_shape)
+        scratch = ctx.workspace(("dw partials", t), (partials,))
+        for n in samples:
+            _kernels.direct_conv_dw(as_volume(x[n]), as_volume(dy[n]), part.reshape(-1), xp, dyp, scratch,
+                                    conv.groups, *kernel, *stride[:2], *padding, *dilation)
+    split_work(x.shape[0], work, count)
+    columns.sum_weight_grad_parts(ctx, parts)

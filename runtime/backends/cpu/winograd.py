@@ -1,0 +1,78 @@
+"""The CPU's Winograd convolution F(2x2x2, 3x3x3) and F(2x2, 3x3) for stride-1 kernels of 3
+(pyx/winograd.h): the forward, and the input gradient as the same convolution of dy with the
+kernel flipped and its in/out channels swapped. The transformed weights are cached per weight
+version."""
+import numpy as np
+
+from ... import _kernels
+from .. import convolution as columns
+from ..convolution import as_volume
+
+# Tiles per block of winograd.h: its transformed input and products, XI · block · (Cp + COp)
+# values, stay in cache between the transforms and the GEMMs.
+BLOCK_VALUES = 1 << 16
+# G of F(2, 3): the kernel's transform along each axis
+_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+
+
+def applies(conv):
+    """A kernel of 3 along height and width (and depth, or depth 1 without depth padding), stride
+    and dilation 1, one group, the same padding on both sides, at most 2 (the input gradient's
+    is 2 - padding)."""
+    k = conv.kernel_size
+    return (not conv.transposed and conv.groups == 1 and max(conv.stride + conv.dilation) == 1 and conv.symmetric
+            and k[-2:] == (3, 3) and (conv.nd == 2 or k[0] == 3 or (k[0] == 1 and conv.padding[0] == 0))
+            and max(conv.padding) <= 2)
+
+
+def _depth3(conv):
+    return conv.nd == 3 and conv.kernel_size[0] == 3
+
+
+def _weights(conv, which):
+    """U_ξ = G g Gᵀ along each axis, [XI][Cin][Cout] zero-padded to whole vectors of channels and
+    panel-packed per ξ: 'forward', or 'input grad' (flipped taps, in/out channels swapped)."""
+    depth3 = _depth3(conv)
+
+    def build(buffer):
+        w = buffer.astype(np.float64).reshape((conv.out_channels, conv.in_channels) + conv.kernel_size[-3:])
+        if which == "input grad":
+            w = w[:, :, ::-1, ::-1, ::-1].transpose(1, 0, 2, 3, 4) if w.ndim == 5 else \
+                w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+        if w.ndim == 5 and not depth3:
+            w = w[:, :, 0]
+        g = _G
+        u = (np.einsum("ai,bj,ck,oxijk->abcxo", g, g, g, w) if depth3 else
+             np.einsum("bj,ck,oxjk->bcxo", g, g, w))
+        cin, cout = w.shape[1], w.shape[0]
+        u = u.reshape(-1, cin, cout)
+        lanes = _kernels.winograd_lanes(buffer.dtype == np.float32)
+        cp, nr = -(-cin // lanes) * lanes, 2 * lanes
+        panels = -(-(-(-cout // lanes) * lanes) // nr)
+        padded = np.zeros((u.shape[0], cp, panels * nr))
+        padded[:, :cin, :cout] = u
+        packed = padded.reshape(u.shape[0], cp, panels, nr).transpose(0, 2, 1, 3)
+        return np.ascontiguousarray(packed, dtype=buffer.dtype).reshape(-1)
+    return conv.weight.derived(("winograd", which), build)
+
+
+def run(conv, ctx, which, src, dst, padding, beta=0.0):
+    """dst[n] = (beta·dst[n] +) the Winograd convolution of src[n], split between threads."""
+    packed, depth3 = _weights(conv, which), _depth3(conv)
+    c, d, h, w = as_volume(src[0]).shape
+    cout = dst.shape[1]
+    lanes = _kernels.winograd_lanes(src.dtype == np.float32)
+    xi = 64 if depth3 else 16
+    block = max(6, BLOCK_VALUES // (xi * (-(-c // lanes) + -(-cout // lanes)) * lanes) // 6 * 6)
+    pd = padding[0] if depth3 else 0
+    sizes = _kernels.winograd_workspace(c, cout, d, h, w, pd, padding[1], padding[2], depth3, block,
+                                        src.dtype == np.float32)
+
+    def call(t, x, y, accumulate):
+        xcl, v, m = (ctx.workspace(("winograd " + key, t), (size,)) for key, size in zip(("xcl", "V", "M"), sizes))
+        _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate)
+    columns.over_samples(ctx, src, dst, beta, call)
+
+
+def forward(conv, ctx):
+    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2])
