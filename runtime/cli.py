@@ -307,10 +307,10 @@ def cmd_inspect(args):
     if (args.device or "cpu") != "cpu":
         _place(net, args)
         print(f"places on {net.backend}")
-    for layer in net.layers:
-        if hasattr(layer, "algorithms"):
-            steps = layer.algorithms(net.backend)
-            print(f"{layer.name} runs on {net.backend.name} as " + ", ".join(f"{k}: {v}" for k, v in steps.items()))
+    for node in net.validate():
+        if hasattr(node.layer, "algorithms"):
+            steps = node.layer.algorithms(net.backend)
+            print(f"{node.name} runs on {net.backend.name} as " + ", ".join(f"{k}: {v}" for k, v in steps.items()))
     if net.assets:
         shown = {k: (f"array {list(v.shape)}" if isinstance(v, np.ndarray) else
                      f"list of {len(v)}" if isinstance(v, list) else v) for k, v in net.assets.items()}

@@ -2,6 +2,7 @@
 refusal of what lamina lacks (every item listed at once), malformed files, fine-tuning an
 imported model against PyTorch, and the command's .onnx handling."""
 import io
+import re
 import warnings
 
 import numpy as np
@@ -281,7 +282,9 @@ def test_the_command_takes_onnx_files(tmp_path, cnn, capsys):
     assert main(["infer", str(tmp_path / "cnn.onnx"), str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], converted.run({"x": x})["y"])
     assert main(["inspect", str(tmp_path / "cnn.onnx")]) == 0
-    assert "Conv2d" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "Conv2d" in shown
+    assert re.search(r"runs on cpu as forward: \w+, input grad: \w+, weight grad: \w+", shown), shown
     (tmp_path / "junk.onnx").write_bytes(b"junk")
     assert main(["import", str(tmp_path / "junk.onnx"), "-o", str(tmp_path / "j.lamina")]) == 2
     assert "junk.onnx:" in capsys.readouterr().err
