@@ -197,3 +197,34 @@ def test_kernels_overwrite_outputs_full_of_nan():
     for a, b in zip(*results):
         assert np.isfinite(b).all()
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["winograd", "direct", "direct, width phases"])
+def test_packed_weights_follow_every_update(name, algorithm):
+    """The layouts these algorithms derive from the weight (Parameter.derived) are rebuilt after
+    an optimizer step and after assign: the next forward equals the column algorithm's."""
+    stride = 2 if name == "direct, width phases" else 1
+    net = lm.Network()
+    x = net.input("x", (8, 5, 6, 7))
+    layer = Conv3d(8, 8, 3, padding=1, stride=(1, 1, stride))
+    y = layer(x)
+    net.outputs(y=y, cost=lm.layers.SquareError()(y, net.input("t", y.spec.shape)))
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 8, 5, 6, 7)).astype(np.float32),
+             "t": rng.standard_normal((2,) + y.spec.shape).astype(np.float32)}
+    opt = lm.optim.SGD(net.parameters(), lr=0.5)
+
+    def both():
+        algorithm(name)
+        got = net.run({"x": feeds["x"]}, ["y"])["y"]
+        algorithm("columns")
+        return got, net.run({"x": feeds["x"]}, ["y"])["y"]
+    before = both()[0]
+    algorithm(name)
+    net.train_step(feeds, opt)
+    got, want = both()
+    assert np.abs(got - before).max() > 1e-2 * np.abs(before).max()  # the step moved the weights
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())
+    layer.weight.assign(rng.standard_normal(layer.weight.shape))
+    got, want = both()
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())

@@ -41,14 +41,13 @@ def _weights(conv, which):
                 w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
         if w.ndim == 5 and not depth3:
             w = w[:, :, 0]
-        g = _G
-        u = (np.einsum("ai,bj,ck,oxijk->abcxo", g, g, g, w) if depth3 else
-             np.einsum("bj,ck,oxjk->bcxo", g, g, w))
+        u = (np.einsum("ai,bj,ck,oxijk->abcxo", _G, _G, _G, w) if depth3 else
+             np.einsum("bj,ck,oxjk->bcxo", _G, _G, w))
         cin, cout = w.shape[1], w.shape[0]
         u = u.reshape(-1, cin, cout)
         lanes = _kernels.winograd_lanes(buffer.dtype == np.float32)
-        cp, nr = -(-cin // lanes) * lanes, 2 * lanes
-        panels = -(-(-(-cout // lanes) * lanes) // nr)
+        cp, cop, nr = -(-cin // lanes) * lanes, -(-cout // lanes) * lanes, 2 * lanes  # nr: a panel's columns
+        panels = -(-cop // nr)
         padded = np.zeros((u.shape[0], cp, panels * nr))
         padded[:, :cin, :cout] = u
         packed = padded.reshape(u.shape[0], cp, panels, nr).transpose(0, 2, 1, 3)
@@ -63,6 +62,7 @@ def run(conv, ctx, which, src, dst, padding, beta=0.0):
     cout = dst.shape[1]
     lanes = _kernels.winograd_lanes(src.dtype == np.float32)
     xi = 64 if depth3 else 16
+    # tiles per block: whole row tiles of the panel GEMM (6 rows), at least one
     block = max(6, BLOCK_VALUES // (xi * (-(-c // lanes) + -(-cout // lanes)) * lanes) // 6 * 6)
     pd = padding[0] if depth3 else 0
     sizes = _kernels.winograd_workspace(c, cout, d, h, w, pd, padding[1], padding[2], depth3, block,
