@@ -1,6 +1,12 @@
 /* Winograd F(2, 3) transforms for the REAL type winograd.h sets. depth3 selects the volume form
  * (4 points along depth) over the image form (depth kernel 1: a tile spans one depth slice). */
 
+static inline __attribute__((always_inline)) VEC SUFFIXED(wino_load)(const REAL *p) {
+    VEC v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 /* Bᵀ along one axis: four vectors at stride s, in place. */
 static inline __attribute__((always_inline)) void SUFFIXED(wino_in1)(VEC *v, long s) {
     VEC d0 = v[0], d1 = v[s], d2 = v[2 * s], d3 = v[3 * s];
@@ -20,11 +26,16 @@ LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp
         long d0 = depth3 ? 2 * td : td, h0 = 2 * th, w0 = 2 * tw;
         for (long c0 = 0; c0 < Cp; c0 += LANES) {
             for (long a = 0; a < A; a++)
-                for (long b = 0; b < 4; b++) {
+                for (long b = 0; b < 4; b++) {  /* widths, as the row is read */
                     const REAL *row = xcl + (((d0 + a) * Hp + h0 + b) * Wp + w0) * Cp + c0;
-                    for (long e = 0; e < 4; e++) memcpy(&buf[(a * 4 + b) * 4 + e], row + e * Cp, sizeof(VEC));
+                    VEC x0 = SUFFIXED(wino_load)(row), x1 = SUFFIXED(wino_load)(row + Cp);
+                    VEC x2 = SUFFIXED(wino_load)(row + 2 * Cp), x3 = SUFFIXED(wino_load)(row + 3 * Cp);
+                    VEC *v = buf + (a * 4 + b) * 4;
+                    v[0] = x0 - x2;
+                    v[1] = x1 + x2;
+                    v[2] = x2 - x1;
+                    v[3] = x1 - x3;
                 }
-            for (long ab = 0; ab < A * 4; ab++) SUFFIXED(wino_in1)(buf + ab * 4, 1);      /* widths */
             for (long a = 0; a < A; a++)
                 for (long e = 0; e < 4; e++) SUFFIXED(wino_in1)(buf + a * 16 + e, 4);   /* heights */
             if (depth3)
@@ -52,8 +63,13 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
         long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
         long od0 = depth3 ? 2 * td : td, oh0 = 2 * th, ow0 = 2 * tw;
         for (long co0 = 0; co0 < COp; co0 += LANES) {
-            for (long xi = 0; xi < XI; xi++) memcpy(&buf[xi], M + ((t - t0) * XI + xi) * COp + co0, sizeof(VEC));
-            for (long ab = 0; ab < A * 4; ab++) SUFFIXED(wino_out1)(buf + ab * 4, 1);
+            const REAL *mt = M + (t - t0) * XI * COp + co0;
+            for (long ab = 0; ab < A * 4; ab++) {  /* widths, as M is read */
+                VEC m0 = SUFFIXED(wino_load)(mt + (ab * 4) * COp), m1 = SUFFIXED(wino_load)(mt + (ab * 4 + 1) * COp);
+                VEC m2 = SUFFIXED(wino_load)(mt + (ab * 4 + 2) * COp), m3 = SUFFIXED(wino_load)(mt + (ab * 4 + 3) * COp);
+                buf[ab * 4] = m0 + m1 + m2;
+                buf[ab * 4 + 1] = m1 - m2 - m3;
+            }
             for (long a = 0; a < A; a++)
                 for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + a * 16 + e, 4);
             if (depth3)
