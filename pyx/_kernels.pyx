@@ -1163,12 +1163,19 @@ def winograd_workspace(int C, int cout, int D, int H, int W, int pd, int ph, int
     cdef long lanes = 8 if is_float else 4
     cdef long Cp = (C + lanes - 1) // lanes * lanes, COp = (cout + lanes - 1) // lanes * lanes
     cdef long XI = 64 if depth3 else 16
+    cdef long panels = (COp + 2 * lanes - 1) // (2 * lanes)
+    _, _, _, Dp, Hp, Wp = _winograd_grid(D, H, W, pd, ph, pw, depth3)
+    return Dp * Hp * Wp * Cp, XI * block * Cp, XI * block * COp, XI * panels * Cp * 2 * lanes
+
+
+cdef tuple _winograd_grid(long D, long H, long W, long pd, long ph, long pw, bint depth3):
+    """(TD, TH, TW, Dp, Hp, Wp): the tiles along each axis (2 outputs each; one depth slice each
+    for images) and the padded copy's sizes, which hold the input at (pd, ph, pw) and every tile's
+    4 x 4 (x 4) read."""
     cdef long oD = D + 2 * pd - 2 if depth3 else D, oH = H + 2 * ph - 2, oW = W + 2 * pw - 2
     cdef long TD = (oD + 1) // 2 if depth3 else oD, TH = (oH + 1) // 2, TW = (oW + 1) // 2
-    cdef long Dp = max(2 * TD + 2, D + pd) if depth3 else D
-    cdef long Hp = max(2 * TH + 2, H + ph), Wp = max(2 * TW + 2, W + pw)
-    cdef long panels = (COp + 2 * lanes - 1) // (2 * lanes)
-    return Dp * Hp * Wp * Cp, XI * block * Cp, XI * block * COp, XI * panels * Cp * 2 * lanes
+    return (TD, TH, TW, max(2 * TD + 2, D + pd) if depth3 else D, max(2 * TH + 2, H + ph),
+            max(2 * TW + 2, W + pw))
 
 
 def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[::1] xcl, real[::1] V,
@@ -1194,10 +1201,7 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     found = (xcl.shape[0], V.shape[0], M.shape[0], packed.shape[0])
     if any(f < k for f, k in zip(found, need)):
         raise ValueError(f"winograd_conv: xcl, V, M and packed must hold at least {need} values, found {found}")
-    TD = (oD + 1) // 2 if depth3 else oD
-    TH, TW = (oH + 1) // 2, (oW + 1) // 2
-    Dp = max(2 * TD + 2, D + pd) if depth3 else D
-    Hp, Wp = max(2 * TH + 2, H + ph), max(2 * TW + 2, W + pw)
+    TD, TH, TW, Dp, Hp, Wp = _winograd_grid(D, H, W, pd, ph, pw, depth3)
     with nogil:
         for n in range(N):
             memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))

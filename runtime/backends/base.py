@@ -226,7 +226,7 @@ class Backend(ABC):
 
     def conv_forward(self, conv, ctx):
         """ctx.output = conv(ctx.inputs[0]), transposed or not, without the bias."""
-        (convolution.transposed_forward if conv.transposed else convolution.forward)(conv, ctx)
+        convolution.any_forward(conv, ctx)
 
     def conv_backward(self, conv, ctx):
         """The weight gradient (ctx.param_grad) and the input gradient (ctx.input_grad)."""

@@ -68,8 +68,9 @@ class Blocks:
 
 def over_samples(ctx, src, dst, beta, run):
     """run(t, x, y, accumulate) on thread t's run of samples, for kernels that take a batch in one
-    compiled call (the CPU's direct and Winograd), x and y their volumes [n, C, D, H, W]: beta 0 overwrites dst, 1 adds to it, any other beta goes by way of a
-    scratch output, a sample at a time."""
+    compiled call (the CPU's direct and Winograd), x and y their volumes [n, C, D, H, W]: beta 0
+    overwrites dst, 1 adds to it, any other beta goes by way of a scratch output, a sample at a
+    time."""
     def work(t, samples):
         s0, s1 = samples[0], samples[-1] + 1
         if beta in (0, 1):
@@ -97,6 +98,11 @@ def _thread_start(ctx, t, col_rows, grid, parts, groups):
     """Thread t's column blocks, its weight-gradient part by groups and that part's first beta."""
     part, beta = parts[t]
     return Blocks(ctx, col_rows, grid, ("col", t)), (by_groups(part, groups) if part is not None else None), beta
+
+
+def any_forward(conv, ctx):
+    """The forward of a plain or a transposed convolution."""
+    (transposed_forward if conv.transposed else forward)(conv, ctx)
 
 
 def forward(conv, ctx):

@@ -157,9 +157,6 @@ def _forward_depth_to_space(conv, ctx):
         col, y, *geometry[1], *rows))
 
 
-def _forward_columns(conv, ctx):
-    (columns.transposed_forward if conv.transposed else columns.forward)(conv, ctx)
-
-
-_FORWARD = {"winograd": winograd.forward, "direct": direct.forward, "direct, width phases": direct.forward_width_phases,
-            "depth taps": depth_taps.forward, "depth to space": _forward_depth_to_space, "columns": _forward_columns}
+_FORWARD = {"winograd": winograd.forward, "direct": direct.forward,
+            "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
+            "depth to space": _forward_depth_to_space, "columns": columns.any_forward}

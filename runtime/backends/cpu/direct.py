@@ -12,8 +12,9 @@ from .. import convolution as columns
 from ..convolution import as_volume
 from ...threads import split_work
 
-# direct_conv.h reads up to two float vectors past the end of each output row's input, and the
-# weight gradient reads dy in whole vectors: the padded copies leave that much room
+# direct_conv.h reads up to two float vectors past the end of each output row's input (one register
+# tile of widths: 16 floats, or 8 doubles), and the weight gradient reads dy in whole vectors: the
+# padded copies leave that much room
 ROW_SLACK = 16
 DY_ROW_MULTIPLE = 8
 
@@ -100,6 +101,7 @@ def forward_width_phases(conv, ctx):
     kernel, stride, padding, dilation, _ = conv.geometry(y.shape[2:])
     s, (c, d, h, w) = stride[2], as_volume(x[0]).shape
     widths = [-(-(kernel[2] - r) // s) for r in range(s)]  # taps per phase (0 when kw < s)
+    # a phase row holds its share of the padded input and every whole tile's reads (ROW_SLACK wide)
     row = max(-(-(w + padding[2]) // s), (-(-y.shape[-1] // ROW_SLACK)) * ROW_SLACK + max(widths) - 1)
     shape = (s * c, d + 2 * padding[0], h + 2 * padding[1], row)
     packs = [_pack_width_phase(conv, r) if widths[r] else None for r in range(s)]
@@ -140,7 +142,7 @@ def weight_grad_runs(conv, ctx):
 
 def backward(conv, ctx, input_grad):
     """Weight gradient by direct_conv_dw, each thread adding its samples into its own part;
-    input gradient by the direct kernel too."""
+    input gradient by input_grad(conv, ctx) (Winograd or the direct kernel on dy)."""
     be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
     kernel, stride, padding, dilation, _ = conv.geometry(dy.shape[2:])
     count = columns.threads(ctx)
