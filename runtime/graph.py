@@ -379,7 +379,8 @@ class Network:
         with self._lock.write():
             self.forward(feeds, training=True, outputs=self.cost_outputs())
             optimizer.begin_step()
-            loss = self.scheduler.backward(on_ready=optimizer.update, check_loss=optimizer.check_loss)
+            loss = self.scheduler.backward(on_ready=optimizer.update, check_loss=optimizer.check_loss,
+                                           sum_over_processes=optimizer.sum_over_processes)
             optimizer.end_step()
         return loss
 

@@ -119,11 +119,16 @@ class Optimizer:
         self.current_lr = self.lr * self.schedule(0)
         self.last_grad_norm = None
         self._deferred = []
+        # lamina.distributed.data_parallel installs one: gradients are summed over the
+        # processes before their updates
+        self.reducer = None
 
     def begin_step(self):
         self.current_lr = self.lr * self.schedule(self.step_count)
         self._deferred = []
         self._skip = None
+        if self.reducer is not None:
+            self.reducer.begin()
 
     def check_loss(self, loss):
         """Before backward: False (skip the step) or FloatingPointError for a non-finite loss."""
@@ -146,9 +151,22 @@ class Optimizer:
         return math.isfinite(self._be(p).sum_squares(p.grad, p.grad_rows))
 
     def update(self, p):
-        """The gradient of p is complete: apply its update (or defer it when clipping)."""
+        """The gradient of p is complete: apply its update (or defer it when clipping); in
+        data-parallel training, once the gradient is summed over the processes."""
         if id(p) not in self._ids or not p.grad_pending:
             return
+        if self.reducer is not None:
+            self.reducer.submit(p)  # calls update_summed(p) once the sum has arrived
+        else:
+            self.update_summed(p)
+
+    def sum_over_processes(self, values):
+        """The sum over the data-parallel processes of a small float64 vector (the costs' sums
+        and row counts); the values themselves in one process."""
+        return values if self.reducer is None else self.reducer.sum(values)
+
+    def update_summed(self, p):
+        """Apply p's update (its gradient is that of the whole global batch)."""
         if self._skip is not None:
             p.drop_grad()
             return
@@ -166,6 +184,8 @@ class Optimizer:
         return self.backend or p.backend or _cpu()
 
     def end_step(self):
+        if self.reducer is not None:
+            self.reducer.finish()
         if self._deferred:
             norm = math.sqrt(sum(self._be(p).sum_squares(p.dense_grad(self._be(p))) for p in self._deferred))
             if self.nonfinite != "apply" and not math.isfinite(norm):

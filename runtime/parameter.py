@@ -119,6 +119,13 @@ class Parameter:
             self._grad_rows = np.union1d(self._grad_rows, rows).astype(np.int32)
         return self.grad, 1.0
 
+    def set_sparse_grad(self, backend, rows, values):
+        """Make the gradient sparse over `rows` (sorted, distinct int32) with `values` (one row
+        each): a gradient summed over processes replaces this process's own."""
+        if len(rows):
+            backend.scatter_rows(backend.from_host(values), rows, self.grad)
+        self._grad_pending, self._grad_rows = True, rows
+
     def drop_grad(self):
         """Forget the gradient (consumed by an update, or refused): the next writer overwrites."""
         self._grad_pending, self._grad_rows = False, None

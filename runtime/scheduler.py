@@ -574,7 +574,7 @@ class Scheduler:
         self.current = b
         return {o: b.values[net.output_values[o]] for o in outputs}
 
-    def backward(self, on_ready=None, grad_outputs=None, check_loss=None):
+    def backward(self, on_ready=None, grad_outputs=None, check_loss=None, sum_over_processes=None):
         b = self.current
         net = self.network
         if b is None or not b.plan.training:
@@ -605,12 +605,18 @@ class Scheduler:
         elif grad_outputs:
             raise GraphError("backward: gradients for outputs need forward(..., grad_outputs=[names])")
         else:
+            # the loss is the mean over rows of each cost (steps, for a sequence cost); in
+            # data-parallel training `sum_over_processes` makes sums and rows those of the
+            # global batch
+            costs = b.plan.costs
+            totals = np.array([np.sum(be.to_host(b.values[v]), dtype=np.float64) for v in costs]
+                              + [b.rows(v) for v in costs], np.float64)
+            if sum_over_processes is not None:
+                totals = sum_over_processes(totals)
             loss = 0.0
-            for v in b.plan.costs:
-                # the loss is the mean over rows of each cost (steps, for a sequence cost)
-                rows = b.rows(v)
+            for v, total, rows in zip(costs, totals[:len(costs)], totals[len(costs):]):
                 be.fill(b.grads[v], 1.0 / rows)
-                loss += float(np.sum(be.to_host(b.values[v]), dtype=np.float64)) / rows
+                loss += float(total) / rows
         if check_loss is not None and not check_loss(loss):
             return loss
         for ctx, ready in b.backward_contexts:
