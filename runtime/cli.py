@@ -197,8 +197,26 @@ def _stored_half(path):
     return kinds == {np.dtype(np.float16)}
 
 
+def _world(args):
+    """The MPI job's World when training is data-parallel (--distributed, or started by an MPI
+    launcher), else None. Ranks that share a machine split its cores unless --threads says."""
+    from . import distributed
+    if not (args.distributed or distributed.launched()):
+        return None
+    world = distributed.init()
+    if args.threads is None and "LAMINA_THREADS" not in os.environ:
+        local = next((int(os.environ[v]) for v in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                      if v in os.environ), 1)
+        from .threads import set_num_threads
+        set_num_threads(max(1, len(os.sched_getaffinity(0)) // local))
+    return world
+
+
 def cmd_train(args):
     lm = _setup(args)
+    world = _world(args)
+    lead = world is None or world.rank == 0  # prints, reads the checkpoint, writes the files
+    say = print if lead else (lambda *a, **k: None)
     from . import training
     from .io.checkpoint import graph_difference
     folder = Path(args.checkpoint_dir)
@@ -212,7 +230,9 @@ def cmd_train(args):
         _writable(out, "--out")
     model = _load(lm, args.model)
     half = _stored_half(args.model)
-    ck = training.resume_from(folder) if args.resume else None
+    # rank 0 reads the checkpoint and hands its state to the others (lamina.distributed), so
+    # only its server needs --checkpoint-dir
+    ck = training.resume_from(folder) if args.resume and lead else None
     if ck:
         differs = graph_difference(ck.net, model)
         if differs:
@@ -240,14 +260,26 @@ def cmd_train(args):
             net.to(net.backend)
         print(f"resuming from {folder / training.CHECKPOINT}: epoch {ck.fields['epoch']}, "
               f"batch {ck.fields['batch']}, step {ck.step_count}")
-    print(f"training {args.model} on {len(data)} samples: {args.epochs} epoch(s) of batches of "
-          f"{args.batch_size}, {args.optimizer} lr {args.lr}")
+    resume = ck.fields if ck else None
+    if world is not None:
+        from . import distributed
+        if args.batch_size < world.size:
+            raise CommandError(f"--batch-size {args.batch_size} is the global batch: it needs at least one "
+                               f"sample for each of the {world.size} ranks")
+        resume = world.broadcast(resume, "rank 0's checkpoint position")
+        distributed.data_parallel(net, opt, world, bucket_mb=args.bucket_mb, seed=args.seed)
+        say(f"data-parallel over {world.size} ranks ({lm.get_num_threads()} thread(s) each), "
+            f"global batches of {args.batch_size}")
+    say(f"training {args.model} on {len(data)} samples: {args.epochs} epoch(s) of batches of "
+        f"{args.batch_size}, {args.optimizer} lr {args.lr}")
     try:
         losses = training.fit(net, data, opt, epochs=args.epochs, batch_size=args.batch_size, folder=folder,
-                              resume=ck, seed=args.seed, progress=not args.quiet, max_steps=args.max_steps,
-                              checkpoint_every=args.checkpoint_every)
+                              resume=resume, seed=args.seed, progress=not args.quiet, max_steps=args.max_steps,
+                              checkpoint_every=args.checkpoint_every, world=world, log=say)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    if not lead:
+        return 0
     if opt.skipped_steps:
         print(f"skipped {opt.skipped_steps} step(s) whose loss or gradient was not finite (NaN or infinity "
               f"in the data?)", file=sys.stderr)
@@ -411,6 +443,10 @@ def parser():
                    "never MODEL itself)")
     s.add_argument("--seed", type=int, default=0, help="seed of the data order and sampling")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--distributed", action="store_true",
+                   help="data-parallel over MPI (implied when started by mpiexec): --batch-size is the global batch")
+    s.add_argument("--bucket-mb", type=POSITIVE, default=4.0,
+                   help="data-parallel: gradient megabytes per allreduce")
     s.set_defaults(run=cmd_train)
 
     s = sub.add_parser("import", parents=[common], help="convert an ONNX model to a lamina model file")
@@ -436,6 +472,17 @@ def parser():
     return p
 
 
+def _fail(args, error, code):
+    """Report an error in one line and return the exit status; in a job of several MPI ranks,
+    end every rank (the others would wait for this one forever)."""
+    from . import distributed
+    world = distributed._world
+    if world is not None and world.size > 1:
+        world.abort(f"lamina {args.command}: {error}", code)
+    print(f"lamina {args.command}: {error}", file=sys.stderr)
+    return code
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     from .errors import GraphError, InputError
@@ -445,11 +492,9 @@ def main(argv=None):
     try:
         return args.run(args)
     except (CommandError, ModelFileError, InputError, GraphError, SequenceError, SettingError) as e:
-        print(f"lamina {args.command}: {e}", file=sys.stderr)
-        return 2
+        return _fail(args, e, 2)
     except (FloatingPointError, NonFiniteModelError) as e:
-        print(f"lamina {args.command}: {e}", file=sys.stderr)
-        return 1
+        return _fail(args, e, 1)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the output's reader went away (`lamina inspect M | head`): nothing to report

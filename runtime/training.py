@@ -80,38 +80,50 @@ class TextData:
 
 
 def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False, seed=0, progress=True,
-        max_steps=None, log=print, checkpoint_every=None):
+        max_steps=None, log=print, checkpoint_every=None, world=None):
     """Train; returns the list of per-step losses of this call (skipped steps have none). With
     `folder`, writes checkpoint.lamina (every epoch, every `checkpoint_every` steps and on
     Ctrl-C), log.jsonl (one line per step, flushed as it is written) and loss.png there;
     resume=True continues from its checkpoint (the caller built `optimizer` over the
-    checkpoint's network: see `resume_from`). A step the optimizer skips for a non-finite loss
-    or gradient (lamina.optim, `nonfinite`) is logged with "skipped"; one it applied anyway
-    stops training with FloatingPointError."""
+    checkpoint's network: see `resume_from`), or resume=fields of one (epoch, batch). A step
+    the optimizer skips for a non-finite loss or gradient (lamina.optim, `nonfinite`) is logged
+    with "skipped"; one it applied anyway stops training with FloatingPointError.
+
+    Data-parallel (`world`, a lamina.distributed.World, with the optimizer made data-parallel):
+    `batch_size` is the global batch, which every rank draws from the same (seed, epoch)
+    shuffle and shards; each shard's sampling and dropout draw from generators seeded by
+    (seed, epoch, batch, rank), so a run is reproducible and a checkpoint resumes with any
+    number of ranks. Losses are those of the global batch; rank 0 alone shows progress and
+    writes the log, the checkpoints and the plot; Ctrl-C stops every rank after the same step."""
     from tqdm import tqdm
+    lead = world is None or world.rank == 0  # the rank that shows progress and writes files
     folder = Path(folder) if folder else None
-    if folder:
+    if folder and lead:
         folder.mkdir(parents=True, exist_ok=True)
     per_epoch = math.ceil(len(data) / batch_size)
     total = per_epoch * epochs if max_steps is None else min(max_steps, per_epoch * epochs)
-    position = [resume.fields["epoch"], resume.fields["batch"]] if resume else [0, 0]  # next batch
+    fields = getattr(resume, "fields", resume)
+    position = [fields["epoch"], fields["batch"]] if resume else [0, 0]  # the next batch
     done = position[0] * per_epoch + position[1]
     samples = 0  # seen by this call (batches differ in size: the last of an epoch is short)
 
     def checkpoint():
-        if folder:
+        if folder and lead:
             save_checkpoint(folder / CHECKPOINT, net, optimizer, epoch=position[0], batch=position[1], seed=seed)
 
     losses, order = [], None
     # line-buffered: each step's line reaches the file when it is written, so a killed run
     # leaves a log that ends at its last step
-    logfile = open(folder / "log.jsonl", "a", buffering=1) if folder else None
-    bar = tqdm(total=total, initial=min(done, total), unit="step", disable=not progress, mininterval=0.5)
+    logfile = open(folder / "log.jsonl", "a", buffering=1) if folder and lead else None
+    bar = tqdm(total=total, initial=min(done, total), unit="step", disable=not (progress and lead),
+               mininterval=0.5)
     t0 = time.perf_counter()
     interrupt = _DeferredInterrupt()
     try:
         while position[0] < epochs and done < total:
-            interrupt.check()  # between steps: the checkpoint's position matches its parameters
+            # between steps, so the checkpoint's position matches its parameters; every rank
+            # stops after the same step
+            interrupt.check(world)
             epoch, b = position
             if b >= per_epoch:  # an epoch ends: checkpoint
                 position = [epoch + 1, 0]
@@ -120,7 +132,13 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
             if order is None or order[0] != epoch:
                 order = (epoch, np.random.default_rng([seed, epoch]).permutation(len(data)))
             index = order[1][b * batch_size:(b + 1) * batch_size]
-            loss = net.train_step(data.batch(index, np.random.default_rng([seed, epoch, b])), optimizer)
+            if world is None:
+                feeds = data.batch(index, np.random.default_rng([seed, epoch, b]))
+            else:
+                from .distributed import shard
+                net.seed([seed, epoch, b, world.rank, 1])
+                feeds = data.batch(shard(index, world), np.random.default_rng([seed, epoch, b, world.rank]))
+            loss = net.train_step(feeds, optimizer)
             skipped = optimizer.last_step_skipped
             if not skipped and not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} at epoch {epoch}, batch {b} and the step was "
@@ -141,7 +159,9 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
     except KeyboardInterrupt:
         bar.close()
         checkpoint()
-        if folder:
+        if world is not None:
+            world.barrier("rank 0 to write the checkpoint")  # no rank leaves before it is written
+        if folder and lead:
             log(f"interrupted: checkpoint written to {folder / CHECKPOINT} (resume with --resume)")
         raise
     finally:
@@ -150,7 +170,7 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
         if logfile:
             logfile.close()
     checkpoint()
-    if folder:
+    if folder and lead:
         plot_losses(folder / "log.jsonl", folder / "loss.png")
     return losses
 
@@ -208,8 +228,9 @@ class _DeferredInterrupt:
             raise KeyboardInterrupt
         self.requested = True
 
-    def check(self):
-        if self.requested:
+    def check(self, world=None):
+        """Raise KeyboardInterrupt if Ctrl-C came (on any rank of `world`)."""
+        if world.any(self.requested, "the other ranks between steps") if world is not None else self.requested:
             raise KeyboardInterrupt
 
     def restore(self):
