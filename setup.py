@@ -94,8 +94,8 @@ extensions = [
 ]
 
 setup(
-    packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx", "lamina.zoo",
-              "lamina.opencl"],
+    packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx",
+              "lamina.zoo", "lamina.distributed", "lamina.opencl"],
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl"},
     package_data={"lamina.opencl": ["*.cl", "*.h"]},
     ext_modules=cythonize(

@@ -1,0 +1,106 @@
+"""The networks and data the data-parallel tests train, shared by the MPI worker
+(distributed_worker.py) and the single-process reference in test_distributed.py.
+
+A case builds its network, the global batch of each step (sample indices) and the feeds of a
+list of samples; `feeds(net, index, step, part)` draws its randomness (sampled negatives) from
+(step, part), so the reference can rebuild each rank's shard and join them."""
+from pathlib import Path
+
+import numpy as np
+
+import lamina as lm
+from lamina.layers import Linear, SoftmaxCrossEntropy
+from lamina.zoo import denoise, language
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def optimizer(kind, net):
+    if kind == "sgd":
+        return lm.optim.SGD(net, lr=0.05, momentum=0.9)
+    if kind == "sgd-rows":  # plain SGD: sparse gradients update only their rows
+        return lm.optim.SGD(net, lr=0.5)
+    if kind == "adam":
+        return lm.optim.Adam(net, lr=1e-2)
+    if kind == "adam-fine":
+        # Adam moves every weight by about lr whatever its gradient's size, so weights whose
+        # gradient is rounding noise move at random: in one process, only reordering the
+        # samples of the language model's batches changes its weights after 10 steps by 1.8e-4
+        # (relative) with lr 1e-2 and eps 1e-8, by 4.6e-7 with these fine-tuning settings
+        return lm.optim.Adam(net, lr=1e-3, eps=1e-5)
+    if kind == "adam-clip":  # global-norm clipping sees the summed gradients
+        return lm.optim.Adam(net, lr=1e-2, clip_norm=0.5)
+    raise ValueError(kind)
+
+
+class Classifier:
+    """A small MLP on Gaussian data; 12 samples per global batch."""
+
+    bucket_mb = 0.0005  # a few hundred bytes: several buckets per step
+
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.x = rng.standard_normal((240, 6)).astype(np.float32)
+        self.y = (self.x[:, 0] > 0).astype(np.int32) + (self.x[:, 1] > 0.5).astype(np.int32)
+
+    def network(self):
+        net = lm.Network()
+        x, y = net.input("x", 6), net.input("y", dtype="int32")
+        h = Linear(6, 16, activation="tanh", name="hidden")(x)
+        logits = Linear(16, 3, name="head")(h)
+        net.outputs(loss=SoftmaxCrossEntropy(name="xent")(logits, y))
+        return net
+
+    def global_batch(self, step):
+        return np.random.default_rng([7, step]).permutation(len(self.x))[:12]
+
+    def feeds(self, net, index, step, part):
+        return {"x": self.x[index], "y": self.y[index]}
+
+
+class Language:
+    """The shipped language model (sparse embedding and selective-layer gradients) on source
+    code chunks; 6 chunks of 24 tokens per global batch, 32 sampled negatives per token."""
+
+    bucket_mb = 0.25
+
+    def __init__(self):
+        tok = language.tokenizer(self.network())
+        self.chunks = language.chunk(tok.encode(Path(language.__file__).read_text()), 24)
+
+    def network(self):
+        return lm.load(MODELS / "python_lm" / "model.lamina")
+
+    def global_batch(self, step):
+        return np.random.default_rng([8, step]).permutation(len(self.chunks))[:6]
+
+    def feeds(self, net, index, step, part):
+        rng = np.random.default_rng([9, step, part])
+        return language.training_feeds(net, [self.chunks[i] for i in index], 32, rng)
+
+
+class Denoiser:
+    """The shipped volumetric denoiser on synthetic volumes of 16³; 4 volumes per global batch."""
+
+    bucket_mb = 0.05
+
+    def __init__(self):
+        rng = np.random.default_rng(3)
+        self.clean = denoise.shapes(16, rng, size=16)
+        self.noisy = denoise.noisy_copy(self.clean, rng)
+
+    def network(self):
+        shipped = lm.load(MODELS / "denoise3d" / "model.lamina")
+        net = denoise.build(size=16)
+        for (_, p), (_, q) in zip(net.named_parameters(), shipped.named_parameters()):
+            p.assign(q.value)
+        return net
+
+    def global_batch(self, step):
+        return np.random.default_rng([10, step]).permutation(len(self.clean))[:4]
+
+    def feeds(self, net, index, step, part):
+        return {"noisy": self.noisy[index], "clean": self.clean[index]}
+
+
+CASES = {"classifier": Classifier, "language": Language, "denoiser": Denoiser}
