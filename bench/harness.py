@@ -225,7 +225,8 @@ def print_table(rows, peaks, file=None):
                   + (f"  {ours.algorithm}" if ours and ours.algorithm else ""), file=file)
 
 
-def write_json(path, rows, peaks):
+def write_json(path, rows, peaks, extra=None):
+    """The rows and peaks, and the results of suites with their own tables (`extra`)."""
     with open(path, "w") as f:
         json.dump({"peak_gflops": {str(t): p for t, p in peaks.items()},
-                   "rows": [asdict(r) for r in rows]}, f, indent=1)
+                   "rows": [asdict(r) for r in rows], **(extra or {})}, f, indent=1)

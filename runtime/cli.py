@@ -245,7 +245,7 @@ def cmd_train(args):
         except KeyError as e:
             raise CommandError(f"--freeze: {e.args[0]}") from None
     if _is_text_model(net) and not all(str(d).endswith(".npz") for d in args.data):
-        data = training.TextData(net, args.data)
+        data = training.TextData(net, args.data, shared_negatives=args.shared_negatives)
     elif len(args.data) == 1:
         data = training.ArrayData(net, args.data[0])
     else:
@@ -443,6 +443,9 @@ def parser():
                    "never MODEL itself)")
     s.add_argument("--seed", type=int, default=0, help="seed of the data order and sampling")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--shared-negatives", action="store_true",
+                   help="text models: draw the sampled-softmax negatives once per batch (per rank) instead of per "
+                        "token; data-parallel runs then exchange far fewer output rows")
     s.add_argument("--distributed", action="store_true",
                    help="data-parallel over MPI (implied when started by mpiexec): --batch-size is the global batch")
     s.add_argument("--bucket-mb", type=POSITIVE, default=4.0,

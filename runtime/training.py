@@ -58,9 +58,10 @@ class ArrayData:
 class TextData:
     """Python source for a language model of lamina.zoo.language: files cut into chunks."""
 
-    def __init__(self, net, paths, chunk=48, num_sampled=128):
+    def __init__(self, net, paths, chunk=48, num_sampled=128, shared_negatives=False):
         from .zoo import language
         self.net, self.language, self.num_sampled = net, language, num_sampled
+        self.shared_negatives = shared_negatives
         tok = language.tokenizer(net)
         self.chunks = []
         for p in paths:
@@ -76,7 +77,8 @@ class TextData:
         return len(self.chunks)
 
     def batch(self, index, rng):
-        return self.language.training_feeds(self.net, [self.chunks[i] for i in index], self.num_sampled, rng)
+        return self.language.training_feeds(self.net, [self.chunks[i] for i in index], self.num_sampled, rng,
+                                            self.shared_negatives)
 
 
 def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False, seed=0, progress=True,

@@ -158,17 +158,18 @@ def shard(index, world):
     return np.array_split(np.asarray(index), world.size)[world.rank]
 
 
-def data_parallel(net, optimizer, world=None, bucket_mb=DEFAULT_BUCKET_MB, seed=0):
+def data_parallel(net, optimizer, world=None, bucket_mb=DEFAULT_BUCKET_MB, seed=0, overlap=True):
     """Make `optimizer` sum every gradient over the ranks before its update, after copying rank
     0's parameters, non-trainable state and optimizer state (moments, step counts) to every
     rank, so no rank starts apart. Dropout masks are drawn per rank (seeded by (seed, rank)).
-    Returns the optimizer."""
+    overlap=False starts every exchange at the step's end instead of during backward (the
+    same result; for measuring what the overlap hides). Returns the optimizer."""
     from .reducer import GradientReducer
     world = world or init()
     check_same_network(world, net)
     broadcast_state(world, net, optimizer)
     net.seed([seed, world.rank])
-    optimizer.reducer = GradientReducer(world, optimizer, int(bucket_mb * 2 ** 20))
+    optimizer.reducer = GradientReducer(world, optimizer, int(bucket_mb * 2 ** 20), overlap)
     return optimizer
 
 

@@ -39,6 +39,7 @@ class ReduceStats:
         self.bytes_sent = 0
         self.dense_bytes = 0  # what allreducing every gradient densely would have sent
         self.sparse_bytes, self.sparse_dense_bytes = 0, 0  # the sparse exchanges, and their dense cost
+        self.step_waits = []  # seconds each step's end waited
 
     def hidden_fraction(self):
         """The share of the in-flight time during which training did not wait."""
@@ -74,14 +75,18 @@ class GradientReducer:
 
     POLL = 100e-6  # seconds between the progress thread's tests
 
-    def __init__(self, world, optimizer, bucket_bytes):
+    def __init__(self, world, optimizer, bucket_bytes, overlap=True):
         self.world, self.optimizer = world, optimizer
+        self.overlap = overlap  # False: every exchange starts at the step's end (for comparison)
+        self._held, self._dense_order, self._last_dense = [], [], None
         self.MPI = world.MPI
         self.bucket_bytes = max(1, int(bucket_bytes))
         self.comm = world.comm.Dup()  # gradients travel apart from the world's other traffic
         self._row_comms = {}  # id(param) -> the communicator of its sparse exchanges' second stage
         self._buffers = {}  # bucket (parameter ids) -> its flat buffer, reused every step
-        self._cv = threading.Condition()
+        self._cv = threading.Condition()  # guards the lists of exchanges
+        self._advancing = threading.Lock()  # held by the thread that tests and advances them
+        self._testall = world.MPI.Request.Testall
         self._active, self._done = [], []
         self._failure = None  # an exception raised on the progress thread
         self._busy_since = None
@@ -94,6 +99,8 @@ class GradientReducer:
     # ------------------------------------------------------------------ the training thread
     def begin(self):
         self._open, self._open_bytes = [], 0
+        self._held = []  # parameters whose exchange waits for the step's end (overlap off)
+        self._dense_order = []  # this step's dense parameters, in the order they complete
         self.stats.steps += 1
 
     def sum(self, values):
@@ -107,29 +114,43 @@ class GradientReducer:
     def submit(self, p):
         """p's gradient is complete here: start (or queue) its exchange; run the updates whose
         exchanges have finished."""
-        if p.grad_rows is not None:
-            self._start(self._rows_stages(p), [p], f"the rows of '{p.name}'")
-        else:
-            if self._open and self._open[0].dtype != p.dtype:
-                self._close_bucket()
-            self._open.append(p)
-            self._open_bytes += p.size * p.dtype.itemsize
-            if self._open_bytes >= self.bucket_bytes:
-                self._close_bucket()
+        if not self.overlap:
+            self._held.append(p)
+            return
+        self._exchange(p)
         self._apply_finished()
 
+    def _exchange(self, p):
+        if p.grad_rows is not None:
+            self._start(self._rows_stages(p), [p], f"the rows of '{p.name}'")
+            return
+        if self._open and self._open[0].dtype != p.dtype:
+            self._close_bucket()
+        self._open.append(p)
+        self._open_bytes += p.size * p.dtype.itemsize
+        self._dense_order.append(id(p))
+        # a bucket starts once full, or with the last dense gradient of the previous step (no
+        # more will come: waiting for the step's end would only delay it)
+        if self._open_bytes >= self.bucket_bytes or id(p) == self._last_dense:
+            self._close_bucket()
+
     def finish(self):
-        """At the step's end: start the last bucket, wait for every exchange, run the updates."""
-        self._close_bucket()
+        """At the step's end: start the last bucket, wait for every exchange, run the updates.
+        The training thread drives MPI itself while it waits (a poll moves a transfer by one
+        shared-memory cell or network packet, so polling at the thread's pace would stretch it)."""
         start = time.perf_counter()
+        for p in self._held:
+            self._exchange(p)
+        self._close_bucket()
+        self._last_dense = self._dense_order[-1] if self._dense_order else None
         deadline = time.monotonic() + self.world.timeout
-        with self._cv:
-            while self._active and self._failure is None:
-                if time.monotonic() > deadline:
-                    self.world.abort(f"waited {self.world.timeout:g} s for {self._active[0].what} "
-                                     f"to be summed: another rank stopped or hangs")
-                self._cv.wait(0.05)
-        self.stats.wait_seconds += time.perf_counter() - start
+        while self._advance():
+            if time.monotonic() > deadline:
+                self.world.abort(f"waited {self.world.timeout:g} s for {self._active[0].what} "
+                                 f"to be summed: another rank stopped or hangs")
+        waited = time.perf_counter() - start
+        self.stats.wait_seconds += waited
+        self.stats.step_waits.append(waited)
         self._apply_finished()
 
     def _close_bucket(self):
@@ -211,35 +232,43 @@ class GradientReducer:
             p.set_sparse_grad(be, merged.astype(np.int32), summed.reshape((len(merged),) + p.shape[1:]))
         return write
 
-    # ------------------------------------------------------------------ the progress thread
-    def _progress(self):
-        Testall = self.MPI.Request.Testall
-        while True:
+    # ------------------------------------------------------------------ progress
+    def _advance(self):
+        """Test the exchanges in flight once and start the next stage of those whose stage is
+        complete; returns whether any is still in flight. Either thread may call it: one at a
+        time advances."""
+        with self._advancing:
             with self._cv:
-                while not self._active:
-                    self._cv.wait()
                 ops = list(self._active)
+            if not ops:
+                return False
             finished = []
             try:
                 for op in ops:
-                    if Testall(op.requests):
+                    if self._testall(op.requests):
                         try:
                             op.requests = op.stages.send(None)
                         except StopIteration as end:
                             op.write = end.value
                             finished.append(op)
-            except Exception as e:  # handed to the training thread, which raises it
+            except Exception as e:  # raised on the training thread by _apply_finished
                 with self._cv:
                     self._failure = e
                     self._active = []
-                    self._cv.notify_all()
-                return
-            if finished:
-                with self._cv:
-                    for op in finished:
-                        self._active.remove(op)
-                    self._done += finished
-                    if not self._active:
-                        self.stats.in_flight_seconds += time.perf_counter() - self._busy_since
-                    self._cv.notify_all()
+                return False
+            with self._cv:
+                for op in finished:
+                    self._active.remove(op)
+                self._done += finished
+                if finished and not self._active:
+                    self.stats.in_flight_seconds += time.perf_counter() - self._busy_since
+                return bool(self._active)
+
+    def _progress(self):
+        """The progress thread: while exchanges are in flight, advance them every POLL seconds."""
+        while True:
+            with self._cv:
+                while not self._active:
+                    self._cv.wait()
+            self._advance()
             time.sleep(self.POLL)
