@@ -47,7 +47,7 @@ def main():
         rng = np.random.default_rng([2, step, world.rank if world else 0])
         batches.append(language.training_feeds(net, [chunks[i] for i in index], NEGATIVES, rng,
                                                args.shared_negatives))
-    seconds, stats = [], []
+    seconds = []
     for step, feeds in enumerate(batches):
         if world is not None:
             world.barrier()  # every rank starts the step together: its time is the job's

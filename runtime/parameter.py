@@ -121,8 +121,9 @@ class Parameter:
 
     def set_sparse_grad(self, backend, rows, values):
         """Make the gradient sparse over `rows` (sorted, distinct int32) with `values` (one row
-        each): a gradient summed over processes replaces this process's own."""
-        if len(rows):
+        each; None: the gradient array holds them already): a gradient summed over processes
+        replaces this process's own."""
+        if values is not None and len(rows):
             backend.scatter_rows(backend.from_host(values), rows, self.grad)
         self._grad_pending, self._grad_rows = True, rows
 

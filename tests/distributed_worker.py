@@ -47,7 +47,8 @@ def main():
         index = dist.shard(case.global_batch(step), world)
         losses.append(net.train_step(case.feeds(net, index, step, world.rank), opt))
     values = {name: p.value for name, p in net.named_parameters()}
-    np.savez(Path(args.out) / f"rank{world.rank}.npz", losses=np.array(losses), **values)
+    np.savez(Path(args.out) / f"rank{world.rank}.npz", losses=np.array(losses),
+             dense_rows_steps=opt.reducer.stats.dense_row_sums, **values)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def digest(arrays):
 def check_ranks_match(out, ranks, reference, rtol=1e-5):
     results = [dict(np.load(out / f"rank{r}.npz")) for r in range(ranks)]
     for r in results:
-        r.pop("losses")
+        r.pop("losses"), r.pop("dense_rows_steps")
     assert len({digest(r) for r in results}) == 1, "the ranks' parameters differ"
     for name, want in reference.items():
         got = results[0][name]
@@ -109,6 +109,20 @@ def test_language_model_sparse_gradients(tmp_path, kind):
     proc = mpiexec(3, [sys.executable, str(WORKER), "language", kind, "10", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     check_ranks_match(tmp_path, 3, single_process("language", kind, 10, 3))
+
+
+@pytest.mark.parametrize("kind", ["sgd-rows", "adam-lazy"])
+def test_sparse_gradients_that_fill_the_table_are_summed_densely(tmp_path, kind):
+    proc = mpiexec(2, [sys.executable, str(WORKER), "lookup", kind, "10", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    check_ranks_match(tmp_path, 2, single_process("lookup", kind, 10, 2))
+    stats = np.load(tmp_path / "rank0.npz")
+    assert stats["dense_rows_steps"] >= 8  # every step after the first went dense
+    # rows no id uses never moved (a dense sum without the marks would have updated them)
+    start = CASES["lookup"]()
+    lm.manual_seed(100)
+    first = start.network().layer("table").weight.value
+    np.testing.assert_array_equal(stats["table.weight"][35:], first[35:])
 
 
 def test_denoiser(tmp_path):

@@ -40,6 +40,7 @@ class ReduceStats:
         self.dense_bytes = 0  # what allreducing every gradient densely would have sent
         self.sparse_bytes, self.sparse_dense_bytes = 0, 0  # the sparse exchanges, and their dense cost
         self.step_waits = []  # seconds each step's end waited
+        self.dense_row_sums = 0  # sparse gradients summed densely (their rows outnumbered the table)
 
     def hidden_fraction(self):
         """The share of the in-flight time during which training did not wait."""
@@ -83,6 +84,7 @@ class GradientReducer:
         self.bucket_bytes = max(1, int(bucket_bytes))
         self.comm = world.comm.Dup()  # gradients travel apart from the world's other traffic
         self._row_comms = {}  # id(param) -> the communicator of its sparse exchanges' second stage
+        self._rows_dense = {}  # id(param) -> whether its sparse gradient is summed densely this step
         self._buffers = {}  # bucket (parameter ids) -> its flat buffer, reused every step
         self._cv = threading.Condition()  # guards the lists of exchanges
         self._advancing = threading.Lock()  # held by the thread that tests and advances them
@@ -121,13 +123,17 @@ class GradientReducer:
         self._apply_finished()
 
     def _exchange(self, p):
-        if p.grad_rows is not None:
+        rows = p.grad_rows
+        if rows is not None and not self._rows_dense.get(id(p)):
             self._start(self._rows_stages(p), [p], f"the rows of '{p.name}'")
             return
-        if self._open and self._open[0].dtype != p.dtype:
+        if rows is not None:  # too many rows to gather: summed densely, with a mark per row touched
+            p.dense_grad(self._be(p))
+            self.stats.dense_row_sums += 1
+        if self._open and self._open[0][0].dtype != p.dtype:
             self._close_bucket()
-        self._open.append(p)
-        self._open_bytes += p.size * p.dtype.itemsize
+        self._open.append((p, rows))
+        self._open_bytes += (p.size + (0 if rows is None else p.shape[0])) * p.dtype.itemsize
         self._dense_order.append(id(p))
         # a bucket starts once full, or with the last dense gradient of the previous step (no
         # more will come: waiting for the step's end would only delay it)
@@ -155,10 +161,10 @@ class GradientReducer:
 
     def _close_bucket(self):
         if self._open:
-            params = self._open
+            entries = self._open
             self._open, self._open_bytes = [], 0
-            what = f"the gradients of {', '.join(repr(p.name) for p in params)}"
-            self._start(self._dense_stages(params), params, what)
+            what = f"the gradients of {', '.join(repr(p.name) for p, _ in entries)}"
+            self._start(self._dense_stages(entries), [p for p, _ in entries], what)
 
     def _start(self, stages, params, what):
         if self._thread is None:
@@ -185,23 +191,43 @@ class GradientReducer:
         return self.optimizer._be(p)
 
     # ------------------------------------------------------------------ the exchanges
-    def _dense_stages(self, params):
-        key = tuple(id(p) for p in params)
+    def _dense_stages(self, entries):
+        """One allreduce of a bucket: (parameter, rows) entries, rows None for a dense gradient,
+        else the rows of a sparse gradient summed densely; each such entry carries one mark per
+        table row (1 where this rank's gradient has the row), so the sum keeps the union of the
+        ranks' rows (lazy optimizers update exactly those)."""
+        sizes = [p.size + (0 if rows is None else p.shape[0]) for p, rows in entries]
+        key = tuple((id(p), rows is None) for p, rows in entries)
         flat = self._buffers.get(key)
         if flat is None:
-            flat = self._buffers[key] = np.empty(sum(p.size for p in params), params[0].dtype)
-        offsets = np.cumsum([0] + [p.size for p in params])
-        for p, o in zip(params, offsets):
+            flat = self._buffers[key] = np.empty(sum(sizes), entries[0][0].dtype)
+        offsets = np.cumsum([0] + sizes)
+        for (p, rows), o in zip(entries, offsets):
             flat[o:o + p.size] = self._be(p).to_host(p.grad).reshape(-1)
-        sent = int(flat.nbytes * self._allreduce_share)
-        self.stats.bytes_sent += sent
-        self.stats.dense_bytes += sent
+            if rows is not None:
+                marks = flat[o + p.size:o + p.size + p.shape[0]]
+                marks[:] = 0
+                marks[rows] = 1
+            sent = int((p.size + (0 if rows is None else p.shape[0])) * p.dtype.itemsize * self._allreduce_share)
+            self.stats.bytes_sent += sent
+            self.stats.dense_bytes += sent if rows is None else int(p.size * p.dtype.itemsize * self._allreduce_share)
+            if rows is not None:
+                self.stats.sparse_bytes += sent
+                self.stats.sparse_dense_bytes += int(p.size * p.dtype.itemsize * self._allreduce_share)
         yield [self.comm.Iallreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)]
+        marked = {}
+        for (p, rows), o in zip(entries, offsets):
+            if rows is not None:
+                marks = flat[o + p.size:o + p.size + p.shape[0]]
+                marked[id(p)] = np.flatnonzero(marks).astype(np.int32)
+                self._rows_dense[id(p)] = marks.sum() > p.shape[0]  # the same sum on every rank
 
         def write():
-            for p, o in zip(params, offsets):
+            for (p, rows), o in zip(entries, offsets):
                 be = self._be(p)
                 be.copy(be.from_host(flat[o:o + p.size].reshape(p.shape)), p.grad)
+                if rows is not None:
+                    p.set_sparse_grad(be, marked[id(p)], None)
         return write
 
     def _rows_stages(self, p):
@@ -222,6 +248,9 @@ class GradientReducer:
         counts = np.empty(self.world.size, np.int64)
         yield [comm.Iallgather(np.array([len(rows)], np.int64), counts)]
         counts = [int(c) for c in counts]
+        # the next step sums this gradient densely if the ranks' rows outnumber the table's (the
+        # same counts, so the same choice, on every rank)
+        self._rows_dense[id(p)] = sum(counts) > p.shape[0]
         all_rows = np.empty(sum(counts), np.int32)
         all_values = np.empty((sum(counts), width), p.dtype)
         yield [comm.Iallgatherv(rows, [all_rows, counts]),
