@@ -60,7 +60,50 @@ def run(rounds=3):
                 "bytes_sent": two["bytes_sent"], "dense_bytes": two["dense_bytes"],
                 "sparse_bytes": two["sparse_bytes"], "sparse_dense_bytes": two["sparse_dense_bytes"]})
     print_table(results)
+    print_prediction(results)
     return results
+
+
+SERVERS = (2, 4, 8, 16)
+LINKS = {"10 Gbit/s": (10e9 / 8, 30e-6), "100 Gbit/s": (100e9 / 8, 5e-6)}  # bytes/s, seconds per message
+EXCHANGES = 3  # collectives per step: the output layer's rows, the LSTM's bucket, the embedding's rows
+SHM_BANDWIDTH = 3e9  # bytes/s of a 1-4 MB MPI_Allreduce between 2 ranks on this machine (mpich, shared memory)
+WINDOW = 0.5  # share of a step from the first exchange's start to backward's end (traced: ~38 of 75 ms)
+
+
+def predict(r, servers, link):
+    """Step time on `servers` machines like this one, each running one process of 2 threads on
+    a shard of 32 chunks (so the compute per server stays the 1 x 2 step, T), over `link`:
+
+        C = P + bytes / bandwidth + 2 (servers - 1) x latency x EXCHANGES
+        step = T + max((1 - hidden) C, C - WINDOW x T)
+
+    P, the work around the transfers (packing buckets, merging rows), is what the 2 ranks here
+    waited for with overlap off less their bytes at SHM_BANDWIDTH, kept as it is for more servers.
+    bytes per server: the dense parameters' ring allreduce, 2 (n-1)/n x D; each sparse table's
+    allgather, (n-1) x its rows block b (the per-rank block measured here at 16 chunks, doubled
+    for 32: an upper bound, since rows repeat), or the dense sum of the table and its row marks,
+    2 (n-1)/n x S, once the gathered rows outnumber it (as the reducer switches); hidden is the
+    share measured here; the overlap cannot hide more than the window of backward it runs in."""
+    bandwidth, latency = link
+    T = r["step_ms_1x2"] / 1e3
+    D = r["dense_bytes"] - r["sparse_dense_bytes"]  # at 2 ranks 2 (n-1)/n = 1: the bytes themselves
+    S, b = r["sparse_dense_bytes"], 2 * r["sparse_bytes"]
+    n = servers
+    sparse = min((n - 1) * b, 2 * (n - 1) / n * S * 1.02)
+    P = max(0.0, r["exposed_ms_no_overlap"] / 1e3 - r["bytes_sent"] / SHM_BANDWIDTH)
+    C = P + (2 * (n - 1) / n * D + sparse) / bandwidth + 2 * (n - 1) * latency * EXCHANGES
+    return T + max((1 - r["hidden"]) * C, C - WINDOW * T), C
+
+
+def print_prediction(results):
+    print(f"\npredicted step ms (model: bench/distributed.py predict; compute {results[0]['step_ms_1x2']:.0f} / "
+          f"{results[1]['step_ms_1x2']:.0f} ms per server at 32 chunks)")
+    print(f"{'negatives':<10} {'link':<11}" + "".join(f"{n:>8} srv" for n in SERVERS))
+    for r in results:
+        for name, link in LINKS.items():
+            cells = "".join(f"{1e3 * predict(r, n, link)[0]:12.1f}" for n in SERVERS)
+            print(f"{r['negatives']:<10} {name:<11}{cells}")
 
 
 def print_table(results):
