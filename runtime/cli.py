@@ -263,9 +263,6 @@ def cmd_train(args):
     resume = ck.fields if ck else None
     if world is not None:
         from . import distributed
-        if args.batch_size < world.size:
-            raise CommandError(f"--batch-size {args.batch_size} is the global batch: it needs at least one "
-                               f"sample for each of the {world.size} ranks")
         resume = world.broadcast(resume, "rank 0's checkpoint position")
         distributed.data_parallel(net, opt, world, bucket_mb=args.bucket_mb, seed=args.seed)
         say(f"data-parallel over {world.size} ranks ({lm.get_num_threads()} thread(s) each), "

@@ -384,6 +384,25 @@ class Network:
             optimizer.end_step()
         return loss
 
+    def idle_step(self, optimizer):
+        """The training step of a data-parallel rank whose share of the global batch is empty:
+        it joins the sum of the losses and every gradient exchange with nothing (zero
+        gradients, in the order backward would complete them) and applies the same updates as
+        the other ranks. Returns the global batch's loss."""
+        with self._lock.write():
+            plan = self.scheduler.plan(True, tuple(self.cost_outputs()))
+            optimizer.begin_step()
+            k = len(plan.costs)
+            totals = optimizer.sum_over_processes(np.zeros(2 * k, np.float64))
+            loss = float(sum(totals[:k] / totals[k:]))
+            if optimizer.check_loss(loss):
+                for node in plan.backward_nodes:
+                    for p in plan.fires.get(node.name, ()):
+                        p.zero_grad(self.backend)
+                        optimizer.update(p)
+            optimizer.end_step()
+        return loss
+
     def cost_outputs(self):
         """The names of the outputs that cost layers produce (what training minimises)."""
         producer = {out: n for n in self.scheduler.order for out in n.outputs}

@@ -32,6 +32,8 @@ class Parameter:
         self._grad_pending = False  # see grad_pending
         self._grad_rows = None  # see grad_rows
         self._derived = {}  # key -> ((version, buffer id), an array derived from the values)
+        # set by layers that may write only the rows a batch uses (embeddings, selective layers)
+        self.row_gradients = False
 
     def __repr__(self):
         return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype}{', frozen' if self.frozen else ''})"
@@ -126,6 +128,16 @@ class Parameter:
         if values is not None and len(rows):
             backend.scatter_rows(backend.from_host(values), rows, self.grad)
         self._grad_pending, self._grad_rows = True, rows
+
+    def zero_grad(self, backend):
+        """A gradient of zero: no rows, for a parameter whose layer writes rows (a data-parallel
+        rank with no samples in a step contributes it)."""
+        self.ensure_grad(backend)
+        if self.row_gradients:
+            self._grad_pending, self._grad_rows = True, np.zeros(0, np.int32)
+        else:
+            backend.fill(self.grad, 0)
+            self._grad_pending, self._grad_rows = True, None
 
     def drop_grad(self):
         """Forget the gradient (consumed by an update, or refused): the next writer overwrites."""

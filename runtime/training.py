@@ -113,7 +113,9 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
         if folder and lead:
             save_checkpoint(folder / CHECKPOINT, net, optimizer, epoch=position[0], batch=position[1], seed=seed)
 
-    losses, order = [], None
+    from .distributed import ShardedSampler  # imports no MPI
+    sampler = ShardedSampler(len(data), batch_size, world, seed)
+    losses = []
     # line-buffered: each step's line reaches the file when it is written, so a killed run
     # leaves a log that ends at its last step
     logfile = open(folder / "log.jsonl", "a", buffering=1) if folder and lead else None
@@ -131,21 +133,20 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
                 position = [epoch + 1, 0]
                 checkpoint()
                 continue
-            if order is None or order[0] != epoch:
-                order = (epoch, np.random.default_rng([seed, epoch]).permutation(len(data)))
-            index = order[1][b * batch_size:(b + 1) * batch_size]
+            index = sampler.indices(epoch, b)
             if world is None:
                 feeds = data.batch(index, np.random.default_rng([seed, epoch, b]))
-            else:
-                from .distributed import shard
+            elif len(index):
                 net.seed([seed, epoch, b, world.rank, 1])
-                feeds = data.batch(shard(index, world), np.random.default_rng([seed, epoch, b, world.rank]))
-            loss = net.train_step(feeds, optimizer)
+                feeds = data.batch(index, np.random.default_rng([seed, epoch, b, world.rank]))
+            else:  # a short last batch left this rank no sample
+                feeds = None
+            loss = net.train_step(feeds, optimizer) if feeds is not None else net.idle_step(optimizer)
             skipped = optimizer.last_step_skipped
             if not skipped and not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} at epoch {epoch}, batch {b} and the step was "
                                          f"applied: lower the learning rate")
-            position, done, samples = [epoch, b + 1], done + 1, samples + len(index)
+            position, done, samples = [epoch, b + 1], done + 1, samples + len(sampler.global_batch(epoch, b))
             if not skipped:
                 losses.append(loss)
             bar.update(1)

@@ -12,8 +12,9 @@ shards of unequal size (sequences of different lengths) still weigh every row al
     world = dist.init()                       # MPI.COMM_WORLD; world.rank, world.size
     opt = lm.optim.Adam(net, lr=1e-3)
     dist.data_parallel(net, opt)              # rank 0's parameters and optimizer state everywhere
-    for b in range(steps):
-        index = dist.shard(global_batch_index(b), world)
+    sampler = dist.ShardedSampler(len(data), 64, world)
+    for b in range(len(sampler)):
+        index = sampler.indices(epoch, b)     # this rank's share of global batch b
         net.train_step(batch(index), opt)     # returns the loss of the whole global batch
 
 Launched with `mpiexec -n N python script.py` (or `mpiexec -n N lamina train ...`). Gradients
@@ -149,12 +150,41 @@ def _abort_on_uncaught_exceptions(world):
     sys.excepthook = hook
 
 
+class ShardedSampler:
+    """The samples of each step of an epoch: global batches of `batch_size` from a permutation
+    seeded by (seed, epoch), the same on every rank, each split into contiguous shards; a rank
+    takes its own (`world` None: the whole batch). The last batch of an epoch may be short.
+
+        sampler = ShardedSampler(len(data), 64, world, seed=0)
+        for b in range(len(sampler)):
+            index = sampler.indices(epoch, b)        # this rank's samples of global batch b
+    """
+
+    def __init__(self, count, batch_size, world=None, seed=0):
+        if batch_size < 1 or count < 1:
+            raise ValueError(f"ShardedSampler: expected at least one sample and a batch size of at least 1, "
+                             f"found {count} sample(s), batch size {batch_size}")
+        self.count, self.batch_size, self.world, self.seed = int(count), int(batch_size), world, seed
+        self._order = None
+
+    def __len__(self):
+        """Batches per epoch."""
+        return -(-self.count // self.batch_size)
+
+    def global_batch(self, epoch, b):
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.count))
+        return self._order[1][b * self.batch_size:(b + 1) * self.batch_size]
+
+    def indices(self, epoch, b):
+        index = self.global_batch(epoch, b)
+        return index if self.world is None else shard(index, self.world)
+
+
 def shard(index, world):
     """This rank's part of a global batch's sample indices: contiguous, sizes differing by at
-    most one. A global batch needs at least one sample per rank."""
-    if len(index) < world.size:
-        raise ValueError(f"a global batch of {len(index)} sample(s) cannot give each of {world.size} ranks "
-                         f"one: use a batch size of at least {world.size}")
+    most one. Empty when the batch has fewer samples than there are ranks (an epoch's short
+    last batch): such a rank calls `net.idle_step(optimizer)` instead of `train_step`."""
     return np.array_split(np.asarray(index), world.size)[world.rank]
 
 

@@ -2,18 +2,28 @@
 
 The optimizer hands over a parameter the moment its gradient is complete (the scheduler's update
 point). A dense gradient is copied into the open bucket; once the bucket holds `bucket_bytes` it
-starts one nonblocking allreduce (MPI_Iallreduce, in place). A sparse gradient (rows of an
-embedding or selective layer) is exchanged on its own: every rank's row count (MPI_Iallgather),
-then its rows and their values (MPI_Iallgatherv), then equal rows are summed in rank order, so
-every rank computes the same bits. Each parameter's update runs as soon as its own exchange is
-complete, at the next hand-over or at the step's end; the step's end waits for the rest.
+starts one nonblocking allreduce (MPI_Iallreduce, in place). The gradient of a parameter whose
+layer writes only the rows a batch uses (`Parameter.row_gradients`: embeddings, selective layers)
+is exchanged on its own: every rank's row count (MPI_Iallgather), then its rows and their values
+(MPI_Iallgatherv), then equal rows are summed in rank order, so every rank computes the same
+bits. Each parameter's update runs as soon as its own exchange is complete, at the next
+hand-over or at the step's end; the step's end waits for the rest.
+
+Every rank must start the same collectives in the same order, so the kind of a parameter's
+exchange never depends on this rank's own batch: a layer may write a dense gradient on one rank
+(a selective layer's dense path) and rows on another. Row-gradient parameters therefore always
+exchange counts first (-1 for a dense gradient); when any rank is dense, all sum the table
+densely with one mark per row, which keeps the union of the ranks' rows. When the rows the
+ranks gathered reach the table's size, the next step sums that parameter densely with marks
+in a bucket. The counts and the marks are the same on every rank, so every rank makes the same
+choice.
 
 MPI moves a nonblocking operation forward only inside MPI calls, and the kernels of backward make
 none for long stretches, so a progress thread tests the operations in flight every POLL seconds
-(the kernels release the GIL) and starts the second stage of sparse exchanges. Collectives on one
-communicator must start in the same order on every rank; the main thread starts every operation
-on the reducer's communicator in backward order, and each sparse parameter's second stage runs on
-a communicator of its own, so the thread's timing never reorders them.
+(the kernels release the GIL) and starts the later stages of row exchanges; the training thread
+drives them itself while it waits at the step's end. The training thread starts every operation
+on the reducer's communicator in backward order, and each row exchange's later stages run on a
+communicator of the parameter's own, so the thread's timing never reorders them.
 """
 import threading
 import time
@@ -58,6 +68,11 @@ def merge_rows(rows, values):
     return rows[first], (np.add.reduceat(values, first, axis=0) if len(rows) else values)
 
 
+def _packed_size(p):
+    """Values of p in a dense sum: its gradient, and one mark per row if its layer writes rows."""
+    return p.size + (p.shape[0] if p.row_gradients else 0)
+
+
 class _Exchange:
     """One operation in flight: a generator that yields lists of MPI requests and finally
     returns the function that writes its result into the gradients."""
@@ -84,7 +99,7 @@ class GradientReducer:
         self.bucket_bytes = max(1, int(bucket_bytes))
         self.comm = world.comm.Dup()  # gradients travel apart from the world's other traffic
         self._row_comms = {}  # id(param) -> the communicator of its sparse exchanges' second stage
-        self._rows_dense = {}  # id(param) -> whether its sparse gradient is summed densely this step
+        self._rows_dense = {}  # id(param) -> whether its row gradient is summed densely this step
         self._buffers = {}  # bucket (parameter ids) -> its flat buffer, reused every step
         self._cv = threading.Condition()  # guards the lists of exchanges
         self._advancing = threading.Lock()  # held by the thread that tests and advances them
@@ -123,17 +138,17 @@ class GradientReducer:
         self._apply_finished()
 
     def _exchange(self, p):
-        rows = p.grad_rows
-        if rows is not None and not self._rows_dense.get(id(p)):
+        if p.row_gradients and not self._rows_dense.get(id(p)):
             self._start(self._rows_stages(p), [p], f"the rows of '{p.name}'")
             return
-        if rows is not None:  # too many rows to gather: summed densely, with a mark per row touched
-            p.dense_grad(self._be(p))
+        # a dense gradient; or one of a layer that writes rows, whose ranks' rows outnumbered
+        # its table last step: summed densely, with a mark per row (see _pack)
+        if p.row_gradients:
             self.stats.dense_row_sums += 1
-        if self._open and self._open[0][0].dtype != p.dtype:
+        if self._open and self._open[0].dtype != p.dtype:
             self._close_bucket()
-        self._open.append((p, rows))
-        self._open_bytes += (p.size + (0 if rows is None else p.shape[0])) * p.dtype.itemsize
+        self._open.append(p)
+        self._open_bytes += _packed_size(p) * p.dtype.itemsize
         self._dense_order.append(id(p))
         # a bucket starts once full, or with the last dense gradient of the previous step (no
         # more will come: waiting for the step's end would only delay it)
@@ -161,10 +176,10 @@ class GradientReducer:
 
     def _close_bucket(self):
         if self._open:
-            entries = self._open
+            params = self._open
             self._open, self._open_bytes = [], 0
-            what = f"the gradients of {', '.join(repr(p.name) for p, _ in entries)}"
-            self._start(self._dense_stages(entries), [p for p, _ in entries], what)
+            what = f"the gradients of {', '.join(repr(p.name) for p in params)}"
+            self._start(self._dense_stages(params), params, what)
 
     def _start(self, stages, params, what):
         if self._thread is None:
@@ -191,66 +206,96 @@ class GradientReducer:
         return self.optimizer._be(p)
 
     # ------------------------------------------------------------------ the exchanges
-    def _dense_stages(self, entries):
-        """One allreduce of a bucket: (parameter, rows) entries, rows None for a dense gradient,
-        else the rows of a sparse gradient summed densely; each such entry carries one mark per
-        table row (1 where this rank's gradient has the row), so the sum keeps the union of the
-        ranks' rows (lazy optimizers update exactly those)."""
-        sizes = [p.size + (0 if rows is None else p.shape[0]) for p, rows in entries]
-        key = tuple((id(p), rows is None) for p, rows in entries)
+    def _buffer(self, key, size, dtype):
         flat = self._buffers.get(key)
-        if flat is None:
-            flat = self._buffers[key] = np.empty(sum(sizes), entries[0][0].dtype)
-        offsets = np.cumsum([0] + sizes)
-        for (p, rows), o in zip(entries, offsets):
-            flat[o:o + p.size] = self._be(p).to_host(p.grad).reshape(-1)
+        if flat is None or flat.size != size or flat.dtype != dtype:
+            flat = self._buffers[key] = np.empty(size, dtype)
+        return flat
+
+    def _pack(self, p, out):
+        """p's gradient, dense, into out[:p.size] (a sparse one's other rows are zeroed); for a
+        parameter whose layer writes rows, one mark per table row after it: 1 where this rank's
+        gradient has the row (every row, for a dense one), so the sum keeps the union of the
+        ranks' rows (what lazy optimizers update)."""
+        be, rows = self._be(p), p.grad_rows
+        if rows is not None:
+            p.dense_grad(be)
+        out[:p.size] = be.to_host(p.grad).reshape(-1)
+        if p.row_gradients:
+            marks = out[p.size:]
+            marks[:] = 1 if rows is None else 0
             if rows is not None:
-                marks = flat[o + p.size:o + p.size + p.shape[0]]
-                marks[:] = 0
                 marks[rows] = 1
-            sent = int((p.size + (0 if rows is None else p.shape[0])) * p.dtype.itemsize * self._allreduce_share)
-            self.stats.bytes_sent += sent
-            self.stats.dense_bytes += sent if rows is None else int(p.size * p.dtype.itemsize * self._allreduce_share)
-            if rows is not None:
-                self.stats.sparse_bytes += sent
-                self.stats.sparse_dense_bytes += int(p.size * p.dtype.itemsize * self._allreduce_share)
+
+    def _unpack(self, p, summed):
+        """Write a summed segment back: the gradient, and a parameter with marks keeps the rows
+        any rank had (all of them: a dense gradient). Returns how many rows the ranks had in all
+        (a rank with a dense gradient counts the table)."""
+        be = self._be(p)
+        be.copy(be.from_host(summed[:p.size].reshape(p.shape)), p.grad)
+        if not p.row_gradients:
+            return None
+        marks = summed[p.size:]
+        rows = np.flatnonzero(marks).astype(np.int32)
+        if len(rows) < p.shape[0]:
+            p.set_sparse_grad(be, rows, None)
+        return float(marks.sum())
+
+    def _count_sent(self, p, nbytes, gathered):
+        """Count the bytes of one exchange of p (allreduce, or this rank's allgather block)."""
+        sent = int(nbytes * (self._allgather_share if gathered else self._allreduce_share))
+        dense = int(p.size * p.dtype.itemsize * self._allreduce_share)
+        self.stats.bytes_sent += sent
+        self.stats.dense_bytes += sent if not p.row_gradients else dense
+        if p.row_gradients:
+            self.stats.sparse_bytes += sent
+            self.stats.sparse_dense_bytes += dense
+
+    def _dense_stages(self, params):
+        """One allreduce of a bucket of dense gradients (each with its row marks, see _pack)."""
+        sizes = [_packed_size(p) for p in params]
+        flat = self._buffer(tuple(id(p) for p in params), sum(sizes), params[0].dtype)
+        offsets = np.cumsum([0] + sizes)
+        for p, o, n in zip(params, offsets, sizes):
+            self._pack(p, flat[o:o + n])
+            self._count_sent(p, n * p.dtype.itemsize, gathered=False)
         yield [self.comm.Iallreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)]
-        marked = {}
-        for (p, rows), o in zip(entries, offsets):
-            if rows is not None:
-                marks = flat[o + p.size:o + p.size + p.shape[0]]
-                marked[id(p)] = np.flatnonzero(marks).astype(np.int32)
-                self._rows_dense[id(p)] = marks.sum() > p.shape[0]  # the same sum on every rank
 
         def write():
-            for (p, rows), o in zip(entries, offsets):
-                be = self._be(p)
-                be.copy(be.from_host(flat[o:o + p.size].reshape(p.shape)), p.grad)
-                if rows is not None:
-                    p.set_sparse_grad(be, marked[id(p)], None)
+            for p, o, n in zip(params, offsets, sizes):
+                total = self._unpack(p, flat[o:o + n])
+                if total is not None:  # the same sum on every rank, so the same choice
+                    self._rows_dense[id(p)] = total >= p.shape[0]
         return write
 
     def _rows_stages(self, p):
+        """The rows of p's gradient from every rank: their counts (-1: this rank's gradient is
+        dense), then the rows and values (an allgather) summed row by row; or, when a rank's
+        gradient is dense, the dense sum with row marks."""
         comm = self._row_comms.get(id(p))
         if comm is None:
             comm = self._row_comms[id(p)] = self.comm.Dup()
         be = self._be(p)
-        rows = np.ascontiguousarray(p.grad_rows, np.int32)
+        rows = p.grad_rows
         width = p.size // p.shape[0]
-        picked = be.empty((len(rows),) + p.shape[1:], p.dtype)
-        be.gather_rows(p.grad, rows, picked)
-        values = np.ascontiguousarray(be.to_host(picked)).reshape(len(rows), width)
-        self.stats.bytes_sent += (rows.nbytes + values.nbytes) * self._allgather_share
-        self.stats.sparse_bytes += (rows.nbytes + values.nbytes) * self._allgather_share
-        dense = int(p.size * p.dtype.itemsize * self._allreduce_share)
-        self.stats.dense_bytes += dense
-        self.stats.sparse_dense_bytes += dense
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, np.int32)
+            picked = be.empty((len(rows),) + p.shape[1:], p.dtype)
+            be.gather_rows(p.grad, rows, picked)
+            values = np.ascontiguousarray(be.to_host(picked)).reshape(len(rows), width)
         counts = np.empty(self.world.size, np.int64)
-        yield [comm.Iallgather(np.array([len(rows)], np.int64), counts)]
+        yield [comm.Iallgather(np.array([-1 if rows is None else len(rows)], np.int64), counts)]
         counts = [int(c) for c in counts]
-        # the next step sums this gradient densely if the ranks' rows outnumber the table's (the
+        # the next step sums this gradient densely if the ranks' rows reach the table's (the
         # same counts, so the same choice, on every rank)
-        self._rows_dense[id(p)] = sum(counts) > p.shape[0]
+        self._rows_dense[id(p)] = sum(p.shape[0] if c < 0 else c for c in counts) >= p.shape[0]
+        if min(counts) < 0:
+            flat = self._buffer(("marked", id(p)), _packed_size(p), p.dtype)
+            self._pack(p, flat)
+            self._count_sent(p, flat.nbytes, gathered=False)
+            yield [comm.Iallreduce(self.MPI.IN_PLACE, flat, op=self.MPI.SUM)]
+            return lambda: self._unpack(p, flat)
+        self._count_sent(p, rows.nbytes + values.nbytes, gathered=True)
         all_rows = np.empty(sum(counts), np.int32)
         all_values = np.empty((sum(counts), width), p.dtype)
         yield [comm.Iallgatherv(rows, [all_rows, counts]),

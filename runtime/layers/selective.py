@@ -51,6 +51,8 @@ class SelectiveLinear(Linear):
         super().__init__(in_features, out_features, bias, activation, slope, name)
         self.path = path
         self.dense_ratio = DENSE_RATIO if dense_ratio is None else float(dense_ratio)
+        for p in self.params.values():
+            p.row_gradients = True
         n = len(self.in_features)
         self.arity = (n, n + 1)
 

@@ -24,7 +24,7 @@ class Embedding(Layer):
         if min(self.num_embeddings, self.embedding_dim) < 1:
             raise ValueError(f"Embedding: sizes must be at least 1, found {num_embeddings}, {embedding_dim}")
         self.add_param("weight", Init((self.num_embeddings, self.embedding_dim),
-                                      lambda shape: generator().standard_normal(shape)))
+                                      lambda shape: generator().standard_normal(shape))).row_gradients = True
 
     @property
     def weight(self):
