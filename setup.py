@@ -95,7 +95,7 @@ extensions = [
 
 setup(
     packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx",
-              "lamina.zoo", "lamina.distributed", "lamina.opencl"],
+              "lamina.zoo", "lamina.distributed", "lamina.serve", "lamina.opencl"],
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl"},
     package_data={"lamina.opencl": ["*.cl", "*.h"]},
     ext_modules=cythonize(

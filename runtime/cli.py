@@ -5,6 +5,7 @@
     lamina train MODEL DATA [--epochs ...]          fine-tune on an .npz (or source files)
     lamina inspect MODEL                            layers, shapes, parameters, format version
     lamina devices                                  the CPU and every OpenCL device
+    lamina serve [NAME=]MODEL ... [--port P]        serve models over HTTP (KServe v2), batching
     lamina bench [SUITE ...]                        the benchmarks of bench/
 
 Every command takes --device cpu|opencl[:N] and --threads N.
@@ -291,6 +292,25 @@ def cmd_train(args):
     return 0
 
 
+def cmd_serve(args):
+    _setup(args)
+    from .serve import load_models, serve
+    try:
+        models = load_models(args.models, 1 if args.no_batching else args.max_batch_size, args.max_delay_ms / 1e3,
+                             args.max_queue)
+    except (ImportError, ValueError, OSError) as e:
+        raise CommandError(str(e)) from None
+    for m in models.values():
+        m.net = _place(m.net, args)
+
+    def ready(server):
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        batching = "off" if args.no_batching else f"up to {args.max_batch_size} requests or {args.max_delay_ms:g} ms"
+        print(f"serving {', '.join(models)} at http://{host}:{port} (batching {batching})", flush=True)
+    serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready)
+    return 0
+
+
 def cmd_import(args):
     lm = _setup(args)
     if not args.model.endswith(".onnx"):
@@ -448,6 +468,23 @@ def parser():
     s.add_argument("--bucket-mb", type=POSITIVE, default=4.0,
                    help="data-parallel: gradient megabytes per allreduce")
     s.set_defaults(run=cmd_train)
+
+    s = sub.add_parser("serve", parents=[common], help="serve models over HTTP (Open Inference Protocol)")
+    s.add_argument("models", nargs="+", metavar="[NAME=]MODEL",
+                   help="model files (.lamina or .onnx); NAME defaults to the file's stem (the folder's name for "
+                        "model.lamina)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=_number(int, 0, 65535, what="a port in [0, 65535]"), default=8000,
+                   help="port to listen on (0: any free port, printed)")
+    s.add_argument("--max-batch-size", type=POSITIVE_INT, default=32, help="requests per batch at most")
+    s.add_argument("--max-delay-ms", type=_number(float, 0, 10000, what="milliseconds in [0, 10000]"), default=5.0,
+                   help="how long a batch waits for more requests after its first")
+    s.add_argument("--no-batching", action="store_true", help="run every request alone")
+    s.add_argument("--timeout-ms", type=POSITIVE, default=10000.0,
+                   help="a request not answered within this gets 504")
+    s.add_argument("--max-queue", type=POSITIVE_INT, default=1024, help="queued requests per model before 503")
+    s.add_argument("--max-body-mb", type=POSITIVE, default=64.0, help="largest request body accepted")
+    s.set_defaults(run=cmd_serve)
 
     s = sub.add_parser("import", parents=[common], help="convert an ONNX model to a lamina model file")
     s.add_argument("model", help="an .onnx file")

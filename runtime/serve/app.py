@@ -1,0 +1,159 @@
+"""The ASGI application of `lamina serve` (Starlette, run by Uvicorn): the Open Inference
+Protocol's routes, Prometheus metrics, and the models' batchers.
+
+    GET  /v2/health/live              200 while the process serves
+    GET  /v2/health/ready             200 once every model is loaded and batching
+    GET  /v2                          server metadata (name, version, extensions)
+    GET  /v2/models/{name}            the model's inputs and outputs (protocol.model_metadata)
+    GET  /v2/models/{name}/ready      200 when that model serves
+    POST /v2/models/{name}/infer      run a request (protocol: JSON or binary tensors)
+    GET  /metrics                     Prometheus text: requests by status, batch sizes, queue and
+                                      compute time, per model
+
+Every refusal is the protocol's error body, {"error": "..."}, with a 4xx status (400 bad input,
+404 unknown model, 413 body too large), 503 when a model's queue is full or the server is
+stopping, and 504 when a request waited past its deadline.
+"""
+import asyncio
+import contextlib
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from .protocol import ProtocolError, decode_inputs, encode_response, model_metadata, parse_request, requested_outputs
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+        self.registry = CollectorRegistry()
+        self.requests = Counter("lamina_requests", "Inference requests answered, by model and HTTP status",
+                                ["model", "status"], registry=self.registry)
+        self.batch_size = Histogram("lamina_batch_size", "Requests per batch run", ["model"], registry=self.registry,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.queue_seconds = Histogram("lamina_queue_seconds", "Seconds a request waited for its batch to start",
+                                       ["model"], registry=self.registry,
+                                       buckets=(1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5))
+        self.compute_seconds = Histogram("lamina_compute_seconds", "Seconds each batch ran", ["model"],
+                                         registry=self.registry,
+                                         buckets=(1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5))
+
+    def text(self):
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
+
+
+def error(message, status):
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
+    """The ASGI app over `models` ({name: ServedModel}); `timeout`: seconds a request may wait
+    for its answer; `max_body`: bytes an /infer body may hold."""
+    metrics = metrics or Metrics()
+    for m in models.values():
+        m.metrics = metrics
+    state = {"ready": False, "stopping": False}
+
+    async def live(request):
+        return JSONResponse({"live": True})
+
+    async def ready(request):
+        ok = state["ready"] and not state["stopping"]
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    async def server_metadata(request):
+        return JSONResponse({"name": "lamina", "version": __version__, "extensions": ["binary_tensor_data"],
+                             "models": sorted(models)})
+
+    def model_of(request):
+        name = request.path_params["name"]
+        if name not in models:
+            raise ProtocolError(f"unknown model '{name}'; this server has {', '.join(sorted(models))}", 404)
+        return name, models[name]
+
+    async def metadata(request):
+        try:
+            name, model = model_of(request)
+        except ProtocolError as e:
+            return error(str(e), e.status)
+        return JSONResponse(model_metadata(name, model))
+
+    async def model_ready(request):
+        try:
+            model_of(request)
+        except ProtocolError as e:
+            return error(str(e), e.status)
+        return JSONResponse({"ready": state["ready"]}, status_code=200 if state["ready"] else 503)
+
+    async def infer(request):
+        name = request.path_params["name"]
+        started = time.perf_counter()
+        try:
+            name, model = model_of(request)
+            if state["stopping"]:
+                raise ProtocolError("the server is shutting down", 503)
+            body = await read_body(request, max_body)
+            payload, tail = parse_request(body, request.headers, max_body)
+            arrays = decode_inputs(payload, tail, model)
+            outputs, binary = requested_outputs(payload, model)
+            outputs = outputs or model.default_outputs(arrays)
+            pending = model.submit(arrays, outputs)
+            left = timeout - (time.perf_counter() - started)
+            try:
+                result = await asyncio.wait_for(asyncio.shield(pending.future), max(left, 0.0))
+            except TimeoutError:
+                pending.abandoned = True
+                raise ProtocolError(f"no answer within the deadline of {timeout:g} s (the model's queue holds "
+                                    f"{len(model._waiting)} requests)", 504) from None
+            body, headers = encode_response(name, payload.get("id"), result, binary or set())
+            metrics.requests.labels(name, "200").inc()
+            return Response(body, headers=headers)
+        except ProtocolError as e:
+            metrics.requests.labels(name if name in models else "-", str(e.status)).inc()
+            return error(str(e), e.status)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except Exception as e:  # a fault of lamina's: the request fails, the server goes on
+            metrics.requests.labels(name if name in models else "-", "500").inc()
+            return error(f"internal error: {type(e).__name__}: {e}", 500)
+
+    async def metrics_route(request):
+        return Response(metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for m in models.values():
+            m.start()
+        state["ready"] = True
+        yield
+        state["stopping"] = True
+        await asyncio.gather(*(m.stop() for m in models.values()))
+
+    routes = [Route("/v2/health/live", live), Route("/v2/health/ready", ready), Route("/v2", server_metadata),
+              Route("/v2/models/{name}", metadata), Route("/v2/models/{name}/ready", model_ready),
+              Route("/v2/models/{name}/infer", infer, methods=["POST"]), Route("/metrics", metrics_route)]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.metrics = metrics
+    return app
+
+
+async def read_body(request, limit):
+    """The body, refused with 413 past `limit` bytes (before reading it when Content-Length says
+    so, else while it streams in)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ProtocolError(f"the request body holds {declared} bytes, more than this server's limit of {limit}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(f"the request body holds more than this server's limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,199 @@
+"""Dynamic batching: the requests for one model queue, and a batch closes when it holds
+`max_batch_size` requests or `max_delay` seconds after its first request arrived, whichever comes
+first. Requests that feed the same inputs and want the same outputs run together; sequences
+join one packed batch (lamina.Sequences: no padding), other inputs stack on the first axis. Each
+request gets its own rows of every output.
+
+One batch runs at a time per model, in a thread of the model's own (the kernels release the
+GIL, so the event loop goes on taking requests); the network's inference buffers are reused from
+batch to batch. A batch that fails on a request's input (an id out of range) runs again one
+request at a time, so only that request gets the error.
+"""
+import asyncio
+import collections
+import concurrent.futures
+import time
+
+import numpy as np
+
+from ..errors import GraphError, InputError
+from ..sequence import SequenceError, Sequences
+from .protocol import ProtocolError
+
+USER_ERRORS = (InputError, GraphError, SequenceError, ValueError)
+
+
+class Pending:
+    """One request waiting for its batch."""
+
+    __slots__ = ("arrays", "outputs", "key", "rows", "future", "arrived", "abandoned")
+
+    def __init__(self, arrays, outputs, rows, future):
+        self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
+        self.key = (tuple(sorted(arrays)), tuple(outputs))
+        self.arrived = time.perf_counter()
+        self.abandoned = False  # its caller stopped waiting (deadline): skip it
+
+
+class ServedModel:
+    """A network behind the server: what it can be fed over the protocol, and its batcher."""
+
+    def __init__(self, name, net, max_batch_size=32, max_delay=0.005, max_queue=1024, metrics=None):
+        self.name, self.net = name, net
+        self.max_batch_size, self.max_delay, self.max_queue = int(max_batch_size), float(max_delay), int(max_queue)
+        # selections are per batch (sampled softmax), not something a client sends
+        # served: the predictions (costs need labels) that need no selection (a per-batch
+        # choice of sampled columns, not something a client sends)
+        feedable = {v for v in net.input_names if net.values[v].spec.kind != "selection"}
+        costs = set(net.cost_outputs())
+        self.outputs = [o for o in net.output_values
+                        if o not in costs and set(net.scheduler.plan(False, (o,)).inputs) <= feedable]
+        if not self.outputs:
+            raise ValueError(f"model '{name}': no output to serve (every output is a cost or needs a selection)")
+        needed = {v for o in self.outputs for v in net.scheduler.plan(False, (o,)).inputs}
+        self.inputs = [v for v in net.input_names if v in needed]
+        self.sequence_model = any(net.values[v].spec.sequence for v in self.inputs)
+        self.metrics = metrics
+        self._waiting = collections.deque()
+        self._arrived = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"lamina-{name}")
+        self._task = None
+        self.running = 0  # requests in the batch being computed
+
+    # ------------------------------------------------------------------ the event loop's side
+    def start(self):
+        self._arrived = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._batches())
+
+    async def stop(self):
+        """Finish what is queued and running, then stop."""
+        while self._waiting or self.running:
+            await asyncio.sleep(0.01)
+        if self._task is not None:
+            self._task.cancel()
+        self._thread.shutdown(wait=True)
+
+    def default_outputs(self, names):
+        """The outputs the given inputs compute."""
+        have = set(names)
+        outs = [o for o in self.outputs if set(self.net.scheduler.plan(False, (o,)).inputs) <= have]
+        if not outs:
+            raise ProtocolError(f"no output can be computed from inputs {sorted(names)}; the model's inputs are "
+                                f"{', '.join(repr(n) for n in self.inputs)}")
+        return outs
+
+    def submit(self, arrays, outputs):
+        """Queue one request; returns the future of its outputs."""
+        needed = set()
+        for o in outputs:
+            needed |= set(self.net.scheduler.plan(False, (o,)).inputs)
+        missing = [v for v in self.inputs if v in needed and v not in arrays]
+        if missing:
+            raise ProtocolError(f"missing input '{missing[0]}' (needed for output(s) {', '.join(outputs)})")
+        if len(self._waiting) >= self.max_queue:
+            raise ProtocolError(f"model '{self.name}' has {len(self._waiting)} requests queued, its limit", 503)
+        arrays = {k: v for k, v in arrays.items() if k in needed}
+        rows = 1 if self.sequence_model else next(iter(arrays.values())).shape[0]
+        counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
+        if len(set(counts.values())) > 1:
+            raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")
+        pending = Pending(arrays, outputs, rows, asyncio.get_running_loop().create_future())
+        self._waiting.append(pending)
+        self._arrived.set()
+        return pending
+
+    async def _batches(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._waiting:
+                self._arrived.clear()
+                await self._arrived.wait()
+            first = self._waiting[0]
+            close = first.arrived + self.max_delay
+            while self._rows_like(first) < self.max_batch_size and time.perf_counter() < close:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), close - time.perf_counter())
+                except TimeoutError:
+                    break
+            batch = self._take(first.key)
+            if not batch:
+                continue
+            self.running = len(batch)
+            start = time.perf_counter()
+            if self.metrics:
+                for p in batch:
+                    self.metrics.queue_seconds.labels(self.name).observe(start - p.arrived)
+                self.metrics.batch_size.labels(self.name).observe(len(batch))
+            try:
+                results = await loop.run_in_executor(self._thread, self._run, batch)
+            except Exception as e:  # the thread pool itself failed: every request learns it
+                results = [e] * len(batch)
+            if self.metrics:
+                self.metrics.compute_seconds.labels(self.name).observe(time.perf_counter() - start)
+            self.running = 0
+            for p, result in zip(batch, results):
+                if not p.future.done():
+                    (p.future.set_exception if isinstance(result, Exception) else p.future.set_result)(result)
+
+    def _rows_like(self, first):
+        return sum(p.rows for p in self._waiting if p.key == first.key and not p.abandoned)
+
+    def _take(self, key):
+        batch, rest, rows = [], collections.deque(), 0
+        for p in self._waiting:
+            if p.abandoned:
+                continue
+            if p.key == key and (not batch or rows + p.rows <= self.max_batch_size):
+                batch.append(p)
+                rows += p.rows
+            else:
+                rest.append(p)
+        self._waiting = rest
+        return batch
+
+    # ------------------------------------------------------------------ the model's thread
+    def _run(self, batch):
+        """[outputs dict or exception] per request."""
+        try:
+            return self._run_together(batch)
+        except USER_ERRORS as e:
+            if len(batch) == 1:
+                return [_as_protocol_error(e)]
+        except Exception as e:
+            if len(batch) == 1:
+                return [e]
+        results = []
+        for p in batch:  # find the request at fault: the others still get their answers
+            try:
+                results += self._run_together([p])
+            except USER_ERRORS as e:
+                results.append(_as_protocol_error(e))
+            except Exception as e:
+                results.append(e)
+        return results
+
+    def _run_together(self, batch):
+        net, first = self.net, batch[0]
+        feeds = {}
+        for name in first.arrays:
+            parts = [p.arrays[name] for p in batch]
+            if net.values[name].spec.sequence:
+                feeds[name] = Sequences.from_list(parts)
+            else:
+                feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out = net.run(feeds, list(first.outputs))
+        results = [{} for _ in batch]
+        bounds = np.cumsum([0] + [p.rows for p in batch])
+        for name, value in out.items():
+            for i, r in enumerate(results):
+                if isinstance(value, Sequences):
+                    s = value.starts
+                    r[name] = value.values[s[bounds[i]]:s[bounds[i + 1]]]
+                else:
+                    r[name] = value[bounds[i]:bounds[i + 1]]
+        return results
+
+
+def _as_protocol_error(e):
+    return ProtocolError(str(e), 400)

@@ -1,0 +1,94 @@
+"""A small client of the Open Inference Protocol over httpx: numpy arrays in, numpy arrays out,
+binary tensors both ways by default (JSON with binary=False)."""
+import json
+
+import numpy as np
+
+from ..sequence import Sequences
+from .protocol import HEADER_LENGTH, datatype, decode_response
+
+
+class ServerError(Exception):
+    """The server refused a request: `status` and the error body's message."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+class Client:
+    """client = Client("http://127.0.0.1:8000"); client.infer(model, {name: array}) -> {name: array}.
+    A sequence input is one sequence's steps (an array, or a Sequences holding one sequence)."""
+
+    def __init__(self, url="http://127.0.0.1:8000", timeout=60.0):
+        import httpx
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def close(self):
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _get(self, path):
+        r = self.http.get(path)
+        if r.status_code != 200:
+            raise ServerError(r.status_code, _message(r))
+        return r.json()
+
+    def live(self):
+        return self.http.get("/v2/health/live").status_code == 200
+
+    def ready(self):
+        return self.http.get("/v2/health/ready").status_code == 200
+
+    def metadata(self, model):
+        return self._get(f"/v2/models/{model}")
+
+    def infer(self, model, inputs, outputs=None, binary=True, request_id=None):
+        body, headers = encode_request(inputs, outputs, binary, request_id)
+        r = self.http.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+        if r.status_code != 200:
+            raise ServerError(r.status_code, _message(r))
+        return decode_response(r.content, r.headers)
+
+
+def encode_request(inputs, outputs=None, binary=True, request_id=None):
+    """(body, headers) of an /infer request."""
+    entries, blobs = [], []
+    for name, a in inputs.items():
+        if isinstance(a, Sequences):
+            if a.num_sequences != 1:
+                raise ValueError(f"input '{name}': a request holds one sequence, found {a.num_sequences}")
+            a = a.values
+        a = np.ascontiguousarray(a)
+        entry = {"name": name, "shape": list(a.shape), "datatype": datatype(a.dtype)}
+        if binary:
+            blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = a.reshape(-1).tolist()
+        entries.append(entry)
+    request = {"inputs": entries}
+    if outputs is not None:
+        request["outputs"] = [{"name": o} for o in outputs]
+    if binary:
+        request["parameters"] = {"binary_data_output": True}
+    if request_id is not None:
+        request["id"] = request_id
+    head = json.dumps(request).encode()
+    if not binary:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+
+
+def _message(response):
+    try:
+        return response.json().get("error", response.text)
+    except ValueError:
+        return response.text

@@ -1,0 +1,225 @@
+"""The Open Inference Protocol (KServe v2) on the wire: tensors in JSON or in the binary tensor
+data extension, checked against a model's inputs, and the model's metadata.
+
+A request carries one sample per row of each input, stacked on the first axis ([n, *shape]);
+a model with sequence inputs takes one sequence per request: each sequence input is that
+sequence's steps ([steps, *shape]) and every other input one row ([1, *shape]). Responses carry
+each output for this request's rows alone, in the same layout.
+
+Binary extension: the header `Inference-Header-Content-Length: N` says the body's first N bytes
+are the JSON; an input with `"parameters": {"binary_data_size": k}` takes the next k bytes
+(little-endian, C order). A request asks for binary outputs with `"parameters":
+{"binary_data_output": true}`, or per output with `{"name": ..., "parameters": {"binary_data":
+true}}`; such an output's JSON carries `binary_data_size` and its bytes follow the JSON.
+"""
+import json
+
+import numpy as np
+
+HEADER_LENGTH = "inference-header-content-length"
+
+DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+             "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
+             "FP32": np.float32, "FP64": np.float64}
+NAMES = {np.dtype(v): k for k, v in DATATYPES.items()}
+
+
+class ProtocolError(Exception):
+    """A request the protocol refuses: `status` (400 unless said) and a message for the
+    error body."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+def datatype(dtype):
+    return NAMES[np.dtype(dtype)]
+
+
+def model_metadata(name, model):
+    """GET /v2/models/{name}: inputs and outputs with names, datatypes and shapes (-1: any size;
+    a sequence input or output marked with parameters.sequence)."""
+    def tensor(vname, kind_dtype, spec):
+        entry = {"name": vname, "datatype": kind_dtype, "shape": [-1, *spec.shape]}
+        if spec.sequence:
+            entry["parameters"] = {"sequence": True}
+        return entry
+    net = model.net
+    inputs = [tensor(v, "FP32" if net.values[v].spec.kind == "float" else "INT32", net.values[v].spec)
+              for v in model.inputs]
+    outputs = [tensor(o, "FP32", net.values[net.output_values[o]].spec) for o in model.outputs]
+    return {"name": name, "versions": ["1"], "platform": "lamina", "inputs": inputs, "outputs": outputs,
+            "parameters": {"max_batch_size": model.max_batch_size, "sequence_model": model.sequence_model}}
+
+
+def parse_request(body, headers, limit):
+    """(request JSON, the binary tail) of an /infer body; ProtocolError for a malformed one."""
+    if len(body) > limit:
+        raise ProtocolError(f"the request body holds {len(body)} bytes, more than this server's limit of {limit}",
+                            413)
+    size = headers.get(HEADER_LENGTH)
+    if size is not None:
+        try:
+            size = int(size)
+        except ValueError:
+            raise ProtocolError(f"header Inference-Header-Content-Length must be an integer, found {size!r}") from None
+        if not 0 <= size <= len(body):
+            raise ProtocolError(f"header Inference-Header-Content-Length is {size}, the body holds {len(body)} bytes")
+    head, tail = (body, b"") if size is None else (body[:size], body[size:])
+    try:
+        request = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"the request is not valid JSON: {e}") from None
+    if not isinstance(request, dict):
+        raise ProtocolError(f"the request must be a JSON object, found {type(request).__name__}")
+    if not isinstance(request.get("inputs"), list) or not request["inputs"]:
+        raise ProtocolError("the request must hold a non-empty list 'inputs'")
+    return request, tail
+
+
+def decode_inputs(request, tail, model):
+    """{input name: numpy array} of a request, checked against the model: known names, no
+    duplicates, datatypes, shapes, data sizes, finite floats; ProtocolError naming the input."""
+    arrays, offset = {}, 0
+    for i, entry in enumerate(request["inputs"]):
+        where = f"inputs[{i}]"
+        if not isinstance(entry, dict):
+            raise ProtocolError(f"{where} must be an object with name, shape, datatype and data")
+        name = entry.get("name")
+        if name not in model.inputs:
+            raise ProtocolError(f"{where}: unknown input {name!r}; the model's inputs are "
+                                f"{', '.join(repr(n) for n in model.inputs)}")
+        if name in arrays:
+            raise ProtocolError(f"{where}: input '{name}' is given twice")
+        where = f"input '{name}'"
+        kind = entry.get("datatype")
+        if kind not in DATATYPES:
+            raise ProtocolError(f"{where}: unknown datatype {kind!r}; expected one of {', '.join(DATATYPES)}")
+        shape = entry.get("shape")
+        if (not isinstance(shape, list) or not shape
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ProtocolError(f"{where}: shape must be a non-empty list of sizes >= 0, found {shape!r}")
+        count = int(np.prod(shape, dtype=np.int64))
+        dtype = np.dtype(DATATYPES[kind])
+        params = entry.get("parameters") or {}
+        if "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+                raise ProtocolError(f"{where}: binary_data_size {size!r} does not fit the {len(tail) - offset} "
+                                    f"bytes left in the body")
+            if size != count * dtype.itemsize:
+                raise ProtocolError(f"{where}: shape {shape} of {kind} needs {count * dtype.itemsize} bytes, "
+                                    f"binary_data_size is {size}")
+            a = np.frombuffer(tail, dtype.newbyteorder("<"), count, offset).astype(dtype).reshape(shape)
+            offset += size
+        else:
+            a = _from_json(entry.get("data"), dtype, shape, count, where)
+        arrays[name] = _check_input(model, name, kind, a, where)
+    if offset != len(tail):
+        raise ProtocolError(f"the body holds {len(tail) - offset} bytes after the inputs' binary data")
+    return arrays
+
+
+def _from_json(data, dtype, shape, count, where):
+    if data is None:
+        raise ProtocolError(f"{where}: no 'data' (nor parameters.binary_data_size)")
+    try:
+        a = np.array(data, dtype=np.float64 if dtype.kind == "f" else object)
+    except (ValueError, TypeError):
+        raise ProtocolError(f"{where}: data must be numbers, flat or nested as the shape") from None
+    if a.size != count:
+        raise ProtocolError(f"{where}: shape {shape} needs {count} values, data holds {a.size}")
+    flat = a.reshape(-1)
+    if dtype.kind in "iub":
+        ok = all(isinstance(v, (int, bool)) and not (dtype.kind != "b" and isinstance(v, bool)) for v in flat)
+        if not ok:
+            raise ProtocolError(f"{where}: {datatype(dtype)} data must be whole numbers")
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        if info is not None and any(v < info.min or v > info.max for v in flat):
+            raise ProtocolError(f"{where}: a value does not fit {datatype(dtype)}")
+    return flat.astype(dtype).reshape(shape)
+
+
+def _check_input(model, name, kind, a, where):
+    spec = model.net.values[name].spec
+    if spec.kind == "float":
+        if kind != "FP32":
+            raise ProtocolError(f"{where}: expected datatype FP32, found {kind}")
+        if not np.all(np.isfinite(a)):
+            raise ProtocolError(f"{where}: values must be finite, found NaN or infinity")
+    elif a.dtype.kind not in "iu":
+        raise ProtocolError(f"{where}: expected integer ids (INT32 or another integer type), found {kind}")
+    if a.shape[1:] != spec.shape:
+        lead = "steps" if spec.sequence else "n"
+        raise ProtocolError(f"{where}: expected shape [{lead}, {', '.join(map(str, spec.shape))}]"
+                            f"{' (one sequence: its steps)' if spec.sequence else ''}, found {list(a.shape)}")
+    if a.shape[0] == 0:
+        raise ProtocolError(f"{where}: no rows (an empty {'sequence' if spec.sequence else 'batch'})")
+    if model.sequence_model and not spec.sequence and a.shape[0] != 1:
+        raise ProtocolError(f"{where}: a request to this sequence model holds one sequence, so this input "
+                            f"takes one row, found {a.shape[0]}")
+    return a
+
+
+def requested_outputs(request, model):
+    """(output names, which of them go binary): the listed outputs, else every output the given
+    inputs compute."""
+    binary_all = bool((request.get("parameters") or {}).get("binary_data_output", False))
+    listed = request.get("outputs")
+    if listed is None:
+        return None, binary_all
+    if not isinstance(listed, list) or not listed:
+        raise ProtocolError("'outputs' must be a non-empty list of {\"name\": ...} objects")
+    names, binary = [], set()
+    for i, entry in enumerate(listed):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if name not in model.outputs:
+            raise ProtocolError(f"outputs[{i}]: unknown output {name!r}; the model's outputs are "
+                                f"{', '.join(repr(n) for n in model.outputs)}")
+        names.append(name)
+        if binary_all or (entry.get("parameters") or {}).get("binary_data"):
+            binary.add(name)
+    return names, binary if not binary_all else True
+
+
+def encode_response(model_name, request_id, outputs, binary):
+    """(body bytes, extra headers): JSON, with the outputs named in `binary` (True: all) as
+    raw bytes after it."""
+    entries, blobs = [], []
+    for name, a in outputs.items():
+        a = np.ascontiguousarray(a)
+        entry = {"name": name, "datatype": datatype(a.dtype), "shape": list(a.shape)}
+        if binary is True or name in binary:
+            blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = a.reshape(-1).tolist()
+        entries.append(entry)
+    head = {"model_name": model_name, "model_version": "1", "outputs": entries}
+    if request_id is not None:
+        head["id"] = request_id
+    text = json.dumps(head, separators=(",", ":")).encode()
+    if not blobs:
+        return text, {"content-type": "application/json"}
+    return text + b"".join(blobs), {"content-type": "application/octet-stream",
+                                    HEADER_LENGTH: str(len(text))}
+
+
+def decode_response(body, headers):
+    """{output name: numpy array} of a response body (JSON or with binary outputs)."""
+    size = headers.get(HEADER_LENGTH)
+    head, tail = (body, b"") if size is None else (body[:int(size)], body[int(size):])
+    response = json.loads(head)
+    out, offset = {}, 0
+    for entry in response["outputs"]:
+        dtype = np.dtype(DATATYPES[entry["datatype"]])
+        size = (entry.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            a = np.frombuffer(tail, dtype.newbyteorder("<"), size // dtype.itemsize, offset).astype(dtype)
+            offset += size
+        else:
+            a = np.array(entry["data"], dtype=dtype)
+        out[entry["name"]] = a.reshape(entry["shape"])
+    return out

@@ -1,0 +1,281 @@
+"""`lamina serve`, run for real: a server process on a free port, spoken to over HTTP by httpx
+and lamina.serve.Client. Every route; answers equal net.run on the same inputs; concurrent
+sequences of different lengths are batched together and each gets its own rows; every kind of
+bad input gets the protocol's error body while the others in its batch are answered; deadlines;
+SIGTERM under load loses no accepted request."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.serve import Client, ServerError
+from lamina.serve.client import encode_request
+
+from test_cli import classifier
+
+ROOT = Path(__file__).resolve().parent.parent
+LM = ROOT / "models" / "python_lm" / "model.lamina"
+DENOISER = ROOT / "models" / "denoise3d" / "model.lamina"
+
+
+class Server:
+    """A `lamina serve` process; `url` once it listens."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", *args, "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, "LAMINA_THREADS": "1"})
+        line = self.proc.stdout.readline()
+        match = re.search(r"http://[\d.]+:\d+", line)
+        if not match:
+            self.proc.kill()
+            raise AssertionError(f"the server did not start: {line}{self.proc.stderr.read()}")
+        self.url = match.group(0)
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+
+    def stop(self):
+        """SIGTERM; True when the server shut down cleanly (uvicorn re-raises the signal after
+        its graceful shutdown, so the status is -SIGTERM) with nothing on stderr but warnings."""
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+        err = self.proc.stderr.read()
+        return self.proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    classifier(folder / "clf.lamina")
+    return {"clf": folder / "clf.lamina", "lm": LM, "denoise3d": DENOISER}
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    s = Server(f"clf={models['clf']}", str(LM), str(DENOISER), "--max-delay-ms", "30", "--max-body-mb", "1")
+    yield s
+    assert s.stop()
+
+
+def lm_request(ids):
+    z = np.zeros((1, 1, 256), np.float32)
+    return {"ids": ids, "h0": z, "c0": z}
+
+
+def lm_reference(net, ids):
+    z = np.zeros((1, 1, 256), np.float32)
+    out = net.run({"ids": lm.Sequences(ids, np.array([0, len(ids)], np.int32)), "h0": z, "c0": z})
+    return {"logits": out["logits"].values, "last": out["last"], "cell": out["cell"]}
+
+
+def test_routes(server):
+    h = server.http
+    assert h.get("/v2/health/live").json() == {"live": True}
+    assert h.get("/v2/health/ready").json() == {"ready": True}
+    meta = h.get("/v2").json()
+    assert meta["extensions"] == ["binary_tensor_data"] and meta["models"] == ["clf", "denoise3d", "python_lm"]
+    lm_meta = h.get("/v2/models/python_lm").json()
+    assert lm_meta["inputs"] == [
+        {"name": "ids", "datatype": "INT32", "shape": [-1], "parameters": {"sequence": True}},
+        {"name": "h0", "datatype": "FP32", "shape": [-1, 1, 256]},
+        {"name": "c0", "datatype": "FP32", "shape": [-1, 1, 256]}]
+    assert [o["name"] for o in lm_meta["outputs"]] == ["logits", "last", "cell"]
+    assert lm_meta["outputs"][0] == {"name": "logits", "datatype": "FP32", "shape": [-1, 4096],
+                                     "parameters": {"sequence": True}}
+    assert h.get("/v2/models/denoise3d").json()["inputs"] == [
+        {"name": "noisy", "datatype": "FP32", "shape": [-1, 1, 24, 24, 24]}]
+    assert h.get("/v2/models/clf/ready").status_code == 200
+    r = h.get("/v2/models/nope")
+    assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
+    metrics = h.get("/metrics").text
+    for name in ("lamina_requests_total", "lamina_batch_size", "lamina_queue_seconds", "lamina_compute_seconds"):
+        assert f"# TYPE {name.replace('_total', '')}" in metrics
+
+
+def assert_close(got, want, rel, what=""):
+    """|got - want| <= rel x max |want|: float32 sums in another order (the server's thread
+    count, a batch's GEMM blocking) round differently, within a bound of the output's scale."""
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    scale = float(np.abs(want).max())
+    worst = float(np.abs(got - want).max())
+    assert worst <= rel * scale, f"{what}: off by {worst:.3g}, {worst / scale:.3g} of the scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_answers_equal_net_run(server, models, binary):
+    """A lone request against net.run in this process: within 1e-6 of each output's scale (the
+    server runs 1 thread, this process may run more)."""
+    client = Client(server.url)
+    clf = lm.load(models["clf"])
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    out = client.infer("clf", {"x": x}, outputs=["logits"], binary=binary)
+    assert_close(out["logits"], clf.run({"x": x})["logits"], 1e-6, "clf")
+    net = lm.load(LM)
+    ids = np.random.default_rng(2).integers(0, 4096, 37).astype(np.int32)
+    out = client.infer("python_lm", lm_request(ids), binary=binary)
+    want = lm_reference(net, ids)
+    for name in ("logits", "last", "cell"):
+        assert_close(out[name], want[name], 1e-6, name)
+    noisy = np.random.default_rng(3).standard_normal((1, 1, 24, 24, 24)).astype(np.float32)
+    out = client.infer("denoise3d", {"noisy": noisy}, binary=binary)
+    assert_close(out["denoised"], lm.load(DENOISER).run({"noisy": noisy})["denoised"], 1e-6, "denoised")
+
+
+def batch_sizes(http, model):
+    """(batches run, requests in them) so far (a model without a batch has no line yet)."""
+    text = http.get("/metrics").text
+    found = [re.search(rf'lamina_batch_size_{kind}{{model="{model}"}} (\S+)', text) for kind in ("count", "sum")]
+    return tuple(float(m.group(1)) if m else 0.0 for m in found)
+
+
+def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
+    """48 requests of 10..200 tokens from 16 threads: they share batches (packed, no padding),
+    and each response holds that sequence's rows. A batch's GEMMs block by its row count, so
+    its float32 sums round apart from a lone run's: bounded here by 1e-5 of each output's scale
+    (measured up to 3e-6 for logits after 200 steps)."""
+    net = lm.load(LM)
+    rng = np.random.default_rng(4)
+    requests = [rng.integers(0, 4096, rng.integers(10, 201)).astype(np.int32) for _ in range(48)]
+    count0, total0 = batch_sizes(server.http, "python_lm")
+
+    def ask(ids):
+        with Client(server.url) as c:
+            return c.infer("python_lm", lm_request(ids), outputs=["logits", "last"])
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, requests))
+    count1, total1 = batch_sizes(server.http, "python_lm")
+    assert total1 - total0 == 48
+    assert (total1 - total0) / (count1 - count0) > 2  # requests shared batches
+    for ids, out in zip(requests, answers):
+        want = lm_reference(net, ids)
+        assert out["logits"].shape == (len(ids), 4096)
+        for name in ("logits", "last"):
+            assert_close(out[name], want[name], 1e-5, name)
+
+
+def post(server, model, body, headers=None):
+    return server.http.post(f"/v2/models/{model}/infer", content=body,
+                            headers=headers or {"content-type": "application/json"})
+
+
+def json_body(inputs, **extra):
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+BAD = {
+    "malformed JSON": (b'{"inputs": [', 400, "not valid JSON"),
+    "no inputs": (json_body([]), 400, "non-empty list 'inputs'"),
+    "unknown input": (json_body([{"name": "y", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]), 400,
+                      "unknown input 'y'"),
+    "wrong datatype": (json_body([{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": [0, 0, 0, 0]}]), 400,
+                       "expected datatype FP32, found FP64"),
+    "unknown datatype": (json_body([{"name": "x", "shape": [1, 4], "datatype": "F32", "data": [0, 0, 0, 0]}]), 400,
+                         "unknown datatype 'F32'"),
+    "wrong shape": (json_body([{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]), 400,
+                    "expected shape [n, 4], found [2, 3]"),
+    "data size": (json_body([{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [0] * 5}]), 400,
+                  "needs 8 values, data holds 5"),
+    "not numbers": (json_body([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ["a", 1, 2, 3]}]), 400,
+                    "data must be numbers"),
+    "NaN": (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [NaN, 0, 0, 0]}]}', 400,
+            "must be finite"),
+    "unknown output": (json_body([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}],
+                                 outputs=[{"name": "probs"}]), 400, "unknown output 'probs'"),
+    "oversized": (b"{" + b" " * (1 << 20) + b"}", 413, "more than this server's limit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_the_protocol_error(server, case):
+    body, status, phrase = BAD[case]
+    r = post(server, "clf", body)
+    assert r.status_code == status, r.text
+    assert phrase in r.json()["error"]
+    assert server.http.get("/v2/health/live").status_code == 200
+
+
+def test_bad_binary_data(server):
+    x = np.zeros((1, 4), np.float32)
+    body, headers = encode_request({"x": x})
+    r = post(server, "clf", body[:-3], headers)  # the tensor's bytes cut short
+    assert r.status_code == 400 and "binary_data_size 16 does not fit the 13 bytes" in r.json()["error"]
+    r = post(server, "clf", body, {**headers, "inference-header-content-length": "nine"})
+    assert r.status_code == 400 and "must be an integer" in r.json()["error"]
+    r = post(server, "clf", body + b"xx", headers)
+    assert r.status_code == 400 and "2 bytes after the inputs" in r.json()["error"]
+
+
+def test_a_bad_id_fails_alone_in_its_batch(server):
+    """Out-of-range ids are found by the network inside the batch: the batch runs again one
+    request at a time, so only that request fails."""
+    net = lm.load(LM)
+    good = [np.arange(i, i + 20, dtype=np.int32) for i in range(3)]
+    bad = np.array([1, 2, 4096 + 7], np.int32)
+    count0, total0 = batch_sizes(server.http, "python_lm")
+
+    def ask(ids):
+        with Client(server.url) as c:
+            try:
+                return c.infer("python_lm", lm_request(ids), outputs=["last"])
+            except ServerError as e:
+                return e
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, good + [bad]))
+    assert isinstance(answers[3], ServerError) and answers[3].status == 400
+    assert "4103" in answers[3].message and "4096" in answers[3].message
+    for ids, out in zip(good, answers[:3]):
+        assert_close(out["last"], lm_reference(net, ids)["last"], 1e-5, "last")
+    count1, _ = batch_sizes(server.http, "python_lm")
+    assert count1 - count0 < 4  # the four went in together
+    ids_only = [{"name": "ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]
+    r = post(server, "python_lm", json_body(ids_only))
+    assert r.status_code == 400 and "no output can be computed from inputs ['ids']" in r.json()["error"]
+    r = post(server, "python_lm", json_body(ids_only, outputs=[{"name": "last"}]))
+    assert r.status_code == 400 and "missing input 'h0' (needed for output(s) last)" in r.json()["error"]
+
+
+def test_a_request_past_its_deadline_gets_504(models):
+    s = Server(f"clf={models['clf']}", "--max-delay-ms", "3000", "--timeout-ms", "300")
+    try:
+        start = time.monotonic()
+        r = post(s, "clf", json_body([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}]))
+        assert r.status_code == 504 and "deadline of 0.3 s" in r.json()["error"]
+        assert time.monotonic() - start < 2.5
+    finally:
+        assert s.stop()
+
+
+def test_sigterm_under_load_loses_no_accepted_request(models):
+    """16 requests wait in a batch that closes after 1 s; SIGTERM arrives meanwhile: each is
+    still answered, correctly, and the server then exits cleanly."""
+    s = Server(f"clf={models['clf']}", "--max-delay-ms", "1000", "--max-batch-size", "64")
+    clf = lm.load(models["clf"])
+    xs = [np.random.default_rng(i).standard_normal((2, 4)).astype(np.float32) for i in range(16)]
+    answers = [None] * 16
+
+    def ask(i):
+        with Client(s.url) as c:
+            answers[i] = c.infer("clf", {"x": xs[i]}, outputs=["logits"])
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)
+    s.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(30)
+    assert s.stop()
+    for x, out in zip(xs, answers):
+        assert out is not None
+        assert_close(out["logits"], clf.run({"x": x})["logits"], 1e-6, "logits")
