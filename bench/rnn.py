@@ -5,7 +5,11 @@ weight gradients). Peers: PyTorch with a PackedSequence and with a padded batch,
 as the floor lamina's own time is compared with. GFLOP/s count the useful work only: the two GEMMs
 per step over true lengths, and for a training step 2.5x that: backward adds the recurrent
 product and the two weight gradients, and no implementation computes an input gradient (the input
-does not ask for one)."""
+does not ask for one).
+
+Two cases measure the ends of serving (lamina serve batches concurrent requests): "alone" runs
+the same 64 LSTM sequences one at a time (a lone request each; PyTorch likewise, one
+unpacked sequence per call), "B=512" runs 512 sequences of lengths 10..50 packed in one call."""
 import os
 
 import numpy as np
@@ -16,37 +20,46 @@ BATCH, MIN_LEN, MAX_LEN = 64, 10, 50
 KINDS = {"rnn": 1, "lstm": 4, "gru": 3}  # gates
 
 
-def lengths():
-    return np.random.default_rng(0).integers(MIN_LEN, MAX_LEN + 1, BATCH)
+def lengths(batch=BATCH):
+    return np.random.default_rng(0).integers(MIN_LEN, MAX_LEN + 1, batch)
 
 
-def _sequences(size):
+def _sequences(size, batch=BATCH):
     rng = np.random.default_rng(1)
-    return [rng.standard_normal((n, size)).astype(np.float32) for n in lengths()]
+    return [rng.standard_normal((n, size)).astype(np.float32) for n in lengths(batch)]
 
 
-def useful_flops(kind, size, mode):
-    steps = int(lengths().sum())
+def useful_flops(kind, size, mode, batch=BATCH):
+    steps = int(lengths(batch).sum())
     forward = 2.0 * KINDS[kind] * size * (size + size) * steps
     return forward * (2.5 if mode == "train" else 1)
 
 
-def lamina_rnn(kind, mode, size, device="cpu"):
+def lamina_rnn(kind, mode, size, device="cpu", batch=BATCH, alone=False):
     import lamina as lm
     net = lm.Network()
     x = net.input("x", size, sequence=True)
     packed = {"auto": None, "packed": True, "plain": False}[os.environ.get("LAMINA_BENCH_PACKED", "auto")]
     layer = {"rnn": lm.layers.RNN, "lstm": lm.layers.LSTM, "gru": lm.layers.GRU}[kind](size, size, packed=packed)
     net.outputs(out=layer(x)[0])
-    seqs = lm.Sequences.from_list(_sequences(size))
+    if alone:  # each sequence a request of its own
+        feeds = [{"x": lm.Sequences.from_list([s])} for s in _sequences(size, batch)]
+        return lambda: [net.run(f) for f in feeds]
+    seqs = lm.Sequences.from_list(_sequences(size, batch))
     grad = {"out": np.random.default_rng(2).standard_normal((seqs.total_steps, size)).astype(np.float32)}
     return lamina_step(net, {"x": seqs}, grad, mode, device)
 
 
-def torch_rnn(kind, mode, size, layout):
+def torch_rnn(kind, mode, size, layout, batch=BATCH, alone=False):
     import torch
     module = {"rnn": torch.nn.RNN, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[kind](size, size, batch_first=True)
-    seqs = [torch.from_numpy(s) for s in _sequences(size)]
+    seqs = [torch.from_numpy(s) for s in _sequences(size, batch)]
+    if alone:
+        def each():
+            with torch.no_grad():
+                for s in seqs:
+                    module(s[None])
+        return each
     if layout == "packed":
         data = torch.nn.utils.rnn.pack_sequence(seqs, enforce_sorted=False)
         grad = torch.randn(data.data.shape)
@@ -106,6 +119,14 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
                 rows += bench.time_case("rnn", f"{kind} {mode} H={size}", threads, impls,
                                         useful_flops(kind, size, mode), rounds, turn_seconds=0.2,
                                         with_peak=True)
+    # the two ends of serving: each request alone, and a full batch
+    for name, batch, alone in (("lstm alone H=256 (64 x 1)", BATCH, True), ("lstm infer H=256 B=512", 512, False)):
+        impls = {"lamina": ("bench.rnn:lamina_rnn", ["lstm", "infer", 256, "cpu", batch, alone])}
+        if have_torch:
+            impls["torch-packed" if not alone else "torch-alone"] = (
+                "bench.rnn:torch_rnn", ["lstm", "infer", 256, "packed", batch, alone])
+        rows += bench.time_case("rnn", name, threads, impls, useful_flops("lstm", 256, "infer", batch), rounds,
+                                turn_seconds=0.2, with_peak=True)
     return rows
 
 

@@ -305,7 +305,8 @@ def cmd_serve(args):
 
     def ready(server):
         host, port = server.servers[0].sockets[0].getsockname()[:2]
-        batching = "off" if args.no_batching else f"up to {args.max_batch_size} requests or {args.max_delay_ms:g} ms"
+        batching = ("off" if args.no_batching else f"up to {args.max_batch_size} requests"
+                    + (f" or {args.max_delay_ms:g} ms" if args.max_delay_ms else ", as the model frees"))
         print(f"serving {', '.join(models)} at http://{host}:{port} (batching {batching})", flush=True)
     serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready)
     return 0
@@ -477,8 +478,9 @@ def parser():
     s.add_argument("--port", type=_number(int, 0, 65535, what="a port in [0, 65535]"), default=8000,
                    help="port to listen on (0: any free port, printed)")
     s.add_argument("--max-batch-size", type=POSITIVE_INT, default=32, help="requests per batch at most")
-    s.add_argument("--max-delay-ms", type=_number(float, 0, 10000, what="milliseconds in [0, 10000]"), default=5.0,
-                   help="how long a batch waits for more requests after its first")
+    s.add_argument("--max-delay-ms", type=_number(float, 0, 10000, what="milliseconds in [0, 10000]"), default=0.0,
+                   help="how long a batch waits for more requests after its first (0: it starts as soon as the "
+                        "model is free, with what queued meanwhile)")
     s.add_argument("--no-batching", action="store_true", help="run every request alone")
     s.add_argument("--timeout-ms", type=POSITIVE, default=10000.0,
                    help="a request not answered within this gets 504")

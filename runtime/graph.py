@@ -349,11 +349,13 @@ class Network:
                 scheduler = self._scheduler
         return scheduler
 
-    def run(self, feeds, outputs=None):
+    def run(self, feeds, outputs=None, consume=None):
         """Inference: returns {output name: numpy array} (copies, safe to keep). Safe to call
-        from several threads at once on one network."""
+        from several threads at once on one network. With `consume`, the outputs are not
+        copied: consume(outputs) gets views of the network's buffers, valid only during that
+        call, and run returns what it returns (a server encodes its responses from them)."""
         with self._lock.read():
-            return self.scheduler.run(feeds, outputs)
+            return self.scheduler.run(feeds, outputs, consume)
 
     def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
         """Forward pass keeping every activation for `backward`; returns {output: array view}

@@ -352,10 +352,12 @@ class Bindings:
         self.layouts[vname] = (selection, rows)
         return self.values[vname]
 
-    def host_value(self, vname):
-        """A value as the user gets it: a numpy copy; a Sequences for sequence values; a
-        selected value in its selection's layout."""
-        a = np.array(self.backend.to_host(self.values[vname]))
+    def host_value(self, vname, copy=True):
+        """A value as the user gets it: a numpy copy (copy=False: a view of the buffer where
+        the backend keeps it on the host); a Sequences for sequence values; a selected value in
+        its selection's layout."""
+        a = self.backend.to_host(self.values[vname])
+        a = np.array(a) if copy else np.asarray(a)
         if self._is_selected(vname):
             selection, rows = self.layouts[vname]
             return selection.unpack(a, rows)
@@ -535,7 +537,7 @@ class Scheduler:
                 b.values[name] = net.backend.from_host(host)
 
     # ------------------------------------------------------------------ runs
-    def run(self, feeds, outputs=None):
+    def run(self, feeds, outputs=None, consume=None):
         net = self.network
         self._check_names(feeds)
         if outputs is None:
@@ -554,6 +556,8 @@ class Scheduler:
             self._bind_feeds(b, feeds, plan, sizes)
             for node, ctx in b.contexts:
                 node.layer.forward(ctx)
+            if consume is not None:
+                return consume({o: b.host_value(net.output_values[o], copy=False) for o in outputs})
             return {o: b.host_value(net.output_values[o]) for o in outputs}
 
     def forward(self, feeds, training=True, grad_outputs=(), outputs=None):

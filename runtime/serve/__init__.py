@@ -18,7 +18,7 @@ def model_name(path):
     return p.parent.name if p.name == "model.lamina" and p.parent.name else p.stem
 
 
-def load_models(specs, max_batch_size=32, max_delay=0.005, max_queue=1024):
+def load_models(specs, max_batch_size=32, max_delay=0.0, max_queue=1024):
     """{name: ServedModel} from "[NAME=]PATH" strings (lamina model files or .onnx)."""
     import lamina as lm
     from .batching import ServedModel

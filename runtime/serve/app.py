@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from .protocol import ProtocolError, decode_inputs, encode_response, model_metadata, parse_request, requested_outputs
+from .protocol import ProtocolError, decode_inputs, model_metadata, parse_request, requested_outputs
 
 
 class Metrics:
@@ -104,7 +104,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
             arrays = decode_inputs(payload, tail, model)
             outputs, binary = requested_outputs(payload, model)
             outputs = outputs or model.default_outputs(arrays)
-            pending = model.submit(arrays, outputs)
+            pending = model.submit(arrays, outputs, binary or set(), payload.get("id"))
             left = timeout - (time.perf_counter() - started)
             try:
                 result = await asyncio.wait_for(asyncio.shield(pending.future), max(left, 0.0))
@@ -112,7 +112,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
                 pending.abandoned = True
                 raise ProtocolError(f"no answer within the deadline of {timeout:g} s (the model's queue holds "
                                     f"{len(model._waiting)} requests)", 504) from None
-            body, headers = encode_response(name, payload.get("id"), result, binary or set())
+            body, headers = result
             metrics.requests.labels(name, "200").inc()
             return Response(body, headers=headers)
         except ProtocolError as e:

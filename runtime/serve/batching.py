@@ -1,6 +1,8 @@
 """Dynamic batching: the requests for one model queue, and a batch closes when it holds
 `max_batch_size` requests or `max_delay` seconds after its first request arrived, whichever comes
-first. Requests that feed the same inputs and want the same outputs run together; sequences
+first. With max_delay 0 (the default) a batch starts as soon as the model is free and takes what
+queued while the last one ran: a lone request waits for nothing, and under load batches grow
+by themselves. Requests that feed the same inputs and want the same outputs run together; sequences
 join one packed batch (lamina.Sequences: no padding), other inputs stack on the first axis. Each
 request gets its own rows of every output.
 
@@ -18,18 +20,20 @@ import numpy as np
 
 from ..errors import GraphError, InputError
 from ..sequence import SequenceError, Sequences
-from .protocol import ProtocolError
+from .protocol import ProtocolError, encode_response
 
 USER_ERRORS = (InputError, GraphError, SequenceError, ValueError)
 
 
 class Pending:
-    """One request waiting for its batch."""
+    """One request waiting for its batch: its inputs, the outputs it wants (and which of them
+    in binary), its id, and the future of its encoded response."""
 
-    __slots__ = ("arrays", "outputs", "key", "rows", "future", "arrived", "abandoned")
+    __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "future", "arrived", "abandoned")
 
-    def __init__(self, arrays, outputs, rows, future):
+    def __init__(self, arrays, outputs, binary, request_id, rows, future):
         self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
+        self.binary, self.request_id = binary, request_id
         self.key = (tuple(sorted(arrays)), tuple(outputs))
         self.arrived = time.perf_counter()
         self.abandoned = False  # its caller stopped waiting (deadline): skip it
@@ -38,7 +42,7 @@ class Pending:
 class ServedModel:
     """A network behind the server: what it can be fed over the protocol, and its batcher."""
 
-    def __init__(self, name, net, max_batch_size=32, max_delay=0.005, max_queue=1024, metrics=None):
+    def __init__(self, name, net, max_batch_size=32, max_delay=0.0, max_queue=1024, metrics=None):
         self.name, self.net = name, net
         self.max_batch_size, self.max_delay, self.max_queue = int(max_batch_size), float(max_delay), int(max_queue)
         # selections are per batch (sampled softmax), not something a client sends
@@ -82,8 +86,9 @@ class ServedModel:
                                 f"{', '.join(repr(n) for n in self.inputs)}")
         return outs
 
-    def submit(self, arrays, outputs):
-        """Queue one request; returns the future of its outputs."""
+    def submit(self, arrays, outputs, binary=(), request_id=None):
+        """Queue one request; returns its Pending, whose future gets (body, headers) of the
+        response (protocol.encode_response) or the exception that refused it."""
         needed = set()
         for o in outputs:
             needed |= set(self.net.scheduler.plan(False, (o,)).inputs)
@@ -97,7 +102,7 @@ class ServedModel:
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
         if len(set(counts.values())) > 1:
             raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")
-        pending = Pending(arrays, outputs, rows, asyncio.get_running_loop().create_future())
+        pending = Pending(arrays, outputs, binary, request_id, rows, asyncio.get_running_loop().create_future())
         self._waiting.append(pending)
         self._arrived.set()
         return pending
@@ -174,6 +179,8 @@ class ServedModel:
         return results
 
     def _run_together(self, batch):
+        """One run of the batch; each request's response is encoded straight from the
+        network's output buffers (no copy of the whole batch's outputs)."""
         net, first = self.net, batch[0]
         feeds = {}
         for name in first.arrays:
@@ -182,17 +189,21 @@ class ServedModel:
                 feeds[name] = Sequences.from_list(parts)
             else:
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        out = net.run(feeds, list(first.outputs))
-        results = [{} for _ in batch]
         bounds = np.cumsum([0] + [p.rows for p in batch])
-        for name, value in out.items():
-            for i, r in enumerate(results):
-                if isinstance(value, Sequences):
-                    s = value.starts
-                    r[name] = value.values[s[bounds[i]]:s[bounds[i + 1]]]
-                else:
-                    r[name] = value[bounds[i]:bounds[i + 1]]
-        return results
+
+        def respond(out):
+            responses = []
+            for i, p in enumerate(batch):
+                mine = {}
+                for name, value in out.items():
+                    if isinstance(value, Sequences):
+                        s = value.starts
+                        mine[name] = value.values[s[bounds[i]]:s[bounds[i + 1]]]
+                    else:
+                        mine[name] = value[bounds[i]:bounds[i + 1]]
+                responses.append(encode_response(self.name, p.request_id, mine, p.binary))
+            return responses
+        return net.run(feeds, list(first.outputs), consume=respond)
 
 
 def _as_protocol_error(e):

@@ -184,16 +184,14 @@ def requested_outputs(request, model):
 
 
 def encode_response(model_name, request_id, outputs, binary):
-    """(body bytes, extra headers): JSON, with the outputs named in `binary` (True: all) as
-    raw bytes after it."""
-    entries, blobs = [], []
+    """(body, extra headers): JSON, with the outputs named in `binary` (True: all) as raw
+    little-endian bytes after it, written straight from the arrays into one buffer."""
+    entries, raw = [], []
     for name, a in outputs.items():
-        a = np.ascontiguousarray(a)
         entry = {"name": name, "datatype": datatype(a.dtype), "shape": list(a.shape)}
         if binary is True or name in binary:
-            blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
+            entry["parameters"] = {"binary_data_size": a.size * a.dtype.itemsize}
+            raw.append(a)
         else:
             entry["data"] = a.reshape(-1).tolist()
         entries.append(entry)
@@ -201,10 +199,15 @@ def encode_response(model_name, request_id, outputs, binary):
     if request_id is not None:
         head["id"] = request_id
     text = json.dumps(head, separators=(",", ":")).encode()
-    if not blobs:
+    if not raw:
         return text, {"content-type": "application/json"}
-    return text + b"".join(blobs), {"content-type": "application/octet-stream",
-                                    HEADER_LENGTH: str(len(text))}
+    body = bytearray(len(text) + sum(a.size * a.dtype.itemsize for a in raw))
+    body[:len(text)] = text
+    offset = len(text)
+    for a in raw:
+        np.frombuffer(body, a.dtype.newbyteorder("<"), a.size, offset).reshape(a.shape)[...] = a
+        offset += a.size * a.dtype.itemsize
+    return memoryview(body), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(text))}
 
 
 def decode_response(body, headers):
