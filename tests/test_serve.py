@@ -89,8 +89,8 @@ def test_routes(server):
     lm_meta = h.get("/v2/models/python_lm").json()
     assert lm_meta["inputs"] == [
         {"name": "ids", "datatype": "INT32", "shape": [-1], "parameters": {"sequence": True}},
-        {"name": "h0", "datatype": "FP32", "shape": [-1, 1, 256]},
-        {"name": "c0", "datatype": "FP32", "shape": [-1, 1, 256]}]
+        {"name": "h0", "datatype": "FP32", "shape": [-1, 1, 256], "parameters": {"optional": True}},
+        {"name": "c0", "datatype": "FP32", "shape": [-1, 1, 256], "parameters": {"optional": True}}]
     assert [o["name"] for o in lm_meta["outputs"]] == ["logits", "last", "cell"]
     assert lm_meta["outputs"][0] == {"name": "logits", "datatype": "FP32", "shape": [-1, 4096],
                                      "parameters": {"sequence": True}}
@@ -239,11 +239,25 @@ def test_a_bad_id_fails_alone_in_its_batch(server):
         assert_close(out["last"], lm_reference(net, ids)["last"], 1e-5, "last")
     count1, _ = batch_sizes(server.http, "python_lm")
     assert count1 - count0 < 4  # the four went in together
-    ids_only = [{"name": "ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]
-    r = post(server, "python_lm", json_body(ids_only))
-    assert r.status_code == 400 and "no output can be computed from inputs ['ids']" in r.json()["error"]
-    r = post(server, "python_lm", json_body(ids_only, outputs=[{"name": "last"}]))
-    assert r.status_code == 400 and "missing input 'h0' (needed for output(s) last)" in r.json()["error"]
+    r = post(server, "python_lm", json_body([{"name": "h0", "shape": [1, 1, 256], "datatype": "FP32",
+                                              "data": [0] * 256}]))
+    assert r.status_code == 400 and "no output can be computed from inputs ['h0']" in r.json()["error"]
+    r = post(server, "python_lm", json_body([{"name": "h0", "shape": [1, 1, 256], "datatype": "FP32",
+                                              "data": [0] * 256}], outputs=[{"name": "last"}]))
+    assert r.status_code == 400 and "missing input 'ids' (needed for output(s) last)" in r.json()["error"]
+
+
+def test_initial_states_may_be_left_out(server):
+    """h0 and c0 feed only the LSTM's initial state: a request without them gets zeros (as
+    PyTorch's LSTM does), here over plain JSON as curl would send it."""
+    ids = [12, 7, 99, 5]
+    r = post(server, "python_lm", json_body([{"name": "ids", "shape": [4], "datatype": "INT64", "data": ids}],
+                                            outputs=[{"name": "last"}]))
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    assert out["name"] == "last" and out["shape"] == [1, 1, 256]
+    want = lm_reference(lm.load(LM), np.array(ids, np.int32))["last"]
+    assert_close(np.array(out["data"], np.float32).reshape(1, 1, 256), want, 1e-6, "last")
 
 
 def test_a_request_past_its_deadline_gets_504(models):

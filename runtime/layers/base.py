@@ -58,6 +58,9 @@ class Layer:
     # the backends whose kernels it calls exist on (Backend.name); a layer written against the
     # backend interface alone runs on every one, a layer calling numpy on its arrays on the CPU
     backends = ("cpu",)
+    # input slots that take an initial state, zeros when a caller has none (recurrent layers'
+    # h0 and c0, as PyTorch's): a server lets requests leave such inputs out
+    initial_state_slots = ()
 
     def __init__(self, name=None):
         self.name = name

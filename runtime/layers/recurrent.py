@@ -37,6 +37,7 @@ class _Recurrent(Layer):
     gates = 1
     cell_state = False
     backends = ("cpu", "opencl")
+    initial_state_slots = (1, 2)  # h0 and c0
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False,
                  reverse=False, packed=None, name=None):

@@ -57,6 +57,7 @@ class ServedModel:
         needed = {v for o in self.outputs for v in net.scheduler.plan(False, (o,)).inputs}
         self.inputs = [v for v in net.input_names if v in needed]
         self.sequence_model = any(net.values[v].spec.sequence for v in self.inputs)
+        self.optional = initial_states(net, self.inputs)
         self.metrics = metrics
         self._waiting = collections.deque()
         self._arrived = None
@@ -92,6 +93,11 @@ class ServedModel:
         needed = set()
         for o in outputs:
             needed |= set(self.net.scheduler.plan(False, (o,)).inputs)
+        given = [a for k, a in arrays.items() if not self.net.values[k].spec.sequence or self.sequence_model]
+        rows = 1 if self.sequence_model else (given[0].shape[0] if given else 1)
+        for name in self.optional:  # an initial state left out: zeros, as in PyTorch
+            if name in needed and name not in arrays:
+                arrays = {**arrays, name: np.zeros((rows, *self.net.values[name].spec.shape), np.float32)}
         missing = [v for v in self.inputs if v in needed and v not in arrays]
         if missing:
             raise ProtocolError(f"missing input '{missing[0]}' (needed for output(s) {', '.join(outputs)})")
@@ -204,6 +210,17 @@ class ServedModel:
                 responses.append(encode_response(self.name, p.request_id, mine, p.binary))
             return responses
         return net.run(feeds, list(first.outputs), consume=respond)
+
+
+def initial_states(net, inputs):
+    """The float inputs that only feed recurrent layers' initial states (their inputs after the
+    first): a request may leave them out."""
+    uses = {}
+    for node in net.nodes:
+        for slot, v in enumerate(node.inputs):
+            uses.setdefault(v.name, []).append((node.layer, slot))
+    return [v for v in inputs if uses.get(v) and net.values[v].spec.kind == "float"
+            and all(slot in layer.initial_state_slots for layer, slot in uses[v])]
 
 
 def _as_protocol_error(e):

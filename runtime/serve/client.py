@@ -20,10 +20,12 @@ class Client:
     """client = Client("http://127.0.0.1:8000"); client.infer(model, {name: array}) -> {name: array}.
     A sequence input is one sequence's steps (an array, or a Sequences holding one sequence)."""
 
-    def __init__(self, url="http://127.0.0.1:8000", timeout=60.0):
+    def __init__(self, url="http://127.0.0.1:8000", timeout=60.0, http=None):
+        """`http`: an httpx.Client to send through instead (a Starlette TestClient of the app,
+        say); `url` and `timeout` are then its own."""
         import httpx
-        self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.url = url.rstrip("/") if http is None else str(http.base_url)
+        self.http = http if http is not None else httpx.Client(base_url=self.url, timeout=timeout)
 
     def close(self):
         self.http.close()

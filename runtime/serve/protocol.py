@@ -39,7 +39,8 @@ def datatype(dtype):
 
 def model_metadata(name, model):
     """GET /v2/models/{name}: inputs and outputs with names, datatypes and shapes (-1: any size;
-    a sequence input or output marked with parameters.sequence)."""
+    a sequence input or output marked with parameters.sequence, an input a request may leave
+    out (zeros) with parameters.optional)."""
     def tensor(vname, kind_dtype, spec):
         entry = {"name": vname, "datatype": kind_dtype, "shape": [-1, *spec.shape]}
         if spec.sequence:
@@ -48,6 +49,9 @@ def model_metadata(name, model):
     net = model.net
     inputs = [tensor(v, "FP32" if net.values[v].spec.kind == "float" else "INT32", net.values[v].spec)
               for v in model.inputs]
+    for entry in inputs:
+        if entry["name"] in model.optional:  # a recurrent layer's initial state: zeros when left out
+            entry["parameters"] = {**entry.get("parameters", {}), "optional": True}
     outputs = [tensor(o, "FP32", net.values[net.output_values[o]].spec) for o in model.outputs]
     return {"name": name, "versions": ["1"], "platform": "lamina", "inputs": inputs, "outputs": outputs,
             "parameters": {"max_batch_size": model.max_batch_size, "sequence_model": model.sequence_model}}
