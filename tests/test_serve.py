@@ -293,3 +293,13 @@ def test_sigterm_under_load_loses_no_accepted_request(models):
     for x, out in zip(xs, answers):
         assert out is not None
         assert_close(out["logits"], clf.run({"x": x})["logits"], 1e-6, "logits")
+
+
+def test_serve_command_errors(tmp_path, capsys):
+    from lamina.cli import main
+    assert main(["serve", str(tmp_path / "missing.lamina")]) == 2
+    assert "missing.lamina" in capsys.readouterr().err
+    assert main(["serve", str(LM), f"python_lm={DENOISER}"]) == 2
+    assert "two models are named 'python_lm'" in capsys.readouterr().err
+    from lamina.serve import model_name
+    assert model_name("models/python_lm/model.lamina") == "python_lm" and model_name("a/b/net.onnx") == "net"
