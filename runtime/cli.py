@@ -300,16 +300,36 @@ def cmd_serve(args):
                              args.max_queue)
     except (ImportError, ValueError, OSError) as e:
         raise CommandError(str(e)) from None
+    for spec in args.batching:
+        name, size, delay = _batching(spec, models)
+        models[name].max_batch_size = size
+        if delay is not None:
+            models[name].max_delay = delay / 1e3
     for m in models.values():
         m.net = _place(m.net, args)
 
     def ready(server):
         host, port = server.servers[0].sockets[0].getsockname()[:2]
-        batching = ("off" if args.no_batching else f"up to {args.max_batch_size} requests"
-                    + (f" or {args.max_delay_ms:g} ms" if args.max_delay_ms else ", as the model frees"))
-        print(f"serving {', '.join(models)} at http://{host}:{port} (batching {batching})", flush=True)
+        print(f"serving at http://{host}:{port}: " + "; ".join(
+            f"{name} (batches of up to {m.max_batch_size}"
+            + (f", {m.max_delay * 1e3:g} ms" if m.max_delay else "") + ")" for name, m in models.items()), flush=True)
     serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready)
     return 0
+
+
+def _batching(spec, models):
+    """(model name, max batch size, max delay in ms or None) from NAME=SIZE[:DELAY_MS]."""
+    name, _, rest = spec.partition("=")
+    if name not in models:
+        raise CommandError(f"--batching {spec}: no model named '{name}'; models: {', '.join(models)}")
+    size, _, delay = rest.partition(":")
+    try:
+        size, delay = int(size), (float(delay) if delay else None)
+    except ValueError:
+        raise CommandError(f"--batching {spec}: expected NAME=SIZE[:DELAY_MS], e.g. {name}=16:2") from None
+    if size < 1 or (delay is not None and not 0 <= delay <= 10000):
+        raise CommandError(f"--batching {spec}: SIZE must be at least 1 and DELAY_MS in [0, 10000]")
+    return name, size, delay
 
 
 def cmd_import(args):
@@ -481,6 +501,8 @@ def parser():
     s.add_argument("--max-delay-ms", type=_number(float, 0, 10000, what="milliseconds in [0, 10000]"), default=0.0,
                    help="how long a batch waits for more requests after its first (0: it starts as soon as the "
                         "model is free, with what queued meanwhile)")
+    s.add_argument("--batching", action="append", default=[], metavar="NAME=SIZE[:DELAY_MS]",
+                   help="one model's own batch size and delay (repeatable)")
     s.add_argument("--no-batching", action="store_true", help="run every request alone")
     s.add_argument("--timeout-ms", type=POSITIVE, default=10000.0,
                    help="a request not answered within this gets 504")

@@ -295,11 +295,26 @@ def test_sigterm_under_load_loses_no_accepted_request(models):
         assert_close(out["logits"], clf.run({"x": x})["logits"], 1e-6, "logits")
 
 
+def test_per_model_batching(models):
+    s = Server(f"clf={models['clf']}", str(DENOISER), "--batching", "clf=3:1.5", "--max-batch-size", "8")
+    try:
+        assert s.url
+        meta = s.http.get("/v2/models/clf").json()["parameters"]
+        assert meta["max_batch_size"] == 3 and s.http.get("/v2/models/denoise3d").json()["parameters"][
+            "max_batch_size"] == 8
+    finally:
+        assert s.stop()
+
+
 def test_serve_command_errors(tmp_path, capsys):
     from lamina.cli import main
     assert main(["serve", str(tmp_path / "missing.lamina")]) == 2
     assert "missing.lamina" in capsys.readouterr().err
     assert main(["serve", str(LM), f"python_lm={DENOISER}"]) == 2
     assert "two models are named 'python_lm'" in capsys.readouterr().err
+    assert main(["serve", str(LM), "--batching", "lm=4"]) == 2
+    assert "--batching lm=4: no model named 'lm'; models: python_lm" in capsys.readouterr().err
+    assert main(["serve", str(LM), "--batching", "python_lm=x"]) == 2
+    assert "expected NAME=SIZE[:DELAY_MS]" in capsys.readouterr().err
     from lamina.serve import model_name
     assert model_name("models/python_lm/model.lamina") == "python_lm" and model_name("a/b/net.onnx") == "net"
