@@ -11,20 +11,37 @@ static inline REAL SUFFIXED(sigm)(REAL x) { return (REAL)0.5 + (REAL)0.5 * TANH(
  * i, f, g, o out; c = f c_prev + i g; h = o tanh(c). c_prev NULL means zero. Units [0, n) of the
  * row: gate k of unit j at g[k·H + j] (n = H for a whole row; a thread of the fused recurrence
  * takes a block of units). */
+static inline __attribute__((always_inline)) void SUFFIXED(lstm_pass)(
+        long n, long H, REAL *restrict g, const REAL *restrict bias, const REAL *restrict c_prev,
+        REAL *restrict c, REAL *restrict h, const int with_bias, const int with_prev) {
+    for (long j = 0; j < n; j++) {
+        REAL zi = g[j], zf = g[H + j], zg = g[2 * H + j], zo = g[3 * H + j];
+        if (with_bias) {
+            zi += bias[j]; zf += bias[H + j]; zg += bias[2 * H + j]; zo += bias[3 * H + j];
+        }
+        REAL gi = SUFFIXED(sigm)(zi), gf = SUFFIXED(sigm)(zf), gg = TANH(zg), go = SUFFIXED(sigm)(zo);
+        g[j] = gi; g[H + j] = gf; g[2 * H + j] = gg; g[3 * H + j] = go;
+        REAL cj = gi * gg;
+        if (with_prev)
+            cj += gf * c_prev[j];
+        c[j] = cj;
+        h[j] = go * TANH(cj);
+    }
+}
+
+/* One pass over the row: the gates are read once, right after the step's GEMM wrote them (a
+ * pass each for the bias, the gates, the cell and the output read them four times). The pass
+ * is specialised on bias and c_prev, so no load in the loop is conditional and it vectorises. */
 LAMINA_CLONES static void SUFFIXED(lstm_row)(long n, long H, REAL *restrict g, const REAL *restrict bias,
                                              const REAL *restrict c_prev, REAL *restrict c, REAL *restrict h) {
-    if (bias)
-        for (long k = 0; k < 4; k++)
-            for (long j = 0; j < n; j++) g[k * H + j] += bias[k * H + j];
-    for (long j = 0; j < n; j++) {
-        REAL gi = SUFFIXED(sigm)(g[j]), gf = SUFFIXED(sigm)(g[H + j]);
-        REAL gg = TANH(g[2 * H + j]), go = SUFFIXED(sigm)(g[3 * H + j]);
-        g[j] = gi; g[H + j] = gf; g[2 * H + j] = gg; g[3 * H + j] = go;
-        c[j] = gi * gg;
-    }
-    if (c_prev)
-        for (long j = 0; j < n; j++) c[j] += g[H + j] * c_prev[j];
-    for (long j = 0; j < n; j++) h[j] = g[3 * H + j] * TANH(c[j]);
+    if (bias && c_prev)
+        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 1, 1);
+    else if (bias)
+        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 1, 0);
+    else if (c_prev)
+        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 0, 1);
+    else
+        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 0, 0);
 }
 
 /* dg: gradient of the row's gate pre-activations, from dh and the carried cell gradient dc;
@@ -48,21 +65,37 @@ LAMINA_CLONES static void SUFFIXED(lstm_row_backward)(long n, long H, const REAL
 /* g: the row's 3H input parts (x W_ihᵀ, plus b_ih unless NULL) in, activated r, z, n out;
  * hh = h_prev W_hhᵀ + b_hh; h = (1 - z) n + z h_prev with n = tanh(g_n + r hh_n). h_prev NULL
  * means zero. Units [0, n) of the row, gate k of unit j at k·H + j (as lstm_row). */
+static inline __attribute__((always_inline)) void SUFFIXED(gru_pass)(
+        long n, long H, REAL *restrict g, const REAL *restrict bias, const REAL *restrict hh,
+        const REAL *restrict h_prev, REAL *restrict h, const int with_bias, const int with_prev) {
+    for (long j = 0; j < n; j++) {
+        REAL zr = g[j], zz = g[H + j], zn = g[2 * H + j];
+        if (with_bias) {
+            zr += bias[j]; zz += bias[H + j]; zn += bias[2 * H + j];
+        }
+        REAL r = SUFFIXED(sigm)(zr + hh[j]);
+        REAL z = SUFFIXED(sigm)(zz + hh[H + j]);
+        REAL nn = TANH(zn + r * hh[2 * H + j]);
+        g[j] = r; g[H + j] = z; g[2 * H + j] = nn;
+        REAL hj = (1 - z) * nn;
+        if (with_prev)
+            hj += z * h_prev[j];
+        h[j] = hj;
+    }
+}
+
+/* One pass over the row, specialised on bias and h_prev (as lstm_row). */
 LAMINA_CLONES static void SUFFIXED(gru_row)(long n, long H, REAL *restrict g, const REAL *restrict bias,
                                             const REAL *restrict hh, const REAL *restrict h_prev,
                                             REAL *restrict h) {
-    if (bias)
-        for (long k = 0; k < 3; k++)
-            for (long j = 0; j < n; j++) g[k * H + j] += bias[k * H + j];
-    for (long j = 0; j < n; j++) {
-        REAL r = SUFFIXED(sigm)(g[j] + hh[j]);
-        REAL z = SUFFIXED(sigm)(g[H + j] + hh[H + j]);
-        REAL nn = TANH(g[2 * H + j] + r * hh[2 * H + j]);
-        g[j] = r; g[H + j] = z; g[2 * H + j] = nn;
-        h[j] = (1 - z) * nn;
-    }
-    if (h_prev)
-        for (long j = 0; j < n; j++) h[j] += g[H + j] * h_prev[j];
+    if (bias && h_prev)
+        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 1, 1);
+    else if (bias)
+        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 1, 0);
+    else if (h_prev)
+        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 0, 1);
+    else
+        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 0, 0);
 }
 
 /* dgx, dgh: gradients of the input part g and the recurrent part hh; dh_prev += dh z unless NULL.
