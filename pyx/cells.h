@@ -25,6 +25,13 @@ static inline float lamina_fast_tanhf(float x) {
     return p / q;
 }
 
+/* pass(args..., with_bias, with_prev) with both flags as constants: each of the four instances
+ * inlines a loop without conditional loads, which gcc vectorises (a loop testing the pointers
+ * for NULL at each unit stays scalar). */
+#define LAMINA_SPECIALISED(pass, bias, prev, ...)                                   \
+    ((bias) ? ((prev) ? pass(__VA_ARGS__, 1, 1) : pass(__VA_ARGS__, 1, 0))          \
+            : ((prev) ? pass(__VA_ARGS__, 0, 1) : pass(__VA_ARGS__, 0, 0)))
+
 #define LAMINA_IMPL "cells_impl.h"
 #include "instantiate.h"
 

@@ -30,18 +30,11 @@ static inline __attribute__((always_inline)) void SUFFIXED(lstm_pass)(
 }
 
 /* One pass over the row: the gates are read once, right after the step's GEMM wrote them (a
- * pass each for the bias, the gates, the cell and the output read them four times). The pass
- * is specialised on bias and c_prev, so no load in the loop is conditional and it vectorises. */
+ * pass each for the bias, the gates, the cell and the output read them four times), specialised
+ * on bias and c_prev (LAMINA_SPECIALISED). */
 LAMINA_CLONES static void SUFFIXED(lstm_row)(long n, long H, REAL *restrict g, const REAL *restrict bias,
                                              const REAL *restrict c_prev, REAL *restrict c, REAL *restrict h) {
-    if (bias && c_prev)
-        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 1, 1);
-    else if (bias)
-        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 1, 0);
-    else if (c_prev)
-        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 0, 1);
-    else
-        SUFFIXED(lstm_pass)(n, H, g, bias, c_prev, c, h, 0, 0);
+    LAMINA_SPECIALISED(SUFFIXED(lstm_pass), bias, c_prev, n, H, g, bias, c_prev, c, h);
 }
 
 /* dg: gradient of the row's gate pre-activations, from dh and the carried cell gradient dc;
@@ -88,14 +81,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(gru_pass)(
 LAMINA_CLONES static void SUFFIXED(gru_row)(long n, long H, REAL *restrict g, const REAL *restrict bias,
                                             const REAL *restrict hh, const REAL *restrict h_prev,
                                             REAL *restrict h) {
-    if (bias && h_prev)
-        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 1, 1);
-    else if (bias)
-        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 1, 0);
-    else if (h_prev)
-        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 0, 1);
-    else
-        SUFFIXED(gru_pass)(n, H, g, bias, hh, h_prev, h, 0, 0);
+    LAMINA_SPECIALISED(SUFFIXED(gru_pass), bias, h_prev, n, H, g, bias, hh, h_prev, h);
 }
 
 /* dgx, dgh: gradients of the input part g and the recurrent part hh; dh_prev += dh z unless NULL.
