@@ -111,7 +111,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
             except TimeoutError:
                 pending.abandoned = True
                 raise ProtocolError(f"no answer within the deadline of {timeout:g} s (the model's queue holds "
-                                    f"{len(model._waiting)} requests)", 504) from None
+                                    f"{model.queued} requests)", 504) from None
             body, headers = result
             metrics.requests.labels(name, "200").inc()
             return Response(body, headers=headers)

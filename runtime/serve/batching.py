@@ -65,6 +65,11 @@ class ServedModel:
         self._task = None
         self.running = 0  # requests in the batch being computed
 
+    @property
+    def queued(self):
+        """Requests waiting for a batch."""
+        return len(self._waiting)
+
     # ------------------------------------------------------------------ the event loop's side
     def start(self):
         self._arrived = asyncio.Event()
@@ -102,7 +107,7 @@ class ServedModel:
         if missing:
             raise ProtocolError(f"missing input '{missing[0]}' (needed for output(s) {', '.join(outputs)})")
         if len(self._waiting) >= self.max_queue:
-            raise ProtocolError(f"model '{self.name}' has {len(self._waiting)} requests queued, its limit", 503)
+            raise ProtocolError(f"model '{self.name}' has {self.queued} requests queued, its limit", 503)
         arrays = {k: v for k, v in arrays.items() if k in needed}
         rows = 1 if self.sequence_model else next(iter(arrays.values())).shape[0]
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
