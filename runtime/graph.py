@@ -394,14 +394,8 @@ class Network:
         with self._lock.write():
             plan = self.scheduler.plan(True, tuple(self.cost_outputs()))
             optimizer.begin_step()
-            k = len(plan.costs)
-            totals = optimizer.sum_over_processes(np.zeros(2 * k, np.float64))
-            loss = float(sum(totals[:k] / totals[k:]))
-            if optimizer.check_loss(loss):
-                for node in plan.backward_nodes:
-                    for p in plan.fires.get(node.name, ()):
-                        p.zero_grad(self.backend)
-                        optimizer.update(p)
+            loss = self.scheduler.backward_without_samples(plan, optimizer.update, optimizer.check_loss,
+                                                           optimizer.sum_over_processes)
             optimizer.end_step()
         return loss
 

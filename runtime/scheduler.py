@@ -609,18 +609,11 @@ class Scheduler:
         elif grad_outputs:
             raise GraphError("backward: gradients for outputs need forward(..., grad_outputs=[names])")
         else:
-            # the loss is the mean over rows of each cost (steps, for a sequence cost); in
-            # data-parallel training `sum_over_processes` makes sums and rows those of the
-            # global batch
             costs = b.plan.costs
-            totals = np.array([np.sum(be.to_host(b.values[v]), dtype=np.float64) for v in costs]
-                              + [b.rows(v) for v in costs], np.float64)
-            if sum_over_processes is not None:
-                totals = sum_over_processes(totals)
-            loss = 0.0
-            for v, total, rows in zip(costs, totals[:len(costs)], totals[len(costs):]):
-                be.fill(b.grads[v], 1.0 / rows)
-                loss += float(total) / rows
+            loss, rows = self._mean_costs([np.sum(be.to_host(b.values[v]), dtype=np.float64) for v in costs],
+                                          [b.rows(v) for v in costs], sum_over_processes)
+            for v, r in zip(costs, rows):
+                be.fill(b.grads[v], 1.0 / r)
         if check_loss is not None and not check_loss(loss):
             return loss
         for ctx, ready in b.backward_contexts:
@@ -629,6 +622,34 @@ class Scheduler:
                 for p in ready:
                     on_ready(p)
         return loss
+
+    def backward_without_samples(self, plan, on_ready, check_loss, sum_over_processes):
+        """Backward of a data-parallel rank whose share of the global batch is empty: it joins
+        the sum of the costs with nothing, then hands every parameter of `plan` a zero gradient
+        at its update point, in backward's order, so it joins every gradient exchange."""
+        k = len(plan.costs)
+        loss, _ = self._mean_costs([0.0] * k, [0] * k, sum_over_processes)
+        if check_loss is not None and not check_loss(loss):
+            return loss
+        for node in plan.backward_nodes:
+            for p in plan.fires.get(node.name, ()):
+                p.zero_grad(self.network.backend)
+                on_ready(p)
+        return loss
+
+    @staticmethod
+    def _mean_costs(sums, rows, sum_over_processes=None):
+        """(loss, each cost's row count): the loss is the mean over rows of each cost (steps,
+        for a sequence cost), added up; in data-parallel training `sum_over_processes` makes
+        the sums and rows those of the global batch."""
+        totals = np.array(list(sums) + list(rows), np.float64)
+        if sum_over_processes is not None:
+            totals = sum_over_processes(totals)
+        k = len(sums)
+        loss = 0.0
+        for total, r in zip(totals[:k], totals[k:]):
+            loss += float(total) / r
+        return loss, totals[k:]
 
     def grad(self, name):
         b = self.current

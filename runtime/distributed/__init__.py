@@ -214,16 +214,17 @@ def check_same_network(world, net):
 
 def broadcast_state(world, net, optimizer):
     """Copy rank 0's parameter values, optimizer state arrays and step counter to every rank."""
-    for name, p in net.named_parameters():
+    named = net.named_parameters()
+    for name, p in named:
         values = np.array(host(p.buffer), copy=True)
         world.broadcast_array(values, f"rank 0's values of '{name}'")
         if world.rank:
             p.assign(values)
-    names = {id(p): name for name, p in net.named_parameters()}
+    names = {id(p): name for name, p in named}
     layout = {names[id(p)]: {k: (tuple(np.shape(v)), str(np.asarray(host(v)).dtype)) for k, v in p.state.items()}
               for p in optimizer.params}
     layout, step_count = world.broadcast((layout, optimizer.step_count), "rank 0's optimizer state")
-    by_name = dict(net.named_parameters())
+    by_name = dict(named)
     if world.rank:
         for p in optimizer.params:
             p.state = {}

@@ -170,24 +170,28 @@ class ServedModel:
 
     # ------------------------------------------------------------------ the model's thread
     def _run(self, batch):
-        """[outputs dict or exception] per request."""
+        """[response or exception] per request: the batch together, or, when that fails, one
+        request at a time, so only the request at fault gets the error."""
+        results = self._attempt(batch)
+        if not isinstance(results, Exception):
+            return results
+        if len(batch) == 1:
+            return [results]
+        return [r for p in batch for r in self._attempt_each(p)]
+
+    def _attempt(self, batch):
+        """The batch's responses, or the exception that stopped it (a user's mistake as a
+        ProtocolError, a 400)."""
         try:
             return self._run_together(batch)
         except USER_ERRORS as e:
-            if len(batch) == 1:
-                return [_as_protocol_error(e)]
+            return ProtocolError(str(e), 400)
         except Exception as e:
-            if len(batch) == 1:
-                return [e]
-        results = []
-        for p in batch:  # find the request at fault: the others still get their answers
-            try:
-                results += self._run_together([p])
-            except USER_ERRORS as e:
-                results.append(_as_protocol_error(e))
-            except Exception as e:
-                results.append(e)
-        return results
+            return e
+
+    def _attempt_each(self, p):
+        result = self._attempt([p])
+        return [result] if isinstance(result, Exception) else result
 
     def _run_together(self, batch):
         """One run of the batch; each request's response is encoded straight from the
@@ -227,6 +231,3 @@ def initial_states(net, inputs):
     return [v for v in inputs if uses.get(v) and net.values[v].spec.kind == "float"
             and all(slot in layer.initial_state_slots for layer, slot in uses[v])]
 
-
-def _as_protocol_error(e):
-    return ProtocolError(str(e), 400)

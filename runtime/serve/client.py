@@ -1,11 +1,9 @@
 """A small client of the Open Inference Protocol over httpx: numpy arrays in, numpy arrays out,
 binary tensors both ways by default (JSON with binary=False)."""
-import json
-
 import numpy as np
 
 from ..sequence import Sequences
-from .protocol import HEADER_LENGTH, datatype, decode_response
+from .protocol import decode_response, encode_body, tensor_entry
 
 
 class ServerError(Exception):
@@ -61,32 +59,22 @@ class Client:
 
 def encode_request(inputs, outputs=None, binary=True, request_id=None):
     """(body, headers) of an /infer request."""
-    entries, blobs = [], []
+    arrays = {}
     for name, a in inputs.items():
         if isinstance(a, Sequences):
             if a.num_sequences != 1:
                 raise ValueError(f"input '{name}': a request holds one sequence, found {a.num_sequences}")
             a = a.values
-        a = np.ascontiguousarray(a)
-        entry = {"name": name, "shape": list(a.shape), "datatype": datatype(a.dtype)}
-        if binary:
-            blob = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = a.reshape(-1).tolist()
-        entries.append(entry)
-    request = {"inputs": entries}
+        arrays[name] = np.asarray(a)
+    request = {"inputs": [tensor_entry(name, a, binary) for name, a in arrays.items()]}
     if outputs is not None:
         request["outputs"] = [{"name": o} for o in outputs]
     if binary:
         request["parameters"] = {"binary_data_output": True}
     if request_id is not None:
         request["id"] = request_id
-    head = json.dumps(request).encode()
-    if not binary:
-        return head, {"content-type": "application/json"}
-    return head + b"".join(blobs), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+    body, headers = encode_body(request, list(arrays.values()) if binary else [])
+    return bytes(body), headers  # httpx sends bytes (it would iterate a memoryview)
 
 
 def _message(response):

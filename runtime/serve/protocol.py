@@ -187,21 +187,20 @@ def requested_outputs(request, model):
     return names, binary if not binary_all else True
 
 
-def encode_response(model_name, request_id, outputs, binary):
-    """(body, extra headers): JSON, with the outputs named in `binary` (True: all) as raw
-    little-endian bytes after it, written straight from the arrays into one buffer."""
-    entries, raw = [], []
-    for name, a in outputs.items():
-        entry = {"name": name, "datatype": datatype(a.dtype), "shape": list(a.shape)}
-        if binary is True or name in binary:
-            entry["parameters"] = {"binary_data_size": a.size * a.dtype.itemsize}
-            raw.append(a)
-        else:
-            entry["data"] = a.reshape(-1).tolist()
-        entries.append(entry)
-    head = {"model_name": model_name, "model_version": "1", "outputs": entries}
-    if request_id is not None:
-        head["id"] = request_id
+def tensor_entry(name, a, binary):
+    """A tensor's JSON entry: its data inline, or (binary) its byte count, its bytes to follow
+    the JSON (encode_body)."""
+    entry = {"name": name, "datatype": datatype(a.dtype), "shape": list(a.shape)}
+    if binary:
+        entry["parameters"] = {"binary_data_size": a.size * a.dtype.itemsize}
+    else:
+        entry["data"] = a.reshape(-1).tolist()
+    return entry
+
+
+def encode_body(head, raw):
+    """(body, headers): the JSON `head`, then the arrays in `raw` as little-endian bytes, written
+    straight from the arrays into one buffer (the binary tensor data extension)."""
     text = json.dumps(head, separators=(",", ":")).encode()
     if not raw:
         return text, {"content-type": "application/json"}
@@ -212,6 +211,17 @@ def encode_response(model_name, request_id, outputs, binary):
         np.frombuffer(body, a.dtype.newbyteorder("<"), a.size, offset).reshape(a.shape)[...] = a
         offset += a.size * a.dtype.itemsize
     return memoryview(body), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(text))}
+
+
+def encode_response(model_name, request_id, outputs, binary):
+    """(body, extra headers) of an answer: the outputs named in `binary` (True: all) as raw
+    bytes after the JSON, the others inline."""
+    sent_raw = {name: binary is True or name in binary for name in outputs}
+    head = {"model_name": model_name, "model_version": "1",
+            "outputs": [tensor_entry(name, a, sent_raw[name]) for name, a in outputs.items()]}
+    if request_id is not None:
+        head["id"] = request_id
+    return encode_body(head, [a for name, a in outputs.items() if sent_raw[name]])
 
 
 def decode_response(body, headers):
