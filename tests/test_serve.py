@@ -100,6 +100,7 @@ def test_routes(server):
     r = h.get("/v2/models/nope")
     assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
     metrics = h.get("/metrics").text
+    assert 'lamina_queued_requests{model="python_lm"} 0.0' in metrics
     for name in ("lamina_requests_total", "lamina_batch_size", "lamina_queue_seconds", "lamina_compute_seconds"):
         assert f"# TYPE {name.replace('_total', '')}" in metrics
 
@@ -272,9 +273,9 @@ def test_a_request_past_its_deadline_gets_504(models):
 
 
 def test_sigterm_under_load_loses_no_accepted_request(models):
-    """16 requests wait in a batch that closes after 1 s; SIGTERM arrives meanwhile: each is
-    still answered, correctly, and the server then exits cleanly."""
-    s = Server(f"clf={models['clf']}", "--max-delay-ms", "1000", "--max-batch-size", "64")
+    """16 requests wait in a batch that closes after 3 s; SIGTERM arrives once all 16 are
+    queued (accepted): each is still answered, correctly, and the server then exits cleanly."""
+    s = Server(f"clf={models['clf']}", "--max-delay-ms", "3000", "--max-batch-size", "64")
     clf = lm.load(models["clf"])
     xs = [np.random.default_rng(i).standard_normal((2, 4)).astype(np.float32) for i in range(16)]
     answers = [None] * 16
@@ -285,7 +286,10 @@ def test_sigterm_under_load_loses_no_accepted_request(models):
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
-    time.sleep(0.4)
+    deadline = time.monotonic() + 30
+    while 'lamina_queued_requests{model="clf"} 16.0' not in s.http.get("/metrics").text:
+        assert time.monotonic() < deadline, "the 16 requests never all queued"
+        time.sleep(0.02)
     s.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(30)

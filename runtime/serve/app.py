@@ -8,7 +8,7 @@ Protocol's routes, Prometheus metrics, and the models' batchers.
     GET  /v2/models/{name}/ready      200 when that model serves
     POST /v2/models/{name}/infer      run a request (protocol: JSON or binary tensors)
     GET  /metrics                     Prometheus text: requests by status, batch sizes, queue and
-                                      compute time, per model
+                                      compute time, requests queued, per model
 
 Every refusal is the protocol's error body, {"error": "..."}, with a 4xx status (400 bad input,
 404 unknown model, 413 body too large), 503 when a model's queue is full or the server is
@@ -31,8 +31,10 @@ class Metrics:
     """The server's Prometheus metrics, in a registry of its own."""
 
     def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         self.registry = CollectorRegistry()
+        self.queued = Gauge("lamina_queued_requests", "Requests waiting for a batch", ["model"],
+                            registry=self.registry)
         self.requests = Counter("lamina_requests", "Inference requests answered, by model and HTTP status",
                                 ["model", "status"], registry=self.registry)
         self.batch_size = Histogram("lamina_batch_size", "Requests per batch run", ["model"], registry=self.registry,
@@ -57,8 +59,9 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
     """The ASGI app over `models` ({name: ServedModel}); `timeout`: seconds a request may wait
     for its answer; `max_body`: bytes an /infer body may hold."""
     metrics = metrics or Metrics()
-    for m in models.values():
+    for name, m in models.items():
         m.metrics = metrics
+        metrics.queued.labels(name).set_function(lambda m=m: m.queued)
     state = {"ready": False, "stopping": False}
 
     async def live(request):
