@@ -28,7 +28,7 @@ def main(argv=None):
     unknown = [s for s in args.suites if s not in SUITES and s not in OWN_TABLE]
     if unknown:
         parser.error(f"unknown suite {unknown[0]!r}; suites: {', '.join([*SUITES, *OWN_TABLE])}")
-    extra = {name: OWN_TABLE[name](args.rounds) for name in args.suites if name in OWN_TABLE}
+    extra = {name: OWN_TABLE[name](args.rounds, only=args.only) for name in args.suites if name in OWN_TABLE}
     suites = [s for s in args.suites if s in SUITES]
     if not suites:
         if args.json:

@@ -36,11 +36,14 @@ def _run_once(ranks, threads, extra, out):
     return json.loads(Path(out).read_text())
 
 
-def run(rounds=3):
-    """Returns a list of result dicts (one per sampling) and prints the table."""
+def run(rounds=3, only=None):
+    """Returns a list of result dicts (one per sampling) and prints the table. `only`: run the
+    samplings ("per token", "shared") whose name contains it."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for sampling, flag in (("per token", []), ("shared", ["--shared-negatives"])):
+            if only is not None and only not in sampling:
+                continue
             runs = {name: [] for name, *_ in CONFIGS}
             for _ in range(rounds):
                 for name, ranks, threads, extra in CONFIGS:

@@ -3,9 +3,10 @@ asyncio + aiohttp, binary tensors) at 1, 8 and 32 concurrent clients. Three serv
 the same requests: lamina with dynamic batching (up to 32 requests; a batch starts as soon as the model is free,
 with whatever queued meanwhile), lamina with batching
 off, and ONNX Runtime running the exported model per request behind the same server code
-(bench.serve_server). Cases: the language model scoring 10..200 tokens (all logits back) and
-encoding them (final state back), and the denoiser on 24³ volumes. For each: requests/s, p50
-and p99 latency, and the mean batch size (from the server's /metrics)."""
+(bench.serve_server). Cases: the language model scoring 10..200 tokens (each step's negative
+log-likelihood of the token that follows), the same tokens with every logit back, and encoding
+them (final state back); the denoiser on 24³ volumes. For each: requests/s, p50 and p99
+latency, and the mean batch size (from the server's /metrics)."""
 import json
 import os
 import re
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import httpx
 
+from .serve_load import OUTPUTS
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"python_lm": ROOT / "models" / "python_lm" / "model.lamina",
           "denoise3d": ROOT / "models" / "denoise3d" / "model.lamina"}
-CASES = [("python_lm", "score"), ("python_lm", "encode"), ("denoise3d", "denoise")]
+CASES = [("python_lm", "score"), ("python_lm", "logits"), ("python_lm", "encode"), ("denoise3d", "denoise")]
 SERVERS = ["lamina", "nobatch", "ort"]
 CLIENTS = (1, 8, 32)
 
@@ -42,18 +45,20 @@ def _batches(url, model):
     return [float(m.group(1)) if m else 0.0 for m in found]
 
 
-def run(rounds=1, seconds=3.0, threads=2):
+def run(rounds=1, seconds=3.0, threads=2, only=None):
+    """`only`: run the cases whose name (score, logits, encode, denoise) contains it."""
     import lamina as lm
     results = []
+    cases = [(model, case) for model, case in CASES if only is None or only in case]
     with tempfile.TemporaryDirectory() as tmp:
         onnx = {}
-        for name, path in MODELS.items():
-            onnx[name] = Path(tmp) / f"{name}.onnx"
-            lm.onnx.save(lm.load(path), onnx[name])
-        for model, case in CASES:
+        for model, case in cases:  # what a do-it-yourself service would export: the outputs it serves
+            onnx[case] = Path(tmp) / f"{model}-{case}.onnx"
+            lm.onnx.save(lm.load(MODELS[model]), onnx[case], OUTPUTS[case])
+        for model, case in cases:
             for clients in CLIENTS:
                 for kind in SERVERS:
-                    proc, url = _start(kind, model, onnx[model], threads)
+                    proc, url = _start(kind, model, onnx[case], threads)
                     try:
                         before = _batches(url, model)
                         out = subprocess.run([sys.executable, "-m", "bench.serve_load", url, model, case, "--clients",

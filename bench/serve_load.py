@@ -4,8 +4,9 @@ here, aiohttp near 2000) each send requests back to back for `seconds` after a w
 prints JSON with requests/s, p50 and p99 latency (ms) and errors.
 
     python -m bench.serve_load URL MODEL CASE --clients 8 --seconds 3
-CASE: score (the language model: 10..200 tokens, all logits back), encode (the same requests,
-the final state back), denoise (one 24³ volume).
+CASE: score (the language model: 10..200 tokens and the tokens that follow them, each step's
+negative log-likelihood back), logits (the same tokens, every step's 4096 logits back), encode
+(the same tokens, the final state back), denoise (one 24³ volume).
 """
 import argparse
 import asyncio
@@ -15,6 +16,10 @@ import time
 import numpy as np
 
 
+# what each case asks for (the ONNX Runtime server runs a model exported with these outputs)
+OUTPUTS = {"score": ["nll"], "logits": ["logits"], "encode": ["last", "cell"], "denoise": ["denoised"]}
+
+
 def bodies(case, count=64):
     """Encoded requests (binary tensors both ways), drawn once with a fixed seed."""
     from lamina.serve.client import encode_request
@@ -22,12 +27,14 @@ def bodies(case, count=64):
     out = []
     for _ in range(count):
         if case == "denoise":
-            inputs, outputs = {"noisy": rng.standard_normal((1, 1, 24, 24, 24)).astype(np.float32)}, ["denoised"]
+            inputs = {"noisy": rng.standard_normal((1, 1, 24, 24, 24)).astype(np.float32)}
         else:
             z = np.zeros((1, 1, 256), np.float32)
-            ids = rng.integers(0, 4096, int(rng.integers(10, 201))).astype(np.int32)
-            inputs, outputs = {"ids": ids, "h0": z, "c0": z}, ["logits"] if case == "score" else ["last", "cell"]
-        out.append(encode_request(inputs, outputs))
+            tokens = rng.integers(0, 4096, int(rng.integers(11, 202))).astype(np.int32)
+            inputs = {"ids": tokens[:-1], "h0": z, "c0": z}
+            if case == "score":
+                inputs["next"] = tokens[1:]
+        out.append(encode_request(inputs, OUTPUTS[case]))
     return out
 
 
@@ -60,7 +67,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("model")
-    parser.add_argument("case", choices=["score", "encode", "denoise"])
+    parser.add_argument("case", choices=list(OUTPUTS))
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)

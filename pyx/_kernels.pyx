@@ -240,27 +240,26 @@ def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, doubl
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope) + beta * dx[i])
 
 
+cdef extern from "softmax.h" nogil:
+    double softmax_row_f(const float* x, float* y, long n, int take_log)
+    double softmax_row_d(const double* x, double* y, long n, int take_log)
+
+
+cdef inline double _softmax_row(real* x, real* y, Py_ssize_t n, bint take_log) noexcept nogil:
+    if real is float:
+        return softmax_row_f(x, y, n, take_log)
+    else:
+        return softmax_row_d(x, y, n, take_log)
+
+
 def softmax_forward(real[:, ::1] x, real[:, ::1] y, bint take_log=False):
     """y[i] = exp(x[i] - max x[i]) / sum exp(...), one row at a time; take_log: its log,
-    x[i] - max x[i] - log sum exp(x[i] - max x[i])."""
-    cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
-    cdef double mx, s
+    x[i] - max x[i] - log sum exp(x[i] - max x[i]). float rows use softmax.h's fast exp."""
+    cdef Py_ssize_t i, rows = x.shape[0], cols = x.shape[1]
+    if cols == 0:
+        return
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        mx = x[i, 0]
-        for j in range(1, cols):
-            if x[i, j] > mx:
-                mx = x[i, j]
-        s = 0
-        for j in range(cols):
-            if take_log:
-                s = s + exp(x[i, j] - mx)
-            else:
-                y[i, j] = <real>exp(x[i, j] - mx)
-                s = s + y[i, j]
-        if take_log:
-            s = mx + log(s)
-        for j in range(cols):
-            y[i, j] = <real>(x[i, j] - s) if take_log else <real>(y[i, j] / s)
+        _softmax_row(&x[i, 0], &y[i, 0], cols, take_log)
 
 
 def softmax_backward(real[:, ::1] y, real[:, ::1] dy, real[:, ::1] dx, double beta, bint take_log=False):
@@ -375,16 +374,16 @@ cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept no
 
 def softmax_cross_entropy(real[:, ::1] x, const int[::1] labels, real[::1] w, bint weighted,
                           real[:, ::1] probs, real[::1] cost):
-    """probs = softmax(x) row-wise; cost[i] = -w[i] * log probs[i, labels[i]] (labels checked
-    by the caller to lie in [0, classes))."""
-    softmax_forward(x, probs)
-    cdef Py_ssize_t i, rows = x.shape[0]
-    cdef double p
-    with nogil:
-        for i in range(rows):
-            # log of the smallest positive value instead of -inf when a probability underflows (NaN stays NaN)
-            p = probs[i, labels[i]]
-            cost[i] = <real>(-_weight(w, weighted, i) * log(1e-300 if p < 1e-300 else p))
+    """probs = softmax(x) row-wise; cost[i] = -w[i] * log probs[i, labels[i]], computed as
+    w[i] * (logsumexp(x[i]) - x[i, labels[i]]) (finite where the probability underflows; labels
+    checked by the caller to lie in [0, classes))."""
+    cdef Py_ssize_t i, rows = x.shape[0], cols = x.shape[1]
+    cdef double lse
+    if cols == 0:
+        return
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
+        lse = _softmax_row(&x[i, 0], &probs[i, 0], cols, False)
+        cost[i] = <real>(_weight(w, weighted, i) * (lse - x[i, labels[i]]))
 
 
 def softmax_cross_entropy_backward(real[:, ::1] probs, const int[::1] labels, real[::1] w, bint weighted,

@@ -4,6 +4,7 @@
  *     IVEC   8 ints                4 longs  (shuffle masks for VEC)
  *     LANES  8                     4
  *     TANH   lamina_fast_tanhf     tanh     (where the includer declared lamina_fast_tanhf)
+ *     EXP    lamina_fast_expf      exp      (where the includer declared lamina_fast_expf)
  *     SUFFIXED(name) -> name_f     name_d
  * Usage: #define LAMINA_IMPL "x_impl.h", then #include "instantiate.h" (no include guard: each
  * header that instantiates includes it once). */
@@ -22,6 +23,7 @@ typedef long lamina_v4l __attribute__((vector_size(32)));
 #define IVEC lamina_v8i
 #define LANES 8
 #define TANH lamina_fast_tanhf
+#define EXP lamina_fast_expf
 #define SUFFIXED(name) SUFFIXED2(name, f)
 #include LAMINA_IMPL
 #undef REAL
@@ -29,6 +31,7 @@ typedef long lamina_v4l __attribute__((vector_size(32)));
 #undef IVEC
 #undef LANES
 #undef TANH
+#undef EXP
 #undef SUFFIXED
 
 #define REAL double
@@ -36,6 +39,7 @@ typedef long lamina_v4l __attribute__((vector_size(32)));
 #define IVEC lamina_v4l
 #define LANES 4
 #define TANH tanh
+#define EXP exp
 #define SUFFIXED(name) SUFFIXED2(name, d)
 #include LAMINA_IMPL
 #undef REAL
@@ -43,6 +47,7 @@ typedef long lamina_v4l __attribute__((vector_size(32)));
 #undef IVEC
 #undef LANES
 #undef TANH
+#undef EXP
 #undef SUFFIXED
 
 #undef LAMINA_IMPL

@@ -350,7 +350,7 @@ def cmd_export(args):
     _writable(args.output, "--output")
     net = _load(lm, args.model)
     try:
-        model = lm.onnx.save(net, args.output)
+        model = lm.onnx.save(net, args.output, args.outputs)
     except ImportError as e:
         raise CommandError(str(e)) from None
     print(f"wrote {args.output}: {len(model.graph.node)} ONNX nodes (opset {model.opset_import[0].version}), "
@@ -518,6 +518,9 @@ def parser():
     s = sub.add_parser("export", parents=[common], help="write a model's inference graph as ONNX")
     s.add_argument("model", help="a lamina model file")
     s.add_argument("--output", "-o", required=True, help="the .onnx file to write")
+    s.add_argument("--outputs", nargs="+", metavar="NAME",
+                   help="the outputs to export (default: every output inference computes); the ONNX model's inputs "
+                        "are what these need")
     s.set_defaults(run=cmd_export)
 
     s = sub.add_parser("inspect", parents=[common], help="describe a model file")

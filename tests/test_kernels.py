@@ -196,6 +196,34 @@ def test_softmax_cross_entropy(backend, dtype, weighted, rows, classes):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_rows_over_the_whole_range(backend, dtype):
+    """Rows spanning hundreds of units (float32 rows run a polynomial exp): every probability
+    in float32's normal range is within 1e-6 of float64's, relatively, plus the rounding of
+    x - max in float32 (half an ulp of it, which e^(x - max) turns into a relative error); a label whose
+    probability underflows still costs its exact, finite -log p (log-sum-exp minus its logit);
+    4099 columns run the tail after the vectorised lanes; equal values give a uniform row."""
+    rng = rng_for("softmax range", dtype)
+    x = (40 * rng.standard_normal((6, 4099))).astype(dtype)
+    x[5] = 1.5
+    exact = x.astype(np.float64) - x.max(1, keepdims=True)
+    lse = np.log(np.exp(exact).sum(1))
+    probs, log_probs = np.empty_like(x), np.empty_like(x)
+    backend.activation("softmax", x, probs)
+    backend.activation("log_softmax", x, log_probs)
+    want = np.exp(exact - lse[:, None])
+    seen = want > 1e-37
+    bound = 1e-6 + np.spacing(np.abs(exact).astype(np.float32)) / 2 if dtype == np.float32 else 1e-12
+    assert np.all((np.abs(probs - want) / want <= bound)[seen])
+    np.testing.assert_allclose(log_probs, exact - lse[:, None], rtol=1e-6 if dtype == np.float32 else 1e-12, atol=1e-5)
+    np.testing.assert_allclose(probs[5], 1 / 4099, rtol=1e-6)
+    labels = np.argmin(x, 1).astype(np.int32)  # probabilities far below float32's smallest
+    cost = np.empty(len(x), dtype)
+    backend.softmax_cross_entropy(x, labels, None, np.empty_like(x), cost)
+    assert np.all(np.isfinite(cost))
+    np.testing.assert_allclose(cost, lse - exact[np.arange(len(x)), labels], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cost", ["square_error", "bce_with_logits"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_pair_costs(backend, dtype, cost, weighted):

@@ -397,30 +397,50 @@ def test_shipped_denoiser_exports(tmp_path):
 
 def test_shipped_language_model_exports(tmp_path):
     """Embedding -> LSTM with initial states as inputs -> the selective layer in its full form
-    (every column): ONNX Runtime, fed padded ids with their lengths, gives lamina's scores on each
-    sequence's steps and its last states; the file imports back with the same results."""
+    (every column) -> the per-token score (a full-softmax cross-entropy that is not a training
+    cost): ONNX Runtime, fed padded ids and next tokens with their lengths, gives lamina's scores
+    and negative log-likelihoods on each sequence's steps and its last states; the file imports
+    back with the same results; `--outputs` exports a part, whose inputs are what it needs."""
     from pathlib import Path
     model = Path(__file__).resolve().parent.parent / "models/python_lm/model.lamina"
     net = lm.load(model)
     assert main(["export", str(model), "-o", str(tmp_path / "lm.onnx")]) == 0
     rng = np.random.default_rng(3)
     lengths = [5, 9, 3]
-    seqs = lm.Sequences.from_list([rng.integers(0, 4096, n).astype(np.int32) for n in lengths])
+    seqs, following = (lm.Sequences.from_list([rng.integers(0, 4096, n).astype(np.int32) for n in lengths])
+                       for _ in range(2))
     h0, c0 = (0.3 * rng.standard_normal((3, 1, 256)).astype(np.float32) for _ in range(2))
-    ours = net.run({"ids": seqs, "h0": h0, "c0": c0}, ["logits", "last", "cell"])
+    ours = net.run({"ids": seqs, "next": following, "h0": h0, "c0": c0}, ["logits", "nll", "last", "cell"])
     padded, _ = seqs.to_padded()
     session = ort.InferenceSession(str(tmp_path / "lm.onnx"), providers=["CPUExecutionProvider"])
-    assert sorted(i.name for i in session.get_inputs()) == ["c0", "h0", "ids", "lengths"]
-    feeds = {"ids": padded.astype(np.int64), "lengths": np.array(lengths), "h0": h0, "c0": c0}
-    logits, last, cell = session.run(["logits", "last", "cell"], feeds)
+    assert sorted(i.name for i in session.get_inputs()) == ["c0", "h0", "ids", "lengths", "next"]
+    feeds = {"ids": padded.astype(np.int64), "next": following.to_padded()[0].astype(np.int64),
+             "lengths": np.array(lengths), "h0": h0, "c0": c0}
+    logits, nll, last, cell = session.run(["logits", "nll", "last", "cell"], feeds)
+    scores = ours["logits"].values.astype(np.float64)
+    top = scores.max(1)
+    reference = top + np.log(np.exp(scores - top[:, None]).sum(1)) - scores[np.arange(len(scores)), following.values]
+    np.testing.assert_allclose(ours["nll"].values, reference, rtol=1e-5, atol=1e-5)
     for i, n in enumerate(lengths):
         np.testing.assert_allclose(logits[i, :n], ours["logits"][i], rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(nll[i, :n], ours["nll"][i], rtol=1e-5, atol=2e-5)
     np.testing.assert_allclose(last, ours["last"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(cell, ours["cell"], rtol=1e-5, atol=1e-5)
     back = lm.onnx.load(tmp_path / "lm.onnx")
     again = back.run(lm.onnx.feeds(back, feeds))
     np.testing.assert_allclose(again["logits"].values, ours["logits"].values, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(again["nll"].values, ours["nll"].values, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(again["cell"], ours["cell"], rtol=1e-6, atol=1e-6)
+    assert main(["export", str(model), "-o", str(tmp_path / "state.onnx"), "--outputs", "last", "cell"]) == 0
+    part = ort.InferenceSession(str(tmp_path / "state.onnx"), providers=["CPUExecutionProvider"])
+    assert sorted(i.name for i in part.get_inputs()) == ["c0", "h0", "ids", "lengths"]
+    assert [o.name for o in part.get_outputs()] == ["last", "cell"]
+    np.testing.assert_allclose(part.run(["last"], {k: feeds[k] for k in ("ids", "lengths", "h0", "c0")})[0],
+                               ours["last"], rtol=1e-5, atol=1e-5)
+    with pytest.raises(lm.GraphError, match="output 'loss' is a training cost"):
+        lm.onnx.save(net, outputs=["loss"])
+    with pytest.raises(lm.GraphError, match="no output 'logit' to export; the network's outputs are 'loss', 'logits'"):
+        lm.onnx.save(net, outputs=["logit"])
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
@@ -750,3 +770,47 @@ def test_fine_tuning_an_imported_gru_classifier_follows_pytorch():
     for p, q in zip(net.parameters(), model.parameters()):  # (the embedding's gradient is sparse)
         np.testing.assert_allclose(p.dense_grad(net.backend), q.grad.numpy(), rtol=1e-4, atol=1e-5)
     assert losses[-1] < 0.7 * losses[0]
+
+
+class PerRowCrossEntropy(torch.nn.Module):
+    def __init__(self, reduction="none"):
+        super().__init__()
+        self.fc, self.reduction = torch.nn.Linear(6, 5), reduction
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.fc(x), y, reduction=self.reduction)
+
+
+def export_scored(model, x, y, dynamo, opset):
+    """ONNX bytes of a model of (x, labels), the batch axis dynamic."""
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            batch = torch.export.Dim("batch")
+            torch.onnx.export(model, (x, y), f, dynamo=True, opset_version=opset, input_names=["x", "y"],
+                              output_names=["nll"], dynamic_shapes=({0: batch}, {0: batch}), verbose=False)
+        else:
+            torch.onnx.export(model, (x, y), f, dynamo=False, opset_version=opset, input_names=["x", "y"],
+                              output_names=["nll"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return f.getvalue()
+
+
+@each_exporter
+def test_per_row_cross_entropy_imports_as_a_score(dynamo, opset):
+    """PyTorch's cross_entropy(reduction='none') exports as SoftmaxCrossEntropyLoss (ignore_index
+    -100): it imports as a score, equal to PyTorch's; a label of -100 is refused by row; a mean
+    over the batch is refused by name."""
+    torch.manual_seed(0)
+    model = PerRowCrossEntropy().eval()
+    x, y = torch.randn(4, 6), torch.tensor([0, 4, 2, 1])
+    net = lm.onnx.load(export_scored(model, x, y, dynamo, opset))
+    assert net.cost_outputs() == []
+    rows = torch.randn(7, 6)
+    labels = torch.tensor([3, 0, 1, 4, 4, 2, 0])
+    got = net.run(lm.onnx.feeds(net, {"x": rows.numpy(), "y": labels.numpy()}))["nll"]
+    np.testing.assert_allclose(got, model(rows, labels).detach().numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(lm.InputError, match=r"labels \(input 1\) must lie in \[0, 5\), found -100 at row 1"):
+        net.run(lm.onnx.feeds(net, {"x": x.numpy(), "y": np.array([0, -100, 1, 1])}))
+    with pytest.raises(lm.onnx.UnsupportedModelError, match="reduction 'mean'"):
+        lm.onnx.load(export_scored(PerRowCrossEntropy("mean").eval(), x, y, dynamo, opset))

@@ -74,10 +74,15 @@ def lm_request(ids):
     return {"ids": ids, "h0": z, "c0": z}
 
 
-def lm_reference(net, ids):
+def lm_reference(net, ids, following=None):
+    """net.run on one sequence; with the tokens that follow each step, their scores (nll) too."""
     z = np.zeros((1, 1, 256), np.float32)
-    out = net.run({"ids": lm.Sequences(ids, np.array([0, len(ids)], np.int32)), "h0": z, "c0": z})
-    return {"logits": out["logits"].values, "last": out["last"], "cell": out["cell"]}
+    one = lambda steps: lm.Sequences(steps, np.array([0, len(steps)], np.int32))
+    feeds = {"ids": one(ids), "h0": z, "c0": z}
+    if following is not None:
+        feeds["next"] = one(following)
+    out = net.run(feeds, ["logits", "last", "cell"] + (["nll"] if following is not None else []))
+    return {k: v.values if isinstance(v, lm.Sequences) else v for k, v in out.items()}
 
 
 def test_routes(server):
@@ -90,8 +95,9 @@ def test_routes(server):
     assert lm_meta["inputs"] == [
         {"name": "ids", "datatype": "INT32", "shape": [-1], "parameters": {"sequence": True}},
         {"name": "h0", "datatype": "FP32", "shape": [-1, 1, 256], "parameters": {"optional": True}},
-        {"name": "c0", "datatype": "FP32", "shape": [-1, 1, 256], "parameters": {"optional": True}}]
-    assert [o["name"] for o in lm_meta["outputs"]] == ["logits", "last", "cell"]
+        {"name": "c0", "datatype": "FP32", "shape": [-1, 1, 256], "parameters": {"optional": True}},
+        {"name": "next", "datatype": "INT32", "shape": [-1], "parameters": {"sequence": True}}]
+    assert [o["name"] for o in lm_meta["outputs"]] == ["logits", "nll", "last", "cell"]
     assert lm_meta["outputs"][0] == {"name": "logits", "datatype": "FP32", "shape": [-1, 4096],
                                      "parameters": {"sequence": True}}
     assert h.get("/v2/models/denoise3d").json()["inputs"] == [
@@ -164,6 +170,32 @@ def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
         assert out["logits"].shape == (len(ids), 4096)
         for name in ("logits", "last"):
             assert_close(out[name], want[name], 1e-5, name)
+
+
+def test_concurrent_scoring_requests_get_their_own_likelihoods(server):
+    """Scoring (ids and the tokens that follow them, the per-token negative log-likelihood
+    back): 24 concurrent requests share batches and each gets its own steps' scores, which are
+    -log softmax(logits)[next] of a lone run (float64 reference)."""
+    net = lm.load(LM)
+    rng = np.random.default_rng(5)
+    texts = [rng.integers(0, 4096, rng.integers(11, 202)).astype(np.int32) for _ in range(24)]
+    count0, total0 = batch_sizes(server.http, "python_lm")
+
+    def score(tokens):
+        with Client(server.url) as c:
+            return c.infer("python_lm", {"ids": tokens[:-1], "next": tokens[1:]}, outputs=["nll"])
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(score, texts))
+    count1, total1 = batch_sizes(server.http, "python_lm")
+    assert total1 - total0 == 24 and (total1 - total0) / (count1 - count0) > 2
+    for tokens, out in zip(texts, answers):
+        want = lm_reference(net, tokens[:-1], tokens[1:])
+        logits = want["logits"].astype(np.float64)
+        top = logits.max(1)
+        exact = top + np.log(np.exp(logits - top[:, None]).sum(1)) - logits[np.arange(len(logits)), tokens[1:]]
+        assert list(out) == ["nll"] and out["nll"].shape == (len(tokens) - 1,)
+        assert_close(want["nll"], exact, 1e-6, "nll of a lone run")
+        assert_close(out["nll"], want["nll"], 1e-5, "nll")
 
 
 def post(server, model, body, headers=None):

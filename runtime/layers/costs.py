@@ -1,6 +1,10 @@
 """Cost layers. Each outputs one cost per row, [N]; the network's loss is the mean over rows of
 every cost among its outputs. An optional last input gives per-row weights [N] (cost_i * w_i);
-labels and weights receive no gradient."""
+labels and weights receive no gradient.
+
+A cost built with objective=False is a score instead: the same per-row values, computed when an
+output asks for them (a language model's per-token negative log-likelihood for scoring), never
+part of the loss that training minimises, and served and exported like any prediction."""
 from ..graph import Spec
 from .base import Layer, check_ids, common_rows, register, require_float
 
@@ -10,6 +14,13 @@ class _Cost(Layer):
     backends = ("cpu", "opencl")
     arity = (2, 3)
     target_kind = "float"
+
+    def __init__(self, name=None, objective=True):
+        super().__init__(name)
+        self.is_cost = bool(objective)
+
+    def config(self):
+        return {} if self.is_cost else {"objective": False}
 
     def output_spec(self, specs):
         require_float(specs[0], "input 0 (the prediction)")

@@ -7,7 +7,9 @@ The saved graph serves training and inference:
           state), sel (a Selection: each step's label plus sampled negatives), next (the label
           of each step, the following token);
   outputs loss (sampled softmax cross-entropy; needs sel and next), logits (every step's scores
-          over the whole vocabulary), last and cell (the LSTM's state after each sequence).
+          over the whole vocabulary), nll (each step's negative log-likelihood of `next` under
+          the full softmax: scoring a text; not part of the training loss), last and cell (the
+          LSTM's state after each sequence).
 Inference carries last/cell over to h0/c0, so continuing a prompt costs one step per token.
 """
 import math
@@ -64,7 +66,9 @@ def build(vocab_size, embedding_dim=64, hidden_size=256):
     states, last, cell = layers.LSTM(embedding_dim, hidden_size, name="lstm")(emb, h0, c0)
     out = layers.SelectiveLinear(hidden_size, vocab_size, name="output")
     loss = layers.SelectedCrossEntropy(name="sampled_softmax")(out(states, sel), nxt, sel)
-    net.outputs(loss=loss, logits=out(states), last=last, cell=cell)
+    logits = out(states)
+    nll = layers.SoftmaxCrossEntropy(name="score", objective=False)(logits, nxt)
+    net.outputs(loss=loss, logits=logits, nll=nll, last=last, cell=cell)
     return net
 
 

@@ -6,7 +6,8 @@ a padded [batch, time, ...] tensor, and the model takes one more input, `lengths
 [batch]), which the recurrent nodes read as sequence_lens (values past each length are padding:
 ONNX Runtime zeroes the recurrent outputs there). Each layer becomes one or a few standard ONNX
 nodes, its parameters initializers. Costs (and the outputs that need them) are training-only and
-left out. A layer kind without an exporter is refused by name.
+left out; a score (a cost layer built with objective=False) is exported like any prediction. A
+layer kind without an exporter is refused by name.
 """
 import numpy as np
 
@@ -54,12 +55,14 @@ class Graph:
         return output
 
 
-def save(net, path=None):
+def save(net, path=None, outputs=None):
     """Write `net` as ONNX to `path` (atomically) and return the ModelProto; the model passes
-    onnx.checker's full check."""
+    onnx.checker's full check. `outputs` names the outputs to export (default: every output
+    inference computes); the model's inputs are what those need (ONNX Runtime asks for every
+    graph input whichever outputs a run wants)."""
     onnx = _onnx()
     net.validate()
-    model = to_model(net, onnx)
+    model = to_model(net, onnx, outputs)
     onnx.checker.check_model(model, full_check=True)
     if path is not None:
         from ..model import write_atomic
@@ -67,21 +70,28 @@ def save(net, path=None):
     return model
 
 
-def inference_outputs(net):
-    """The outputs that a run computes without any cost layer (what inference serves)."""
+def inference_outputs(net, wanted=None):
+    """The outputs that a run computes without any cost layer (what inference serves), of those
+    `wanted` (default: all)."""
     sched = net.scheduler
     keep = {}
-    for name, value in net.output_values.items():
+    for name in wanted if wanted is not None else net.output_values:
+        if name not in net.output_values:
+            raise GraphError(f"no output '{name}' to export; the network's outputs are "
+                             f"{', '.join(repr(o) for o in net.output_values)}")
         plan = sched.plan(False, (name,))
-        if not any(n.layer.is_cost for n in plan.nodes):
-            keep[name] = (value, plan)
+        if any(n.layer.is_cost for n in plan.nodes):
+            if wanted is not None:
+                raise GraphError(f"output '{name}' is a training cost (or needs one); ONNX export takes inference outputs")
+            continue
+        keep[name] = (net.output_values[name], plan)
     return keep
 
 
-def to_model(net, onnx):
+def to_model(net, onnx, wanted=None):
     helper, tp = onnx.helper, onnx.TensorProto
     g = Graph(onnx)
-    outputs = inference_outputs(net)
+    outputs = inference_outputs(net, wanted)
     if not outputs:
         raise GraphError("nothing to export: every output of the network is a cost (training only)")
     needed = {n.name for _, plan in outputs.values() for n in plan.nodes}
@@ -247,6 +257,15 @@ def slice_(g, layer, ins, specs, node):
 @exporter("embedding")
 def embedding(g, layer, ins, specs, node):
     return g.node("Gather", [g.constant(f"{node.name}.weight", param(layer, "weight")), ins[0]], name=node.name, axis=0)
+
+
+@exporter("softmax_cross_entropy")
+def softmax_cross_entropy(g, layer, ins, specs, node):
+    x = ins[0]
+    if specs[0].sequence:  # [batch, time, classes]: ONNX's loss takes the classes on axis 1
+        x = g.node("Transpose", [x], name=f"{node.name}_classes_first", perm=[0, 2, 1])
+    cost = g.node("SoftmaxCrossEntropyLoss", [x, ins[1]], name=node.name, reduction="none")
+    return cost if len(ins) == 2 else g.node("Mul", [cost, ins[2]], name=f"{node.name}_weighted")
 
 
 @exporter("conv3d", "conv2d", "conv_transpose3d", "conv_transpose2d")

@@ -57,6 +57,12 @@ def const(x, what):
     return x
 
 
+def text(attrs, name, default):
+    """A string attribute (the onnx package gives them as bytes)."""
+    v = attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
 def assign(layer, name, values):
     p = layer.params[name]
     values = np.asarray(values, dtype=np.float32)
@@ -131,8 +137,7 @@ def selu(imp, node, inputs, attrs):
 
 @converter("Gelu", attributes={"approximate"})
 def gelu(imp, node, inputs, attrs):
-    approximate = attrs.get("approximate", b"none")
-    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    approximate = text(attrs, "approximate", "none")
     if approximate not in ("none", "tanh"):
         raise Refused(f"approximate={approximate!r} (ONNX defines 'none' and 'tanh')")
     return _activation("gelu" if approximate == "none" else "gelu_tanh")(imp, node, inputs, {})
@@ -496,8 +501,7 @@ def lifted_to_2d(convert):
 def _pads(attrs, nd, spatial, kernel, stride, dilation, asymmetric=False):
     """Per-axis padding from pads / auto_pad: (before, after) pairs where `asymmetric` is
     allowed, else one padding per axis (or Refused where the sides differ)."""
-    auto = attrs.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
+    auto = text(attrs, "auto_pad", "NOTSET")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         pads = []
         for n, k, s, d in zip(spatial, kernel, stride, dilation):
@@ -558,8 +562,7 @@ def conv_transpose(imp, node, inputs, attrs):
     x, w, b, nd, kernel, stride, dilation, groups = _conv_operands(imp, inputs, attrs)
     spatial = x.spec.shape[1:]
     output_padding = list(attrs.get("output_padding", [0] * nd))
-    auto = attrs.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
+    auto = text(attrs, "auto_pad", "NOTSET")
     if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
         # the padding that gives the requested size (SAME: input size times stride), split as
         # ONNX's ConvTranspose says: the larger half at the end for SAME_UPPER, else at the start
@@ -680,6 +683,37 @@ def batch_norm(imp, node, inputs, attrs):
     return [imp.add(layer, [x], node)]
 
 
+# ---------------------------------------------------------------------------- scores
+
+@converter("SoftmaxCrossEntropyLoss", attributes={"reduction", "ignore_index"})
+def softmax_cross_entropy_loss(imp, node, inputs, attrs):
+    """With reduction 'none': one negative log-likelihood per row (per step of a sequence), the
+    classes on axis 1; lamina's SoftmaxCrossEntropy as a score (objective=False), since a model
+    file's output is something inference computes. An ignore_index outside the class range
+    (PyTorch's -100) is taken: lamina refuses such a label at run time, naming the row, where
+    ONNX gives that row 0."""
+    reduction = text(attrs, "reduction", "mean")
+    if reduction != "none":
+        raise Refused(f"reduction '{reduction}' (a loss over the batch); lamina imports the per-row values, "
+                      f"reduction 'none'")
+    if len(inputs) > 2 and inputs[2] is not None:
+        raise Refused("class weights")
+    if len(node.output) > 1 and node.output[1] and imp.uses.get(node.output[1]):
+        raise Refused("the log_prob output is used")
+    x = inputs[0]
+    if not isinstance(x, Value) or x.spec.kind != "float" or len(x.spec.shape) != 1:
+        raise Refused("the scores must be float values computed from the model's inputs, [N, classes] or a "
+                      "sequence's [N, classes, T]")
+    classes_second = ("N", 0, "T") if x.spec.sequence else ("N", 0)
+    if imp.axes_of(x) != classes_second:
+        raise Refused(f"the scores' axes are {imp.axes_of(x)}; the classes must be axis 1")
+    ignore = attrs.get("ignore_index")
+    if ignore is not None and 0 <= ignore < x.spec.shape[0]:
+        raise Refused(f"ignore_index {ignore}, a class (rows of that class would score 0)")
+    labels = value(inputs[1], "input 1 (the labels)", kind="int32")
+    return [imp.add(L.SoftmaxCrossEntropy(objective=False), [x, labels], node)]
+
+
 # ---------------------------------------------------------------------------- recurrent
 
 # ONNX's gate blocks in lamina's (PyTorch's) order: LSTM i,o,f,c -> i,f,g,o; GRU z,r,h -> r,z,n
@@ -735,8 +769,7 @@ def recurrent(imp, node, inputs, attrs):
     if imp.axes_of(x) != (("T", "N") if layout == 0 else ("N", "T")) + (0,):
         raise Refused(f"X has axes {imp.axes_of(x)} for layout {layout}")
     w, r = const(w, "W"), const(r, "R")
-    direction = attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
+    direction = text(attrs, "direction", "forward")
     hidden = attrs["hidden_size"]
     directions = 2 if direction == "bidirectional" else 1
     acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]

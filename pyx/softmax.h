@@ -1,0 +1,33 @@
+/* Softmax over rows, in float (fast exp, vectorised) and double (libm exp). */
+#ifndef LAMINA_SOFTMAX_H
+#define LAMINA_SOFTMAX_H
+#include <math.h>
+#include <string.h>
+#include "clones.h"
+
+/* Fast float32 exp for x <= 88: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an
+ * exact reduction), e^r by Cephes' degree-7 polynomial, 2^n put into the exponent bits. Within
+ * 2 ulp of expf; x below -87.3 gives e^-87.3 (about 1e-38) instead of smaller values or 0; NaN
+ * stays NaN. Multiply-adds, a rounding and integer bit work, so loops using it vectorise, where
+ * libm's expf is a scalar call. */
+static inline float lamina_fast_expf(float x) {
+    x = x < -87.33654475f ? -87.33654475f : x;
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int bits = ((int)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#define LAMINA_IMPL "softmax_impl.h"
+#include "instantiate.h"
+
+#endif
