@@ -9,7 +9,8 @@ does not ask for one).
 
 Two cases measure the ends of serving (lamina serve batches concurrent requests): "alone" runs
 the same 64 LSTM sequences one at a time (a lone request each; PyTorch likewise, one
-unpacked sequence per call), "B=512" runs 512 sequences of lengths 10..50 packed in one call."""
+unpacked sequence per call, ONNX Runtime a batch of one), "B=512" runs 512 sequences of lengths
+10..50 packed in one call (ONNX Runtime: padded)."""
 import os
 
 import numpy as np
@@ -78,29 +79,34 @@ def torch_rnn(kind, mode, size, layout, batch=BATCH, alone=False):
     return infer if mode == "infer" else train
 
 
-def ort_lstm(size):
-    """LSTM exported from PyTorch (padded, length 50) and run by ONNX Runtime."""
+def ort_lstm(size, batch=BATCH, alone=False):
+    """LSTM exported from PyTorch and run by ONNX Runtime: the batch padded to its longest
+    sequence, or each sequence alone (a batch of one, no padding)."""
     import io
 
     import onnxruntime as ort
     import torch
     module = torch.nn.LSTM(size, size)
-    padded = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(s) for s in _sequences(size)])
+    seqs = [torch.from_numpy(s) for s in _sequences(size, batch)]
+    padded = torch.nn.utils.rnn.pad_sequence(seqs)
     buf = io.BytesIO()
-    torch.onnx.export(module, (padded,), buf, input_names=["x"], output_names=["y", "h", "c"], dynamo=False)
+    torch.onnx.export(module, (padded,), buf, input_names=["x"], output_names=["y", "h", "c"], dynamo=False,
+                      dynamic_axes={"x": {0: "time", 1: "batch"}, "y": {0: "time", 2: "batch"}})
     opts = ort.SessionOptions()
-    import torch as _t
-    opts.intra_op_num_threads = _t.get_num_threads()
+    opts.intra_op_num_threads = torch.get_num_threads()
     opts.inter_op_num_threads = 1
     session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+    if alone:
+        feeds = [{"x": s.numpy()[:, None]} for s in seqs]
+        return lambda: [session.run(["y"], f) for f in feeds]
     feed = {"x": padded.numpy()}
     return lambda: session.run(["y"], feed)
 
 
-def ort_factory(size, threads):
+def ort_factory(size, threads, batch=BATCH, alone=False):
     import torch
     torch.set_num_threads(threads)  # read by ort_lstm for the session's thread count
-    return ort_lstm(size)
+    return ort_lstm(size, batch, alone)
 
 
 def run(bench, threads, rounds, have_torch, have_ort=False):
@@ -125,6 +131,8 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
         if have_torch:
             impls["torch-packed" if not alone else "torch-alone"] = (
                 "bench.rnn:torch_rnn", ["lstm", "infer", 256, "packed", batch, alone])
+            if have_ort:
+                impls["onnxruntime"] = ("bench.rnn:ort_factory", [256, threads, batch, alone])
         rows += bench.time_case("rnn", name, threads, impls, useful_flops("lstm", 256, "infer", batch), rounds,
                                 turn_seconds=0.2, with_peak=True)
     return rows

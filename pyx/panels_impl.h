@@ -76,9 +76,54 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
         if (i < mr) SUFFIXED(panel_store)(c + i * ldc, nr, lo[i], hi[i], beta);
 }
 
+/* One or two rows (a lone sequence's step, the tail of a batch): the sums above would be two or
+ * four chains of dependent multiply-adds, each waiting on the last one's latency, so the panel
+ * would stream in at a fraction of the rate the loads allow. Here even and odd kk go to two sets
+ * of sums, added at the end: twice the chains, twice the rate. ROWS (1 or 2) is a constant
+ * where this is inlined. */
+static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(const long ROWS, long k, const REAL *a,
+                                                                              long lda, const REAL *panel, REAL *c,
+                                                                              long ldc, long nr, REAL beta) {
+    const long NR = 2 * LANES;
+    VEC lo[2][2], hi[2][2];
+    for (long s = 0; s < 2; s++)
+        for (long i = 0; i < ROWS; i++) {
+            lo[s][i] = (VEC){0};
+            hi[s][i] = (VEC){0};
+        }
+    const REAL *bp = panel;
+    long kk = 0;
+    for (; kk + 1 < k; kk += 2, bp += 2 * NR) {
+        VEC b0, b1, b2, b3;
+        memcpy(&b0, bp, sizeof b0);
+        memcpy(&b1, bp + LANES, sizeof b1);
+        memcpy(&b2, bp + NR, sizeof b2);
+        memcpy(&b3, bp + NR + LANES, sizeof b3);
+        for (long i = 0; i < ROWS; i++) {
+            VEC x = a[i * lda + kk] - (VEC){0}, y = a[i * lda + kk + 1] - (VEC){0};
+            lo[0][i] += x * b0;
+            hi[0][i] += x * b1;
+            lo[1][i] += y * b2;
+            hi[1][i] += y * b3;
+        }
+    }
+    if (kk < k) {
+        VEC b0, b1;
+        memcpy(&b0, bp, sizeof b0);
+        memcpy(&b1, bp + LANES, sizeof b1);
+        for (long i = 0; i < ROWS; i++) {
+            VEC x = a[i * lda + kk] - (VEC){0};
+            lo[0][i] += x * b0;
+            hi[0][i] += x * b1;
+        }
+    }
+    for (long i = 0; i < ROWS; i++)
+        SUFFIXED(panel_store)(c + i * ldc, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta);
+}
+
 /* c[m x n] = a[m x k] · P + beta·c over panels [p0, p1) of P (their columns of c only). Rows go
- * in tiles of 6; the last tile of a remainder takes 4 or 2 rows when that covers it, so a step's
- * odd row count wastes at most one row of multiply-adds, not up to five. */
+ * in tiles of 6; the last tile of a remainder takes 4 rows when that covers it, and 1 or 2 rows
+ * the narrow tile, so a step's odd row count wastes at most one row of multiply-adds. */
 LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REAL *a, long lda,
                                                const REAL *packed, long p0, long p1, REAL *c, long ldc,
                                                REAL beta) {
@@ -94,8 +139,10 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
                 SUFFIXED(panel_tile)(6, mr, k, ai, lda, panel, ci, ldc, nr, beta);
             else if (mr > 2)
                 SUFFIXED(panel_tile)(4, mr, k, ai, lda, panel, ci, ldc, nr, beta);
+            else if (mr == 2)
+                SUFFIXED(panel_tile_narrow)(2, k, ai, lda, panel, ci, ldc, nr, beta);
             else
-                SUFFIXED(panel_tile)(2, mr, k, ai, lda, panel, ci, ldc, nr, beta);
+                SUFFIXED(panel_tile_narrow)(1, k, ai, lda, panel, ci, ldc, nr, beta);
         }
     }
 }

@@ -44,10 +44,11 @@ def test_gemm(backend, dtype, m, n, k, trans_a, trans_b, beta):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("trans", [False, True])
-@pytest.mark.parametrize("rows", [1, 5, 7, 64])
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 64])
 @pytest.mark.parametrize("n", [17, 40])
 def test_packed_gemm(backend, dtype, trans, rows, n):
-    # n: whole and partial panels (16 floats or 8 doubles wide); rows: whole and partial tiles of 6
+    # n: whole and partial panels (16 floats or 8 doubles wide); rows: whole and partial tiles of 6,
+    # and the narrow tiles of 1 and 2 rows; k odd: the narrow tile's last single kk
     rng = rng_for("pack", trans, rows, n)
     k = 33
     b = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)

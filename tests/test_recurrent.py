@@ -256,6 +256,37 @@ def packed_and_plain_results(kind):
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("blas", ["openblas", "mkl"])
+def test_input_projection_packed_or_not(kind, blas, monkeypatch):
+    """The input projection runs on the packed W_ih up to PACKED_INPUT_ROWS rows and as a general
+    GEMM above: a 2-layer bidirectional layer over 40 rows gives the same states and gradients
+    either way, and a batch across the threshold the states of its sequences run alone."""
+    from lamina.layers import recurrent
+    lm.manual_seed(3)
+    net, layer, outs = network(kind, dict(num_layers=2, bidirectional=True), packed=True, in_size=16, hidden=32)
+    net.outputs(*outs)
+    net.to(CPUBackend(blas=blas))
+    seqs = batch([9, 30, 1], 16, seed=4, dtype=np.float32)
+    g = np.random.default_rng(5).standard_normal((40, 64)).astype(np.float32)
+    results = []
+    for limit in (0, 10 ** 9):
+        monkeypatch.setattr(recurrent, "PACKED_INPUT_ROWS", limit)
+        net.forward({"x": seqs}, grad_outputs=[outs[0].name])
+        net.backward(grad_outputs={outs[0].name: g})
+        results.append((net.scheduler.current.values[outs[0].name].copy(), [p.grad.copy() for p in net.parameters()]))
+        net.zero_grad()
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(recurrent, "PACKED_INPUT_ROWS", 256)
+    many = batch([50] * 4 + [37, 80], 16, seed=6, dtype=np.float32)  # 317 rows: a general GEMM
+    together = net.run({"x": many})[outs[0].name]
+    for i in range(len(many)):
+        alone = net.run({"x": lm.Sequences.from_list([many[i]])})[outs[0].name].values
+        np.testing.assert_allclose(alone, together[i], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
 def test_pack_follows_the_weights(kind, tmp_path):
     """Run, update, run: the packed path sees the new weights; so does a freshly loaded model."""
     net, layer, outs = network(kind, {}, packed=True, in_size=4, hidden=5)

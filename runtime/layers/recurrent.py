@@ -32,6 +32,12 @@ from ..scheduler import GradTarget
 from ..random import generator
 from .base import Layer, register, require_float, uniform
 
+# input projections of at most this many rows (a lone request's steps) use the packed W_ih, as
+# the recurrent products use W_hh: a general GEMM copies (packs) its whole right-hand operand at
+# every call, which for one row of a 256-wide LSTM cost 4x the product (measured: packed faster
+# up to 256 rows, slower from 512)
+PACKED_INPUT_ROWS = 256
+
 
 class _Recurrent(Layer):
     gates = 1
@@ -103,22 +109,24 @@ class _Recurrent(Layer):
             return be.packs_recurrent_weights
         return bool(self.packed)
 
-    def _recurrent_product(self, ctx, a, name, out, beta, transpose):
-        """out = a @ W_hhᵀ (transpose) or a @ W_hh, plus beta * out; packed when enabled."""
+    def _recurrent_product(self, ctx, a, name, out, beta, transpose, rows=None):
+        """out = a @ Wᵀ (transpose) or a @ W, plus beta * out, W the parameter `name` (W_hh, or
+        W_ih for few rows); packed when enabled, for products of up to `rows` rows (default: the
+        batch's sequences, a step's most)."""
         be, w = ctx.be, self.params[name]
         if self.uses_packed(be):
-            be.packed_gemm(a, self._pack(ctx, w, transpose), out, beta)
+            be.packed_gemm(a, self._pack(ctx, w, transpose, rows), out, beta)
         else:
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
 
-    def _pack(self, ctx, w, transpose):
+    def _pack(self, ctx, w, transpose, rows=None):
         """op(w) packed for the backend, rebuilt whenever w's values or the backend change
         (lamina.packing)."""
         key = (id(w), transpose)
         pack = self._packs.get(key)
         if pack is None or pack.param is not w:
             pack = self._packs[key] = PackedWeight(w, trans=transpose)
-        return pack.get(ctx.be, ctx.order.num_sequences)
+        return pack.get(ctx.be, rows or ctx.order.num_sequences)
 
     def recurrent_pack(self, ctx, sfx, transpose):
         """W_hh of one direction packed (transposed for the forward's h W_hhᵀ)."""
@@ -154,7 +162,10 @@ class _Recurrent(Layer):
         xs = self.workspace(ctx, "x", l, d, layer_in.shape[1])
         be.gather_rows(layer_in, index, xs)
         g = self.workspace(ctx, "g", l, d, self.gates * H)
-        be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
+        if xs.shape[0] <= PACKED_INPUT_ROWS:  # a general GEMM would copy all of W_ih for these few rows
+            self._recurrent_product(ctx, xs, "weight_ih" + sfx, g, 0.0, True, rows=xs.shape[0])
+        else:
+            be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
         bias = None
         if self.has_bias:
             bias = self.params["bias_ih" + sfx].buffer
