@@ -13,6 +13,7 @@ workspace array, grown to the largest batch seen and viewed at each batch's size
 value's buffer goes back to a pool after its last consumer and is reused by later values of the
 same shape, so peak memory is the widest cut of the graph rather than the sum of activations.
 """
+import math
 import threading
 import weakref
 from contextlib import contextmanager
@@ -361,7 +362,7 @@ class Bindings:
         if self._is_selected(vname):
             selection, rows = self.layouts[vname]
             return selection.unpack(a, rows)
-        return Sequences(a, self.starts.copy()) if self.network.values[vname].spec.sequence else a
+        return Sequences.unchecked(a, self.starts.copy()) if self.network.values[vname].spec.sequence else a
 
     def rows(self, vname):
         return self.steps if self.network.values[vname].spec.sequence else self.batch
@@ -377,8 +378,8 @@ class Bindings:
     def workspace(self, node_name, key, shape, dtype=None):
         full = (node_name, key)
         dtype = np.dtype(dtype or self.network.dtype)
-        shape = tuple(int(s) for s in shape)
-        size = int(np.prod(shape))
+        shape = tuple(map(int, shape))
+        size = math.prod(shape)
         a = self._workspaces.get(full)
         if a is None or a.dtype != dtype or a.size < size:
             a = self._workspaces[full] = self.backend.empty((size,), dtype)

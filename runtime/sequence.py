@@ -55,6 +55,14 @@ class Sequences:
         self.starts = _check_starts(starts, values.shape[0])
 
     @classmethod
+    def unchecked(cls, values, starts):
+        """Sequences over offsets already checked against these rows (a run's outputs have its
+        input's offsets): no second check."""
+        seqs = cls.__new__(cls)
+        seqs.values, seqs.starts = values, starts
+        return seqs
+
+    @classmethod
     def from_list(cls, arrays, dtype=None):
         """From a list of per-sequence arrays [length_i, *features]."""
         if not len(arrays):
