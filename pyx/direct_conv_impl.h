@@ -39,13 +39,22 @@ LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long D
                         if (i >= nco)
                             break;
                         REAL *yr = y + (((cb + i) * oD + od) * oH + oh) * oW + w0;
+                        if (n == NW) {  /* a whole tile: two vector stores (a memcpy of n values was a libc call) */
+                            if (accumulate) {
+                                VEC o0, o1;
+                                memcpy(&o0, yr, sizeof o0);
+                                memcpy(&o1, yr + LANES, sizeof o1);
+                                lo[i] += o0;
+                                hi[i] += o1;
+                            }
+                            memcpy(yr, &lo[i], sizeof lo[i]);
+                            memcpy(yr + LANES, &hi[i], sizeof hi[i]);
+                            continue;
+                        }
                         REAL t[2 * LANES];
                         memcpy(t, &lo[i], sizeof lo[i]);
                         memcpy(t + LANES, &hi[i], sizeof hi[i]);
-                        if (accumulate)
-                            for (long l = 0; l < n; l++) yr[l] += t[l];
-                        else
-                            memcpy(yr, t, sizeof(REAL) * n);
+                        for (long l = 0; l < n; l++) yr[l] = accumulate ? yr[l] + t[l] : t[l];
                     }
                 }
             }
