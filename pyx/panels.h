@@ -22,6 +22,11 @@
 #include "clones.h"
 
 #define PANEL_MR 6
+/* Rows of a are taken in blocks of about this many bytes, every panel passing over one block
+ * before the next: a block stays in the L2 cache while the panels stream through, where the
+ * whole of a (512 rows of 256 floats: 512 KB, the size of this machine's L2) was read again
+ * from L3 for every panel. */
+#define PANEL_ROW_BYTES (128 * 1024)
 
 #define LAMINA_IMPL "panels_impl.h"
 #include "instantiate.h"

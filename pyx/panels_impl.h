@@ -128,11 +128,15 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
                                                const REAL *packed, long p0, long p1, REAL *c, long ldc,
                                                REAL beta) {
     const long NR = 2 * LANES;
+    long block = PANEL_ROW_BYTES / (k * (long)sizeof(REAL)) / PANEL_MR * PANEL_MR;
+    block = block < PANEL_MR ? PANEL_MR : block;
+    for (long i0 = 0; i0 < m; i0 += block)
     for (long p = p0; p < p1; p++) {
         const REAL *panel = packed + p * k * NR;
         long col = p * NR, nr = n - col < NR ? n - col : NR;
-        for (long i = 0; i < m; i += PANEL_MR) {
-            long mr = m - i < PANEL_MR ? m - i : PANEL_MR;
+        long i1 = m - i0 < block ? m : i0 + block;
+        for (long i = i0; i < i1; i += PANEL_MR) {
+            long mr = i1 - i < PANEL_MR ? i1 - i : PANEL_MR;
             const REAL *ai = a + i * lda;
             REAL *ci = c + i * ldc + col;
             if (mr > 4)

@@ -62,15 +62,17 @@ def test_packed_gemm(backend, dtype, trans, rows, n):
 
 
 @pytest.mark.parametrize("provider", ["openblas", "mkl"])
-def test_packed_gemm_recurrent_shape(provider):
-    """The recurrent step's shape, big enough that the panels are split between threads."""
+@pytest.mark.parametrize("rows", [64, 200])
+def test_packed_gemm_recurrent_shape(provider, rows):
+    """The recurrent step's shape, big enough that the panels are split between threads; 200
+    rows of 512 floats are 3 blocks of 64 rows (panels.h's 128 KB) and a last block of 8."""
     be = CPUBackend(provider)
-    rng = rng_for("pack-big", provider)
+    rng = rng_for("pack-big", provider, rows)
     w = rng.standard_normal((2048, 512)).astype(np.float32)
-    a = rng.standard_normal((64, 512)).astype(np.float32)
-    c = rng.standard_normal((64, 2048)).astype(np.float32)
+    a = rng.standard_normal((rows, 512)).astype(np.float32)
+    c = rng.standard_normal((rows, 2048)).astype(np.float32)
     expect = a.astype(np.float64) @ w.T.astype(np.float64) + c
-    be.packed_gemm(a, be.pack(w, trans=True, max_rows=64), c, beta=1.0)
+    be.packed_gemm(a, be.pack(w, trans=True, max_rows=rows), c, beta=1.0)
     np.testing.assert_allclose(c, expect, rtol=1e-4, atol=1e-3)
 
 
