@@ -147,6 +147,21 @@ def batch_sizes(http, model):
     return tuple(float(m.group(1)) if m else 0.0 for m in found)
 
 
+def infer_concurrently(server, requests, outputs, threads):
+    """Each request to the language model from a pool of `threads` threads, a client each: the
+    answers, and the mean size of the batches they ran in (from /metrics)."""
+    count0, total0 = batch_sizes(server.http, "python_lm")
+
+    def ask(inputs):
+        with Client(server.url) as c:
+            return c.infer("python_lm", inputs, outputs=outputs)
+    with ThreadPoolExecutor(threads) as pool:
+        answers = list(pool.map(ask, requests))
+    count1, total1 = batch_sizes(server.http, "python_lm")
+    assert total1 - total0 == len(requests)
+    return answers, (total1 - total0) / (count1 - count0)
+
+
 def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
     """48 requests of 10..200 tokens from 16 threads: they share batches (packed, no padding),
     and each response holds that sequence's rows. A batch's GEMMs block by its row count, so
@@ -155,16 +170,8 @@ def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
     net = lm.load(LM)
     rng = np.random.default_rng(4)
     requests = [rng.integers(0, 4096, rng.integers(10, 201)).astype(np.int32) for _ in range(48)]
-    count0, total0 = batch_sizes(server.http, "python_lm")
-
-    def ask(ids):
-        with Client(server.url) as c:
-            return c.infer("python_lm", lm_request(ids), outputs=["logits", "last"])
-    with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(ask, requests))
-    count1, total1 = batch_sizes(server.http, "python_lm")
-    assert total1 - total0 == 48
-    assert (total1 - total0) / (count1 - count0) > 2  # requests shared batches
+    answers, mean_batch = infer_concurrently(server, [lm_request(ids) for ids in requests], ["logits", "last"], 16)
+    assert mean_batch > 2  # requests shared batches
     for ids, out in zip(requests, answers):
         want = lm_reference(net, ids)
         assert out["logits"].shape == (len(ids), 4096)
@@ -179,15 +186,8 @@ def test_concurrent_scoring_requests_get_their_own_likelihoods(server):
     net = lm.load(LM)
     rng = np.random.default_rng(5)
     texts = [rng.integers(0, 4096, rng.integers(11, 202)).astype(np.int32) for _ in range(24)]
-    count0, total0 = batch_sizes(server.http, "python_lm")
-
-    def score(tokens):
-        with Client(server.url) as c:
-            return c.infer("python_lm", {"ids": tokens[:-1], "next": tokens[1:]}, outputs=["nll"])
-    with ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(score, texts))
-    count1, total1 = batch_sizes(server.http, "python_lm")
-    assert total1 - total0 == 24 and (total1 - total0) / (count1 - count0) > 2
+    answers, mean_batch = infer_concurrently(server, [{"ids": t[:-1], "next": t[1:]} for t in texts], ["nll"], 12)
+    assert mean_batch > 2
     for tokens, out in zip(texts, answers):
         want = lm_reference(net, tokens[:-1], tokens[1:])
         logits = want["logits"].astype(np.float64)
