@@ -3,8 +3,6 @@ tests do; `make test` installs PoCL so every machine has a CPU device): kernel c
 against the numpy reference at sizes that are not tile multiples, layers against the CPU
 backend (outputs and every gradient), training from one start on both, moving a network and its
 optimizer state, a steady memory pool, and a clear error for layers without kernels."""
-import os
-
 import numpy as np
 import pytest
 
@@ -17,7 +15,7 @@ from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Line
 from conftest import OPENCL_DEVICES as FOUND
 
 if FOUND:
-    from lamina.backends.opencl import OpenCLBackend, devices
+    from lamina.backends.opencl import OpenCLBackend
 
 pytestmark = pytest.mark.skipif(not FOUND, reason="no pyopencl (pip install 'pyopencl[pocl]')")
 REF = ReferenceBackend()
