@@ -193,9 +193,9 @@ def test_gradients_fused_recurrence(kind, share, hidden, monkeypatch):
     assert set(calls) == {("forward", 2, share == "rows"), ("backward", 2, share == "rows")}
 
 
-def spy_fused(monkeypatch, by_rows):
-    """Force the fused recurrence onto every thread, sharing by rows or by units; returns
-    (forward|backward, threads, by_rows) per call."""
+def spy_fused(monkeypatch, by_rows=None):
+    """Force the fused recurrence onto every thread, sharing by rows or by units (by_rows None:
+    as the backend decides); returns (forward|backward, threads, by_rows) per call."""
     import lamina.backends.cpu.recurrence as recurrence
     calls, kernels = [], recurrence._kernels
 
@@ -212,11 +212,30 @@ def spy_fused(monkeypatch, by_rows):
         def recurrence_backward(*args):
             calls.append(("backward",) + args[-2:])
             return kernels.recurrence_backward(*args)
-    monkeypatch.setattr(recurrence, "FUSED_PARALLEL_MIN", 0)
-    monkeypatch.setattr(recurrence, "ROWS_PER_THREAD", 1)
-    monkeypatch.setattr(recurrence, "FUSED_SHARE", "rows" if by_rows else "units")
+    if by_rows is not None:
+        monkeypatch.setattr(recurrence, "FUSED_PARALLEL_MIN", 0)
+        monkeypatch.setattr(recurrence, "ROWS_PER_THREAD", 1)
+        monkeypatch.setattr(recurrence, "FUSED_SHARE", "rows" if by_rows else "units")
     monkeypatch.setattr(recurrence, "_kernels", Spy())
     return calls
+
+
+@pytest.mark.parametrize("hidden, parallel", [(32, False), (256, True)])
+def test_a_lone_short_sequence_splits_a_large_recurrent_weight(hidden, parallel, monkeypatch):
+    """One sequence of 3 steps is few multiply-adds, so one thread, unless W_hh is too large for
+    one core's cache (hidden 256: 1 MB): then the threads share its units."""
+    calls = spy_fused(monkeypatch)
+    net = lm.Network()
+    x = net.input("x", 8, sequence=True)
+    net.outputs(y=LSTM(8, hidden)(x)[0])
+    net.to(CPUBackend(blas="openblas"))
+    before = lm.get_num_threads()
+    lm.set_num_threads(2)
+    try:
+        net.run({"x": batch([3], 8, dtype=np.float32)})
+    finally:
+        lm.set_num_threads(before)
+    assert calls == [("forward", 2 if parallel else 1, False)]
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
