@@ -135,6 +135,13 @@ class BatchOrder:
 
     def __init__(self, starts):
         starts = np.asarray(starts, dtype=np.int64)
+        if len(starts) == 2:  # one sequence (a lone request): a row per step, in its own order
+            self._one(int(starts[1] - starts[0]))
+        else:
+            self._sorted(starts)
+
+    def _sorted(self, starts):
+        """Any batch: sequences sorted longest first, each step's rows in that order."""
         lengths = np.diff(starts)
         self.num_sequences = len(lengths)
         self.order = np.argsort(-lengths, kind="stable").astype(np.int32)  # sorted position -> sequence
@@ -153,6 +160,17 @@ class BatchOrder:
         self.reverse_index = (starts[seq] + lengths[seq] - 1 - t_of).astype(np.int32)
         # time-major row of each sorted sequence's final step
         self.last_rows = (self.step_starts[sorted_lengths - 1] + np.arange(self.num_sequences)).astype(np.int32)
+
+    def _one(self, steps):
+        """What _sorted gives for a single sequence of `steps` rows, without its ten array
+        operations (~60 µs of a lone request's run)."""
+        self.num_sequences, self.steps = 1, steps
+        self.order = np.zeros(1, np.int32)
+        self.batch_sizes = np.ones(steps, np.int64)
+        self.step_starts = np.arange(steps + 1, dtype=np.int64)
+        self.forward_index = np.arange(steps, dtype=np.int32)
+        self.reverse_index = self.forward_index[::-1].copy()
+        self.last_rows = np.array([steps - 1], np.int32)
 
     def index(self, reverse=False):
         return self.reverse_index if reverse else self.forward_index

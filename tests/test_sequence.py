@@ -67,6 +67,22 @@ def test_batch_order_sorts_longest_first_with_stable_ties():
     assert sorted(o.forward_index.tolist()) == list(range(13))
 
 
+@pytest.mark.parametrize("steps", [1, 2, 37])
+def test_batch_order_of_one_sequence_equals_the_sorted_form(steps):
+    """A lone sequence takes a shortcut; every field equals the general computation's, dtypes too."""
+    starts = np.array([0, steps], np.int32)
+    fast = BatchOrder(starts)
+    general = BatchOrder.__new__(BatchOrder)
+    general._sorted(np.asarray(starts, np.int64))
+    assert vars(fast).keys() == vars(general).keys()
+    for name, value in vars(general).items():
+        got = getattr(fast, name)
+        if isinstance(value, np.ndarray):
+            assert got.dtype == value.dtype and got.tolist() == value.tolist(), name
+        else:
+            assert got == value, name
+
+
 def test_gather_and_scatter_rows(backend):
     starts = np.array([0, 2, 6, 8, 9, 13], np.int32)
     o = BatchOrder(starts)
