@@ -304,7 +304,7 @@ class Bindings:
         sizes = {}
         for slot, (shape, dtype, sequence) in self._slot_key.items():
             rows = steps if sequence else batch
-            need = (rows or 0) * int(np.prod(shape, dtype=np.int64))
+            need = (rows or 0) * math.prod(shape)
             self._bases[slot] = self._grown(self._bases.get(slot), need, dtype, self.backend.empty)
             sizes[slot] = ((rows or 0),) + shape, need
         for (store, vname), slot in self._slot_of.items():
