@@ -99,7 +99,10 @@ def test_routes(server):
         {"name": "next", "datatype": "INT32", "shape": [-1], "parameters": {"sequence": True}}]
     assert [o["name"] for o in lm_meta["outputs"]] == ["logits", "nll", "last", "cell"]
     assert lm_meta["outputs"][0] == {"name": "logits", "datatype": "FP32", "shape": [-1, 4096],
-                                     "parameters": {"sequence": True}}
+                                     "parameters": {"sequence": True, "inputs": ["ids", "h0", "c0"]}}
+    assert lm_meta["outputs"][1]["parameters"]["inputs"] == ["ids", "h0", "c0", "next"]
+    assert lm_meta["outputs"][2] == {"name": "last", "datatype": "FP32", "shape": [-1, 1, 256],
+                                     "parameters": {"inputs": ["ids", "h0", "c0"]}}
     assert h.get("/v2/models/denoise3d").json()["inputs"] == [
         {"name": "noisy", "datatype": "FP32", "shape": [-1, 1, 24, 24, 24]}]
     assert h.get("/v2/models/clf/ready").status_code == 200

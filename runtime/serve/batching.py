@@ -50,11 +50,13 @@ class ServedModel:
         # choice of sampled columns, not something a client sends)
         feedable = {v for v in net.input_names if net.values[v].spec.kind != "selection"}
         costs = set(net.cost_outputs())
-        self.outputs = [o for o in net.output_values
-                        if o not in costs and set(net.scheduler.plan(False, (o,)).inputs) <= feedable]
+        reads = {o: [v for v in net.input_names if v in set(net.scheduler.plan(False, (o,)).inputs)]
+                 for o in net.output_values if o not in costs}
+        self.reads = {o: ins for o, ins in reads.items() if set(ins) <= feedable}  # output -> the inputs it needs
+        self.outputs = list(self.reads)
         if not self.outputs:
             raise ValueError(f"model '{name}': no output to serve (every output is a cost or needs a selection)")
-        needed = {v for o in self.outputs for v in net.scheduler.plan(False, (o,)).inputs}
+        needed = {v for o in self.outputs for v in self.reads[o]}
         self.inputs = [v for v in net.input_names if v in needed]
         self.sequence_model = any(net.values[v].spec.sequence for v in self.inputs)
         self.optional = initial_states(net, self.inputs)
@@ -86,7 +88,7 @@ class ServedModel:
     def default_outputs(self, names):
         """The outputs the given inputs compute."""
         have = set(names)
-        outs = [o for o in self.outputs if set(self.net.scheduler.plan(False, (o,)).inputs) <= have]
+        outs = [o for o in self.outputs if set(self.reads[o]) <= have]
         if not outs:
             raise ProtocolError(f"no output can be computed from inputs {sorted(names)}; the model's inputs are "
                                 f"{', '.join(repr(n) for n in self.inputs)}")
@@ -95,9 +97,7 @@ class ServedModel:
     def submit(self, arrays, outputs, binary=(), request_id=None):
         """Queue one request; returns its Pending, whose future gets (body, headers) of the
         response (protocol.encode_response) or the exception that refused it."""
-        needed = set()
-        for o in outputs:
-            needed |= set(self.net.scheduler.plan(False, (o,)).inputs)
+        needed = {v for o in outputs for v in self.reads[o]}
         given = [a for k, a in arrays.items() if not self.net.values[k].spec.sequence or self.sequence_model]
         rows = 1 if self.sequence_model else (given[0].shape[0] if given else 1)
         for name in self.optional:  # an initial state left out: zeros, as in PyTorch

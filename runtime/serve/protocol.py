@@ -40,7 +40,7 @@ def datatype(dtype):
 def model_metadata(name, model):
     """GET /v2/models/{name}: inputs and outputs with names, datatypes and shapes (-1: any size;
     a sequence input or output marked with parameters.sequence, an input a request may leave
-    out (zeros) with parameters.optional)."""
+    out (zeros) with parameters.optional, each output's inputs listed in parameters.inputs)."""
     def tensor(vname, kind_dtype, spec):
         entry = {"name": vname, "datatype": kind_dtype, "shape": [-1, *spec.shape]}
         if spec.sequence:
@@ -53,6 +53,8 @@ def model_metadata(name, model):
         if entry["name"] in model.optional:  # a recurrent layer's initial state: zeros when left out
             entry["parameters"] = {**entry.get("parameters", {}), "optional": True}
     outputs = [tensor(o, "FP32", net.values[net.output_values[o]].spec) for o in model.outputs]
+    for entry in outputs:  # which inputs a request for this output sends (the LM's nll needs next)
+        entry["parameters"] = {**entry.get("parameters", {}), "inputs": model.reads[entry["name"]]}
     return {"name": name, "versions": ["1"], "platform": "lamina", "inputs": inputs, "outputs": outputs,
             "parameters": {"max_batch_size": model.max_batch_size, "sequence_model": model.sequence_model}}
 
