@@ -130,23 +130,24 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
     const long NR = 2 * LANES;
     long block = PANEL_ROW_BYTES / (k * (long)sizeof(REAL)) / PANEL_MR * PANEL_MR;
     block = block < PANEL_MR ? PANEL_MR : block;
-    for (long i0 = 0; i0 < m; i0 += block)
-    for (long p = p0; p < p1; p++) {
-        const REAL *panel = packed + p * k * NR;
-        long col = p * NR, nr = n - col < NR ? n - col : NR;
+    for (long i0 = 0; i0 < m; i0 += block) {
         long i1 = m - i0 < block ? m : i0 + block;
-        for (long i = i0; i < i1; i += PANEL_MR) {
-            long mr = i1 - i < PANEL_MR ? i1 - i : PANEL_MR;
-            const REAL *ai = a + i * lda;
-            REAL *ci = c + i * ldc + col;
-            if (mr > 4)
-                SUFFIXED(panel_tile)(6, mr, k, ai, lda, panel, ci, ldc, nr, beta);
-            else if (mr > 2)
-                SUFFIXED(panel_tile)(4, mr, k, ai, lda, panel, ci, ldc, nr, beta);
-            else if (mr == 2)
-                SUFFIXED(panel_tile_narrow)(2, k, ai, lda, panel, ci, ldc, nr, beta);
-            else
-                SUFFIXED(panel_tile_narrow)(1, k, ai, lda, panel, ci, ldc, nr, beta);
+        for (long p = p0; p < p1; p++) {
+            const REAL *panel = packed + p * k * NR;
+            long col = p * NR, nr = n - col < NR ? n - col : NR;
+            for (long i = i0; i < i1; i += PANEL_MR) {
+                long mr = i1 - i < PANEL_MR ? i1 - i : PANEL_MR;
+                const REAL *ai = a + i * lda;
+                REAL *ci = c + i * ldc + col;
+                if (mr > 4)
+                    SUFFIXED(panel_tile)(6, mr, k, ai, lda, panel, ci, ldc, nr, beta);
+                else if (mr > 2)
+                    SUFFIXED(panel_tile)(4, mr, k, ai, lda, panel, ci, ldc, nr, beta);
+                else if (mr == 2)
+                    SUFFIXED(panel_tile_narrow)(2, k, ai, lda, panel, ci, ldc, nr, beta);
+                else
+                    SUFFIXED(panel_tile_narrow)(1, k, ai, lda, panel, ci, ldc, nr, beta);
+            }
         }
     }
 }

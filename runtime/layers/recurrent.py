@@ -109,7 +109,7 @@ class _Recurrent(Layer):
             return be.packs_recurrent_weights
         return bool(self.packed)
 
-    def _recurrent_product(self, ctx, a, name, out, beta, transpose, rows=None):
+    def _weight_product(self, ctx, a, name, out, beta, transpose, rows=None):
         """out = a @ Wᵀ (transpose) or a @ W, plus beta * out, W the parameter `name` (W_hh, or
         W_ih for few rows); packed when enabled, for products of up to `rows` rows (default: the
         batch's sequences, a step's most)."""
@@ -163,7 +163,7 @@ class _Recurrent(Layer):
         be.gather_rows(layer_in, index, xs)
         g = self.workspace(ctx, "g", l, d, self.gates * H)
         if xs.shape[0] <= PACKED_INPUT_ROWS:  # a general GEMM would copy all of W_ih for these few rows
-            self._recurrent_product(ctx, xs, "weight_ih" + sfx, g, 0.0, True, rows=xs.shape[0])
+            self._weight_product(ctx, xs, "weight_ih" + sfx, g, 0.0, True, rows=xs.shape[0])
         else:
             be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
         bias = None
@@ -249,7 +249,7 @@ class _Recurrent(Layer):
 
     def add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
         """dh_{t-1} += dG_t W_hh (the recurrent product's input gradient)."""
-        self._recurrent_product(ctx, dgh, "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
+        self._weight_product(ctx, dgh, "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
 
     def _recurrent_weight_grad(self, ctx, l, d, dgh, hprev, grad):
         """dW_hh = dGᵀ H_prev over the rows given (every step with a previous state)."""
@@ -312,7 +312,7 @@ class RNN(_Recurrent):
 
     def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
         if prev_h is not None:
-            self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
+            self._weight_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
         ctx.be.activation(self.nonlinearity, g, h)
 
     def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
@@ -331,7 +331,7 @@ class LSTM(_Recurrent):
 
     def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
         if prev_h is not None:
-            self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
+            self._weight_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
         ctx.be.lstm_step(g, prev_c, c, h)
 
     def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
@@ -382,7 +382,7 @@ class GRU(_Recurrent):
         be = ctx.be
         hh = self.workspace(ctx, "hh", l, d, 3 * self.hidden_size)[rows]
         if prev_h is not None:
-            self._recurrent_product(ctx, prev_h, "weight_hh" + sfx, hh, 0.0, transpose=True)
+            self._weight_product(ctx, prev_h, "weight_hh" + sfx, hh, 0.0, transpose=True)
         else:
             be.fill(hh, 0)
         if self.has_bias:

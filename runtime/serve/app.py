@@ -27,6 +27,9 @@ from .. import __version__
 from .protocol import ProtocolError, decode_inputs, model_metadata, parse_request, requested_outputs
 
 
+SECONDS_BUCKETS = (1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5)  # queue and compute times
+
+
 class Metrics:
     """The server's Prometheus metrics, in a registry of its own."""
 
@@ -40,11 +43,9 @@ class Metrics:
         self.batch_size = Histogram("lamina_batch_size", "Requests per batch run", ["model"], registry=self.registry,
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.queue_seconds = Histogram("lamina_queue_seconds", "Seconds a request waited for its batch to start",
-                                       ["model"], registry=self.registry,
-                                       buckets=(1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5))
+                                       ["model"], registry=self.registry, buckets=SECONDS_BUCKETS)
         self.compute_seconds = Histogram("lamina_compute_seconds", "Seconds each batch ran", ["model"],
-                                         registry=self.registry,
-                                         buckets=(1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5))
+                                         registry=self.registry, buckets=SECONDS_BUCKETS)
 
     def text(self):
         from prometheus_client import generate_latest
@@ -103,7 +104,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
             if state["stopping"]:
                 raise ProtocolError("the server is shutting down", 503)
             body = await read_body(request, max_body)
-            payload, tail = parse_request(body, request.headers, max_body)
+            payload, tail = parse_request(body, request.headers)
             arrays = decode_inputs(payload, tail, model)
             outputs, binary = requested_outputs(payload, model)
             outputs = outputs or model.default_outputs(arrays)

@@ -45,14 +45,15 @@ class ServedModel:
     def __init__(self, name, net, max_batch_size=32, max_delay=0.0, max_queue=1024, metrics=None):
         self.name, self.net = name, net
         self.max_batch_size, self.max_delay, self.max_queue = int(max_batch_size), float(max_delay), int(max_queue)
-        # selections are per batch (sampled softmax), not something a client sends
-        # served: the predictions (costs need labels) that need no selection (a per-batch
+        # served: the outputs that are not training costs and need no selection (a per-batch
         # choice of sampled columns, not something a client sends)
         feedable = {v for v in net.input_names if net.values[v].spec.kind != "selection"}
         costs = set(net.cost_outputs())
-        reads = {o: [v for v in net.input_names if v in set(net.scheduler.plan(False, (o,)).inputs)]
-                 for o in net.output_values if o not in costs}
-        self.reads = {o: ins for o, ins in reads.items() if set(ins) <= feedable}  # output -> the inputs it needs
+        self.reads = {}  # output -> the inputs it needs, in the network's order
+        for o in net.output_values:
+            needs = set(net.scheduler.plan(False, (o,)).inputs)
+            if o not in costs and needs <= feedable:
+                self.reads[o] = [v for v in net.input_names if v in needs]
         self.outputs = list(self.reads)
         if not self.outputs:
             raise ValueError(f"model '{name}': no output to serve (every output is a cost or needs a selection)")
@@ -98,18 +99,17 @@ class ServedModel:
         """Queue one request; returns its Pending, whose future gets (body, headers) of the
         response (protocol.encode_response) or the exception that refused it."""
         needed = {v for o in outputs for v in self.reads[o]}
-        given = [a for k, a in arrays.items() if not self.net.values[k].spec.sequence or self.sequence_model]
-        rows = 1 if self.sequence_model else (given[0].shape[0] if given else 1)
+        arrays = {k: v for k, v in arrays.items() if k in needed}
+        # a request to a sequence model is one sequence, one row of every other input
+        rows = 1 if self.sequence_model or not arrays else next(iter(arrays.values())).shape[0]
         for name in self.optional:  # an initial state left out: zeros, as in PyTorch
             if name in needed and name not in arrays:
-                arrays = {**arrays, name: np.zeros((rows, *self.net.values[name].spec.shape), np.float32)}
+                arrays[name] = np.zeros((rows, *self.net.values[name].spec.shape), np.float32)
         missing = [v for v in self.inputs if v in needed and v not in arrays]
         if missing:
             raise ProtocolError(f"missing input '{missing[0]}' (needed for output(s) {', '.join(outputs)})")
         if len(self._waiting) >= self.max_queue:
             raise ProtocolError(f"model '{self.name}' has {self.queued} requests queued, its limit", 503)
-        arrays = {k: v for k, v in arrays.items() if k in needed}
-        rows = 1 if self.sequence_model else next(iter(arrays.values())).shape[0]
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
         if len(set(counts.values())) > 1:
             raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")

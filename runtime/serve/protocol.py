@@ -59,11 +59,9 @@ def model_metadata(name, model):
             "parameters": {"max_batch_size": model.max_batch_size, "sequence_model": model.sequence_model}}
 
 
-def parse_request(body, headers, limit):
-    """(request JSON, the binary tail) of an /infer body; ProtocolError for a malformed one."""
-    if len(body) > limit:
-        raise ProtocolError(f"the request body holds {len(body)} bytes, more than this server's limit of {limit}",
-                            413)
+def parse_request(body, headers):
+    """(request JSON, the binary tail) of an /infer body (its size already bounded where it was
+    read: app.read_body); ProtocolError for a malformed one."""
     size = headers.get(HEADER_LENGTH)
     if size is not None:
         try:
