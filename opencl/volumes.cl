@@ -86,10 +86,11 @@ __kernel void channel_bias_grad(ARG(const REAL, dy), ARG(REAL, db), const REAL b
                const int pd, const int ph, const int pw
 
 /* one work-item per output element; argmax keeps the winner's flat position in its plane */
-__kernel void max_pool(ARG(const REAL, x), ARG(REAL, out), ARG(int, argmax), const int P, const int D,
-                       const int H, const int W, const int oD, const int oH, const int oW, WINDOW)
+/* argmax is written where keep_argmax is set (training); inference passes a null buffer */
+__kernel void max_pool(ARG(const REAL, x), ARG(REAL, out), ARG(int, argmax), const int keep_argmax, const int P,
+                       const int D, const int H, const int W, const int oD, const int oH, const int oW, WINDOW)
 {
-    AT(const REAL, x); AT(REAL, out); AT(int, argmax);
+    AT(const REAL, x); AT(REAL, out);
     const int i = get_global_id(0);
     if (i >= P * oD * oH * oW) return;
     const int ow = i % oW, oh = (i / oW) % oH, od = (i / (oW * oH)) % oD, q = i / (oW * oH * oD);
@@ -111,7 +112,10 @@ __kernel void max_pool(ARG(const REAL, x), ARG(REAL, out), ARG(int, argmax), con
         }
     }
     out[i] = best;
-    argmax[i] = best_at;
+    if (keep_argmax) {
+        AT(int, argmax);
+        argmax[i] = best_at;
+    }
 }
 
 /* the windows [o_lo, o_hi) along one axis whose taps cover input position i */

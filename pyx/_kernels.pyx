@@ -1008,9 +1008,11 @@ cdef extern from "direct_conv.h" nogil:
     void direct_conv_dw_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* dyp, long cout,
                           long oD, long oH, long oWp, const long* geo, double* partials, double* dw)
     void direct_conv_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
-                       const long* geo, float* y, long oD, long oH, long oW, int accumulate)
+                       const long* geo, float* y, long oD, long oH, long oW, const float* bias, int relu,
+                       int accumulate)
     void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
-                       const long* geo, double* y, long oD, long oH, long oW, int accumulate)
+                       const long* geo, double* y, long oD, long oH, long oW, const double* bias, int relu,
+                       int accumulate)
 
 
 cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_t pd, Py_ssize_t ph,
@@ -1088,43 +1090,60 @@ def padded_copy(real[:, :, :, ::1] x, real[:, :, :, ::1] xp, int pd, int ph, int
 
 
 cdef void _direct_run(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1] y, int groups, long* geo,
-                      Py_ssize_t d0, Py_ssize_t h0, Py_ssize_t w0, bint accumulate) noexcept nogil:
-    """direct_conv.h over every group (the caller checked the sizes: _check_direct)."""
+                      Py_ssize_t d0, Py_ssize_t h0, Py_ssize_t w0, real* bias, bint relu,
+                      bint accumulate) noexcept nogil:
+    """direct_conv.h over every group (the caller checked the sizes: _check_direct; bias, NULL or
+    one per output channel: _check_epilogue)."""
     cdef Py_ssize_t C = xp.shape[0], cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g
     cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * geo[0] * geo[1] * geo[2] * CO_BLOCK
     for g in range(groups):
         if real is float:
             direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
                           &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                          y.shape[3], accumulate)
+                          y.shape[3], bias + g * out_g if bias != NULL else NULL, relu, accumulate)
         else:
             direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
                           &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                          y.shape[3], accumulate)
+                          y.shape[3], bias + g * out_g if bias != NULL else NULL, relu, accumulate)
+
+
+cdef real* _epilogue_bias(str where, real[::1] bias, bint relu, Py_ssize_t cout, bint accumulate) except? NULL:
+    """The bias a forward kernel adds as it stores its output: NULL for none, else checked to hold
+    one value per output channel. A bias or a ReLU is refused with accumulate (which adds the
+    sums to y as it is)."""
+    if accumulate and (bias is not None or relu):
+        raise ValueError(f"{where}: a bias or a ReLU applies when the output is overwritten, not with accumulate")
+    if bias is None:
+        return NULL
+    if bias.shape[0] != cout:
+        raise ValueError(f"{where}: bias must hold one value per output channel ({cout}), found {bias.shape[0]}")
+    return &bias[0]
 
 
 def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1] y, int groups,
                        int kd, int kh, int kw, int sd, int sh, int dd, int dh, int dw, int d0=0, int h0=0, int w0=0,
-                       bint accumulate=False):
+                       bint accumulate=False, real[::1] bias=None, bint relu=False):
     """y [Cout, oD, oH, oW] = the unit-width-stride convolution of an already padded volume xp
     [C, Dp, Hp, Wp] (padded_copy) by direct_conv.h, its windows starting at (d0, h0, w0): output
     (od, oh, ow) reads xp[:, d0 + od·sd + a·dd, h0 + oh·sh + b·dh, w0 + ow + e·dw]. packed: the
-    weights as direct_conv.h reads them, per group. Overwrites y, or adds to it (accumulate)."""
+    weights as direct_conv.h reads them, per group. Overwrites y with the sums plus bias (None:
+    none), through a ReLU where relu is set; or adds the sums to y (accumulate)."""
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     _check_direct("direct_conv_padded", xp.shape[0], _dims(xp), packed.shape[0], _dims(y), groups, geo,
                   (d0, h0, w0), 16 if real is float else 8)
+    cdef real* b = _epilogue_bias("direct_conv_padded", bias, relu, y.shape[0], accumulate)
     with nogil:
-        _direct_run(xp, packed, y, groups, geo, d0, h0, w0, accumulate)
+        _direct_run(xp, packed, y, groups, geo, d0, h0, w0, b, relu, accumulate)
 
 
 def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[:, :, :, ::1] xp,
                 int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw,
-                bint accumulate=False):
+                bint accumulate=False, real[::1] bias=None, bint relu=False):
     """y[n] = (or +=, accumulate) the convolution of each sample x[n] [C, D, H, W] with unit
     stride along the width: x[n] padded into xp (padded_copy; xp's width leaves a vector's worth
-    past each row), then direct_conv_padded. y [N, Cout, oD, oH, oW]; one call for the samples,
-    checked once."""
+    past each row), then direct_conv_padded (bias and relu as there). y [N, Cout, oD, oH, oW];
+    one call for the samples, checked once."""
     cdef Py_ssize_t n, N = x.shape[0]
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
@@ -1135,19 +1154,20 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
     _check_padded("direct_conv", _dims(x[0]), _dims(xp), pd, ph, pw, 1)
     _check_direct("direct_conv", xp.shape[0], _dims(xp), packed.shape[0], _dims(y[0]), groups, geo, (0, 0, 0),
                   16 if real is float else 8)
+    cdef real* b = _epilogue_bias("direct_conv", bias, relu, y.shape[1], accumulate)
     with nogil:
         for n in range(N):
             _padded_copy(x[n], xp, pd, ph, pw)
-            _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, accumulate)
+            _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, b, relu, accumulate)
 
 
 cdef extern from "winograd.h" nogil:
     void wino_conv_f(const float* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                      const float* packed, long COp, long cout, long T, float* V, float* M, float* y,
-                     long oD, long oH, long oW, int accumulate)
+                     long oD, long oH, long oW, const float* bias, int relu, int accumulate)
     void wino_conv_d(const double* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                      const double* packed, long COp, long cout, long T, double* V, double* M, double* y,
-                     long oD, long oH, long oW, int accumulate)
+                     long oD, long oH, long oW, const double* bias, int relu, int accumulate)
 
 
 def winograd_lanes(bint is_float):
@@ -1178,12 +1198,14 @@ cdef tuple _winograd_grid(long D, long H, long W, long pd, long ph, long pw, bin
 
 
 def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[::1] xcl, real[::1] V,
-                  real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False):
+                  real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False,
+                  real[::1] bias=None, bint relu=False):
     """y[n] [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of each sample x[n]
     [C, D, H, W] with a kernel of 3 along height and width (and depth when depth3; else 1 and
-    pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h). packed: the transformed,
-    panel-packed weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked once
-    for the samples."""
+    pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h); when overwriting, plus bias
+    (None: none) and through a ReLU where relu is set. packed: the transformed, panel-packed
+    weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked once for the
+    samples."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], D = x.shape[2], H = x.shape[3], W = x.shape[4]
     cdef Py_ssize_t cout = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef long lanes = 8 if real is float else 4
@@ -1201,6 +1223,7 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     if any(f < k for f, k in zip(found, need)):
         raise ValueError(f"winograd_conv: xcl, V, M and packed must hold at least {need} values, found {found}")
     TD, TH, TW, Dp, Hp, Wp = _winograd_grid(D, H, W, pd, ph, pw, depth3)
+    cdef real* b = _epilogue_bias("winograd_conv", bias, relu, cout, accumulate)
     with nogil:
         for n in range(N):
             memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
@@ -1211,10 +1234,10 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
                             xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[n, c, d, h, w]
             if real is float:
                 wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                            &y[n, 0, 0, 0, 0], oD, oH, oW, accumulate)
+                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate)
             else:
                 wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                            &y[n, 0, 0, 0, 0], oD, oH, oW, accumulate)
+                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate)
 
 
 def direct_conv_dw_max_width():
@@ -1310,11 +1333,12 @@ cdef extern from "pools.h" nogil:
 def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
              int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw):
     """out = the maximum over each window (padding never wins); argmax keeps its flat position
-    in the plane for backward."""
+    in the plane for backward (None: not kept, for inference)."""
     cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
     cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, o
     cdef real best
+    cdef bint keep = argmax is not None
     # without padding before, and with the last window ending inside (no padding after, no
     # ceil mode), every window lies inside the volume: plain pointer arithmetic, no bounds
     cdef bint inside = (pd == 0 and ph == 0 and pw == 0 and (oD - 1) * sd + kd <= D and (oH - 1) * sh + kh <= H
@@ -1324,9 +1348,11 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
     if inside:  # pools.h, tap by tap over output rows
         for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
             if real is float:
-                max_pool_inside_f(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0], oD, oH, oW, geo)
+                max_pool_inside_f(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
+                                  oD, oH, oW, geo)
             else:
-                max_pool_inside_d(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0], oD, oH, oW, geo)
+                max_pool_inside_d(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
+                                  oD, oH, oW, geo)
         return
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
         for od in range(oD):
@@ -1351,7 +1377,8 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
                                     best = x[q, i_d, i_h, i_w]
                                     best_at = (i_d * H + i_h) * W + i_w
                     out[q, od, oh, ow] = best
-                    argmax[q, o] = <int>best_at
+                    if keep:
+                        argmax[q, o] = <int>best_at
 
 
 def max_pool_backward(real[:, :, :, ::1] dy, int[:, ::1] argmax, real[:, ::1] dx, double beta):

@@ -13,6 +13,7 @@
 
 #include <string.h>
 #include "clones.h"
+#include "epilogue.h"
 
 #define LAMINA_CO_BLOCK 4
 #define LAMINA_DW_MAX_KW 3

@@ -1,9 +1,11 @@
 /* The direct convolution for the REAL type direct_conv.h sets. One group: xp [cin, Dp, Hp, Wp]
- * (padded), wp [ceil(cout / CB)][cin][kd][kh][kw][CB] (zero past cout), y [cout, oD, oH, oW]
- * (overwritten, or added to when accumulate is set). geo: kd, kh, kw, sd, sh, dd, dh, dw. */
+ * (padded), wp [ceil(cout / CB)][cin][kd][kh][kw][CB] (zero past cout), y [cout, oD, oH, oW]:
+ * overwritten by the sum plus bias[co] (unless bias is NULL), through a ReLU where relu is set
+ * (epilogue.h); or, when accumulate is set, added to (no bias, no ReLU). geo: kd, kh, kw, sd,
+ * sh, dd, dh, dw. */
 LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long Dp, long Hp, long Wp, const REAL *wp,
                                                 long cout, const long *geo, REAL *y, long oD, long oH, long oW,
-                                                int accumulate) {
+                                                const REAL *bias, int relu, int accumulate) {
     const long NW = 2 * LANES, CB = LAMINA_CO_BLOCK;
     const long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], dd = geo[5], dh = geo[6], dw = geo[7];
     const long per_block = cin * kd * kh * kw * CB;
@@ -12,7 +14,11 @@ LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long D
             for (long cb = 0; cb < cout; cb += CB) {
                 const REAL *wblk = wp + (cb / CB) * per_block;
                 long nco = cout - cb < CB ? cout - cb : CB;
-                for (long w0 = 0; w0 < oW; w0 += NW) {
+                for (long w_tile = 0; w_tile < oW; w_tile += NW) {
+                    /* A row's last tile, when partial, moves back to end where the row ends (if the
+                     * row holds a whole tile and y is overwritten): whole-vector stores, the
+                     * overlapped outputs written again with the same values. */
+                    const long w0 = w_tile + NW > oW && oW >= NW && !accumulate ? oW - NW : w_tile;
                     VEC lo[LAMINA_CO_BLOCK], hi[LAMINA_CO_BLOCK];
                     for (long i = 0; i < CB; i++) {
                         lo[i] = (VEC){0};
@@ -35,10 +41,20 @@ LAMINA_CLONES static void SUFFIXED(direct_conv)(const REAL *xp, long cin, long D
                                 }
                             }
                     long n = oW - w0 < NW ? oW - w0 : NW;
-                    for (long i = 0; i < CB; i++) {
+#pragma GCC unroll 4
+                    for (long i = 0; i < CB; i++) {  /* (unrolled: lo and hi stay in registers) */
                         if (i >= nco)
-                            break;
+                            continue;
                         REAL *yr = y + (((cb + i) * oD + od) * oH + oh) * oW + w0;
+                        if (!accumulate && bias) {
+                            VEC b = (VEC){0} + bias[cb + i];
+                            lo[i] += b;
+                            hi[i] += b;
+                        }
+                        if (!accumulate && relu) {
+                            lo[i] = SUFFIXED(relu)(lo[i]);
+                            hi[i] = SUFFIXED(relu)(hi[i]);
+                        }
                         if (n == NW) {  /* a whole tile: two vector stores (a memcpy of n values was a libc call) */
                             if (accumulate) {
                                 VEC o0, o1;

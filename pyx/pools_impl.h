@@ -39,20 +39,59 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2)(const R
         memcpy(o + ow, &best, sizeof best);
         for (long l = 0; l < LANES; l++) am[ow + l] = (int)best_at[l];
     }
-    for (; ow < oW; ow++) {
+    for (; ow < oW; ow++) {  /* selects, not branches: the winner is data, and mispredicted */
         long i = 2 * ow, at = i;
         REAL best = r0[i];
-        if (r0[i + 1] > best) { best = r0[i + 1]; at = i + 1; }
-        if (r1[i] > best) { best = r1[i]; at = i + W; }
-        if (r1[i + 1] > best) { best = r1[i + 1]; at = i + W + 1; }
+        at = r0[i + 1] > best ? i + 1 : at;
+        best = r0[i + 1] > best ? r0[i + 1] : best;
+        at = r1[i] > best ? i + W : at;
+        best = r1[i] > best ? r1[i] : best;
+        at = r1[i + 1] > best ? i + W + 1 : at;
+        best = r1[i + 1] > best ? r1[i + 1] : best;
         o[ow] = best;
         am[ow] = (int)(p0 + at);
     }
 }
 
+/* The larger of each lane of a and b, a where they tie or b is NaN (as "only a greater value
+ * replaces"). */
+static inline __attribute__((always_inline)) VEC SUFFIXED(pool_max)(VEC a, VEC b) {
+    IVEC greater = (IVEC)(b > a);
+    return (VEC)(((IVEC)b & greater) | ((IVEC)a & ~greater));
+}
+
+/* pool_row_2x2 without positions (inference: no backward reads them): maxima only, in the same
+ * order of comparisons, so the values equal pool_row_2x2's. */
+static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2_max)(const REAL *r0, long W, REAL *o,
+                                                                             long oW) {
+    const REAL *r1 = r0 + W;
+    long ow = 0;
+    for (; ow + LANES <= oW; ow += LANES) {
+        VEC a0, a1, b0, b1;
+        memcpy(&a0, r0 + 2 * ow, sizeof a0);
+        memcpy(&a1, r0 + 2 * ow + LANES, sizeof a1);
+        memcpy(&b0, r1 + 2 * ow, sizeof b0);
+        memcpy(&b1, r1 + 2 * ow + LANES, sizeof b1);
+        VEC best = SUFFIXED(pool_max)(__builtin_shuffle(a0, a1, (IVEC)POOL_EVENS),
+                                      __builtin_shuffle(a0, a1, (IVEC)POOL_ODDS));
+        best = SUFFIXED(pool_max)(best, __builtin_shuffle(b0, b1, (IVEC)POOL_EVENS));
+        best = SUFFIXED(pool_max)(best, __builtin_shuffle(b0, b1, (IVEC)POOL_ODDS));
+        memcpy(o + ow, &best, sizeof best);
+    }
+    for (; ow < oW; ow++) {
+        long i = 2 * ow;
+        REAL best = r0[i];
+        best = r0[i + 1] > best ? r0[i + 1] : best;
+        best = r1[i] > best ? r1[i] : best;
+        best = r1[i + 1] > best ? r1[i + 1] : best;
+        o[ow] = best;
+    }
+}
+
 /* out [oD][oH][oW] = the maximum of each window of x [D][H][W], argmax its flat position in x
- * (the first of equal maxima, as the generic loop: only a greater value replaces). geo: kd, kh,
- * kw, sd, sh, sw; the caller has checked that every window lies inside x. */
+ * (the first of equal maxima, as the generic loop: only a greater value replaces), or no
+ * positions where argmax is NULL. geo: kd, kh, kw, sd, sh, sw; the caller has checked that every
+ * window lies inside x. */
 LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long H, long W, REAL *restrict out,
                                                     int *restrict argmax, long oD, long oH, long oW,
                                                     const long *geo) {
@@ -61,22 +100,28 @@ LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long
     for (long od = 0; od < oD; od++)
         for (long oh = 0; oh < oH; oh++) {
             REAL *restrict o = out + (od * oH + oh) * oW;
-            int *restrict am = argmax + (od * oH + oh) * oW;
+            int *restrict am = argmax ? argmax + (od * oH + oh) * oW : NULL;
             const long base = (od * sd * H + oh * sh) * W;
             if (two_by_two) {
-                SUFFIXED(pool_row_2x2)(x + base, base, W, o, am, oW);
+                if (am)
+                    SUFFIXED(pool_row_2x2)(x + base, base, W, o, am, oW);
+                else
+                    SUFFIXED(pool_row_2x2_max)(x + base, W, o, oW);
                 continue;
             }
-            for (long ow = 0; ow < oW; ow++) {
-                o[ow] = x[base + ow * sw];
-                am[ow] = (int)(base + ow * sw);
-            }
+            for (long ow = 0; ow < oW; ow++) o[ow] = x[base + ow * sw];
+            if (am)
+                for (long ow = 0; ow < oW; ow++) am[ow] = (int)(base + ow * sw);
             for (long a = 0; a < kd; a++)
                 for (long b = 0; b < kh; b++)
                     for (long e = 0; e < kw; e++) {
                         if (a == 0 && b == 0 && e == 0) continue;
                         const long tap = base + (a * H + b) * W + e;
                         const REAL *restrict row = x + tap;
+                        if (!am) {
+                            for (long ow = 0; ow < oW; ow++) o[ow] = row[ow * sw] > o[ow] ? row[ow * sw] : o[ow];
+                            continue;
+                        }
                         for (long ow = 0; ow < oW; ow++) {
                             REAL v = row[ow * sw];
                             int greater = v > o[ow];

@@ -22,6 +22,7 @@
 
 #include <string.h>
 #include "clones.h"
+#include "epilogue.h"
 #include "panels.h"
 
 #define LAMINA_IMPL "winograd_impl.h"

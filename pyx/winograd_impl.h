@@ -53,12 +53,17 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
     v[s] = m1 - m2 - m3;
 }
 
-/* y[co, od, oh, ow] (+)= the outputs of tiles [t0, t1) from M[tl][ξ][co]; y [cout][oD][oH][oW]. */
+/* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co], plus bias[co] (unless bias
+ * is NULL), through a ReLU where relu is set (epilogue.h); or, when accumulate is set, added to y
+ * (no bias, no ReLU). y [cout][oD][oH][oW]. */
 LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
                                                 long t0, long t1, REAL *y, long oD, long oH, long oW,
-                                                int accumulate) {
+                                                const REAL *bias, int relu, int accumulate) {
     const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1;
     VEC buf[64];
+    VEC biases[COp / LANES];  /* the bias by vectors of channels, zero past cout */
+    if (bias && !accumulate)
+        for (long co = 0; co < COp; co++) biases[co / LANES][co % LANES] = co < cout ? bias[co] : 0;
     for (long t = t0; t < t1; t++) {
         long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
         long od0 = depth3 ? 2 * td : td, oh0 = 2 * th, ow0 = 2 * tw;
@@ -80,9 +85,18 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
                 for (long b = 0; b < 2; b++) {
                     long od = od0 + a, oh = oh0 + b;
                     if (od >= oD || oh >= oH) continue;
+                    VEC w0 = buf[(a * 4 + b) * 4], w1 = buf[(a * 4 + b) * 4 + 1];
+                    if (bias && !accumulate) {
+                        w0 += biases[co0 / LANES];
+                        w1 += biases[co0 / LANES];
+                    }
+                    if (relu && !accumulate) {
+                        w0 = SUFFIXED(relu)(w0);
+                        w1 = SUFFIXED(relu)(w1);
+                    }
                     REAL v0[LANES], v1[LANES];  /* widths ow0 and ow0 + 1 of each lane's channel */
-                    memcpy(v0, &buf[(a * 4 + b) * 4], sizeof v0);
-                    memcpy(v1, &buf[(a * 4 + b) * 4 + 1], sizeof v1);
+                    memcpy(v0, &w0, sizeof v0);
+                    memcpy(v1, &w1, sizeof v1);
                     REAL *yp = y + ((co0 * oD + od) * oH + oh) * oW + ow0;
                     if (ow0 + 1 < oW) {
                         if (accumulate)
@@ -107,7 +121,7 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
  * each block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows). */
 static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                                 const REAL *packed, long COp, long cout, long T, REAL *V, REAL *M, REAL *y,
-                                long oD, long oH, long oW, int accumulate) {
+                                long oD, long oH, long oW, const REAL *bias, int relu, int accumulate) {
     const long XI = depth3 ? 64 : 16, tiles = TD * TH * TW;
     const long panels = SUFFIXED(panel_count)(COp), per_xi = panels * Cp * 2 * LANES;
     for (long t0 = 0; t0 < tiles; t0 += T) {
@@ -116,6 +130,6 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
         for (long xi = 0; xi < XI; xi++)
             SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * Cp, XI * Cp, packed + xi * per_xi, 0, panels,
                                  M + xi * COp, XI * COp, 0);
-        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, accumulate);
+        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate);
     }
 }

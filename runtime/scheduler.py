@@ -12,6 +12,10 @@ Allocated once per plan and caller, sized by capacity (Bindings): every value, g
 workspace array, grown to the largest batch seen and viewed at each batch's size. In inference a
 value's buffer goes back to a pool after its last consumer and is reused by later values of the
 same shape, so peak memory is the widest cut of the graph rather than the sum of activations.
+In inference, too, an element-wise activation whose input nothing else reads runs inside the
+layer that writes that input, when the layer can apply it as it stores its output (a
+convolution's kernels add the bias and apply a ReLU in the same pass): the activation's output
+is the producer's buffer, and the activation node does not run.
 """
 import math
 import threading
@@ -51,12 +55,15 @@ class GradTarget:
 class Context:
     """What a layer's forward and backward see for one node: arrays, gradients, workspaces."""
 
-    __slots__ = ("node", "layer", "be", "bindings", "training", "_in", "_out", "_in_grads")
+    __slots__ = ("node", "layer", "be", "bindings", "training", "activation", "_in", "_out", "_in_grads")
 
     def __init__(self, node, bindings, in_grads):
         self.node, self.layer, self.bindings = node, node.layer, bindings
         self.be = bindings.backend
         self.training = bindings.plan.training
+        # (kind, slope) of an activation this node's forward applies to its output (fused from
+        # the Activation node that follows it), or None
+        self.activation = bindings.plan.fused.get(node.name)
         self._in = [v.name for v in node.inputs]
         self._out = node.outputs
         self._in_grads = in_grads  # per slot: beta (0.0 or 1.0), or None for no gradient
@@ -178,13 +185,38 @@ class Plan:
         self.seeds = self.given or self.costs
         self.given_written = set()  # given gradients that layers add to (the rest are only read)
         self.backward_nodes, self.in_betas, self.grad_values, self.fires = [], {}, [], {}
+        # inference: producer node -> the activation it applies; activation output -> its input
+        self.fused, self.aliases = {}, {}
         if training:
             self._plan_gradients(net)
+        else:
+            self._fuse_activations(scheduler, wanted)
         # inference: position of each value's last use, for buffer reuse
         self.last_use = {}
         for i, n in enumerate(self.nodes):
             for v in n.inputs:
                 self.last_use[v.name] = i
+
+    def _fuse_activations(self, scheduler, wanted):
+        """An activation node (Layer.as_activation) whose input only it reads, and that the
+        input's producer can apply to its own output (Layer.fuses_activation), runs inside the
+        producer: its output becomes an alias of its input."""
+        readers = {}
+        for n in self.nodes:
+            for v in {v.name for v in n.inputs}:
+                readers[v] = readers.get(v, 0) + 1
+        net = scheduler.network
+        for n in self.nodes:
+            activation = n.layer.as_activation()
+            if activation is None:
+                continue
+            v = n.inputs[0].name
+            p = scheduler.producer.get(v)
+            if (p is None or readers[v] != 1 or v in wanted or len(p.outputs) != 1 or p.name in self.fused
+                    or net.values[v].spec.selected or not p.layer.fuses_activation(activation[0])):
+                continue
+            self.fused[p.name] = activation
+            self.aliases[n.output] = v
 
     def _plan_gradients(self, net):
         requires = {v: net.values[v].requires_grad and net.values[v].spec.kind == "float"
@@ -261,7 +293,8 @@ class Bindings:
         else:
             self._share_slots(plan)
         me = weakref.proxy(self)
-        self.contexts = [(n, Context(n, me, plan.in_betas.get(n.name))) for n in plan.nodes]
+        self.contexts = [(n, Context(n, me, plan.in_betas.get(n.name))) for n in plan.nodes
+                         if n.output not in plan.aliases]
         # backward runs in reverse topological order; after a node, the updates it completes
         self.backward_contexts = [(c, plan.fires.get(n.name, ())) for n, c in reversed(self.contexts)
                                   if n.name in plan.in_betas]
@@ -281,9 +314,13 @@ class Bindings:
         of the same per-row shape reuse it (same per-row shape means same size at every batch)."""
         free = {}  # row key -> free slots
         keep = {self.network.output_values[o] for o in plan.outputs}
+        aliased = set(plan.aliases.values())  # live on in their alias's name
         for i, n in enumerate(plan.nodes):
             for out in n.outputs:
                 if self._is_selected(out):
+                    continue
+                if out in plan.aliases:
+                    self._slot_of[("value", out)] = self._slot_of[("value", plan.aliases[out])]
                     continue
                 key = self._row_key(out)
                 if free.get(key):
@@ -292,7 +329,7 @@ class Bindings:
                     self._own_slot("value", out)
             for v in {v.name for v in n.inputs}:
                 if (plan.last_use.get(v) == i and ("value", v) in self._slot_of and v not in keep
-                        and not self._is_selected(v)):
+                        and v not in aliased and not self._is_selected(v)):
                     free.setdefault(self._row_key(v), []).append(self._slot_of[("value", v)])
 
     def resize(self, batch, steps):

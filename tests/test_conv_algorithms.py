@@ -31,7 +31,14 @@ NO_OVERLAP = [
     (ConvTranspose3d, 2, 4, (2, 3, 4), dict(kernel_size=(1, 2, 3), stride=(1, 2, 3), bias=False)),
     (ConvTranspose2d, 4, 6, (5, 9), dict(kernel_size=2, stride=2, groups=2)),
 ]
-ALL = CASES + WINOGRAD + NO_OVERLAP
+# rows wider than one register tile of the direct kernel (16 floats) and not a multiple of it: the
+# last tile of a row moves back to end where the row ends; groups, and a row of exactly one tile
+WIDE = [
+    (Conv2d, 3, 5, (3, 21), dict(kernel_size=3, padding=1)),
+    (Conv3d, 4, 6, (2, 3, 37), dict(kernel_size=(1, 2, 3), groups=2)),
+    (Conv2d, 2, 3, (3, 18), dict(kernel_size=3)),
+]
+ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE
 
 
 @pytest.fixture
@@ -66,6 +73,56 @@ def test_every_algorithm_matches_direct_loops(case, name, algorithm):
     for dtype, tol in (("float64", 1e-12), ("float32", 2e-5)):
         net.astype(dtype)
         np.testing.assert_allclose(net.run({"x": X.astype(dtype)})["y"], ref, rtol=tol, atol=tol, err_msg=dtype)
+
+
+FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP[:1])
+         for kind in ("relu", "tanh")]
+
+
+@pytest.mark.parametrize("case,name,kind", FUSED,
+                         ids=[f"{c[0].__name__}-{i}-{n}-{k}" for i, (c, n, k) in enumerate(FUSED)])
+def test_a_following_activation_runs_inside_every_algorithm(case, name, kind, algorithm):
+    """Inference runs conv -> Activation as one node (the kernels that can add the bias and apply
+    a ReLU as they store do so; the rest take the passes after): the values equal the unfused
+    run's (a training forward) bit for bit, and the direct-loop reference."""
+    algorithm(name)
+    net, x, layer = conv_net(case)
+    net.outputs(y=lm.layers.Activation(kind)(layer(x)))
+    X = np.random.default_rng(3).standard_normal((3,) + x.spec.shape)
+    w = layer.weight.value.astype(np.float64)
+    b = layer.bias.value if layer.bias is not None else None
+    if layer.transposed:
+        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
+                                    layer.groups, layer.padding_end)
+    else:
+        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
+    ref = np.maximum(ref, 0) if kind == "relu" else np.tanh(ref)
+    for dtype, tol in (("float64", 1e-12), ("float32", 2e-5)):
+        net.astype(dtype)
+        feeds = {"x": X.astype(dtype)}
+        fused = net.run(feeds)["y"]
+        assert net.scheduler.plan(False, ("y",)).fused == {layer.name: (kind, 0.01)}
+        np.testing.assert_array_equal(fused, net.forward(feeds, training=True)["y"], err_msg=dtype)
+        np.testing.assert_allclose(fused, ref, rtol=tol, atol=tol, err_msg=dtype)
+
+
+def test_forward_kernels_check_their_bias():
+    f = np.float32
+    xp, y = np.zeros((2, 3, 4, 20), f), np.zeros((4, 1, 2, 2), f)
+    packed = np.zeros(1000, f)
+    with pytest.raises(ValueError, match=r"bias must hold one value per output channel \(4\), found 3"):
+        _kernels.direct_conv_padded(xp, packed, y, 1, 3, 3, 3, 1, 1, 1, 1, 1, bias=np.zeros(3, f))
+    with pytest.raises(ValueError, match="a bias or a ReLU applies when the output is overwritten"):
+        _kernels.direct_conv_padded(xp, packed, y, 1, 3, 3, 3, 1, 1, 1, 1, 1, accumulate=True, relu=True)
+    x = np.zeros((1, 2, 3, 4, 5), f)
+    sizes = _kernels.winograd_workspace(2, 4, 3, 4, 5, 1, 1, 1, True, 6, True)
+    buffers = [np.zeros(n, f) for n in sizes]
+    with pytest.raises(ValueError, match=r"winograd_conv: bias must hold one value per output channel \(4\)"):
+        _kernels.winograd_conv(x, buffers[3], np.zeros((1, 4, 3, 4, 5), f), *buffers[:3], 1, 1, 1, True, 6,
+                               bias=np.zeros(5, f))
+    with pytest.raises(ValueError, match="winograd_conv: a bias or a ReLU applies"):
+        _kernels.winograd_conv(x, buffers[3], np.zeros((1, 4, 3, 4, 5), f), *buffers[:3], 1, 1, 1, True, 6,
+                               True, np.zeros(4, f))
 
 
 GRADIENT_CASES = [(c, n) for c, n in forced_cases(WINOGRAD + CASES[:6] + NO_OVERLAP)

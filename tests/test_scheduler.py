@@ -184,6 +184,44 @@ def test_inference_reuses_buffers_after_their_last_consumer():
     np.testing.assert_array_equal(out, kept)
 
 
+def fusion_net():
+    """conv -> relu -> pool (fusable); linear -> tanh, with the linear's output also an output
+    (not fusable); add -> relu -> relu (the first fuses into the add, the second reads an
+    activation); a linear read by two activations (not fusable)."""
+    net = lm.Network()
+    x = net.input("x", (2, 6, 6))
+    c = lm.layers.MaxPool2d(2)(Activation("relu", name="conv_relu")(lm.layers.Conv2d(2, 3, 3, padding=1,
+                                                                                      name="conv")(x)))
+    flat = lm.layers.Reshape((27,))(c)
+    lin = Linear(27, 5, name="lin")(flat)
+    shared = Linear(27, 5, name="shared")(flat)
+    added = Add(name="add")(Activation("tanh", name="lin_tanh")(lin), Activation("sigmoid")(shared))
+    twice = Activation("relu", name="second")(Activation("relu", name="first")(added))
+    net.outputs(y=twice, lin=lin, z=Activation("leaky_relu", slope=0.2)(shared))
+    return net
+
+
+def test_inference_runs_an_activation_inside_the_layer_before_it():
+    net = fusion_net()
+    plan = net.scheduler.plan(False, ("y", "lin", "z"))
+    assert plan.fused == {"conv": ("relu", 0.01), "add": ("relu", 0.01)}
+    assert plan.aliases == {"conv_relu": "conv", "first": "add"}
+    X = np.random.default_rng(8).standard_normal((4, 2, 6, 6)).astype(np.float32)
+    got = net.run({"x": X})
+    want = net.forward({"x": X}, training=True)  # training never fuses
+    for name in ("y", "lin", "z"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # the fused activation's output is its input's buffer, and the pool reads it
+    with net.scheduler.borrowed(plan) as b:
+        address = {k: b.values[k].__array_interface__["data"][0] for k in ("conv_relu", "conv")}
+        assert address["conv_relu"] == address["conv"]
+        assert [n.name for n, _ in b.contexts if n.name in ("conv_relu", "first")] == []
+    # an output that asks for the pre-activation value keeps the activation a node of its own
+    plan = net.scheduler.plan(False, ("y", "lin"))
+    assert "lin" not in plan.fused
+    assert net.scheduler.plan(True, ("y",)).fused == {}
+
+
 def test_inference_without_labels_computes_what_it_can():
     net, _ = deep_chain(depth=2, width=4)
     result = net.run({"x": np.ones((3, 4), np.float32)})

@@ -190,6 +190,11 @@ def test_max_pool_ties_and_nan_choose_as_the_generic_loop(dtype):
     np.testing.assert_array_equal(argmax.reshape(4, 3, 17), want_at)
     np.testing.assert_array_equal(out[:, 0], np.take_along_axis(windows, first[..., None], -1)[..., 0])
     assert np.isnan(out[0, 0, 0, 0]) and not np.isnan(out[1]).any()
+    # inference keeps no positions (argmax None): the same maxima, tails of every width
+    for width in (34, 30, 18, 14, 2):
+        alone = np.full((4, 1, 3, width // 2), -1, dtype)
+        lm.CPUBackend().max_pool(np.ascontiguousarray(x[..., :width]), alone, None, ((1, 2, 2), (1, 2, 2), (0, 0, 0)))
+        np.testing.assert_array_equal(alone, out[..., :width // 2], err_msg=width)
 
 
 def test_concat_channels():

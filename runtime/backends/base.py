@@ -217,16 +217,20 @@ class Backend(ABC):
     def col2vol(self, col, x, geometry, rows=None):
         """The adjoint of vol2col: ACCUMULATES every column entry into x."""
 
-    # -- convolutions as whole algorithms; `conv` is the layer (lamina.layers.conv), the bias is
-    #    its own step. Here vol2col + GEMM from the kernels above (lamina.backends.convolution);
-    #    a backend with faster algorithms overrides these and picks per shape.
+    # -- convolutions as whole algorithms; `conv` is the layer (lamina.layers.conv). Here vol2col
+    #    + GEMM from the kernels above (lamina.backends.convolution); a backend with faster
+    #    algorithms overrides these and picks per shape.
     def conv_algorithms(self, conv):
         """{'forward', 'input grad', 'weight grad'}: the algorithm each step of `conv` runs with."""
         return dict.fromkeys(("forward", "input grad", "weight grad"), "columns")
 
-    def conv_forward(self, conv, ctx):
-        """ctx.output = conv(ctx.inputs[0]), transposed or not, without the bias."""
+    def conv_forward(self, conv, ctx, bias=None, activation=None):
+        """ctx.output = act(conv(ctx.inputs[0]) + bias), transposed or not: bias [out_channels] or
+        None; activation (kind, slope) of an element-wise activation, or None. Here the bias and
+        the activation are passes of their own after the convolution; a backend whose kernels
+        apply them as they store the output does so."""
         convolution.any_forward(conv, ctx)
+        convolution.finish(self, ctx.output, bias, activation)
 
     def conv_backward(self, conv, ctx):
         """The weight gradient (ctx.param_grad) and the input gradient (ctx.input_grad)."""
@@ -263,7 +267,8 @@ class Backend(ABC):
     # -- pooling: x [N, C, *spatial]; window = (kernel, stride, padding), 3-tuples over D, H, W
     @abstractmethod
     def max_pool(self, x, out, argmax, window):
-        """out = window maxima; argmax [N·C, out positions] = flat winning position (int32)."""
+        """out = window maxima; argmax [N·C, out positions] = flat winning position (int32), or
+        None where no backward will read it (inference)."""
 
     @abstractmethod
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):

@@ -105,6 +105,15 @@ def any_forward(conv, ctx):
     (transposed_forward if conv.transposed else forward)(conv, ctx)
 
 
+def finish(be, y, bias, activation):
+    """y = act(y + bias) as passes of their own over y (bias None: none; activation (kind, slope)
+    or None)."""
+    if bias is not None:
+        be.channel_bias(y, bias)
+    if activation is not None and activation[0] != "linear":
+        be.activation(activation[0], y, y, activation[1])
+
+
 def forward(conv, ctx):
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
     geometry = conv.geometry(y.shape[2:])

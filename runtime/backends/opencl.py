@@ -426,7 +426,9 @@ class OpenCLBackend(Backend):
 
     def max_pool(self, x, out, argmax, window):
         P, D, H, W = self._plane_shape(x)
-        self._run("volumes", "max_pool", x.dtype, self._global(out.size), x, out, argmax, P, D, H, W,
+        # argmax, then keep_argmax; without one, a null buffer at offset 0 and keep_argmax 0
+        positions = (argmax, np.int32(1)) if argmax is not None else (None, np.int32(0), np.int32(0))
+        self._run("volumes", "max_pool", x.dtype, self._global(out.size), x, out, *positions, P, D, H, W,
                   *self._plane_shape(out)[1:], *self._window_args(window))
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):

@@ -352,7 +352,8 @@ class ReferenceBackend(HostStatistics, Backend):
             vals = np.stack([planes[(slice(None),) + c] for c in cells], 1)
             best = vals.argmax(1)
             out5.reshape(-1, *out5.shape[2:])[(slice(None),) + pos] = vals[np.arange(len(vals)), best]
-            argmax[:, j] = [np.ravel_multi_index(cells[b], spatial) for b in best]
+            if argmax is not None:
+                argmax[:, j] = [np.ravel_multi_index(cells[b], spatial) for b in best]
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
         check_index("max_pool_backward", "argmax", argmax, int(np.prod(dx.shape[2:])))

@@ -114,6 +114,17 @@ class Layer:
         what is wrong."""
         raise NotImplementedError
 
+    # ---- inference fusion (the scheduler's, see lamina.scheduler)
+    def as_activation(self):
+        """(kind, slope) when this layer is an element-wise activation of its one input and
+        nothing more, else None."""
+        return None
+
+    def fuses_activation(self, kind):
+        """Whether forward applies the element-wise activation `kind` to its own output when
+        ctx.activation asks (then a following activation layer runs inside this one)."""
+        return False
+
     def grad_slots(self, n_inputs):
         """Input slots whose gradient backward computes (costs leave labels and weights out)."""
         return range(n_inputs)

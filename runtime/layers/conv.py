@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..backends.base import ACTIVATIONS
 from ..graph import Spec
 from ..random import generator
 from .base import Layer, int_tuple, padding_pairs, register, require_volume, uniform
@@ -115,9 +116,10 @@ class _ConvNd(Layer):
         return backend.conv_algorithms(self)
 
     def forward(self, ctx):
-        ctx.be.conv_forward(self, ctx)
-        if self.has_bias:
-            ctx.be.channel_bias(ctx.output, self.bias.buffer)
+        ctx.be.conv_forward(self, ctx, self.bias.buffer if self.has_bias else None, ctx.activation)
+
+    def fuses_activation(self, kind):
+        return kind in ACTIVATIONS
 
     def backward(self, ctx):
         ctx.be.conv_backward(self, ctx)

@@ -2,7 +2,7 @@
 (PReLU too), dropout, scale, bias."""
 import math
 
-from ..backends.base import INPUT_GRAD_ACTIVATIONS, check_activation
+from ..backends.base import ACTIVATIONS, INPUT_GRAD_ACTIVATIONS, check_activation
 from ..graph import Spec
 from ..random import generator
 from .base import Layer, common_rows, constant, register, require_features, require_float, same_specs, uniform
@@ -23,8 +23,12 @@ class _Activated(Layer):
         self.slope = float(slope)
 
     def _activate(self, ctx):
-        if self.activation != "linear":
-            ctx.be.activation(self.activation, ctx.output, ctx.output, self.slope)
+        kind, slope = ctx.activation or (self.activation, self.slope)
+        if kind != "linear":
+            ctx.be.activation(kind, ctx.output, ctx.output, slope)
+
+    def fuses_activation(self, kind):
+        return self.fused and self.activation == "linear" and kind in ACTIVATIONS
 
     def _grad_pre_activation(self, ctx):
         dy = ctx.grad_output
@@ -180,6 +184,9 @@ class Activation(_Activated):
 
     def output_spec(self, specs):
         return same_specs(specs, "Activation")
+
+    def as_activation(self):
+        return (self.activation, self.slope) if self.activation in ACTIVATIONS else None
 
     def forward(self, ctx):
         ctx.be.activation(self.activation, ctx.inputs[0], ctx.output, self.slope)

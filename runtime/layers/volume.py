@@ -66,7 +66,8 @@ class _MaxPool(_Pool):
         return ctx.workspace("argmax", (y.shape[0] * y.shape[1], int(np.prod(y.shape[2:]))), np.int32)
 
     def forward(self, ctx):
-        ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx), self._window())
+        # positions are for backward: an inference run keeps none
+        ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx) if ctx.training else None, self._window())
 
     def backward(self, ctx):
         dx = ctx.input_grad(0)

@@ -442,8 +442,8 @@ class CPUBackend(HostStatistics, Backend):
     def conv_algorithms(self, conv):
         return convolution.algorithms(conv)
 
-    def conv_forward(self, conv, ctx):
-        convolution.forward(conv, ctx)
+    def conv_forward(self, conv, ctx, bias=None, activation=None):
+        convolution.forward(conv, ctx, bias, activation)
 
     def conv_backward(self, conv, ctx):
         if conv.transposed:
@@ -482,7 +482,9 @@ class CPUBackend(HostStatistics, Backend):
     def max_pool(self, x, out, argmax, window):
         _float("max_pool", "x", x)
         check_array("max_pool", "out", out, dtype=x.dtype, ndim=x.ndim)
-        check_array("max_pool", "argmax", argmax, dtype=np.int32, shape=(out.shape[0] * out.shape[1], int(np.prod(out.shape[2:]))))
+        if argmax is not None:
+            check_array("max_pool", "argmax", argmax, dtype=np.int32,
+                        shape=(out.shape[0] * out.shape[1], int(np.prod(out.shape[2:]))))
         K.max_pool(self._planes(x), self._planes(out), argmax, *window[0], *window[1], *window[2])
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):

@@ -9,6 +9,9 @@
 - depth to space (here): a transposed convolution whose kernel equals its stride writes each
   output once from its column matrix instead of adding it into a zeroed output;
 - columns: vol2col + GEMM (lamina.backends.convolution), everything else.
+
+The Winograd and direct kernels add the bias and apply a ReLU as they store each output (no pass
+over the output of their own); other algorithms and activations take those passes after.
 """
 import logging
 import math
@@ -93,9 +96,15 @@ def algorithms(conv):
             "weight grad": "direct" if direct.weight_grad_applies(conv) else taps}
 
 
-def forward(conv, ctx):
-    """A convolution's forward, plain or transposed."""
-    _FORWARD[_choose_forward(conv, ctx)](conv, ctx)
+def forward(conv, ctx, bias=None, activation=None):
+    """A convolution's forward, plain or transposed: y = act(conv(x) + bias) (as
+    Backend.conv_forward)."""
+    name = _choose_forward(conv, ctx)
+    relu = activation is not None and activation[0] == "relu"
+    if name in _STORES_EPILOGUE and (activation is None or relu or activation[0] == "linear"):
+        return _FORWARD[name](conv, ctx, bias, relu)
+    _FORWARD[name](conv, ctx)
+    columns.finish(ctx.be, ctx.output, bias, activation)
 
 
 def _choose_forward(conv, ctx):
@@ -157,6 +166,8 @@ def _forward_depth_to_space(conv, ctx):
         col, y, *geometry[1], *rows))
 
 
+# the algorithms whose kernels add the bias and apply a ReLU as they store: forward(conv, ctx, bias, relu)
+_STORES_EPILOGUE = ("winograd", "direct")
 _FORWARD = {"winograd": winograd.forward, "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
             "depth to space": _forward_depth_to_space, "columns": columns.any_forward}

@@ -76,20 +76,21 @@ def _padded_shape(batch, padding):
     return c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + ROW_SLACK
 
 
-def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0):
-    """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads."""
+def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0, bias=None, relu=False):
+    """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads; with
+    beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores."""
     packed = _pack_direct(conv, which)
     kernel = conv.geometry(dst.shape[2:])[0]
     padded = _padded_shape(src, padding)
 
     def call(t, x, y, accumulate):
         _kernels.direct_conv(x, packed, y, ctx.workspace(("padded", t), padded), conv.groups, *kernel, *stride[:2],
-                             *padding, *dilation, accumulate)
+                             *padding, *dilation, accumulate, bias, relu)
     columns.over_samples(ctx, src, dst, beta, call)
 
 
-def forward(conv, ctx):
-    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_geometry(conv, ctx.output))
+def forward(conv, ctx, bias=None, relu=False):
+    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_geometry(conv, ctx.output), 0.0, bias, relu)
 
 
 def forward_width_phases(conv, ctx):

@@ -55,8 +55,9 @@ def _weights(conv, which):
     return conv.weight.derived(("winograd", which), build)
 
 
-def run(conv, ctx, which, src, dst, padding, beta=0.0):
-    """dst[n] = (beta·dst[n] +) the Winograd convolution of src[n], split between threads."""
+def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False):
+    """dst[n] = (beta·dst[n] +) the Winograd convolution of src[n], split between threads; with
+    beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores."""
     packed, depth3 = _weights(conv, which), _depth3(conv)
     c, d, h, w = as_volume(src[0]).shape
     cout = dst.shape[1]
@@ -70,9 +71,10 @@ def run(conv, ctx, which, src, dst, padding, beta=0.0):
 
     def call(t, x, y, accumulate):
         xcl, v, m = (ctx.workspace(("winograd " + key, t), (size,)) for key, size in zip(("xcl", "V", "M"), sizes))
-        _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate)
+        _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate,
+                               bias, relu)
     columns.over_samples(ctx, src, dst, beta, call)
 
 
-def forward(conv, ctx):
-    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2])
+def forward(conv, ctx, bias=None, relu=False):
+    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2], 0.0, bias, relu)
