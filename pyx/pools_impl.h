@@ -17,14 +17,18 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_take)(VEC v, IVE
     *best_at = (at & greater) | (*best_at & ~greater);
 }
 
+/* POOL_LAST_VECTOR: a row of at least LANES outputs goes in whole vectors, the last one moved
+ * back to end where the row ends (its overlap with the one before is computed again, to the same
+ * values and positions); a shorter row goes one output at a time. */
+
 /* The 2x2 window of stride 2 over one output row: input rows r0 and r1 (the row below) at
  * flat position p0 in the plane; LANES outputs at a time (even and odd widths split by shuffles,
- * positions kept as integer vectors), the rest one by one. */
+ * positions kept as integer vectors). */
 static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2)(const REAL *r0, long p0, long W, REAL *o,
                                                                          int *am, long oW) {
     const REAL *r1 = r0 + W;
-    long ow = 0;
-    for (; ow + LANES <= oW; ow += LANES) {
+    for (long next = 0; oW >= LANES && next < oW; next += LANES) {
+        const long ow = next + LANES <= oW ? next : oW - LANES;  /* (POOL_LAST_VECTOR) */
         VEC a0, a1, b0, b1;
         memcpy(&a0, r0 + 2 * ow, sizeof a0);
         memcpy(&a1, r0 + 2 * ow + LANES, sizeof a1);
@@ -39,7 +43,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2)(const R
         memcpy(o + ow, &best, sizeof best);
         for (long l = 0; l < LANES; l++) am[ow + l] = (int)best_at[l];
     }
-    for (; ow < oW; ow++) {  /* selects, not branches: the winner is data, and mispredicted */
+    for (long ow = 0; oW < LANES && ow < oW; ow++) {  /* selects, not branches: the winner is data */
         long i = 2 * ow, at = i;
         REAL best = r0[i];
         at = r0[i + 1] > best ? i + 1 : at;
@@ -65,8 +69,8 @@ static inline __attribute__((always_inline)) VEC SUFFIXED(pool_max)(VEC a, VEC b
 static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2_max)(const REAL *r0, long W, REAL *o,
                                                                              long oW) {
     const REAL *r1 = r0 + W;
-    long ow = 0;
-    for (; ow + LANES <= oW; ow += LANES) {
+    for (long next = 0; oW >= LANES && next < oW; next += LANES) {
+        const long ow = next + LANES <= oW ? next : oW - LANES;  /* (POOL_LAST_VECTOR) */
         VEC a0, a1, b0, b1;
         memcpy(&a0, r0 + 2 * ow, sizeof a0);
         memcpy(&a1, r0 + 2 * ow + LANES, sizeof a1);
@@ -78,7 +82,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2_max)(con
         best = SUFFIXED(pool_max)(best, __builtin_shuffle(b0, b1, (IVEC)POOL_ODDS));
         memcpy(o + ow, &best, sizeof best);
     }
-    for (; ow < oW; ow++) {
+    for (long ow = 0; oW < LANES && ow < oW; ow++) {
         long i = 2 * ow;
         REAL best = r0[i];
         best = r0[i + 1] > best ? r0[i + 1] : best;

@@ -54,11 +54,14 @@ _split_lock = threading.Lock()
 
 def split_work(count, work, threads=None):
     """work(t, items) for t < T, where the T runs `items` cover range(count) in order and each
-    is non-empty, T = min(threads or lamina's thread count, count); returns T. With T > 1 each
-    run gets a worker thread whose kernels and BLAS calls are single-threaded (the kernels
-    release the GIL), so the pieces run side by side with no team to wake inside them; BLAS
-    returns to the full thread count afterwards. The first exception raised by a run is
-    re-raised here, after every run has finished."""
+    is non-empty, T = min(threads or lamina's thread count, count); returns T. With T > 1 the
+    calling thread takes run 0 and each other run gets a worker thread; every run's kernels and
+    BLAS calls are single-threaded (the kernels release the GIL), so the pieces run side by side
+    with no team to wake inside them; BLAS returns to the full thread count afterwards. The
+    first exception raised by a run is re-raised here, after every run has finished.
+    (The caller works instead of waiting: one thread to wake fewer, and its core stays busy. On
+    this project's 2-core virtual machine, waking both halves of a convolution from a pool
+    after an idle spell made the next calls of the CNN bench about 2x slower.)"""
     global _pool, _pool_size
     count = int(count)
     threads = min(threads or _current, count)
@@ -67,10 +70,10 @@ def split_work(count, work, threads=None):
             work(0, range(count))
         return max(threads, 0)
     with _split_lock:  # one split at a time: BLAS thread counts are process-wide
-        if _pool is None or _pool_size < threads:  # grow: the old workers are let go
+        if _pool is None or _pool_size < threads - 1:  # grow: the old workers are let go
             if _pool is not None:
                 _pool.shutdown(wait=False)
-            _pool, _pool_size = ThreadPoolExecutor(threads, thread_name_prefix="lamina"), threads
+            _pool, _pool_size = ThreadPoolExecutor(threads - 1, thread_name_prefix="lamina"), threads - 1
 
         def run(t):
             _kernels.set_num_threads(1)  # OpenMP's thread count is per calling thread
@@ -78,10 +81,17 @@ def split_work(count, work, threads=None):
 
         _mkl.set_num_threads(1)
         _openblas.set_num_threads(1)
+        mine = _kernels.get_num_threads()
+        errors = [None]
         try:
-            futures = [_pool.submit(run, t) for t in range(threads)]
-            errors = [f.exception() for f in futures]
+            futures = [_pool.submit(run, t) for t in range(1, threads)]
+            try:
+                run(0)
+            except BaseException as e:  # kept until the other runs have finished
+                errors[0] = e
+            errors += [f.exception() for f in futures]
         finally:
+            _kernels.set_num_threads(mine)
             _mkl.set_num_threads(_current)
             _openblas.set_num_threads(_current)
         for e in errors:

@@ -242,23 +242,32 @@ def test_samples_split_between_threads_give_the_one_thread_result(case):
 
 
 def test_split_work_covers_the_items_and_restores_blas_threads():
-    from lamina import _openblas
+    import threading
+    from lamina import _kernels, _openblas
     from lamina.threads import split_work
     before = lm.get_num_threads()
     try:
         lm.set_num_threads(3)
-        seen = {}
-        assert split_work(7, lambda t, items: seen.setdefault(t, list(items))) == 3
+        seen, where = {}, {}
+
+        def record(t, items):
+            seen[t] = list(items)
+            where[t] = (threading.get_ident(), _kernels.get_num_threads())
+        assert split_work(7, record) == 3
         assert sorted(sum(seen.values(), [])) == list(range(7)) and all(seen.values())
+        # the caller takes run 0 and the others run on pool threads, each single-threaded
+        assert where[0][0] == threading.get_ident()
+        assert threading.get_ident() not in (where[1][0], where[2][0])
+        assert all(w[1] == 1 for w in where.values())
         assert split_work(2, lambda t, items: None) == 2  # never more runs than items
-        assert _openblas.get_num_threads() == 3
+        assert _openblas.get_num_threads() == 3 and _kernels.get_num_threads() == 3
 
         def failing(t, items):
-            if t == 1:
-                raise ValueError("run 1 failed")
-        with pytest.raises(ValueError, match="run 1 failed"):
+            if t in (0, 1):
+                raise ValueError(f"run {t} failed")
+        with pytest.raises(ValueError, match="run 0 failed"):  # the first, after all have finished
             split_work(4, failing)
-        assert _openblas.get_num_threads() == 3
+        assert _openblas.get_num_threads() == 3 and _kernels.get_num_threads() == 3
     finally:
         lm.set_num_threads(before)
 
