@@ -126,7 +126,7 @@ def test_forward_kernels_check_their_bias():
 
 
 GRADIENT_CASES = [(c, n) for c, n in forced_cases(WINOGRAD + CASES[:6] + NO_OVERLAP)
-                  if n in ("winograd", "direct, width phases", "depth to space")]
+                  if n in ("winograd", "direct, width phases", "depth to space", "sub-pixel")]
 
 
 @pytest.mark.parametrize("case,name", GRADIENT_CASES,
@@ -191,6 +191,10 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be) == {"forward": "winograd", "input grad": "winograd", "weight grad": "direct"}
     assert narrow.algorithms(be)["forward"] == "direct"  # one input channel: Winograd pads it to eight
     assert Conv3d(4, 4, 3, stride=2).algorithms(be)["forward"] == "columns"
+    up = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
+    assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
+    assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"
+    assert ConvTranspose3d(8, 8, 2, stride=2, groups=4).algorithms(be)["forward"] == "depth to space"
     net = lm.Network()
     x = net.input("x", (16, 6, 6, 6))
     net.outputs(y=wide(x))

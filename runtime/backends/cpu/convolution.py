@@ -8,6 +8,8 @@
 - depth taps (cpu/depth_taps.py): 3-D with depth stride 1, kd GEMMs over a 2-D column matrix;
 - depth to space (here): a transposed convolution whose kernel equals its stride writes each
   output once from its column matrix instead of adding it into a zeroed output;
+- sub-pixel (cpu/phases.py): a strided transposed convolution as one stride-1 direct
+  convolution per output phase, forward;
 - columns: vol2col + GEMM (lamina.backends.convolution), everything else.
 
 The Winograd and direct kernels add the bias and apply a ReLU as they store each output (no pass
@@ -20,11 +22,11 @@ import time
 from ... import _kernels
 from .. import convolution as columns
 from ...threads import SettingError, get_num_threads
-from . import depth_taps, direct, winograd
+from . import depth_taps, direct, phases, winograd
 
 _log = logging.getLogger("lamina.conv")
 
-ALGORITHMS = ("winograd", "direct", "direct, width phases", "depth taps", "depth to space", "columns")
+ALGORITHMS = ("winograd", "direct", "direct, width phases", "depth taps", "depth to space", "sub-pixel", "columns")
 _setting = {"mode": "rule"}
 _measured = {}  # (layer geometry, input shape, dtype, threads) -> the fastest forward measured
 
@@ -49,7 +51,8 @@ def get_conv_algorithm():
 def candidates(conv):
     """The forward algorithms that apply to a convolution."""
     if conv.transposed:
-        return (["depth to space"] if _no_overlap(conv) else []) + ["columns"]
+        return (["depth to space"] if _no_overlap(conv) else []) + (["sub-pixel"] if phases.applies(conv) else []) \
+            + ["columns"]
     found = [name for name, applies in (("winograd", winograd.applies), ("direct", direct.applies),
                                         ("direct, width phases", direct.width_phases_apply),
                                         ("depth taps", depth_taps.applies)) if applies(conv)]
@@ -62,17 +65,24 @@ def candidates(conv):
 # the 2-D CNN's 32 -> 64 at 14x14: 6.2, 11.0, -, 9.1; but 1 -> 32 at 28x28: 7.6, 4.3, -, 6.5, a
 # single input channel padded to a vector of eight); then the direct kernel, depth taps, depth to
 # space, columns. A width stride runs as columns (E forward: width phases 70.6, columns 53.0); a
-# transposed kernel equal to its stride as depth to space (F forward: 6.8 against 7.6-9.1).
+# transposed kernel equal to its stride as depth to space (F forward: 6.8 against 7.6-9.1). A
+# strided transposed convolution runs as sub-pixel phases when it has groups, whose GEMMs are
+# small (B forward, 4 groups: sub-pixel 7.9, columns 12.4), else as columns, whose one GEMM runs
+# at the sgemm peak where the direct kernel does not (A: 21.7 against 17.6; C: 11.6 against 8.6).
 WINOGRAD_MIN_CHANNELS = 8
-_RULE = ("winograd", "direct", "depth taps", "depth to space", "columns")
+_RULE = ("winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
 
 def _pick(conv, found):
     """Of the algorithms that apply, the one forced, else the rule's first."""
     if _setting["mode"] in found:
         return _setting["mode"]
-    few = min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS
-    return next((name for name in _RULE if name in found and not (few and name == "winograd")), None)
+    skip = set()
+    if min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS:
+        skip.add("winograd")
+    if conv.groups == 1:
+        skip.add("sub-pixel")
+    return next((name for name in _RULE if name in found and name not in skip), None)
 
 
 def forward_algorithm(conv):
@@ -170,4 +180,4 @@ def _forward_depth_to_space(conv, ctx):
 _STORES_EPILOGUE = ("winograd", "direct")
 _FORWARD = {"winograd": winograd.forward, "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
-            "depth to space": _forward_depth_to_space, "columns": columns.any_forward}
+            "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": columns.any_forward}

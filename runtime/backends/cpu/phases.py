@@ -1,0 +1,106 @@
+"""The CPU's strided transposed convolution as stride-1 sub-convolutions, one per output phase
+(sub-pixel decomposition), forward: no column matrix of k³ rows and no scatter-add.
+
+Along one axis (stride s, kernel k, padding p before), output o = i·s - p + a takes input i
+through tap a. The outputs of phase r (0 <= r < s) are o = m·s + r - p; the taps that reach
+them are a = r + s·j, j < J_r = ceil((k - r) / s), from inputs i = m - j. So phase r is a
+stride-1 convolution of x with those J_r taps in reverse order, its output m reading the window
+of inputs m - J_r + 1 .. m: the direct kernel (direct_conv.h) on one zero-padded copy of the
+sample, one call per phase of every axis, into a scratch that a strided copy places into y.
+Every output is written once; a phase no tap reaches (k < s) is zero. Dilation 1 only.
+"""
+import itertools
+import math
+
+import numpy as np
+
+from ... import _kernels
+from ...threads import split_work
+from .. import convolution as columns
+from ..convolution import as_volume
+from .direct import ROW_SLACK, _layout
+
+
+def applies(conv):
+    """A transposed convolution with a stride above 1, no dilation, the same padding on both
+    sides of every axis."""
+    return (conv.transposed and max(conv.stride) > 1 and max(conv.dilation) == 1 and conv.symmetric)
+
+
+def _geometry(conv):
+    """The 3-D (kernel, stride, padding) of the layer (a 2-D one has depth 1)."""
+    kernel, stride, padding, _, _ = conv.geometry((1,) * conv.nd)
+    return kernel, stride, padding
+
+
+def _phase_taps(k, s, r):
+    """Taps a = r + s·j of phase r, in the order the phase's convolution reads them (j falling)."""
+    return list(range(r, k, s))[::-1]
+
+
+def _pack_phase(conv, phase):
+    """The weight's taps of one phase (r_d, r_h, r_w) as a convolution weight [groups, out_g,
+    in_g, taps] packed for direct_conv.h (cached per weight version)."""
+    kernel, stride, _ = _geometry(conv)
+    out_g, in_g = conv.out_channels // conv.groups, conv.in_channels // conv.groups
+    taps = [_phase_taps(k, s, r) for k, s, r in zip(kernel, stride, phase)]
+
+    def build(buffer):
+        w = buffer.reshape((conv.groups, in_g, out_g) + kernel)  # transposed: [in, out_g, *k]
+        w = w[:, :, :, taps[0]][:, :, :, :, taps[1]][..., taps[2]]
+        return _layout(np.ascontiguousarray(w.transpose(0, 2, 1, 3, 4, 5)).reshape(conv.groups, out_g, in_g, -1))
+    return conv.weight.derived(("phase", phase), build)
+
+
+def _phase_plan(conv, out_sizes):
+    """Per phase with outputs and taps: (phase, tap counts, first m, counts of m, first output),
+    all per axis."""
+    kernel, stride, padding = _geometry(conv)
+    plans = []
+    for phase in itertools.product(*(range(s) for s in stride)):
+        counts, m_lo, m_n, o_lo = [], [], [], []
+        for k, s, p, r, size in zip(kernel, stride, padding, phase, out_sizes):
+            c = r - p  # output o = m·s + c
+            lo = max(0, -(c // s))  # the first m with o >= 0
+            hi = -(-(size - c) // s)  # past the last m with o < size
+            counts.append(len(_phase_taps(k, s, r)))
+            m_lo.append(lo)
+            m_n.append(max(0, hi - lo))
+            o_lo.append(lo * s + c)
+        if min(m_n) > 0:
+            plans.append((phase, tuple(counts), tuple(m_lo), tuple(m_n), tuple(o_lo)))
+    return plans
+
+
+def forward(conv, ctx):
+    """y = the transposed convolution of x, phase by phase (without the bias)."""
+    x, y = ctx.inputs[0], ctx.output
+    _, stride, _ = _geometry(conv)
+    c, d, h, w = as_volume(x[0]).shape
+    out_sizes = as_volume(y[0]).shape[1:]
+    plans = _phase_plan(conv, out_sizes)
+    # one zero padding serves every phase: J - 1 before (a phase's first window starts up to
+    # that far before its first input) and J after (its last may end one past the input)
+    most = [max(math.ceil(k / s), 1) for k, s in zip(_geometry(conv)[0], stride)]
+    pad = tuple(most)
+    padded = (c, d + 2 * pad[0], h + 2 * pad[1], w + 2 * pad[2] + ROW_SLACK)
+    packs = {plan[0]: _pack_phase(conv, plan[0]) for plan in plans if min(plan[1]) > 0}
+    largest = max((math.prod(plan[3]) for plan in plans), default=0)
+    step = tuple(stride)
+
+    def work(t, samples):
+        xp = ctx.workspace(("phase input", t), padded)
+        scratch = ctx.workspace(("phase output", t), (conv.out_channels * largest,))
+        for n in samples:
+            yn = as_volume(y[n])
+            _kernels.padded_copy(as_volume(x[n]), xp, *pad)
+            for phase, counts, m_lo, m_n, o_lo in plans:
+                target = yn[:, o_lo[0]::step[0], o_lo[1]::step[1], o_lo[2]::step[2]][:, :m_n[0], :m_n[1], :m_n[2]]
+                if min(counts) == 0:  # no tap reaches these outputs
+                    target[...] = 0
+                    continue
+                out = scratch[:conv.out_channels * math.prod(m_n)].reshape((conv.out_channels,) + m_n)
+                origin = [lo - j + 1 + p for lo, j, p in zip(m_lo, counts, pad)]
+                _kernels.direct_conv_padded(xp, packs[phase], out, conv.groups, *counts, 1, 1, 1, 1, 1, *origin)
+                target[...] = out
+    split_work(x.shape[0], work, columns.threads(ctx))
