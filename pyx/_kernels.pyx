@@ -1227,9 +1227,9 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     with nogil:
         for n in range(N):
             memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
-            for c in range(C):
-                for d in range(D):
-                    for h in range(H):
+            for d in range(D):  # (a row of xcl, Wp·Cp values, stays in cache while every channel fills it)
+                for h in range(H):
+                    for c in range(C):
                         for w in range(W):
                             xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[n, c, d, h, w]
             if real is float:

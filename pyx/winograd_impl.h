@@ -53,6 +53,15 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
     v[s] = m1 - m2 - m3;
 }
 
+/* lanes 0..LANES/2-1 and LANES/2.. of w0 and w1 interleaved: (w0[l], w1[l]) pairs in order */
+#if LANES == 8
+#define WINO_PAIRS_LOW {0, 8, 1, 9, 2, 10, 3, 11}
+#define WINO_PAIRS_HIGH {4, 12, 5, 13, 6, 14, 7, 15}
+#else
+#define WINO_PAIRS_LOW {0, 4, 1, 5}
+#define WINO_PAIRS_HIGH {2, 6, 3, 7}
+#endif
+
 /* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co], plus bias[co] (unless bias
  * is NULL), through a ReLU where relu is set (epilogue.h); or, when accumulate is set, added to y
  * (no bias, no ReLU). y [cout][oD][oH][oW]. */
@@ -104,11 +113,14 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
                                 yp[l * plane] += v0[l];
                                 yp[l * plane + 1] += v1[l];
                             }
-                        else
-                            for (long l = 0; l < lanes; l++) {
-                                yp[l * plane] = v0[l];
-                                yp[l * plane + 1] = v1[l];
-                            }
+                        else {  /* each channel's two widths as one store of a pair */
+                            REAL pairs[2 * LANES];
+                            VEC first = __builtin_shuffle(w0, w1, (IVEC)WINO_PAIRS_LOW);
+                            VEC second = __builtin_shuffle(w0, w1, (IVEC)WINO_PAIRS_HIGH);
+                            memcpy(pairs, &first, sizeof first);
+                            memcpy(pairs + LANES, &second, sizeof second);
+                            for (long l = 0; l < lanes; l++) memcpy(yp + l * plane, pairs + 2 * l, 2 * sizeof(REAL));
+                        }
                     } else {
                         for (long l = 0; l < lanes; l++) yp[l * plane] = accumulate ? yp[l * plane] + v0[l] : v0[l];
                     }
@@ -133,3 +145,6 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
         SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate);
     }
 }
+
+#undef WINO_PAIRS_LOW
+#undef WINO_PAIRS_HIGH
