@@ -38,7 +38,12 @@ WIDE = [
     (Conv3d, 4, 6, (2, 3, 37), dict(kernel_size=(1, 2, 3), groups=2)),
     (Conv2d, 2, 3, (3, 18), dict(kernel_size=3)),
 ]
-ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE
+# pointwise (kernel 1, stride 1, no padding): the column algorithm's GEMMs read the input itself
+POINTWISE = [
+    (Conv3d, 4, 6, (3, 4, 5), dict(kernel_size=1, groups=2)),
+    (Conv2d, 3, 1, (5, 7), dict(kernel_size=1, bias=False)),
+]
+ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE + POINTWISE
 
 
 @pytest.fixture
@@ -125,8 +130,9 @@ def test_forward_kernels_check_their_bias():
                                True, np.zeros(4, f))
 
 
-GRADIENT_CASES = [(c, n) for c, n in forced_cases(WINOGRAD + CASES[:6] + NO_OVERLAP)
-                  if n in ("winograd", "direct, width phases", "depth to space", "sub-pixel")]
+GRADIENT_CASES = [(c, n) for c, n in forced_cases(WINOGRAD + CASES[:6] + NO_OVERLAP + POINTWISE)
+                  if n in ("winograd", "direct, width phases", "depth to space", "sub-pixel")
+                  or (c in POINTWISE and n == "columns")]
 
 
 @pytest.mark.parametrize("case,name", GRADIENT_CASES,
@@ -191,6 +197,7 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be) == {"forward": "winograd", "input grad": "winograd", "weight grad": "direct"}
     assert narrow.algorithms(be)["forward"] == "direct"  # one input channel: Winograd pads it to eight
     assert Conv3d(4, 4, 3, stride=2).algorithms(be)["forward"] == "columns"
+    assert set(Conv3d(16, 8, 1).algorithms(be).values()) == {"columns"}  # pointwise: GEMMs on the input
     up = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
     assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
     assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"

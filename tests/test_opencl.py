@@ -573,6 +573,7 @@ def test_shipped_language_model_runs_on_the_device(cl):
     ("ConvTranspose3d", dict(kernel_size=3, stride=2, padding=1, output_padding=1)),
     ("ConvTranspose3d", dict(kernel_size=4, stride=2, padding=1, groups=2)),
     ("Conv2d", dict(kernel_size=3, stride=2, padding=1)),
+    ("Conv3d", dict(kernel_size=1, groups=2)),
     ("ConvTranspose2d", dict(kernel_size=3, stride=2, padding=0, dilation=2)),
     ("Conv2d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 2)))),
     ("ConvTranspose3d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 2), (1, 1)), output_padding=1)),

@@ -114,12 +114,25 @@ def finish(be, y, bias, activation):
         be.activation(activation[0], y, y, activation[1])
 
 
+def pointwise(conv):
+    """A plain convolution whose column matrix is its input: kernel 1, stride 1, no padding on
+    every axis (vol2col would be a copy)."""
+    return (not conv.transposed and max(conv.kernel_size + conv.stride) == 1
+            and max(conv.padding + conv.padding_end) == 0)
+
+
 def forward(conv, ctx):
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
     geometry = conv.geometry(y.shape[2:])
     w = by_groups(conv.weight.buffer, conv.groups)
     k_rows, out_g = w.shape[2], conv.out_channels // conv.groups
     col_rows = conv.in_channels * int(np.prod(conv.kernel_size))
+    if pointwise(conv):  # y_g = W_g x_g, one GEMM per sample and group on the input itself
+        for n in range(x.shape[0]):
+            xn, yn = x[n].reshape(conv.in_channels, -1), y[n].reshape(conv.out_channels, -1)
+            for g in range(conv.groups):
+                be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
+        return
 
     def work(t, samples):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
@@ -141,6 +154,8 @@ def backward(conv, ctx, dx):
     k_rows, out_g = w.shape[2], conv.out_channels // conv.groups
     col_rows = conv.in_channels * int(np.prod(conv.kernel_size))
     dw, count = ctx.param_grad("weight"), threads(ctx)
+    if pointwise(conv):
+        return _pointwise_backward(conv, ctx, dx, dw)
     parts = weight_grad_parts(ctx, dw, count)
 
     def work(t, samples):
@@ -166,6 +181,25 @@ def backward(conv, ctx, dx):
     split_work(x.shape[0], work, count)
     if dw is not None:
         sum_weight_grad_parts(ctx, parts)
+
+
+def _pointwise_backward(conv, ctx, dx, dw):
+    """dW_g += dy_g x_gᵀ and dx_g = W_gᵀ dy_g (with their betas), sample by sample, on the
+    input itself (pointwise: the input is the column matrix)."""
+    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    w = by_groups(conv.weight.buffer, conv.groups)
+    in_g, out_g = w.shape[2], conv.out_channels // conv.groups
+    dwg, beta = (by_groups(dw.array, conv.groups), dw.beta) if dw is not None else (None, 0.0)
+    for n in range(x.shape[0]):
+        xn, dyn = x[n].reshape(conv.in_channels, -1), dy[n].reshape(conv.out_channels, -1)
+        for g in range(conv.groups):
+            dyg = dyn[g * out_g:(g + 1) * out_g]
+            if dwg is not None:
+                be.gemm(dyg, xn[g * in_g:(g + 1) * in_g], dwg[g], trans_b=True, beta=beta)
+            if dx is not None:
+                be.gemm(w[g], dyg, dx.array[n].reshape(conv.in_channels, -1)[g * in_g:(g + 1) * in_g],
+                        trans_a=True, beta=dx.beta)
+        beta = 1.0
 
 
 def transposed_forward(conv, ctx, place=None):

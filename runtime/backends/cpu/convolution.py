@@ -10,7 +10,9 @@
   output once from its column matrix instead of adding it into a zeroed output;
 - sub-pixel (cpu/phases.py): a strided transposed convolution as one stride-1 direct
   convolution per output phase, forward;
-- columns: vol2col + GEMM (lamina.backends.convolution), everything else.
+- columns: vol2col + GEMM (lamina.backends.convolution), everything else; for a pointwise
+  convolution (kernel 1, stride 1, no padding) the GEMMs read the input itself, and the rule
+  takes it there (the direct kernel would copy the input and compute its channels by 4).
 
 The Winograd and direct kernels add the bias and apply a ReLU as they store each output (no pass
 over the output of their own); other algorithms and activations take those passes after.
@@ -77,6 +79,8 @@ def _pick(conv, found):
     """Of the algorithms that apply, the one forced, else the rule's first."""
     if _setting["mode"] in found:
         return _setting["mode"]
+    if columns.pointwise(conv) and "columns" in found:
+        return "columns"
     skip = set()
     if min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS:
         skip.add("winograd")
@@ -100,9 +104,11 @@ def _input_grad_algorithm(conv):
 def algorithms(conv):
     """{'forward', 'input grad', 'weight grad'}: the algorithm of each (the input gradient
     assumed wanted); 'measured' where the forward is timed per shape."""
+    forward_name = "measured" if _setting["mode"] == "measure" else forward_algorithm(conv)
+    if columns.pointwise(conv):  # backward always runs as the GEMMs on the input (backward below)
+        return {"forward": forward_name, "input grad": "columns", "weight grad": "columns"}
     taps = "depth taps" if depth_taps.applies(conv) else "columns"
-    return {"forward": "measured" if _setting["mode"] == "measure" else forward_algorithm(conv),
-            "input grad": _input_grad_algorithm(conv) or taps,
+    return {"forward": forward_name, "input grad": _input_grad_algorithm(conv) or taps,
             "weight grad": "direct" if direct.weight_grad_applies(conv) else taps}
 
 
@@ -140,6 +146,8 @@ def _choose_forward(conv, ctx):
 
 def backward(conv, ctx):
     """A plain convolution's weight and input gradients."""
+    if columns.pointwise(conv):
+        return columns.backward(conv, ctx, ctx.input_grad(0))
     if direct.weight_grad_runs(conv, ctx):
         return direct.backward(conv, ctx, _input_grad)
     if depth_taps.applies(conv):
