@@ -1,5 +1,6 @@
 /* vol2col / col2vol of one channel for the REAL type volumes.h sets. `last`: the highest index
- * that may be read or written from the run's start (the end of the input row). */
+ * that may be read (gathers: the end of the channel) or written (scatters: the end of the input
+ * row) from the run's start. */
 
 /* shuffle masks: the even lanes of two vectors; two vectors' worth interleaved with zeros */
 #if LANES == 8
@@ -12,19 +13,30 @@
 #define ZIP_HI {2, 6, 3, 7}
 #endif
 
-/* dst[i] = src[i·s], i < n */
+/* LANES values dst[i] = src[2·i] from two vectors of src (reading src[2·LANES - 1]) */
+static inline __attribute__((always_inline)) void SUFFIXED(gather_evens)(REAL *dst, const REAL *src) {
+    VEC a, b;
+    memcpy(&a, src, sizeof a);
+    memcpy(&b, src + LANES, sizeof b);
+    VEC even = __builtin_shuffle(a, b, (IVEC)EVENS);
+    memcpy(dst, &even, sizeof even);
+}
+
+/* dst[i] = src[i·s], i < n. With s = 2 the last vector, when n is not a whole number of them,
+ * moves back to end at dst[n - 1] (writing some values again, the same), where src holds the
+ * one value it reads past src[2·(n - 1)]: `last` is the highest index of src that may be read
+ * (the odd places read are discarded). */
 static inline __attribute__((always_inline)) void SUFFIXED(gather_run)(REAL *restrict dst, const REAL *restrict src,
                                                                        long n, long s, long last) {
     long i = 0;
     if (s == 1) {
         for (; i < n; i++) dst[i] = src[i];
     } else if (s == 2) {
-        for (; i + LANES <= n && 2 * i + 2 * LANES - 1 <= last; i += LANES) {
-            VEC a, b;
-            memcpy(&a, src + 2 * i, sizeof a);
-            memcpy(&b, src + 2 * i + LANES, sizeof b);
-            VEC even = __builtin_shuffle(a, b, (IVEC)EVENS);
-            memcpy(dst + i, &even, sizeof even);
+        for (; i + LANES <= n && 2 * i + 2 * LANES - 1 <= last; i += LANES)
+            SUFFIXED(gather_evens)(dst + i, src + 2 * i);
+        if (i < n && n >= LANES && 2 * n - 1 <= last) {
+            SUFFIXED(gather_evens)(dst + n - LANES, src + 2 * (n - LANES));
+            i = n;
         }
         for (; i < n; i++) dst[i] = src[2 * i];
     } else {
@@ -98,9 +110,9 @@ static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_c
                         continue;
                     }
                     REAL *run = x + (i_d * H + i_h) * W + start;
-                    if (to_col) {
+                    if (to_col) {  /* a gather may read on past the row, up to the channel's end */
                         SUFFIXED(zero_run)(c, lo);
-                        SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, last);
+                        SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, D * H * W - 1 - (run - x));
                         SUFFIXED(zero_run)(c + hi, oW - hi);
                     } else if (hi > lo) {
                         SUFFIXED(scatter_add_run)(run, c + lo, hi - lo, sw, last);
