@@ -255,8 +255,8 @@ __kernel void batch_norm_statistics(ARG(REAL, mean), ARG(const REAL, var), ARG(R
 }
 
 __kernel void batch_norm_apply(ARG(const REAL, x), ARG(const REAL, mean), ARG(const REAL, invstd),
-                               ARG(const REAL, gamma), ARG(const REAL, beta_), const int affine, ARG(REAL, y),
-                               const int N, const int C, const int S)
+                               ARG(const REAL, gamma), ARG(const REAL, beta_), const int affine, const int relu,
+                               ARG(REAL, y), const int N, const int C, const int S)
 {
     AT(const REAL, x); AT(const REAL, mean); AT(const REAL, invstd); AT(const REAL, gamma); AT(const REAL, beta_);
     AT(REAL, y);
@@ -264,7 +264,8 @@ __kernel void batch_norm_apply(ARG(const REAL, x), ARG(const REAL, mean), ARG(co
     if (i >= N * C * S) return;
     const int c = (i / S) % C;
     const REAL xhat = (x[i] - mean[c]) * invstd[c];
-    y[i] = affine ? xhat * gamma[c] + beta_[c] : xhat;
+    const REAL v = affine ? xhat * gamma[c] + beta_[c] : xhat;
+    y[i] = relu && v < 0 ? 0 : v;  /* (NaN stays NaN, as the activation kernel's ReLU) */
 }
 
 /* dgamma = Σ dy x̂, dbeta = Σ dy per channel */

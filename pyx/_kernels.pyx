@@ -1485,19 +1485,25 @@ def batch_norm_stats(real[:, :, ::1] x, double[::1] mean, double[::1] var):
 
 
 def batch_norm_apply(real[:, :, ::1] x, double[::1] mean, double[::1] invstd, real[::1] gamma,
-                     real[::1] beta_, bint affine, real[:, :, ::1] y):
-    """y = (x - mean) * invstd * gamma + beta (gamma 1, beta 0 without affine)."""
+                     real[::1] beta_, bint affine, real[:, :, ::1] y, bint relu=False):
+    """y = (x - mean) * invstd * gamma + beta (gamma 1, beta 0 without affine), through a ReLU
+    where relu is set (0 where negative: NaN stays NaN, as the activation kernel's)."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], S = x.shape[2], n, c, i
     cdef double scale, shift
-    cdef real a, b
+    cdef real a, b, v
     for c in prange(C, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
         scale = invstd[c] * (gamma[c] if affine else 1.0)
         shift = (beta_[c] if affine else 0.0) - mean[c] * scale
         a = <real>scale  # in the data's type: the loop below is one multiply-add per value
         b = <real>shift
         for n in range(N):
-            for i in range(S):
-                y[n, c, i] = x[n, c, i] * a + b
+            if relu:
+                for i in range(S):
+                    v = x[n, c, i] * a + b
+                    y[n, c, i] = 0 if v < 0 else v
+            else:
+                for i in range(S):
+                    y[n, c, i] = x[n, c, i] * a + b
 
 
 def batch_norm_backward(real[:, :, ::1] x, real[:, :, ::1] dy, double[::1] mean, double[::1] invstd,

@@ -606,17 +606,21 @@ def test_convolutions_agree_with_the_cpu(cl, kind, options):
 
 def test_a_convolution_with_its_activation_fused_agrees_with_the_cpu(cl):
     """Inference runs conv -> ReLU -> max pool with the ReLU inside the convolution (the bias and
-    the activation as the backend applies them) and the pool keeping no positions."""
+    the activation as the backend applies them), the pool keeping no positions, and a batch
+    norm's ReLU inside the batch norm."""
     def build():
         lm.manual_seed(16)
         net = lm.Network()
         x = net.input("x", (3, 9, 10))
-        net.outputs(y=lm.layers.MaxPool2d(2)(lm.layers.Activation("relu")(lm.layers.Conv2d(3, 5, 3, padding=1)(x))))
+        conv = lm.layers.Conv2d(3, 5, 3, padding=1)(x)
+        y = lm.layers.MaxPool2d(2)(lm.layers.Activation("relu")(conv))
+        normed = lm.layers.BatchNorm2d(5, frozen_statistics=True)(lm.layers.Conv2d(5, 5, 1)(y))
+        net.outputs(y=lm.layers.Activation("relu")(normed))
         return net
 
     feeds = {"x": np.random.default_rng(17).standard_normal((2, 3, 9, 10)).astype(np.float32)}
     cpu, dev = build(), build().to(cl)
-    assert dev.scheduler.plan(False, ("y",)).fused == {"conv2d0": ("relu", 0.01)}
+    assert dev.scheduler.plan(False, ("y",)).fused == {"conv2d0": ("relu", 0.01), "batch_norm2d0": ("relu", 0.01)}
     want = cpu.forward(feeds, training=True)["y"]  # unfused, positions kept
     np.testing.assert_allclose(cpu.run(feeds)["y"], want, rtol=0, atol=0)
     np.testing.assert_allclose(dev.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)

@@ -197,6 +197,25 @@ def test_max_pool_ties_and_nan_choose_as_the_generic_loop(dtype):
         np.testing.assert_array_equal(alone, out[..., :width // 2], err_msg=width)
 
 
+@pytest.mark.parametrize("kind", ["relu", "elu"])
+def test_batch_norm_applies_a_following_activation_at_inference(kind):
+    """conv -> BatchNorm -> activation: inference runs the activation inside the batch norm (the
+    ReLU in the same pass, others after it), equal to applying it to the batch norm's output."""
+    net = lm.Network()
+    bn = lm.layers.BatchNorm3d(3, name="bn")
+    pre = bn(Conv3d(2, 3, 3, padding=1)(net.input("x", (2, 4, 5, 6))))
+    net.outputs(pre=pre, y=lm.layers.Activation(kind)(pre))
+    rng = np.random.default_rng(9)
+    for name in ("running_mean", "running_var", "weight", "bias"):
+        bn.params[name].assign(rng.uniform(0.5, 1.5, 3) if name == "running_var" else rng.standard_normal(3))
+    X = rng.standard_normal((2, 2, 4, 5, 6)).astype(np.float32)
+    assert net.scheduler.plan(False, ("y",)).fused == {"bn": (kind, 0.01)}
+    before = net.run({"x": X}, ["pre"])["pre"]
+    # (elu's alpha is the layer's slope, 0.01 by default)
+    want = np.maximum(before, 0) if kind == "relu" else np.where(before > 0, before, 0.01 * np.expm1(before))
+    np.testing.assert_allclose(net.run({"x": X}, ["y"])["y"], want, rtol=1e-6, atol=1e-7)
+
+
 def test_concat_channels():
     net = lm.Network()
     a, b = net.input("a", (2, 3, 4)), net.input("b", (3, 3, 4))

@@ -303,8 +303,14 @@ class Backend(ABC):
         """dst = src (converted to dst's type) + beta dst."""
 
     @abstractmethod
-    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
-        """y = (x - mean) invstd gamma + beta (gamma None: no affine)."""
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y, activation=None):
+        """y = act((x - mean) invstd gamma + beta) (gamma None: no affine; activation (kind,
+        slope) or None, as conv_forward's)."""
+
+    def activate_in_place(self, activation, y):
+        """y = act(y) for activation (kind, slope); None or linear: nothing."""
+        if activation is not None and activation[0] != "linear":
+            self.activation(activation[0], y, y, activation[1])
 
     @abstractmethod
     def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):

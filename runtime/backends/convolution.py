@@ -110,8 +110,7 @@ def finish(be, y, bias, activation):
     or None)."""
     if bias is not None:
         be.channel_bias(y, bias)
-    if activation is not None and activation[0] != "linear":
-        be.activation(activation[0], y, y, activation[1])
+    be.activate_in_place(activation, y)
 
 
 def pointwise(conv):

@@ -464,11 +464,15 @@ class OpenCLBackend(Backend):
                   running_mean, running_var, r(eps), r(momentum), r(count / max(count - 1, 1)), np.int32(training),
                   np.int32(len(mean)))
 
-    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y, activation=None):
         affine = gamma is not None
         dummy = self._dummy(x.dtype)
+        relu = activation is not None and activation[0] == "relu"  # in the same pass; others after
         self._run("volumes", "batch_norm_apply", x.dtype, self._global(x.size), x, mean, invstd,
-                  gamma if affine else dummy, beta if affine else dummy, np.int32(affine), y, *self._ncs_shape(x))
+                  gamma if affine else dummy, beta if affine else dummy, np.int32(affine), np.int32(relu), y,
+                  *self._ncs_shape(x))
+        if not relu:
+            self.activate_in_place(activation, y)
 
     def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
         shape = self._ncs_shape(x)

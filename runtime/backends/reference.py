@@ -385,10 +385,11 @@ class ReferenceBackend(HostStatistics, Backend):
         mean[...] = x.mean(axes)
         var[...] = x.var(axes)
 
-    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y, activation=None):
         shape = (1, -1) + (1,) * (x.ndim - 2)
         xhat = (x - mean.reshape(shape)) * invstd.reshape(shape)
         y[...] = xhat * gamma.reshape(shape) + beta.reshape(shape) if gamma is not None else xhat
+        self.activate_in_place(activation, y)
 
     def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
         shape = (1, -1) + (1,) * (x.ndim - 2)

@@ -2,6 +2,7 @@
 pooling, batch normalisation, and concatenation along channels."""
 import numpy as np
 
+from ..backends.base import ACTIVATIONS
 from ..graph import Spec
 from .base import Layer, constant, int_tuple, padding_pairs, register, require_float, require_volume
 
@@ -184,7 +185,10 @@ class _BatchNorm(Layer):
             running_var.changed()
         gamma = self.params["weight"].buffer if self.affine else None
         bias = self.params["bias"].buffer if self.affine else None
-        be.batch_norm_apply(x, mean, invstd, gamma, bias, ctx.output)
+        be.batch_norm_apply(x, mean, invstd, gamma, bias, ctx.output, ctx.activation)
+
+    def fuses_activation(self, kind):
+        return kind in ACTIVATIONS
 
     def backward(self, ctx):
         be, x = ctx.be, ctx.inputs[0]

@@ -519,13 +519,16 @@ class CPUBackend(HostStatistics, Backend):
             check_array("batch_norm_stats", name, a, dtype=np.float64, shape=(x.shape[1],))
         K.batch_norm_stats(self._ncs(x), mean, var)
 
-    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y):
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta, y, activation=None):
         _float("batch_norm_apply", "x", x)
         _same("batch_norm_apply", "x", x, y=y)
         affine = gamma is not None
         dummy = np.empty(0, x.dtype)
+        relu = activation is not None and activation[0] == "relu"  # in the same pass; others after
         K.batch_norm_apply(self._ncs(x), mean, invstd, gamma if affine else dummy, beta if affine else dummy,
-                           affine, self._ncs(y))
+                           affine, self._ncs(y), relu)
+        if not relu:
+            self.activate_in_place(activation, y)
 
     def batch_norm_backward(self, x, dy, mean, invstd, gamma, batch_stats, dx, beta, dgamma, dbeta):
         _float("batch_norm_backward", "x", x)
