@@ -1324,9 +1324,9 @@ def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):
 # and padding p (a 2-D pool is depth 1).
 
 cdef extern from "pools.h" nogil:
-    void max_pool_inside_f(const float* x, long H, long W, float* out, int* argmax, long oD, long oH, long oW,
+    void max_pool_inside_f(const float* x, long D, long H, long W, float* out, int* argmax, long oD, long oH, long oW,
                            const long* geo)
-    void max_pool_inside_d(const double* x, long H, long W, double* out, int* argmax, long oD, long oH, long oW,
+    void max_pool_inside_d(const double* x, long D, long H, long W, double* out, int* argmax, long oD, long oH, long oW,
                            const long* geo)
 
 
@@ -1348,10 +1348,10 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
     if inside:  # pools.h, tap by tap over output rows
         for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
             if real is float:
-                max_pool_inside_f(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
+                max_pool_inside_f(&x[q, 0, 0, 0], D, H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
                                   oD, oH, oW, geo)
             else:
-                max_pool_inside_d(&x[q, 0, 0, 0], H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
+                max_pool_inside_d(&x[q, 0, 0, 0], D, H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
                                   oD, oH, oW, geo)
         return
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):

@@ -17,46 +17,6 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_take)(VEC v, IVE
     *best_at = (at & greater) | (*best_at & ~greater);
 }
 
-/* POOL_LAST_VECTOR: a row of at least LANES outputs goes in whole vectors, the last one moved
- * back to end where the row ends (its overlap with the one before is computed again, to the same
- * values and positions); a shorter row goes one output at a time. */
-
-/* The 2x2 window of stride 2 over one output row: input rows r0 and r1 (the row below) at
- * flat position p0 in the plane; LANES outputs at a time (even and odd widths split by shuffles,
- * positions kept as integer vectors). */
-static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2)(const REAL *r0, long p0, long W, REAL *o,
-                                                                         int *am, long oW) {
-    const REAL *r1 = r0 + W;
-    for (long next = 0; oW >= LANES && next < oW; next += LANES) {
-        const long ow = next + LANES <= oW ? next : oW - LANES;  /* (POOL_LAST_VECTOR) */
-        VEC a0, a1, b0, b1;
-        memcpy(&a0, r0 + 2 * ow, sizeof a0);
-        memcpy(&a1, r0 + 2 * ow + LANES, sizeof a1);
-        memcpy(&b0, r1 + 2 * ow, sizeof b0);
-        memcpy(&b1, r1 + 2 * ow + LANES, sizeof b1);
-        IVEC at = (IVEC)POOL_LANE_X2 + POOL_INDEX(p0 + 2 * ow);
-        VEC best = __builtin_shuffle(a0, a1, (IVEC)POOL_EVENS);
-        IVEC best_at = at;
-        SUFFIXED(pool_take)(__builtin_shuffle(a0, a1, (IVEC)POOL_ODDS), at + 1, &best, &best_at);
-        SUFFIXED(pool_take)(__builtin_shuffle(b0, b1, (IVEC)POOL_EVENS), at + POOL_INDEX(W), &best, &best_at);
-        SUFFIXED(pool_take)(__builtin_shuffle(b0, b1, (IVEC)POOL_ODDS), at + POOL_INDEX(W + 1), &best, &best_at);
-        memcpy(o + ow, &best, sizeof best);
-        for (long l = 0; l < LANES; l++) am[ow + l] = (int)best_at[l];
-    }
-    for (long ow = 0; oW < LANES && ow < oW; ow++) {  /* selects, not branches: the winner is data */
-        long i = 2 * ow, at = i;
-        REAL best = r0[i];
-        at = r0[i + 1] > best ? i + 1 : at;
-        best = r0[i + 1] > best ? r0[i + 1] : best;
-        at = r1[i] > best ? i + W : at;
-        best = r1[i] > best ? r1[i] : best;
-        at = r1[i + 1] > best ? i + W + 1 : at;
-        best = r1[i + 1] > best ? r1[i + 1] : best;
-        o[ow] = best;
-        am[ow] = (int)(p0 + at);
-    }
-}
-
 /* The larger of each lane of a and b, a where they tie or b is NaN (as "only a greater value
  * replaces"). */
 static inline __attribute__((always_inline)) VEC SUFFIXED(pool_max)(VEC a, VEC b) {
@@ -64,31 +24,74 @@ static inline __attribute__((always_inline)) VEC SUFFIXED(pool_max)(VEC a, VEC b
     return (VEC)(((IVEC)b & greater) | ((IVEC)a & ~greater));
 }
 
-/* pool_row_2x2 without positions (inference: no backward reads them): maxima only, in the same
- * order of comparisons, so the values equal pool_row_2x2's. */
-static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2_max)(const REAL *r0, long W, REAL *o,
-                                                                             long oW) {
+/* The 2x2 windows of stride 2 of LANES outputs from ow on: input rows r0 and r1 (the row below)
+ * at flat position p0 in the plane, even and odd widths split by shuffles (reads r0 and r1 up to
+ * 2·ow + 2·LANES - 1). The maxima into *best, and where positions is set their flat positions
+ * into *best_at (kept as integer vectors). */
+static inline __attribute__((always_inline)) void SUFFIXED(pool_vector_2x2)(const REAL *r0, long p0, long W, long ow,
+                                                                            int positions, VEC *best, IVEC *best_at) {
     const REAL *r1 = r0 + W;
-    for (long next = 0; oW >= LANES && next < oW; next += LANES) {
-        const long ow = next + LANES <= oW ? next : oW - LANES;  /* (POOL_LAST_VECTOR) */
-        VEC a0, a1, b0, b1;
-        memcpy(&a0, r0 + 2 * ow, sizeof a0);
-        memcpy(&a1, r0 + 2 * ow + LANES, sizeof a1);
-        memcpy(&b0, r1 + 2 * ow, sizeof b0);
-        memcpy(&b1, r1 + 2 * ow + LANES, sizeof b1);
-        VEC best = SUFFIXED(pool_max)(__builtin_shuffle(a0, a1, (IVEC)POOL_EVENS),
-                                      __builtin_shuffle(a0, a1, (IVEC)POOL_ODDS));
-        best = SUFFIXED(pool_max)(best, __builtin_shuffle(b0, b1, (IVEC)POOL_EVENS));
-        best = SUFFIXED(pool_max)(best, __builtin_shuffle(b0, b1, (IVEC)POOL_ODDS));
-        memcpy(o + ow, &best, sizeof best);
+    VEC a0, a1, b0, b1;
+    memcpy(&a0, r0 + 2 * ow, sizeof a0);
+    memcpy(&a1, r0 + 2 * ow + LANES, sizeof a1);
+    memcpy(&b0, r1 + 2 * ow, sizeof b0);
+    memcpy(&b1, r1 + 2 * ow + LANES, sizeof b1);
+    VEC even0 = __builtin_shuffle(a0, a1, (IVEC)POOL_EVENS), odd0 = __builtin_shuffle(a0, a1, (IVEC)POOL_ODDS);
+    VEC even1 = __builtin_shuffle(b0, b1, (IVEC)POOL_EVENS), odd1 = __builtin_shuffle(b0, b1, (IVEC)POOL_ODDS);
+    if (!positions) {
+        *best = SUFFIXED(pool_max)(SUFFIXED(pool_max)(SUFFIXED(pool_max)(even0, odd0), even1), odd1);
+        return;
     }
-    for (long ow = 0; oW < LANES && ow < oW; ow++) {
-        long i = 2 * ow;
-        REAL best = r0[i];
-        best = r0[i + 1] > best ? r0[i + 1] : best;
-        best = r1[i] > best ? r1[i] : best;
-        best = r1[i + 1] > best ? r1[i + 1] : best;
-        o[ow] = best;
+    IVEC at = (IVEC)POOL_LANE_X2 + POOL_INDEX(p0 + 2 * ow);
+    *best = even0;
+    *best_at = at;
+    SUFFIXED(pool_take)(odd0, at + 1, best, best_at);
+    SUFFIXED(pool_take)(even1, at + POOL_INDEX(W), best, best_at);
+    SUFFIXED(pool_take)(odd1, at + POOL_INDEX(W + 1), best, best_at);
+}
+
+/* One output row of 2x2 windows of stride 2 from input rows r0 and r1 = r0 + W (flat position
+ * p0 in the plane), positions into am unless it is NULL. A row of at least LANES outputs goes in
+ * whole vectors, the last one moved back to end where the row ends (its overlap with the one
+ * before is computed again, to the same values and positions). A shorter row is one whole vector
+ * where `readable` (the values that may be read from r0 on, to the plane's end) holds its reads
+ * past the row and `writable` (the outputs from o on, to the plane's end) its stores: the lanes
+ * past the row land on the next rows' outputs, which are written after (rows go in order, in one
+ * thread per plane). Else one output at a time. */
+static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2)(const REAL *r0, long p0, long W, REAL *o,
+                                                                         int *am, long oW, long readable,
+                                                                         long writable) {
+    VEC best;
+    IVEC best_at = {0};
+    if (oW >= LANES) {
+        for (long next = 0; next < oW; next += LANES) {
+            const long ow = next + LANES <= oW ? next : oW - LANES;
+            SUFFIXED(pool_vector_2x2)(r0, p0, W, ow, am != NULL, &best, &best_at);
+            memcpy(o + ow, &best, sizeof best);
+            if (am)
+                for (long l = 0; l < LANES; l++) am[ow + l] = (int)best_at[l];
+        }
+        return;
+    }
+    if (W + 2 * LANES <= readable && LANES <= writable) {
+        SUFFIXED(pool_vector_2x2)(r0, p0, W, 0, am != NULL, &best, &best_at);
+        memcpy(o, &best, sizeof best);
+        if (am)
+            for (long l = 0; l < LANES; l++) am[l] = (int)best_at[l];
+        return;
+    }
+    const REAL *r1 = r0 + W;
+    for (long ow = 0; ow < oW; ow++) {  /* selects, not branches: the winner is data */
+        long i = 2 * ow, at = i;
+        REAL top = r0[i];
+        at = r0[i + 1] > top ? i + 1 : at;
+        top = r0[i + 1] > top ? r0[i + 1] : top;
+        at = r1[i] > top ? i + W : at;
+        top = r1[i] > top ? r1[i] : top;
+        at = r1[i + 1] > top ? i + W + 1 : at;
+        top = r1[i + 1] > top ? r1[i + 1] : top;
+        o[ow] = top;
+        if (am) am[ow] = (int)(p0 + at);
     }
 }
 
@@ -96,9 +99,9 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2_max)(con
  * (the first of equal maxima, as the generic loop: only a greater value replaces), or no
  * positions where argmax is NULL. geo: kd, kh, kw, sd, sh, sw; the caller has checked that every
  * window lies inside x. */
-LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long H, long W, REAL *restrict out,
-                                                    int *restrict argmax, long oD, long oH, long oW,
-                                                    const long *geo) {
+LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long D, long H, long W,
+                                                    REAL *restrict out, int *restrict argmax, long oD, long oH,
+                                                    long oW, const long *geo) {
     const long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], sw = geo[5];
     const int two_by_two = kd == 1 && kh == 2 && kw == 2 && sh == 2 && sw == 2;
     for (long od = 0; od < oD; od++)
@@ -107,10 +110,11 @@ LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long
             int *restrict am = argmax ? argmax + (od * oH + oh) * oW : NULL;
             const long base = (od * sd * H + oh * sh) * W;
             if (two_by_two) {
+                const long readable = D * H * W - base, writable = (oD * oH - od * oH - oh) * oW;
                 if (am)
-                    SUFFIXED(pool_row_2x2)(x + base, base, W, o, am, oW);
-                else
-                    SUFFIXED(pool_row_2x2_max)(x + base, W, o, oW);
+                    SUFFIXED(pool_row_2x2)(x + base, base, W, o, am, oW, readable, writable);
+                else  /* (a NULL constant: the compiler drops the positions) */
+                    SUFFIXED(pool_row_2x2)(x + base, base, W, o, NULL, oW, readable, writable);
                 continue;
             }
             for (long ow = 0; ow < oW; ow++) o[ow] = x[base + ow * sw];
