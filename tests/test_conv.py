@@ -112,20 +112,23 @@ def test_gradients(case):
     check_gradients(net, feeds)
 
 
+def layer_reference(layer, X):
+    """The direct-loop result of a convolution layer (plain or transposed) on X, in float64."""
+    w = layer.weight.value.astype(np.float64)
+    b = layer.bias.value if layer.bias is not None else None
+    if layer.transposed:
+        return direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
+                                     layer.groups, layer.padding_end)
+    return direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_direct_loops(case):
     net, x, layer = conv_net(case)
     net.outputs(y=layer(x))
     net.astype("float64")
     X = np.random.default_rng(2).standard_normal((2,) + x.spec.shape)
-    w = layer.weight.value
-    b = layer.bias.value if layer.bias is not None else None
-    if layer.transposed:
-        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
-                                    layer.groups, layer.padding_end)
-    else:
-        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
-    np.testing.assert_allclose(net.run({"x": X})["y"], ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(net.run({"x": X})["y"], layer_reference(layer, X), rtol=1e-12, atol=1e-12)
 
 
 def random_config(rng, transposed, nd):

@@ -11,7 +11,7 @@ from lamina.backends.cpu import convolution as cpu_conv
 from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 from lamina.threads import SettingError
-from test_conv import CASES, conv_net, direct_conv, direct_conv_transpose
+from test_conv import CASES, conv_net, layer_reference
 
 # Winograd's shapes (kernel 3, stride 1, one group): volumes and images, padding 0..2 (the input
 # gradient's is 2 - padding), odd sizes so the last tile along every axis is partial, channel
@@ -68,13 +68,7 @@ def test_every_algorithm_matches_direct_loops(case, name, algorithm):
     net.outputs(y=layer(x))
     assert layer.algorithms(net.backend)["forward"] == name
     X = np.random.default_rng(2).standard_normal((3,) + x.spec.shape)
-    b = layer.bias.value if layer.bias is not None else None
-    w = layer.weight.value.astype(np.float64)
-    if layer.transposed:
-        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
-                                    layer.groups, layer.padding_end)
-    else:
-        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
+    ref = layer_reference(layer, X)
     for dtype, tol in (("float64", 1e-12), ("float32", 2e-5)):
         net.astype(dtype)
         np.testing.assert_allclose(net.run({"x": X.astype(dtype)})["y"], ref, rtol=tol, atol=tol, err_msg=dtype)
@@ -94,13 +88,7 @@ def test_a_following_activation_runs_inside_every_algorithm(case, name, kind, al
     net, x, layer = conv_net(case)
     net.outputs(y=lm.layers.Activation(kind)(layer(x)))
     X = np.random.default_rng(3).standard_normal((3,) + x.spec.shape)
-    w = layer.weight.value.astype(np.float64)
-    b = layer.bias.value if layer.bias is not None else None
-    if layer.transposed:
-        ref = direct_conv_transpose(X, w, b, layer.stride, layer.padding, layer.output_padding, layer.dilation,
-                                    layer.groups, layer.padding_end)
-    else:
-        ref = direct_conv(X, w, b, layer.stride, layer.padding, layer.dilation, layer.groups, layer.padding_end)
+    ref = layer_reference(layer, X)
     ref = np.maximum(ref, 0) if kind == "relu" else np.tanh(ref)
     for dtype, tol in (("float64", 1e-12), ("float32", 2e-5)):
         net.astype(dtype)
