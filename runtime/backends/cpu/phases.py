@@ -75,18 +75,16 @@ def _phase_plan(conv, out_sizes):
 def forward(conv, ctx):
     """y = the transposed convolution of x, phase by phase (without the bias)."""
     x, y = ctx.inputs[0], ctx.output
-    _, stride, _ = _geometry(conv)
+    kernel, step, _ = _geometry(conv)
     c, d, h, w = as_volume(x[0]).shape
-    out_sizes = as_volume(y[0]).shape[1:]
-    plans = _phase_plan(conv, out_sizes)
-    # one zero padding serves every phase: J - 1 before (a phase's first window starts up to
-    # that far before its first input) and J after (its last may end one past the input)
-    most = [max(math.ceil(k / s), 1) for k, s in zip(_geometry(conv)[0], stride)]
-    pad = tuple(most)
+    plans = _phase_plan(conv, as_volume(y[0]).shape[1:])
+    # one zero padding serves every phase, the most taps any phase has (J) on both sides: a
+    # phase's first window starts up to J - 1 before its first input, its last may end one past
+    # the input
+    pad = tuple(max(-(-k // s), 1) for k, s in zip(kernel, step))
     padded = (c, d + 2 * pad[0], h + 2 * pad[1], w + 2 * pad[2] + ROW_SLACK)
     packs = {plan[0]: _pack_phase(conv, plan[0]) for plan in plans if min(plan[1]) > 0}
     largest = max((math.prod(plan[3]) for plan in plans), default=0)
-    step = tuple(stride)
 
     def work(t, samples):
         xp = ctx.workspace(("phase input", t), padded)
