@@ -73,6 +73,15 @@ def get_num_threads():
     return openmp.omp_get_max_threads()
 
 
+cdef extern from "<sched.h>" nogil:
+    int sched_getcpu()
+
+
+def current_cpu():
+    """The CPU the calling thread runs on now (-1 where the system cannot say)."""
+    return sched_getcpu()
+
+
 cdef inline double _sigmoid(double x) noexcept nogil:
     if x >= 0:
         return 1.0 / (1.0 + exp(-x))
@@ -1137,14 +1146,39 @@ def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::
         _direct_run(xp, packed, y, groups, geo, d0, h0, w0, b, relu, accumulate)
 
 
+cdef extern from *:
+    """
+    /* The next sample of a batch shared by threads: each takes one at a time from a counter. */
+    static inline long lamina_claim(long *next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
+    """
+    long lamina_claim(long* next) nogil
+
+
+cdef long* _shared_counter(str where, long[::1] claim) except? NULL:
+    """claim: None (this call takes every sample in order) or a counter the calls of several threads
+    share, each taking the next sample from it (set to 0 before the first call)."""
+    if claim is None:
+        return NULL
+    if claim.shape[0] != 1:
+        raise ValueError(f"{where}: claim must hold one counter, found {claim.shape[0]} values")
+    return &claim[0]
+
+
+cdef inline Py_ssize_t _next_sample(long* shared, Py_ssize_t n) noexcept nogil:
+    """The sample after n: n + 1, or the next one no thread has taken."""
+    return n + 1 if shared == NULL else lamina_claim(shared)
+
+
 def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[:, :, :, ::1] xp,
                 int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw,
-                bint accumulate=False, real[::1] bias=None, bint relu=False):
+                bint accumulate=False, real[::1] bias=None, bint relu=False, long[::1] claim=None):
     """y[n] = (or +=, accumulate) the convolution of each sample x[n] [C, D, H, W] with unit
     stride along the width: x[n] padded into xp (padded_copy; xp's width leaves a vector's worth
     past each row), then direct_conv_padded (bias and relu as there). y [N, Cout, oD, oH, oW];
-    one call for the samples, checked once."""
+    one call for the samples, checked once; with `claim`, only the samples this call takes from
+    the shared counter (_shared_counter)."""
     cdef Py_ssize_t n, N = x.shape[0]
+    cdef long* shared = _shared_counter("direct_conv", claim)
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     if y.shape[0] != N:
@@ -1156,9 +1190,11 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
                   16 if real is float else 8)
     cdef real* b = _epilogue_bias("direct_conv", bias, relu, y.shape[1], accumulate)
     with nogil:
-        for n in range(N):
+        n = _next_sample(shared, -1)
+        while n < N:
             _padded_copy(x[n], xp, pd, ph, pw)
             _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, b, relu, accumulate)
+            n = _next_sample(shared, n)
 
 
 cdef extern from "winograd.h" nogil:
@@ -1199,13 +1235,14 @@ cdef tuple _winograd_grid(long D, long H, long W, long pd, long ph, long pw, bin
 
 def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[::1] xcl, real[::1] V,
                   real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False,
-                  real[::1] bias=None, bint relu=False):
+                  real[::1] bias=None, bint relu=False, long[::1] claim=None):
     """y[n] [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of each sample x[n]
     [C, D, H, W] with a kernel of 3 along height and width (and depth when depth3; else 1 and
     pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h); when overwriting, plus bias
     (None: none) and through a ReLU where relu is set. packed: the transformed, panel-packed
     weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked once for the
-    samples."""
+    samples. With `claim`, only the samples this call takes from the shared counter
+    (_shared_counter)."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], D = x.shape[2], H = x.shape[3], W = x.shape[4]
     cdef Py_ssize_t cout = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef long lanes = 8 if real is float else 4
@@ -1224,8 +1261,10 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
         raise ValueError(f"winograd_conv: xcl, V, M and packed must hold at least {need} values, found {found}")
     TD, TH, TW, Dp, Hp, Wp = _winograd_grid(D, H, W, pd, ph, pw, depth3)
     cdef real* b = _epilogue_bias("winograd_conv", bias, relu, cout, accumulate)
+    cdef long* shared = _shared_counter("winograd_conv", claim)
     with nogil:
-        for n in range(N):
+        n = _next_sample(shared, -1)
+        while n < N:
             memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
             for d in range(D):  # (a row of xcl, Wp·Cp values, stays in cache while every channel fills it)
                 for h in range(H):
@@ -1238,6 +1277,7 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
             else:
                 wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
                             &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate)
+            n = _next_sample(shared, n)
 
 
 def direct_conv_dw_max_width():

@@ -8,20 +8,13 @@ from .backends.blas import default_provider as _default_provider
 # pool, and libgomp workers that spin-wait after each of our OpenMP kernels steal its cores
 # (fc forward+backward at 2 threads measured 5x slower). MKL threads through libgomp itself and
 # gains from spinning, so the default stays where MKL is the provider. Set OMP_WAIT_POLICY to
-# override.
-#
-# Likewise OpenBLAS's own workers: after each GEMM they spin for 2^28 cycles (about 0.1 s) before
-# sleeping, on the cores the next OpenMP kernel wants. Our recurrent steps (OpenMP panel GEMM
-# right after OpenBLAS's input projection) ran 1.6x slower, and fc forward+backward at batch 64
-# 20x slower, than with a spin of 2^12 cycles, set here (read once, when OpenBLAS loads; set
-# OPENBLAS_THREAD_TIMEOUT to override).
+# override. (OpenBLAS's own pool is never used: lamina.threads.)
 try:
     _provider = _default_provider()
 except ValueError:  # a bad LAMINA_BLAS: raised again, clearly, by the first CPU backend made
     _provider = None
 if _provider == "openblas":
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 from . import layers, optim
 from .backends.cpu import CPUBackend
 from .backends.cpu.convolution import get_conv_algorithm, set_conv_algorithm

@@ -1,17 +1,25 @@
 """The one place that sets how many threads lamina uses: OpenMP (the Cython kernels and MKL's GNU
-threading layer share gcc's libgomp) and OpenBLAS's own pool.
+threading layer share gcc's libgomp) and the pieces of `split_work`.
 
 `LAMINA_THREADS` sets the starting value; `set_num_threads` changes it at run time.
-`split_work` runs independent pieces of one layer (the samples of a convolution) on the threads
-instead, each with single-threaded kernels and BLAS.
+`split_work` runs independent pieces of one layer (the samples of a convolution, the column blocks
+of an OpenBLAS GEMM) on the threads instead, each with single-threaded kernels and BLAS.
+
+OpenBLAS always runs on one thread: its own pool is never used. Its calling thread waits for the
+pool's workers by spinning, and when the scheduler put a woken worker on the caller's core (it did,
+after an idle spell, on this project's 2-core virtual machine), the worker waited for a whole time
+slice: the CNN bench's 64 x 3136 x 128 GEMM took 9-12 ms instead of 0.5 in most calls after 0.4 s
+idle. split_work's waits sleep, so a shared core passes to the other thread at once.
 """
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 
 from . import _kernels, _mkl, _openblas
 
 _current = None
+_local = threading.local()  # .in_split: this thread is running a piece of split_work
 
 
 class SettingError(ValueError):
@@ -40,7 +48,7 @@ def set_num_threads(n):
         raise SettingError(f"set_num_threads: expected a positive integer, found {n}")
     _kernels.set_num_threads(n)
     _mkl.set_num_threads(n)
-    _openblas.set_num_threads(n)
+    _openblas.set_num_threads(1)  # (see above: GEMMs are split by split_work instead)
     _current = n
 
 
@@ -48,43 +56,110 @@ def get_num_threads():
     return _current
 
 
-_pool, _pool_size = None, 0
+class _Worker:
+    """A thread of split_work's own: runs the jobs put on its queue, one at a time."""
+
+    def __init__(self, index):
+        self.jobs = queue.SimpleQueue()
+        self.cpu = None  # the one CPU it may run on (None: any)
+        ready = threading.Event()
+
+        def loop():
+            self.tid = threading.get_native_id()
+            ready.set()
+            while (job := self.jobs.get()) is not None:
+                job()
+        self.thread = threading.Thread(target=loop, name=f"lamina-{index}", daemon=True)
+        self.thread.start()
+        ready.wait()
+
+    def submit(self, fn):
+        done = Future()
+
+        def job():
+            try:
+                fn()
+            except BaseException as e:  # (handed to the caller)
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+        self.jobs.put(job)
+        return done
+
+    def pin(self, cpu):
+        if cpu != self.cpu:
+            try:
+                os.sched_setaffinity(self.tid, {cpu})
+                self.cpu = cpu
+            except OSError:  # (a CPU taken away meanwhile: the worker runs where it may)
+                self.cpu = None
+
+
+_workers = []
+_cpus = None  # the CPUs this process may use, sorted
 _split_lock = threading.Lock()
+
+
+def _forget_workers():  # a forked child has none of its parent's threads
+    global _workers, _split_lock
+    _workers, _split_lock = [], threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_workers)
+
+
+def _place(workers):
+    """Pin worker i to the i-th CPU after the caller's, when the process has a CPU for each thread.
+    A woken thread otherwise went where the kernel chose, and on this project's 2-core virtual
+    machine it chose the caller's own core after an idle spell (a vCPU whose host thread slept
+    counts as busy): the caller and the worker took turns on one core, and the CNN bench's
+    convolutions ran 2x slower (1.95 -> 3.96 ms) in the calls after each idle spell."""
+    global _cpus
+    if _cpus is None:
+        _cpus = sorted(os.sched_getaffinity(os.getpid()))
+    if len(_cpus) <= len(workers):
+        return
+    here = _kernels.current_cpu()
+    start = _cpus.index(here) if here in _cpus else 0
+    for i, w in enumerate(workers, 1):
+        w.pin(_cpus[(start + i) % len(_cpus)])
 
 
 def split_work(count, work, threads=None):
     """work(t, items) for t < T, where the T runs `items` cover range(count) in order and each
     is non-empty, T = min(threads or lamina's thread count, count); returns T. With T > 1 the
-    calling thread takes run 0 and each other run gets a worker thread; every run's kernels and
-    BLAS calls are single-threaded (the kernels release the GIL), so the pieces run side by side
-    with no team to wake inside them; BLAS returns to the full thread count afterwards. The
-    first exception raised by a run is re-raised here, after every run has finished.
-    (The caller works instead of waiting: one thread to wake fewer, and its core stays busy. On
-    this project's 2-core virtual machine, waking both halves of a convolution from a pool
-    after an idle spell made the next calls of the CNN bench about 2x slower.)"""
-    global _pool, _pool_size
+    calling thread takes run 0 and each other run goes to one of lamina's workers, pinned to
+    the CPUs after the caller's (_place); every run's kernels and BLAS calls are
+    single-threaded (the kernels release the GIL), so the pieces run side by side with no team
+    to wake inside them; MKL returns to the full thread count afterwards. The first exception
+    raised by a run is re-raised here, after every run has finished. Called from inside a run,
+    it works on that run's thread alone (T = 1).
+    (The caller works instead of waiting: one thread to wake fewer, and its core stays busy.)"""
     count = int(count)
-    threads = min(threads or _current, count)
+    threads = 1 if getattr(_local, "in_split", False) else min(threads or _current, count)
     if threads <= 1:
         if count:
             work(0, range(count))
         return max(threads, 0)
-    with _split_lock:  # one split at a time: BLAS thread counts are process-wide
-        if _pool is None or _pool_size < threads - 1:  # grow: the old workers are let go
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool, _pool_size = ThreadPoolExecutor(threads - 1, thread_name_prefix="lamina"), threads - 1
+    with _split_lock:  # one split at a time: MKL's thread count is process-wide
+        while len(_workers) < threads - 1:
+            _workers.append(_Worker(len(_workers) + 1))
+        helpers = _workers[:threads - 1]
+        _place(helpers)
 
         def run(t):
             _kernels.set_num_threads(1)  # OpenMP's thread count is per calling thread
-            work(t, range(t * count // threads, (t + 1) * count // threads))
+            _local.in_split = True
+            try:
+                work(t, range(t * count // threads, (t + 1) * count // threads))
+            finally:
+                _local.in_split = False
 
         _mkl.set_num_threads(1)
-        _openblas.set_num_threads(1)
         mine = _kernels.get_num_threads()
         errors = [None]
         try:
-            futures = [_pool.submit(run, t) for t in range(1, threads)]
+            futures = [w.submit(lambda t=t: run(t)) for t, w in enumerate(helpers, 1)]
             try:
                 run(0)
             except BaseException as e:  # kept until the other runs have finished
@@ -93,7 +168,6 @@ def split_work(count, work, threads=None):
         finally:
             _kernels.set_num_threads(mine)
             _mkl.set_num_threads(_current)
-            _openblas.set_num_threads(_current)
         for e in errors:
             if e is not None:
                 raise e

@@ -244,7 +244,7 @@ def test_samples_split_between_threads_give_the_one_thread_result(case):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
 
-def test_split_work_covers_the_items_and_restores_blas_threads():
+def test_split_work_covers_the_items_and_restores_kernel_threads():
     import threading
     from lamina import _kernels, _openblas
     from lamina.threads import split_work
@@ -263,14 +263,21 @@ def test_split_work_covers_the_items_and_restores_blas_threads():
         assert threading.get_ident() not in (where[1][0], where[2][0])
         assert all(w[1] == 1 for w in where.values())
         assert split_work(2, lambda t, items: None) == 2  # never more runs than items
-        assert _openblas.get_num_threads() == 3 and _kernels.get_num_threads() == 3
+        assert _openblas.get_num_threads() == 1 and _kernels.get_num_threads() == 3
+        # a split inside a run stays on that run's thread, in one run
+        inner = {}
+
+        def nested(t, items):
+            inner[t] = (split_work(5, lambda u, more: None), threading.get_ident())
+        split_work(3, nested)
+        assert all(runs == 1 for runs, _ in inner.values())
 
         def failing(t, items):
             if t in (0, 1):
                 raise ValueError(f"run {t} failed")
         with pytest.raises(ValueError, match="run 0 failed"):  # the first, after all have finished
             split_work(4, failing)
-        assert _openblas.get_num_threads() == 3 and _kernels.get_num_threads() == 3
+        assert _openblas.get_num_threads() == 1 and _kernels.get_num_threads() == 3
     finally:
         lm.set_num_threads(before)
 

@@ -284,3 +284,31 @@ def test_packed_weights_follow_every_update(name, algorithm):
     layer.weight.assign(rng.standard_normal(layer.weight.shape))
     got, want = both()
     np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())
+
+
+def test_batched_kernels_take_samples_from_a_shared_counter():
+    """With `claim`, a compiled batch call computes only the samples it takes from the counter
+    (the threads of one convolution share one); a counter of the wrong size is refused."""
+    rng = np.random.default_rng(3)
+    f = np.float32
+    x = rng.standard_normal((4, 3, 1, 5, 6)).astype(f)
+    sizes = _kernels.winograd_workspace(3, 5, 1, 5, 6, 0, 1, 1, False, 6, True)
+    packed = rng.standard_normal(sizes[3]).astype(f)
+    scratch = [np.zeros(n, f) for n in sizes[:3]]
+    whole = np.zeros((4, 5, 1, 5, 6), f)
+    _kernels.winograd_conv(x, packed, whole, *scratch, 0, 1, 1, False, 6)
+    claim = np.array([2], np.int64)  # samples 0 and 1 already taken by another call
+    part = np.full_like(whole, np.nan)
+    _kernels.winograd_conv(x, packed, part, *scratch, 0, 1, 1, False, 6, claim=claim)
+    assert claim[0] >= 4 and np.isnan(part[:2]).all()
+    np.testing.assert_array_equal(part[2:], whole[2:])
+    xp = np.zeros((3, 1, 7, 24), f)
+    direct_packed = rng.standard_normal(8 * 3 * 9).astype(f)
+    whole = np.zeros((4, 5, 1, 5, 6), f)
+    _kernels.direct_conv(x, direct_packed, whole, xp, 1, 1, 3, 3, 1, 1, 0, 1, 1, 1, 1, 1)
+    part = np.full_like(whole, np.nan)
+    _kernels.direct_conv(x, direct_packed, part, xp, 1, 1, 3, 3, 1, 1, 0, 1, 1, 1, 1, 1, claim=np.array([3]))
+    assert np.isnan(part[:3]).all()
+    np.testing.assert_array_equal(part[3:], whole[3:])
+    with pytest.raises(ValueError, match="winograd_conv: claim must hold one counter, found 2 values"):
+        _kernels.winograd_conv(x, packed, part, *scratch, 0, 1, 1, False, 6, claim=np.zeros(2, np.int64))

@@ -12,6 +12,8 @@ REF = ReferenceBackend()
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
 SIZES = [(1, 1, 1), (7, 33, 1), (33, 7, 129), (129, 33, 7), (64, 130, 96)]
+# products large enough that the CPU splits them between threads, by rows and by columns
+SPLIT_SIZES = [(257, 33, 300), (33, 301, 257)]
 
 
 from conftest import stable_rng as rng_for
@@ -28,7 +30,7 @@ def close(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k", SIZES)
+@pytest.mark.parametrize("m,n,k", SIZES + SPLIT_SIZES)
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("beta", [0.0, 1.0])

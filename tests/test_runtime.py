@@ -21,7 +21,8 @@ def test_set_num_threads_reaches_every_runtime():
         lm.set_num_threads(1)
         assert (_kernels.get_num_threads(), _mkl.get_num_threads(), _openblas.get_num_threads()) == (1, 1, 1)
         lm.set_num_threads(2)
-        assert (_kernels.get_num_threads(), _mkl.get_num_threads(), _openblas.get_num_threads()) == (2, 2, 2)
+        # OpenBLAS stays on one thread: the CPU backend splits its GEMMs between lamina's threads
+        assert (_kernels.get_num_threads(), _mkl.get_num_threads(), _openblas.get_num_threads()) == (2, 2, 1)
     finally:
         lm.set_num_threads(before)
     with pytest.raises(ValueError, match="positive integer, found 0"):

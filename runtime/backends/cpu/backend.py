@@ -11,7 +11,7 @@ from ... import _mkl, _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from ..blas import default_provider, provider
-from ...threads import get_num_threads
+from ...threads import get_num_threads, split_work
 from . import convolution, recurrence
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -90,6 +90,18 @@ class PackedMatrix:
         self.handle, self.panels = handle, panels
 
 
+# An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in waking the
+# other thread than it saves)
+GEMM_SPLIT_MIN = 1 << 21
+
+
+def _block_bounds(size, pieces, align):
+    """Bounds of up to `pieces` nearly equal blocks of range(size), inner bounds multiples of align."""
+    pieces = max(1, min(pieces, size // align))
+    inner = [round(i * size / pieces / align) * align for i in range(1, pieces)]
+    return [0] + inner + [size]
+
+
 class CPUBackend(HostStatistics, Backend):
     name = "cpu"
 
@@ -135,7 +147,23 @@ class CPUBackend(HostStatistics, Backend):
             else:
                 c *= beta
             return
-        self.blas.gemm(a, b, c, trans_a, trans_b, alpha, beta)
+        if self.blas_name == "mkl":  # (MKL threads through libgomp itself)
+            self.blas.gemm(a, b, c, trans_a, trans_b, alpha, beta)
+            return
+        # OpenBLAS runs on one thread (lamina.threads says why): a large product is split into
+        # blocks of c's longer side, one per thread, each block reading the whole of the other operand
+        threads = get_num_threads() if m * n * k >= GEMM_SPLIT_MIN else 1
+        by_rows = m > n
+        bounds = _block_bounds(m if by_rows else n, threads, 8 if by_rows else 16)
+
+        def work(t, blocks):
+            for i in blocks:
+                part = slice(bounds[i], bounds[i + 1])
+                if by_rows:
+                    self.blas.gemm(a[:, part] if trans_a else a[part], b, c[part], trans_a, trans_b, alpha, beta)
+                else:
+                    self.blas.gemm(a, b[part] if trans_b else b[:, part], c[:, part], trans_a, trans_b, alpha, beta)
+        split_work(len(bounds) - 1, work)
 
     def pack(self, b, trans=False, alpha=1.0, max_rows=1):
         _float("pack", "b", b, ndim=2)

@@ -83,9 +83,9 @@ def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0, bias=No
     kernel = conv.geometry(dst.shape[2:])[0]
     padded = _padded_shape(src, padding)
 
-    def call(t, x, y, accumulate):
+    def call(t, x, y, accumulate, claim):
         _kernels.direct_conv(x, packed, y, ctx.workspace(("padded", t), padded), conv.groups, *kernel, *stride[:2],
-                             *padding, *dilation, accumulate, bias, relu)
+                             *padding, *dilation, accumulate, bias, relu, claim)
     columns.over_samples(ctx, src, dst, beta, call)
 
 
