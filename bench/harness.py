@@ -160,17 +160,25 @@ def lamina_step(net, feeds, grads, mode, device="cpu"):
     return forward if mode in ("fwd", "infer") else forward_backward
 
 
+_raw_providers = []  # the BLAS providers this worker times raw
+
+
 def set_threads(n):
-    """Set the thread count of whatever this worker has imported."""
+    """Set the thread count of whatever this worker has imported; a BLAS timed raw runs on its
+    own n threads (inside lamina, OpenBLAS runs on one and lamina splits the GEMM)."""
     if "lamina" in sys.modules:
         sys.modules["lamina"].set_num_threads(n)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
+    for p in _raw_providers:
+        p.set_num_threads(n)
 
 
 def raw_provider(name):
     from lamina.backends.blas import provider
-    return provider(name)
+    p = provider(name)
+    _raw_providers.append(p)
+    return p
 
 
 def square_gemm(provider_name, size):
