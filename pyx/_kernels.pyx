@@ -82,6 +82,53 @@ def current_cpu():
     return sched_getcpu()
 
 
+cdef extern from *:
+    """
+    #include <sched.h>
+    #include <time.h>
+    /* Spin until *counter >= target or `seconds` have passed, yielding the CPU at every turn to
+     * any other thread that is ready to run on it; 1 if the target was reached. */
+    static int lamina_spin_until(volatile long *counter, long target, double seconds) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            for (int i = 0; i < 64; i++) {
+                if (__atomic_load_n(counter, __ATOMIC_ACQUIRE) >= target)
+                    return 1;
+    #if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+    #endif
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((t.tv_sec - t0.tv_sec) + 1e-9 * (t.tv_nsec - t0.tv_nsec) >= seconds)
+                return 0;
+            sched_yield();
+        }
+    }
+    static inline void lamina_count_up(long *counter) { __atomic_add_fetch(counter, 1, __ATOMIC_RELEASE); }
+    """
+    int lamina_spin_until(long* counter, long target, double seconds) nogil
+    void lamina_count_up(long* counter) nogil
+
+
+def spin_until(long[::1] counter, long target, double seconds):
+    """Wait, without the GIL and without sleeping, until counter[0] >= target (True) or `seconds`
+    have passed (False); the CPU goes to any other thread ready to run on it meanwhile."""
+    if counter.shape[0] != 1:
+        raise ValueError(f"spin_until: counter must hold one value, found {counter.shape[0]}")
+    cdef int reached
+    with nogil:
+        reached = lamina_spin_until(&counter[0], target, seconds)
+    return bool(reached)
+
+
+def count_up(long[::1] counter):
+    """counter[0] += 1, atomically (the counterpart of spin_until)."""
+    if counter.shape[0] != 1:
+        raise ValueError(f"count_up: counter must hold one value, found {counter.shape[0]}")
+    lamina_count_up(&counter[0])
+
+
 cdef inline double _sigmoid(double x) noexcept nogil:
     if x >= 0:
         return 1.0 / (1.0 + exp(-x))

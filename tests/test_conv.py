@@ -304,3 +304,17 @@ def test_direct_input_gradient_adds_to_another_consumers(monkeypatch):
         feeds[name] = probe_feed(net, name, 3, seed=seed)
     check_gradients(net, feeds)
     assert "input grad" in calls and "forward" in calls
+
+
+def test_spin_until_sees_a_count_made_by_another_thread():
+    import threading
+    from lamina import _kernels
+    counter = np.zeros(1, np.int64)
+    assert not _kernels.spin_until(counter, 1, 1e-4)  # nothing counts: gives up after the time
+    worker = threading.Thread(target=lambda: [_kernels.count_up(counter) for _ in range(3)])
+    worker.start()
+    assert _kernels.spin_until(counter, 3, 10.0)
+    worker.join()
+    assert counter[0] == 3
+    with pytest.raises(ValueError, match="spin_until: counter must hold one value, found 2"):
+        _kernels.spin_until(np.zeros(2, np.int64), 1, 0.0)
