@@ -185,7 +185,8 @@ class Plan:
         self.seeds = self.given or self.costs
         self.given_written = set()  # given gradients that layers add to (the rest are only read)
         self.backward_nodes, self.in_betas, self.grad_values, self.fires = [], {}, [], {}
-        # inference: producer node -> the activation it applies; activation output -> its input
+        # inference: producer node -> the activation it applies; output of a fused activation or a
+        # view -> its input
         self.fused, self.aliases = {}, {}
         if training:
             self._plan_gradients(net)
@@ -200,7 +201,9 @@ class Plan:
     def _fuse_activations(self, scheduler, wanted):
         """An activation node (Layer.as_activation) whose input only it reads, and that the
         input's producer can apply to its own output (Layer.fuses_activation), runs inside the
-        producer: its output becomes an alias of its input."""
+        producer: its output becomes an alias of its input. A view node (Layer.is_view: a
+        reshape) whose input only it reads does not run: its output is an alias of its input,
+        seen in its own shape."""
         readers = {}
         for n in self.nodes:
             for v in {v.name for v in n.inputs}:
@@ -208,15 +211,17 @@ class Plan:
         net = scheduler.network
         for n in self.nodes:
             activation = n.layer.as_activation()
-            if activation is None:
+            if activation is None and not (n.layer.is_view() and len(n.inputs) == 1):
                 continue
             v = n.inputs[0].name
             p = scheduler.producer.get(v)
-            if (p is None or readers[v] != 1 or v in wanted or len(p.outputs) != 1 or p.name in self.fused
-                    or net.values[v].spec.selected or not p.layer.fuses_activation(activation[0])):
+            if p is None or readers[v] != 1 or v in wanted or len(p.outputs) != 1 or net.values[v].spec.selected:
                 continue
-            self.fused[p.name] = activation
-            self.aliases[n.output] = v
+            if activation is None:
+                self.aliases[n.output] = v
+            elif p.name not in self.fused and p.layer.fuses_activation(activation[0]):
+                self.fused[p.name] = activation
+                self.aliases[n.output] = v
 
     def _plan_gradients(self, net):
         requires = {v: net.values[v].requires_grad and net.values[v].spec.kind == "float"
@@ -330,7 +335,8 @@ class Bindings:
             for v in {v.name for v in n.inputs}:
                 if (plan.last_use.get(v) == i and ("value", v) in self._slot_of and v not in keep
                         and v not in aliased and not self._is_selected(v)):
-                    free.setdefault(self._row_key(v), []).append(self._slot_of[("value", v)])
+                    slot = self._slot_of[("value", v)]  # (filed under its own shape: an alias's may differ)
+                    free.setdefault(self._slot_key[slot], []).append(slot)
 
     def resize(self, batch, steps):
         """Point every value and gradient at views for this batch size, growing the bases that
@@ -343,9 +349,10 @@ class Bindings:
             rows = steps if sequence else batch
             need = (rows or 0) * math.prod(shape)
             self._bases[slot] = self._grown(self._bases.get(slot), need, dtype, self.backend.empty)
-            sizes[slot] = ((rows or 0),) + shape, need
+            sizes[slot] = rows or 0, need
         for (store, vname), slot in self._slot_of.items():
-            shape, need = sizes[slot]
+            rows, need = sizes[slot]  # (each value in its own shape: an alias may see its slot in another)
+            shape = (rows,) + self._row_key(vname)[0]
             (self.values if store == "value" else self.grads)[vname] = self._bases[slot][:need].reshape(shape)
 
     @classmethod

@@ -192,7 +192,7 @@ def fusion_net():
     x = net.input("x", (2, 6, 6))
     c = lm.layers.MaxPool2d(2)(Activation("relu", name="conv_relu")(lm.layers.Conv2d(2, 3, 3, padding=1,
                                                                                       name="conv")(x)))
-    flat = lm.layers.Reshape((27,))(c)
+    flat = lm.layers.Reshape((27,), name="flat")(c)
     lin = Linear(27, 5, name="lin")(flat)
     shared = Linear(27, 5, name="shared")(flat)
     added = Add(name="add")(Activation("tanh", name="lin_tanh")(lin), Activation("sigmoid")(shared))
@@ -205,7 +205,8 @@ def test_inference_runs_an_activation_inside_the_layer_before_it():
     net = fusion_net()
     plan = net.scheduler.plan(False, ("y", "lin", "z"))
     assert plan.fused == {"conv": ("relu", 0.01), "add": ("relu", 0.01)}
-    assert plan.aliases == {"conv_relu": "conv", "first": "add"}
+    pooled = net.nodes[2].output  # (the reshape, a view, reads the pool's output alone)
+    assert plan.aliases == {"conv_relu": "conv", "first": "add", "flat": pooled}
     X = np.random.default_rng(8).standard_normal((4, 2, 6, 6)).astype(np.float32)
     got = net.run({"x": X})
     want = net.forward({"x": X}, training=True)  # training never fuses
@@ -216,10 +217,36 @@ def test_inference_runs_an_activation_inside_the_layer_before_it():
         address = {k: b.values[k].__array_interface__["data"][0] for k in ("conv_relu", "conv")}
         assert address["conv_relu"] == address["conv"]
         assert [n.name for n, _ in b.contexts if n.name in ("conv_relu", "first")] == []
+        # the reshape's output is the pool's buffer in its own shape, and the reshape does not run
+        assert b.values["flat"].__array_interface__["data"][0] == b.values[pooled].__array_interface__["data"][0]
+        assert b.values["flat"].shape == (4, 27) and "flat" not in [n.name for n, _ in b.contexts]
     # an output that asks for the pre-activation value keeps the activation a node of its own
     plan = net.scheduler.plan(False, ("y", "lin"))
     assert "lin" not in plan.fused
     assert net.scheduler.plan(True, ("y",)).fused == {}
+
+
+def test_a_reshape_aliases_its_input_only_where_nothing_else_reads_it():
+    """A view's input read by another node, or asked for as an output, keeps a buffer of its own;
+    answers are those of the training forward (which copies) either way."""
+    net = lm.Network()
+    x = net.input("x", (6,))
+    h = Linear(6, 6, name="h")(x)
+    shared = lm.layers.Reshape((2, 3), name="shared")(h)  # h also feeds "tanh": no alias
+    again = Linear(6, 4, name="again")(Activation("tanh", name="tanh")(h))
+    lone = lm.layers.Reshape((3, 2), name="lone")(Linear(6, 6, name="k")(x))  # k's one reader
+    last = Linear(6, 3, name="last")(lm.layers.Reshape((6,), name="back")(lone))
+    net.outputs(shared=shared, again=again, lone=lone, last=last)
+    X = np.random.default_rng(9).standard_normal((5, 6)).astype(np.float32)
+    want = net.forward({"x": X}, training=True)
+    plan = net.scheduler.plan(False, ("shared", "again", "lone", "last"))
+    assert plan.aliases == {"lone": "k"}  # "back" reads "lone", which is asked for
+    got = net.run({"x": X})
+    for name in ("shared", "again", "lone", "last"):
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert net.scheduler.plan(False, ("last",)).aliases == {"lone": "k", "back": "lone"}
+    np.testing.assert_array_equal(net.run({"x": X}, outputs=["last"])["last"], want["last"])
+    assert net.scheduler.plan(False, ("lone",)).aliases == {"lone": "k"}
 
 
 def test_inference_without_labels_computes_what_it_can():

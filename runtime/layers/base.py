@@ -125,6 +125,11 @@ class Layer:
         ctx.activation asks (then a following activation layer runs inside this one)."""
         return False
 
+    def is_view(self):
+        """Whether the output is the one input's values, in order, in another shape (at inference
+        it can be the input's own buffer, and the layer need not run)."""
+        return False
+
     def grad_slots(self, n_inputs):
         """Input slots whose gradient backward computes (costs leave labels and weights out)."""
         return range(n_inputs)

@@ -12,7 +12,8 @@ from .base import Layer, register, require_float
 @register
 class Reshape(Layer):
     """y = each sample's values in another shape (row-major, same count), as torch.reshape of a
-    sample; x [N, *in_shape] → y [N, *shape]. The copy is one pass; backward copies back."""
+    sample; x [N, *in_shape] → y [N, *shape]. The copy is one pass (none at inference, where
+    the output is the input's buffer when nothing else reads the input); backward copies back."""
 
     kind = "reshape"
     backends = ("cpu", "opencl")
@@ -30,6 +31,9 @@ class Reshape(Layer):
             raise ValueError(f"cannot view a sample of shape {list(x.shape)} ({math.prod(x.shape)} values) as "
                              f"{list(self.shape)} ({math.prod(self.shape)} values)")
         return Spec(self.shape, sequence=x.sequence)
+
+    def is_view(self):
+        return True
 
     def forward(self, ctx):
         y = ctx.output
