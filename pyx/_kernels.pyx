@@ -1247,10 +1247,10 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
 cdef extern from "winograd.h" nogil:
     void wino_conv_f(const float* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                      const float* packed, long COp, long cout, long T, float* V, float* M, float* y,
-                     long oD, long oH, long oW, const float* bias, int relu, int accumulate)
+                     long oD, long oH, long oW, const float* bias, int relu, int accumulate, int pool)
     void wino_conv_d(const double* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                      const double* packed, long COp, long cout, long T, double* V, double* M, double* y,
-                     long oD, long oH, long oW, const double* bias, int relu, int accumulate)
+                     long oD, long oH, long oW, const double* bias, int relu, int accumulate, int pool)
 
 
 def winograd_lanes(bint is_float):
@@ -1282,14 +1282,16 @@ cdef tuple _winograd_grid(long D, long H, long W, long pd, long ph, long pw, bin
 
 def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[::1] xcl, real[::1] V,
                   real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False,
-                  real[::1] bias=None, bint relu=False, long[::1] claim=None):
+                  real[::1] bias=None, bint relu=False, long[::1] claim=None, bint pool=False):
     """y[n] [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of each sample x[n]
     [C, D, H, W] with a kernel of 3 along height and width (and depth when depth3; else 1 and
     pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h); when overwriting, plus bias
     (None: none) and through a ReLU where relu is set. packed: the transformed, panel-packed
     weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked once for the
     samples. With `claim`, only the samples this call takes from the shared counter
-    (_shared_counter)."""
+    (_shared_counter). With `pool` (not with accumulate), y is the max pool of kernel 2 and stride 2
+    of those outputs (along height and width, and depth when depth3; sizes rounded down), after
+    the bias and the ReLU: each 2x2(x2) tile of the transform is one window."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], D = x.shape[2], H = x.shape[3], W = x.shape[4]
     cdef Py_ssize_t cout = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef long lanes = 8 if real is float else 4
@@ -1299,7 +1301,15 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
         raise ValueError(f"winograd_conv: padding {(pd, ph, pw)} (depth 0 for images), block {block}, {N} input "
                          f"and {y.shape[0]} output samples")
     want = (D + 2 * pd - 2 if depth3 else D, H + 2 * ph - 2, W + 2 * pw - 2)
-    if (oD, oH, oW) != want or min(want) < 1:
+    if pool:
+        if accumulate:
+            raise ValueError("winograd_conv: a pooled output cannot be accumulated into")
+        pooled = (want[0] // 2 if depth3 else want[0], want[1] // 2, want[2] // 2)
+        if (oD, oH, oW) != pooled or min(pooled) < 1:
+            raise ValueError(f"winograd_conv: an input {(D, H, W)} padded by {(pd, ph, pw)} gives outputs {want}, "
+                             f"pooled {pooled}; found y {(oD, oH, oW)}")
+        oD, oH, oW = want
+    elif (oD, oH, oW) != want or min(want) < 1:
         raise ValueError(f"winograd_conv: an input {(D, H, W)} padded by {(pd, ph, pw)} gives outputs {want}, "
                          f"found y {(oD, oH, oW)}")
     need = winograd_workspace(C, cout, D, H, W, pd, ph, pw, depth3, block, real is float)
@@ -1320,10 +1330,10 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
                             xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[n, c, d, h, w]
             if real is float:
                 wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate)
+                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate, pool)
             else:
                 wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate)
+                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate, pool)
             n = _next_sample(shared, n)
 
 

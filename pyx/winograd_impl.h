@@ -62,13 +62,25 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
 #define WINO_PAIRS_HIGH {2, 6, 3, 7}
 #endif
 
+/* The larger of each lane of a and b, a where they tie or b is NaN (a max pool's "only a greater
+ * value replaces"). */
+static inline __attribute__((always_inline)) VEC SUFFIXED(wino_max)(VEC a, VEC b) {
+    IVEC greater = (IVEC)(b > a);
+    return (VEC)(((IVEC)b & greater) | ((IVEC)a & ~greater));
+}
+
 /* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co], plus bias[co] (unless bias
  * is NULL), through a ReLU where relu is set (epilogue.h); or, when accumulate is set, added to y
- * (no bias, no ReLU). y [cout][oD][oH][oW]. */
+ * (no bias, no ReLU). y [cout][oD][oH][oW]. With pool set, y is instead the max pool of kernel 2
+ * and stride 2 (along height and width, and depth when depth3) of those outputs, [cout][pD][pH][pW]
+ * with pD = oD / 2 (depth3) or oD, pH = oH / 2, pW = oW / 2: the pool's windows are the tiles, so
+ * each tile stores its maximum, taken in the pool's order (depth, height, width), and a tile
+ * cut by the output's end stores nothing (the pool rounds down). */
 LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
                                                 long t0, long t1, REAL *y, long oD, long oH, long oW,
-                                                const REAL *bias, int relu, int accumulate) {
+                                                const REAL *bias, int relu, int accumulate, int pool) {
     const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1;
+    const long pD = depth3 ? oD / 2 : oD, pH = oH / 2, pW = oW / 2;
     VEC buf[64];
     VEC biases[COp / LANES];  /* the bias by vectors of channels, zero past cout */
     if (bias && !accumulate)
@@ -76,6 +88,8 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
     for (long t = t0; t < t1; t++) {
         long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
         long od0 = depth3 ? 2 * td : td, oh0 = 2 * th, ow0 = 2 * tw;
+        if (pool && (td >= pD || th >= pH || tw >= pW))
+            continue;
         for (long co0 = 0; co0 < COp; co0 += LANES) {
             const REAL *mt = M + (t - t0) * XI * COp + co0;
             for (long ab = 0; ab < A * 4; ab++) {  /* widths, as M is read */
@@ -90,6 +104,24 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
                 for (long b = 0; b < 2; b++)
                     for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + b * 4 + e, 16);
             const long lanes = cout - co0 < LANES ? cout - co0 : LANES, plane = oD * oH * oW;
+            if (pool) {
+                VEC best = {0};
+                for (long a = 0; a < OA; a++)
+                    for (long b = 0; b < 2; b++)
+                        for (long e = 0; e < 2; e++) {
+                            VEC w = buf[(a * 4 + b) * 4 + e];
+                            if (bias)
+                                w += biases[co0 / LANES];
+                            if (relu)
+                                w = SUFFIXED(relu)(w);
+                            best = a + b + e == 0 ? w : SUFFIXED(wino_max)(best, w);
+                        }
+                REAL v[LANES];
+                memcpy(v, &best, sizeof v);
+                REAL *yp = y + ((co0 * pD + td) * pH + th) * pW + tw;
+                for (long l = 0; l < lanes; l++) yp[l * pD * pH * pW] = v[l];
+                continue;
+            }
             for (long a = 0; a < OA; a++)
                 for (long b = 0; b < 2; b++) {
                     long od = od0 + a, oh = oh0 + b;
@@ -130,10 +162,11 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
 }
 
 /* The whole convolution of one sample from its channels-last padded copy: tiles in blocks of T,
- * each block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows). */
+ * each block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows);
+ * y as wino_output's. */
 static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                                 const REAL *packed, long COp, long cout, long T, REAL *V, REAL *M, REAL *y,
-                                long oD, long oH, long oW, const REAL *bias, int relu, int accumulate) {
+                                long oD, long oH, long oW, const REAL *bias, int relu, int accumulate, int pool) {
     const long XI = depth3 ? 64 : 16, tiles = TD * TH * TW;
     const long panels = SUFFIXED(panel_count)(COp), per_xi = panels * Cp * 2 * LANES;
     for (long t0 = 0; t0 < tiles; t0 += T) {
@@ -142,7 +175,7 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
         for (long xi = 0; xi < XI; xi++)
             SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * Cp, XI * Cp, packed + xi * per_xi, 0, panels,
                                  M + xi * COp, XI * COp, 0);
-        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate);
+        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pool);
     }
 }
 

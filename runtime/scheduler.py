@@ -55,7 +55,7 @@ class GradTarget:
 class Context:
     """What a layer's forward and backward see for one node: arrays, gradients, workspaces."""
 
-    __slots__ = ("node", "layer", "be", "bindings", "training", "activation", "_in", "_out", "_in_grads")
+    __slots__ = ("node", "layer", "be", "bindings", "training", "activation", "pool", "_in", "_out", "_in_grads")
 
     def __init__(self, node, bindings, in_grads):
         self.node, self.layer, self.bindings = node, node.layer, bindings
@@ -66,6 +66,12 @@ class Context:
         self.activation = bindings.plan.fused.get(node.name)
         self._in = [v.name for v in node.inputs]
         self._out = node.outputs
+        # the window of a max pool this node's forward applies to its output (fused from the
+        # MaxPool node that follows it, whose output is then this node's), or None
+        pooled = bindings.plan.pooled.get(node.name)
+        self.pool = pooled[0] if pooled else None
+        if pooled:
+            self._out = [pooled[1]]
         self._in_grads = in_grads  # per slot: beta (0.0 or 1.0), or None for no gradient
 
     @property
@@ -86,6 +92,10 @@ class Context:
     def outputs(self):
         values = self.bindings.values
         return [values[n] for n in self._out]
+
+    def unpooled_shape(self):
+        """The shape of this node's own output before a fused max pool (Context.pool)."""
+        return (self.batch,) + self.bindings.network.values[self.node.outputs[0]].spec.shape
 
     @property
     def batch(self):
@@ -186,8 +196,9 @@ class Plan:
         self.given_written = set()  # given gradients that layers add to (the rest are only read)
         self.backward_nodes, self.in_betas, self.grad_values, self.fires = [], {}, [], {}
         # inference: producer node -> the activation it applies; output of a fused activation or a
-        # view -> its input
-        self.fused, self.aliases = {}, {}
+        # view -> its input; producer node -> (window, output) of the max pool it applies, and
+        # the names of those pool nodes (they do not run)
+        self.fused, self.aliases, self.pooled, self.absorbed = {}, {}, {}, set()
         if training:
             self._plan_gradients(net)
         else:
@@ -222,6 +233,29 @@ class Plan:
             elif p.name not in self.fused and p.layer.fuses_activation(activation[0]):
                 self.fused[p.name] = activation
                 self.aliases[n.output] = v
+        self._fuse_pools(scheduler, wanted, readers)
+
+    def _fuse_pools(self, scheduler, wanted, readers):
+        """A max pool (Layer.as_max_pool) whose input only it reads, the output of a layer that can
+        pool its own output (Layer.fuses_max_pool; through a fused activation), runs inside that
+        layer when nothing runs between them: the layer's forward writes the pool's output."""
+        position = {n.name: i for i, n in enumerate(self.nodes)}
+        net = scheduler.network
+        for n in self.nodes:
+            window = n.layer.as_max_pool()
+            if window is None:
+                continue
+            v = n.inputs[0].name
+            own = self.aliases.get(v, v)  # the producer's output (v may be its fused activation's)
+            p = scheduler.producer.get(own)
+            if (p is None or readers[v] != 1 or v in wanted or own in wanted or len(p.outputs) != 1
+                    or net.values[own].spec.selected or not p.layer.fuses_max_pool()):
+                continue
+            between = self.nodes[position[p.name] + 1:position[n.name]]
+            if any(m.output != v or v not in self.aliases for m in between):
+                continue  # (only the fused activation between them)
+            self.pooled[p.name] = (window, n.output)
+            self.absorbed.add(n.name)
 
     def _plan_gradients(self, net):
         requires = {v: net.values[v].requires_grad and net.values[v].spec.kind == "float"
@@ -299,7 +333,7 @@ class Bindings:
             self._share_slots(plan)
         me = weakref.proxy(self)
         self.contexts = [(n, Context(n, me, plan.in_betas.get(n.name))) for n in plan.nodes
-                         if n.output not in plan.aliases]
+                         if n.output not in plan.aliases and n.name not in plan.absorbed]
         # backward runs in reverse topological order; after a node, the updates it completes
         self.backward_contexts = [(c, plan.fires.get(n.name, ())) for n, c in reversed(self.contexts)
                                   if n.name in plan.in_betas]
@@ -320,9 +354,13 @@ class Bindings:
         free = {}  # row key -> free slots
         keep = {self.network.output_values[o] for o in plan.outputs}
         aliased = set(plan.aliases.values())  # live on in their alias's name
+        pooled_outputs = {out for _, out in plan.pooled.values()}
         for i, n in enumerate(plan.nodes):
-            for out in n.outputs:
-                if self._is_selected(out):
+            # a node that pools its output writes the pool's: that buffer is taken here, before
+            # the node's inputs are freed (never one of them)
+            extra = [plan.pooled[n.name][1]] if n.name in plan.pooled else []
+            for out in n.outputs + extra:
+                if self._is_selected(out) or (out in pooled_outputs and not extra):
                     continue
                 if out in plan.aliases:
                     self._slot_of[("value", out)] = self._slot_of[("value", plan.aliases[out])]

@@ -293,3 +293,60 @@ def test_backward_from_given_output_gradients():
         net.backward(grad_outputs={"y": G[:2]})
     with pytest.raises(lm.GraphError, match="the forward declared grad_outputs"):
         net.backward()
+
+
+def pooled_net(dtype, conv, pool, activation=True, extra_reader=False):
+    net = lm.Network()
+    x = net.input("x", (8,) + (5, 6, 7)[-conv.nd:])
+    c = conv(x)
+    a = Activation("relu", name="act")(c) if activation else c
+    outputs = {"y": pool(a)}
+    if extra_reader:
+        outputs["z"] = Activation("tanh")(a)
+    net.outputs(**outputs)
+    return net.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", ["winograd 2d", "winograd 3d", "winograd 3d, no activation", "padded pool",
+                                  "direct"])
+def test_inference_runs_a_max_pool_inside_the_convolution_before_it(dtype, case):
+    """conv (-> ReLU) -> max pool runs as one node: where Winograd's 2x2(x2) tiles are the pool's
+    windows its kernel stores each tile's maximum (odd sizes: the cut tiles store nothing), else
+    the convolution goes to a workspace and is pooled from there; the answers are the training
+    forward's (nothing fused), exactly."""
+    L = lm.layers
+    lm.manual_seed(21)
+    conv, pool = {
+        "winograd 2d": (L.Conv2d(8, 8, 3, padding=1, name="conv"), L.MaxPool2d(2, name="pool")),
+        "winograd 3d": (L.Conv3d(8, 8, 3, padding=1, name="conv"), L.MaxPool3d(2, name="pool")),
+        "winograd 3d, no activation": (L.Conv3d(8, 8, 3, padding=1, name="conv"), L.MaxPool3d(2, name="pool")),
+        "padded pool": (L.Conv2d(8, 8, 3, padding=1, name="conv"), L.MaxPool2d(3, stride=2, padding=1, name="pool")),
+        "direct": (L.Conv2d(8, 3, 3, padding=1, name="conv"), L.MaxPool2d(2, name="pool")),
+    }[case]
+    net = pooled_net(dtype, conv, pool, activation="no activation" not in case)
+    plan = net.scheduler.plan(False, ("y",))
+    assert plan.pooled == {"conv": (pool._window(), "pool")} and plan.absorbed == {"pool"}
+    X = np.random.default_rng(22).standard_normal((3,) + net.values["x"].spec.shape).astype(dtype)
+    want = net.forward({"x": X}, training=True)["y"]
+    got = net.run({"x": X})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    with net.scheduler.borrowed(plan) as b:  # the Winograd kernel pools as it stores: no full output
+        assert (("conv", "unpooled") in b._workspaces) == (case in ("padded pool", "direct"))
+        assert [n.name for n, _ in b.contexts] == ["conv"]
+
+
+def test_a_max_pool_stays_a_node_where_its_input_is_wanted_elsewhere():
+    L = lm.layers
+    net = pooled_net("float32", L.Conv2d(8, 8, 3, padding=1, name="conv"), L.MaxPool2d(2, name="pool"),
+                     extra_reader=True)
+    assert net.scheduler.plan(False, ("y", "z")).pooled == {}
+    net = pooled_net("float32", L.Conv2d(8, 8, 3, padding=1, name="conv"), L.MaxPool2d(2, name="pool"))
+    net.outputs(conv_out=net.nodes[0].output)
+    assert net.scheduler.plan(False, ("y", "conv_out")).pooled == {}
+    assert net.scheduler.plan(False, ("y",)).pooled != {}
+    assert net.scheduler.plan(True, ("y",)).pooled == {}
+    X = np.random.default_rng(23).standard_normal((2, 8, 6, 7)).astype(np.float32)
+    got = net.run({"x": X}, outputs=["y", "conv_out"])
+    np.testing.assert_array_equal(got["y"], net.forward({"x": X}, training=True)["y"])

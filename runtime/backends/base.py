@@ -224,11 +224,18 @@ class Backend(ABC):
         """{'forward', 'input grad', 'weight grad'}: the algorithm each step of `conv` runs with."""
         return dict.fromkeys(("forward", "input grad", "weight grad"), "columns")
 
-    def conv_forward(self, conv, ctx, bias=None, activation=None):
+    def conv_forward(self, conv, ctx, bias=None, activation=None, pool=None):
         """ctx.output = act(conv(ctx.inputs[0]) + bias), transposed or not: bias [out_channels] or
         None; activation (kind, slope) of an element-wise activation, or None. Here the bias and
         the activation are passes of their own after the convolution; a backend whose kernels
-        apply them as they store the output does so."""
+        apply them as they store the output does so. With pool (a max pool's window, as
+        max_pool takes it), ctx.output is the max pool of that: here the convolution goes to a
+        workspace of its own shape (ctx.unpooled_shape()) and is pooled from there."""
+        if pool is not None:
+            full = ctx.workspace("unpooled", ctx.unpooled_shape())
+            self.conv_forward(conv, convolution.WithOutput(ctx, full), bias, activation)
+            self.max_pool(full, ctx.output, None, pool)
+            return
         convolution.any_forward(conv, ctx)
         convolution.finish(self, ctx.output, bias, activation)
 

@@ -66,6 +66,17 @@ class Blocks:
             yield (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
 
 
+class WithOutput:
+    """A layer's context as an algorithm sees it, writing `output` instead of the node's own
+    (the full convolution that a fused max pool reads)."""
+
+    def __init__(self, ctx, output):
+        self._ctx, self.output = ctx, output
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
 def over_samples(ctx, src, dst, beta, run):
     """run(t, x, y, accumulate, claim) on thread t, for kernels that take a batch in one compiled
     call (the CPU's direct and Winograd), x and y volumes [n, C, D, H, W]: with beta 0 (overwrite

@@ -125,6 +125,16 @@ class Layer:
         ctx.activation asks (then a following activation layer runs inside this one)."""
         return False
 
+    def as_max_pool(self):
+        """The window (kernel, stride, padding: 3-tuples, as Backend.max_pool takes) when this layer
+        is a max pool of its one input and nothing more, else None."""
+        return None
+
+    def fuses_max_pool(self):
+        """Whether forward writes a max pool of its own output when ctx.pool asks (then a following
+        max pool runs inside this one)."""
+        return False
+
     def is_view(self):
         """Whether the output is the one input's values, in order, in another shape (at inference
         it can be the input's own buffer, and the layer need not run)."""

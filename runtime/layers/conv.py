@@ -116,10 +116,13 @@ class _ConvNd(Layer):
         return backend.conv_algorithms(self)
 
     def forward(self, ctx):
-        ctx.be.conv_forward(self, ctx, self.bias.buffer if self.has_bias else None, ctx.activation)
+        ctx.be.conv_forward(self, ctx, self.bias.buffer if self.has_bias else None, ctx.activation, ctx.pool)
 
     def fuses_activation(self, kind):
         return kind in ACTIVATIONS
+
+    def fuses_max_pool(self):
+        return not self.transposed
 
     def backward(self, ctx):
         ctx.be.conv_backward(self, ctx)

@@ -70,6 +70,9 @@ class _MaxPool(_Pool):
         # positions are for backward: an inference run keeps none
         ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx) if ctx.training else None, self._window())
 
+    def as_max_pool(self):
+        return self._window()
+
     def backward(self, ctx):
         dx = ctx.input_grad(0)
         if dx is not None:

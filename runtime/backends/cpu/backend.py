@@ -470,8 +470,11 @@ class CPUBackend(HostStatistics, Backend):
     def conv_algorithms(self, conv):
         return convolution.algorithms(conv)
 
-    def conv_forward(self, conv, ctx, bias=None, activation=None):
-        convolution.forward(conv, ctx, bias, activation)
+    def conv_forward(self, conv, ctx, bias=None, activation=None, pool=None):
+        if pool is None:
+            convolution.forward(conv, ctx, bias, activation)
+        elif not convolution.forward_pooled(conv, ctx, bias, activation, pool):
+            super().conv_forward(conv, ctx, bias, activation, pool)
 
     def conv_backward(self, conv, ctx):
         if conv.transposed:

@@ -123,6 +123,25 @@ def forward(conv, ctx, bias=None, activation=None):
     columns.finish(ctx.be, ctx.output, bias, activation)
 
 
+def forward_pooled(conv, ctx, bias, activation, pool):
+    """A convolution's forward followed by a max pool (Backend.conv_forward's pool): where the rule
+    runs Winograd and the pool's windows are its output tiles (kernel and stride 2 along height
+    and width, and depth for a 3-D kernel, no padding, sizes rounded down), the Winograd kernel
+    stores each tile's maximum and nothing else (the pool's input is never written). True if it
+    ran; else the caller runs the convolution and the pool."""
+    if (_setting["mode"] == "measure" or forward_algorithm(conv) != "winograd"
+            or (activation is not None and activation[0] not in ("relu", "linear"))):
+        return False
+    tile = (2 if winograd.volumetric(conv) else 1, 2, 2)
+    full = ctx.unpooled_shape()[2:]
+    full = (1,) * (3 - len(full)) + full
+    if pool != (tile, tile, (0, 0, 0)) or columns.as_volume(ctx.output[0]).shape[1:] != tuple(
+            n // t for n, t in zip(full, tile)):
+        return False
+    winograd.forward(conv, ctx, bias, activation is not None and activation[0] == "relu", pool=True)
+    return True
+
+
 def _choose_forward(conv, ctx):
     if _setting["mode"] != "measure":
         return forward_algorithm(conv)

@@ -25,14 +25,16 @@ def applies(conv):
             and max(conv.padding) <= 2)
 
 
-def _depth3(conv):
+def volumetric(conv):
+    """Whether the 3-D transform runs (a kernel of 3 along depth too), its tiles 2x2x2; else the
+    2-D one, tiles 2x2 along height and width at every depth."""
     return conv.nd == 3 and conv.kernel_size[0] == 3
 
 
 def _weights(conv, which):
     """U_ξ = G g Gᵀ along each axis, [XI][Cin][Cout] zero-padded to whole vectors of channels and
     panel-packed per ξ: 'forward', or 'input grad' (flipped taps, in/out channels swapped)."""
-    depth3 = _depth3(conv)
+    depth3 = volumetric(conv)
 
     def build(buffer):
         w = buffer.astype(np.float64).reshape((conv.out_channels, conv.in_channels) + conv.kernel_size[-3:])
@@ -55,10 +57,11 @@ def _weights(conv, which):
     return conv.weight.derived(("winograd", which), build)
 
 
-def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False):
+def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False, pool=False):
     """dst[n] = (beta·dst[n] +) the Winograd convolution of src[n], split between threads; with
-    beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores."""
-    packed, depth3 = _weights(conv, which), _depth3(conv)
+    beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores;
+    with pool, dst is the max pool of that over the tiles (winograd_conv's pool)."""
+    packed, depth3 = _weights(conv, which), volumetric(conv)
     c, d, h, w = as_volume(src[0]).shape
     cout = dst.shape[1]
     lanes = _kernels.winograd_lanes(src.dtype == np.float32)
@@ -72,9 +75,9 @@ def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False):
     def call(t, x, y, accumulate, claim):
         xcl, v, m = (ctx.workspace(("winograd " + key, t), (size,)) for key, size in zip(("xcl", "V", "M"), sizes))
         _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate,
-                               bias, relu, claim)
+                               bias, relu, claim, pool)
     columns.over_samples(ctx, src, dst, beta, call)
 
 
-def forward(conv, ctx, bias=None, relu=False):
-    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2], 0.0, bias, relu)
+def forward(conv, ctx, bias=None, relu=False, pool=False):
+    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2], 0.0, bias, relu, pool)
