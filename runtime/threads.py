@@ -58,6 +58,12 @@ def get_num_threads():
     return _current
 
 
+def free_threads():
+    """The threads a kernel called here may use: lamina's thread count, or 1 inside a run of
+    split_work (its runs are single-threaded)."""
+    return 1 if getattr(_local, "in_split", False) else _current
+
+
 # A caller that has done its own run spins up to this long for its workers to finish before it
 # sleeps: waking a thread whose virtual CPU had halted took tens of microseconds on this project's
 # 2-core virtual machine (a 64 x 3136 x 128 GEMM split in two: 0.435 -> 0.336 ms; OpenBLAS's

@@ -542,3 +542,35 @@ def test_channel_reductions(backend, dtype, spatial):
     exact = stat == np.float64
     np.testing.assert_allclose(mean, x64.mean(axis=(0, 2)), rtol=1e-12 if exact else 1e-6)
     np.testing.assert_allclose(var, x64.var(axis=(0, 2)), rtol=1e-9 if exact else 1e-3, atol=1e-12)
+
+
+def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
+    """OpenBLAS runs on one thread: the CPU backend splits a large product between lamina's
+    threads, but inside a run of split_work (already one thread) it is one call."""
+    import lamina as lm
+    from lamina.threads import split_work
+    be = CPUBackend("openblas")
+    calls = []
+
+    class Counting:
+        def __init__(self, blas):
+            self.blas = blas
+
+        def gemm(self, *args):
+            calls.append(args[2].shape)
+            self.blas.gemm(*args)
+    be.blas = Counting(be.blas)
+    rng = rng_for("split gemm")
+    a, b = rng.standard_normal((257, 300)).astype(np.float32), rng.standard_normal((300, 33)).astype(np.float32)
+    before = lm.get_num_threads()
+    try:
+        lm.set_num_threads(2)
+        c = np.empty((257, 33), np.float32)
+        be.gemm(a, b, c)
+        assert sorted(calls) == [(128, 33), (129, 33)]  # rows, the longer side, in two blocks
+        close(c, a.astype(np.float64) @ b, np.float32)
+        calls.clear()
+        split_work(2, lambda t, items: be.gemm(a, b, np.empty((257, 33), np.float32)))
+        assert calls == [(257, 33), (257, 33)]
+    finally:
+        lm.set_num_threads(before)

@@ -11,7 +11,7 @@ from ... import _mkl, _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from ..blas import default_provider, provider
-from ...threads import get_num_threads, split_work
+from ...threads import free_threads, get_num_threads, split_work
 from . import convolution, recurrence
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -147,12 +147,14 @@ class CPUBackend(HostStatistics, Backend):
             else:
                 c *= beta
             return
-        if self.blas_name == "mkl":  # (MKL threads through libgomp itself)
+        # OpenBLAS runs on one thread (lamina.threads says why): a large product is split into
+        # blocks of c's longer side, one per free thread, each block reading the whole of the other
+        # operand (MKL threads through libgomp itself)
+        big = self.blas_name == "openblas" and m * n * k >= GEMM_SPLIT_MIN
+        threads = free_threads() if big else 1
+        if threads == 1:
             self.blas.gemm(a, b, c, trans_a, trans_b, alpha, beta)
             return
-        # OpenBLAS runs on one thread (lamina.threads says why): a large product is split into
-        # blocks of c's longer side, one per thread, each block reading the whole of the other operand
-        threads = get_num_threads() if m * n * k >= GEMM_SPLIT_MIN else 1
         by_rows = m > n
         bounds = _block_bounds(m if by_rows else n, threads, 8 if by_rows else 16)
 
