@@ -8,6 +8,7 @@
 
 #include <string.h>
 #include "clones.h"
+#include "epilogue.h"
 
 #define LAMINA_IMPL "pools_impl.h"
 #include "instantiate.h"

@@ -17,13 +17,6 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_take)(VEC v, IVE
     *best_at = (at & greater) | (*best_at & ~greater);
 }
 
-/* The larger of each lane of a and b, a where they tie or b is NaN (as "only a greater value
- * replaces"). */
-static inline __attribute__((always_inline)) VEC SUFFIXED(pool_max)(VEC a, VEC b) {
-    IVEC greater = (IVEC)(b > a);
-    return (VEC)(((IVEC)b & greater) | ((IVEC)a & ~greater));
-}
-
 /* The 2x2 windows of stride 2 of LANES outputs from ow on: input rows r0 and r1 (the row below)
  * at flat position p0 in the plane, even and odd widths split by shuffles (reads r0 and r1 up to
  * 2·ow + 2·LANES - 1). The maxima into *best, and where positions is set their flat positions

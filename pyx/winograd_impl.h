@@ -62,13 +62,6 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
 #define WINO_PAIRS_HIGH {2, 6, 3, 7}
 #endif
 
-/* The larger of each lane of a and b, a where they tie or b is NaN (a max pool's "only a greater
- * value replaces"). */
-static inline __attribute__((always_inline)) VEC SUFFIXED(wino_max)(VEC a, VEC b) {
-    IVEC greater = (IVEC)(b > a);
-    return (VEC)(((IVEC)b & greater) | ((IVEC)a & ~greater));
-}
-
 /* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co], plus bias[co] (unless bias
  * is NULL), through a ReLU where relu is set (epilogue.h); or, when accumulate is set, added to y
  * (no bias, no ReLU). y [cout][oD][oH][oW]. With pool set, y is instead the max pool of kernel 2
@@ -114,7 +107,7 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
                                 w += biases[co0 / LANES];
                             if (relu)
                                 w = SUFFIXED(relu)(w);
-                            best = a + b + e == 0 ? w : SUFFIXED(wino_max)(best, w);
+                            best = a + b + e == 0 ? w : SUFFIXED(pool_max)(best, w);
                         }
                 REAL v[LANES];
                 memcpy(v, &best, sizeof v);

@@ -58,10 +58,14 @@ def get_num_threads():
     return _current
 
 
+def _in_split():
+    return getattr(_local, "in_split", False)
+
+
 def free_threads():
     """The threads a kernel called here may use: lamina's thread count, or 1 inside a run of
     split_work (its runs are single-threaded)."""
-    return 1 if getattr(_local, "in_split", False) else _current
+    return 1 if _in_split() else _current
 
 
 # A caller that has done its own run spins up to this long for its workers to finish before it
@@ -155,7 +159,7 @@ def split_work(count, work, threads=None):
     it works on that run's thread alone (T = 1).
     (The caller works instead of waiting: one thread to wake fewer, and its core stays busy.)"""
     count = int(count)
-    threads = 1 if getattr(_local, "in_split", False) else min(threads or _current, count)
+    threads = 1 if _in_split() else min(threads or _current, count)
     if threads <= 1:
         if count:
             work(0, range(count))
