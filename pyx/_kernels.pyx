@@ -166,22 +166,27 @@ cdef extern from "panels.h" nogil:
 
 
 cdef extern from "recurrence.h" nogil:
+    ctypedef struct lamina_spin_barrier:
+        int count
+        int sense
     void recurrence_forward_f(int kind, long steps, const long* starts, long H, long G, float* g,
                               const float* bias, float* hh, const float* b_hh, const float* packed, float* hs, float* cs, const float* init_h,
-                              const float* init_c, float* out, long ldo, const int* out_rows, int threads,
-                              int by_rows)
+                              const float* init_c, float* out, long ldo, const int* out_rows, int t, int nt,
+                              lamina_spin_barrier* barrier, int by_rows)
     void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g,
                               const double* bias, double* hh, const double* b_hh, const double* packed, double* hs, double* cs,
                               const double* init_h, const double* init_c, double* out, long ldo,
-                              const int* out_rows, int threads, int by_rows)
+                              const int* out_rows, int t, int nt, lamina_spin_barrier* barrier, int by_rows)
     void recurrence_backward_f(int kind, long steps, const long* starts, long H, long G, const float* g,
                                const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
                                float* dg, float* dgh, const float* packed, const float* init_h,
-                               const float* init_c, float* dh0, float* dc0, int threads, int by_rows)
+                               const float* init_c, float* dh0, float* dc0, int t, int nt,
+                               lamina_spin_barrier* barrier, int by_rows)
     void recurrence_backward_d(int kind, long steps, const long* starts, long H, long G, const double* g,
                                const double* hh, const double* hs, const double* cs, double* dhs, double* dcs,
                                double* dg, double* dgh, const double* packed, const double* init_h,
-                               const double* init_c, double* dh0, double* dc0, int threads, int by_rows)
+                               const double* init_c, double* dh0, double* dc0, int t, int nt,
+                               lamina_spin_barrier* barrier, int by_rows)
 
 
 def fast_tanh(float[::1] x, float[::1] y):
@@ -758,14 +763,28 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
 
 # ---------------------------------------------------------------- fused forward recurrence (recurrence.h)
 
-cdef int _recurrence_threads(int threads, bint by_rows, long H, const long[::1] starts, size_t itemsize) noexcept:
-    """At most one thread per sequence (by rows) or per panel of units (by units, which needs
-    whole panels of 64 bytes: otherwise one thread)."""
+def recurrence_threads(int threads, bint by_rows, long H, const long[::1] starts, size_t itemsize):
+    """The team size of the fused recurrence for up to `threads` threads: at most one thread per
+    sequence (by rows) or per panel of units (by units, which needs whole panels of 64 bytes:
+    otherwise one thread)."""
     if by_rows:
-        return max(1, min(threads, starts[1] - starts[0]))
+        return max(1, min(threads, starts[1] - starts[0] if starts.shape[0] > 1 else 1))
     if H * itemsize % 64:
         return 1
     return max(1, min(threads, H * itemsize // 64))
+
+
+cdef lamina_spin_barrier* _team_barrier(int[::1] barrier, int thread, int threads, int fitting, str name) except NULL:
+    """The team's barrier, after checking that thread `thread` of `threads` belongs to a team
+    of the size recurrence_threads gives (`fitting`): every member must run, or a barrier waits
+    forever."""
+    if threads != fitting or not 0 <= thread < threads:
+        raise ValueError(f"{name}: thread {thread} of a team of {threads}; this batch takes a team of {fitting} "
+                         f"(recurrence_threads)")
+    if barrier.shape[0] != 2:
+        raise ValueError(f"{name}: the barrier must be 2 int32 words (zeros, one array for the team), "
+                         f"found {barrier.shape[0]}")
+    return <lamina_spin_barrier*>&barrier[0]
 
 
 cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
@@ -776,10 +795,12 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::
                        real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
                        real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
-                       real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows):
-    """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
-    3 GRU) in one parallel region of up to `threads` threads, sharing the batch by rows
-    (sequences) or by blocks of hidden units: see recurrence.h. Row r of hs also goes to
+                       real[:, ::1] out, const int[::1] out_rows, long out_col, int thread, int threads,
+                       int[::1] barrier, bint by_rows):
+    """Thread `thread`'s part of every step of one direction of a recurrent layer (kind: 0 RNN
+    tanh, 1 RNN relu, 2 LSTM, 3 GRU), for a team of `threads` (recurrence_threads) that run at
+    once with one `barrier`, sharing the batch by rows (sequences) or by blocks of hidden units:
+    see recurrence.h. Row r of hs also goes to
     out[out_rows[r], out_col:out_col + H] (out_rows: a permutation of out's rows, the layer's
     output in the sequences' order). Arguments not present are placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
@@ -788,42 +809,46 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::
                          f"{out_rows.shape[0]} do not fit states {hs.shape}")
     cdef real *out_at = &out[0, out_col] if hs.shape[0] else NULL
     cdef int *rows_at = &out_rows[0] if hs.shape[0] else NULL
-    threads = _recurrence_threads(threads, by_rows, H, starts, sizeof(real))
+    cdef lamina_spin_barrier *team = _team_barrier(
+        barrier, thread, threads, recurrence_threads(threads, by_rows, H, starts, sizeof(real)), "recurrence_forward")
     with nogil:
         if real is float:
             recurrence_forward_f(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
-                                 rows_at, threads, by_rows)
+                                 rows_at, thread, threads, team, by_rows)
         else:
             recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
-                                 rows_at, threads, by_rows)
+                                 rows_at, thread, threads, team, by_rows)
 
 
 def recurrence_backward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,
                         real[:, ::1] cs, real[:, ::1] dhs, real[:, ::1] dcs, bint has_cell, real[:, ::1] dg,
                         real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
                         real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
-                        real[:, ::1] dc0, bint want_dc0, int threads, bint by_rows):
-    """Every step of one direction's backward recurrence in one parallel region (recurrence.h);
-    packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders."""
+                        real[:, ::1] dc0, bint want_dc0, int thread, int threads, int[::1] barrier,
+                        bint by_rows):
+    """Thread `thread`'s part of every step of one direction's backward recurrence, for a team
+    as in recurrence_forward; packed: the panels of W_hh itself (G·H x H). Arguments not present
+    are placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
-    threads = _recurrence_threads(threads, by_rows, H, starts, sizeof(real))
+    cdef lamina_spin_barrier *team = _team_barrier(
+        barrier, thread, threads, recurrence_threads(threads, by_rows, H, starts, sizeof(real)), "recurrence_backward")
     with nogil:
         if real is float:
             recurrence_backward_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads, by_rows)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), thread, threads, team, by_rows)
         else:
             recurrence_backward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), threads, by_rows)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), thread, threads, team, by_rows)
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows

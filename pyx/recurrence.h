@@ -1,10 +1,12 @@
-/* The forward and backward recurrences of RNN, LSTM and GRU as one parallel region each (float and double).
+/* The forward and backward recurrences of RNN, LSTM and GRU, each one call per thread of a team
+ * (float and double).
  *
  * Stepping from Python, each step is a packed GEMM that wakes a team of threads and a cell pass
  * on one thread: at 2 threads a 512-wide plain RNN ran its steps at half the machine's GEMM
- * rate. Here the threads stay in one region for the whole sequence batch, each computing the
- * recurrent product and the cell for its share (lamina_share: a set of sequences, or a block of
- * hidden units with a spin barrier per step).
+ * rate. Here each thread t of nt runs every step of the sequence batch in one call, computing
+ * the recurrent product and the cell for its share (lamina_share: a set of sequences, or a
+ * block of hidden units with a spin barrier per step). The caller starts the nt calls at once
+ * on threads of its own (lamina.threads.run_team), with one barrier {0, 0} for all of them.
  *
  * Buffers as in lamina.layers.recurrent: g [total, G·H] (input projections in, activated gates
  * out), hh [total, 3H] (GRU: h_prev W_hhᵀ + b_hh, kept for backward), hs and cs [total, H],
@@ -16,7 +18,6 @@
 #include <math.h>
 #include <sched.h>
 #include <string.h>
-#include <omp.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -47,7 +48,7 @@ static inline void lamina_spin_wait(lamina_spin_barrier *b, int threads, int *se
     }
 }
 
-/* What one thread of the region does. By rows (sequences): thread t takes the running
+/* What thread t of nt does. By rows (sequences): thread t takes the running
  * sequences t, t + T, t + 2T, ... of every step (rows first, first + stride, ...), all units;
  * a sequence's previous state is its own row of the step before, so the threads never wait on
  * each other. By units: every row, the thread's block [u0, u0 + width) of hidden units (whole
@@ -55,8 +56,7 @@ static inline void lamina_spin_wait(lamina_spin_barrier *b, int threads, int *se
  * small to share by rows (a single sequence, in serving). */
 typedef struct { long first, stride, u0, width; int by_rows; } lamina_share;
 
-static inline lamina_share lamina_share_of(int by_rows, long H, long NR) {
-    long t = omp_get_thread_num(), nt = omp_get_num_threads();
+static inline lamina_share lamina_share_of(int by_rows, long H, long NR, long t, long nt) {
     lamina_share sh = {0, 1, 0, H, by_rows};
     if (nt == 1)
         return sh;

@@ -52,45 +52,42 @@ static inline const REAL *SUFFIXED(previous)(long s, const long *starts, long H,
 static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *starts, long H, long G, REAL *g,
                                          const REAL *bias, REAL *hh, const REAL *b_hh, const REAL *packed,
                                          REAL *hs, REAL *cs, const REAL *init_h, const REAL *init_c,
-                                         REAL *out, long ldo, const int *out_rows, int threads, int by_rows) {
+                                         REAL *out, long ldo, const int *out_rows, int t, int nt,
+                                         lamina_spin_barrier *barrier, int by_rows) {
     const long NR = 2 * LANES, GH = G * H;
-    lamina_spin_barrier barrier = {0, 0};
-    #pragma omp parallel num_threads(threads)
-    {
-        lamina_share sh = lamina_share_of(by_rows, H, NR);
-        int nt = omp_get_num_threads(), sense = 0;
-        long u0 = sh.u0, width = sh.width;
-        for (long s = 0; s < steps; s++) {
-            long r0 = starts[s], b = starts[s + 1] - r0;
-            const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
-            const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
-            REAL *prod = kind == LAMINA_GRU ? hh + r0 * GH : g + r0 * GH;  /* GRU keeps it apart */
-            if (prev_h)
-                SUFFIXED(share_product)(&sh, b, H, H, G, prev_h, H, packed, prod, GH, kind == LAMINA_GRU ? 0 : 1);
-            for (long r = sh.first; r < b && width > 0; r += sh.stride) {
-                long row = r0 + r;
-                REAL *gr = g + row * GH + u0, *hr = hs + row * H + u0;
-                if (kind == LAMINA_GRU)
-                    for (long k = 0; k < G; k++) {
-                        REAL *part = hh + row * GH + k * H + u0;
-                        if (!prev_h) memset(part, 0, sizeof(REAL) * width);
-                        if (b_hh)
-                            for (long j = 0; j < width; j++) part[j] += b_hh[k * H + u0 + j];
-                    }
-                const REAL *br = bias ? bias + u0 : NULL;
-                if (kind == LAMINA_LSTM)
-                    SUFFIXED(lstm_row)(width, H, gr, br, prev_c ? prev_c + r * H + u0 : NULL, cs + row * H + u0, hr);
-                else if (kind == LAMINA_GRU)
-                    SUFFIXED(gru_row)(width, H, gr, br, hh + row * GH + u0, prev_h ? prev_h + r * H + u0 : NULL,
-                                      hr);
-                else
-                    SUFFIXED(rnn_activate)(kind, width, gr, br, hr);
-                if (out)
-                    memcpy(out + out_rows[row] * ldo + u0, hr, sizeof(REAL) * width);
-            }
-            if (!sh.by_rows)
-                lamina_spin_wait(&barrier, nt, &sense);
+    lamina_share sh = lamina_share_of(by_rows, H, NR, t, nt);
+    int sense = 0;
+    long u0 = sh.u0, width = sh.width;
+    for (long s = 0; s < steps; s++) {
+        long r0 = starts[s], b = starts[s + 1] - r0;
+        const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
+        const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
+        REAL *prod = kind == LAMINA_GRU ? hh + r0 * GH : g + r0 * GH;  /* GRU keeps it apart */
+        if (prev_h)
+            SUFFIXED(share_product)(&sh, b, H, H, G, prev_h, H, packed, prod, GH, kind == LAMINA_GRU ? 0 : 1);
+        for (long r = sh.first; r < b && width > 0; r += sh.stride) {
+            long row = r0 + r;
+            REAL *gr = g + row * GH + u0, *hr = hs + row * H + u0;
+            if (kind == LAMINA_GRU)
+                for (long k = 0; k < G; k++) {
+                    REAL *part = hh + row * GH + k * H + u0;
+                    if (!prev_h) memset(part, 0, sizeof(REAL) * width);
+                    if (b_hh)
+                        for (long j = 0; j < width; j++) part[j] += b_hh[k * H + u0 + j];
+                }
+            const REAL *br = bias ? bias + u0 : NULL;
+            if (kind == LAMINA_LSTM)
+                SUFFIXED(lstm_row)(width, H, gr, br, prev_c ? prev_c + r * H + u0 : NULL, cs + row * H + u0, hr);
+            else if (kind == LAMINA_GRU)
+                SUFFIXED(gru_row)(width, H, gr, br, hh + row * GH + u0, prev_h ? prev_h + r * H + u0 : NULL,
+                                  hr);
+            else
+                SUFFIXED(rnn_activate)(kind, width, gr, br, hr);
+            if (out)
+                memcpy(out + out_rows[row] * ldo + u0, hr, sizeof(REAL) * width);
         }
+        if (!sh.by_rows)
+            lamina_spin_wait(barrier, nt, &sense);
     }
 }
 
@@ -105,39 +102,35 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
                                           const REAL *g, const REAL *hh, const REAL *hs, const REAL *cs,
                                           REAL *dhs, REAL *dcs, REAL *dg, REAL *dgh, const REAL *packed,
                                           const REAL *init_h, const REAL *init_c, REAL *dh0, REAL *dc0,
-                                          int threads, int by_rows) {
+                                          int t, int nt, lamina_spin_barrier *barrier, int by_rows) {
     const long NR = 2 * LANES, GH = G * H;
-    lamina_spin_barrier barrier = {0, 0};
-    #pragma omp parallel num_threads(threads)
-    {
-        lamina_share sh = lamina_share_of(by_rows, H, NR);
-        int nt = omp_get_num_threads(), sense = 0;
-        long u0 = sh.u0, width = sh.width;
-        for (long s = steps - 1; s >= 0; s--) {
-            long r0 = starts[s], b = starts[s + 1] - r0;
-            const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
-            const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
-            REAL *dprev_h = s ? dhs + starts[s - 1] * H : (prev_h ? dh0 : NULL);  /* no state, no gradient */
-            REAL *dprev_c = (REAL *)SUFFIXED(previous)(s, starts, H, dcs, dc0);
-            for (long r = sh.first; r < b && width > 0; r += sh.stride) {
-                long row = r0 + r, o = r * H + u0;
-                const REAL *gr = g + row * GH + u0;
-                REAL *dgr = dg + row * GH + u0;
-                if (kind == LAMINA_LSTM)
-                    SUFFIXED(lstm_row_backward)(width, H, gr, prev_c ? prev_c + o : NULL, cs + row * H + u0,
-                                                dhs + row * H + u0, dcs + row * H + u0, dgr,
-                                                dprev_c ? dprev_c + o : NULL);
-                else if (kind == LAMINA_GRU)
-                    SUFFIXED(gru_row_backward)(width, H, gr, hh + row * GH + u0, prev_h ? prev_h + o : NULL,
-                                               dhs + row * H + u0, dgr, dgh + row * GH + u0,
-                                               dprev_h ? dprev_h + o : NULL);
-                else
-                    SUFFIXED(rnn_activate_backward)(kind, width, hs + row * H + u0, dhs + row * H + u0, dgr);
-            }
-            if (!sh.by_rows)
-                lamina_spin_wait(&barrier, nt, &sense);
-            if (dprev_h)  /* dh_prev += dG_t W_hh */
-                SUFFIXED(share_product)(&sh, b, GH, H, 1, dgh + r0 * GH, GH, packed, dprev_h, H, 1);
+    lamina_share sh = lamina_share_of(by_rows, H, NR, t, nt);
+    int sense = 0;
+    long u0 = sh.u0, width = sh.width;
+    for (long s = steps - 1; s >= 0; s--) {
+        long r0 = starts[s], b = starts[s + 1] - r0;
+        const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
+        const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
+        REAL *dprev_h = s ? dhs + starts[s - 1] * H : (prev_h ? dh0 : NULL);  /* no state, no gradient */
+        REAL *dprev_c = (REAL *)SUFFIXED(previous)(s, starts, H, dcs, dc0);
+        for (long r = sh.first; r < b && width > 0; r += sh.stride) {
+            long row = r0 + r, o = r * H + u0;
+            const REAL *gr = g + row * GH + u0;
+            REAL *dgr = dg + row * GH + u0;
+            if (kind == LAMINA_LSTM)
+                SUFFIXED(lstm_row_backward)(width, H, gr, prev_c ? prev_c + o : NULL, cs + row * H + u0,
+                                            dhs + row * H + u0, dcs + row * H + u0, dgr,
+                                            dprev_c ? dprev_c + o : NULL);
+            else if (kind == LAMINA_GRU)
+                SUFFIXED(gru_row_backward)(width, H, gr, hh + row * GH + u0, prev_h ? prev_h + o : NULL,
+                                           dhs + row * H + u0, dgr, dgh + row * GH + u0,
+                                           dprev_h ? dprev_h + o : NULL);
+            else
+                SUFFIXED(rnn_activate_backward)(kind, width, hs + row * H + u0, dhs + row * H + u0, dgr);
         }
+        if (!sh.by_rows)
+            lamina_spin_wait(barrier, nt, &sense);
+        if (dprev_h)  /* dh_prev += dG_t W_hh */
+            SUFFIXED(share_product)(&sh, b, GH, H, 1, dgh + r0 * GH, GH, packed, dprev_h, H, 1);
     }
 }

@@ -350,7 +350,8 @@ class Network:
         return scheduler
 
     def run(self, feeds, outputs=None, consume=None):
-        """Inference: returns {output name: numpy array} (copies, safe to keep). Safe to call
+        """Inference: returns {output name: numpy array} (arrays of their own, safe to keep:
+        on the CPU the buffers the layers wrote, the next run writing elsewhere). Safe to call
         from several threads at once on one network. With `consume`, the outputs are not
         copied: consume(outputs) gets views of the network's buffers, valid only during that
         call, and run returns what it returns (a server encodes its responses from them)."""

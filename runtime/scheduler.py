@@ -393,6 +393,18 @@ class Bindings:
             shape = (rows,) + self._row_key(vname)[0]
             (self.values if store == "value" else self.grads)[vname] = self._bases[slot][:need].reshape(shape)
 
+    def release_buffer(self, vname):
+        """Give up the buffer behind value `vname` (its holder keeps it; the next batch writes to
+        a new one): an output handed to the caller without a copy (copying the language model's
+        1878 x 4096 logits took 2.2-2.6 ms of a 47 ms run). False where the value has no buffer
+        of this binding's (a fed input, a selected value)."""
+        slot = self._slot_of.get(("value", vname))
+        if slot is None or self._is_selected(vname) or vname in self.host_feeds:
+            return False
+        self._bases.pop(slot, None)
+        self.batch = self.steps = None  # (resize makes the new one)
+        return True
+
     @classmethod
     def _grown(cls, base, need, dtype, empty):
         """`base` if it holds `need` values, else a new flat buffer from empty(shape, dtype) with
@@ -436,11 +448,14 @@ class Bindings:
         return self.values[vname]
 
     def host_value(self, vname, copy=True):
-        """A value as the user gets it: a numpy copy (copy=False: a view of the buffer where
-        the backend keeps it on the host); a Sequences for sequence values; a selected value in
-        its selection's layout."""
+        """A value as the user gets it: an array of its own (copy=False: a view of the buffer
+        where the backend keeps it on the host); a Sequences for sequence values; a selected
+        value in its selection's layout. On a backend of host arrays, a value with a buffer of
+        its own is handed over as it is, not copied (release_buffer)."""
         a = self.backend.to_host(self.values[vname])
-        a = np.array(a) if copy else np.asarray(a)
+        if copy and self.backend.host_arrays:
+            a = a if self.release_buffer(vname) else np.array(a)
+        a = np.asarray(a)
         if self._is_selected(vname):
             selection, rows = self.layouts[vname]
             return selection.unpack(a, rows)

@@ -574,3 +574,39 @@ def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
         assert calls == [(257, 33), (257, 33)]
     finally:
         lm.set_num_threads(before)
+
+
+def test_a_team_runs_all_its_members_at_once():
+    """run_team is for kernels whose members wait on each other: every member runs at the same
+    time (each waits here for all the others), and a team larger than the threads that can run
+    at once is refused, never left waiting."""
+    import threading
+    import lamina as lm
+    from lamina import _kernels
+    from lamina.threads import run_team, split_work
+    before = lm.get_num_threads()
+    try:
+        lm.set_num_threads(3)
+        together, seen = threading.Barrier(3, timeout=10), []
+        run_team(3, lambda t: (together.wait(), seen.append(t)))
+        assert sorted(seen) == [0, 1, 2]
+        with pytest.raises(ValueError, match="a team of 4 threads; 1 to 3"):
+            run_team(4, lambda t: None)
+        refused = []
+
+        def inside(t, items):
+            try:
+                run_team(2, lambda t: None)
+            except ValueError as e:
+                refused.append(str(e))
+        split_work(2, inside)
+        assert len(refused) == 2 and "1 to 1" in refused[0]
+    finally:
+        lm.set_num_threads(before)
+    # the fused recurrence checks its team before any thread waits at its barrier
+    starts, H = np.array([0, 2, 3], np.int64), 32
+    g, hs = np.zeros((3, 4 * H), np.float32), np.zeros((3, H), np.float32)
+    packed, rows = np.zeros(4 * H * H, np.float32), np.arange(3, dtype=np.int32)  # (never read)
+    with pytest.raises(ValueError, match="thread 0 of a team of 3; this batch takes a team of 2"):
+        _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, hs, True, hs, False,
+                                    hs, False, hs, rows, 0, 0, 3, np.zeros(2, np.int32), True)

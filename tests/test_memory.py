@@ -96,3 +96,22 @@ def test_a_run_keeps_no_reference_to_the_callers_arrays():
     net.run({"x": feed})
     del feed
     assert ref() is None
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["opencl"] if OPENCL_DEVICES else []))
+def test_run_outputs_are_the_callers_own(device):
+    """net.run hands over its output buffers on the CPU (no copy), so the next run, of the same
+    batch shape or another, must write elsewhere: earlier results keep their values."""
+    net = lm.Network()
+    x = net.input("x", 4)
+    net.outputs(y=Linear(4, 3)(x))
+    if device == "opencl":
+        from lamina.backends.opencl import OpenCLBackend, devices
+        net.to(OpenCLBackend(devices().index(OPENCL_DEVICES[0])))
+    w, b = (np.array(p.value) for p in net.parameters())
+    rng = stable_rng("own outputs")
+    feeds = [rng.standard_normal((rows, 4)).astype(np.float32) for rows in (5, 5, 2, 7)]
+    results = [net.run({"x": f})["y"] for f in feeds]
+    for f, y in zip(feeds, results):
+        np.testing.assert_allclose(y, f @ w.T + b, rtol=1e-5, atol=1e-6)
+    assert not any(np.shares_memory(a, c) for i, a in enumerate(results) for c in results[i + 1:])

@@ -195,7 +195,8 @@ def test_gradients_fused_recurrence(kind, share, hidden, monkeypatch):
 
 def spy_fused(monkeypatch, by_rows=None):
     """Force the fused recurrence onto every thread, sharing by rows or by units (by_rows None:
-    as the backend decides); returns (forward|backward, threads, by_rows) per call."""
+    as the backend decides); returns (forward|backward, threads, by_rows) per call of a team
+    (its member 0's: the kernels take thread, threads, barrier, by_rows last)."""
     import lamina.backends.cpu.recurrence as recurrence
     calls, kernels = [], recurrence._kernels
 
@@ -205,12 +206,14 @@ def spy_fused(monkeypatch, by_rows=None):
 
         @staticmethod
         def recurrence_forward(*args):
-            calls.append(("forward",) + args[-2:])
+            if args[-4] == 0:
+                calls.append(("forward", args[-3], args[-1]))
             return kernels.recurrence_forward(*args)
 
         @staticmethod
         def recurrence_backward(*args):
-            calls.append(("backward",) + args[-2:])
+            if args[-4] == 0:
+                calls.append(("backward", args[-3], args[-1]))
             return kernels.recurrence_backward(*args)
     if by_rows is not None:
         monkeypatch.setattr(recurrence, "FUSED_PARALLEL_MIN", 0)
@@ -252,7 +255,8 @@ def test_packed_and_plain_paths_agree(kind, threads, share, monkeypatch):
         results = packed_and_plain_results(kind)
     finally:
         lm.set_num_threads(before)
-    assert set(calls) == {("forward", threads, share == "rows"), ("backward", threads, share == "rows")}
+    team = threads if share == "rows" else min(threads, 2)  # (a thread per panel at most)
+    assert set(calls) == {("forward", team, share == "rows"), ("backward", team, share == "rows")}
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(results[0][1], results[1][1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

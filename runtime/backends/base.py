@@ -40,6 +40,8 @@ class Backend(ABC):
     """One device's arrays and kernels (see the module docstring for the conventions)."""
 
     name = "abstract"
+    # to_host returns the array itself (the backend's arrays are host memory), not a copy
+    host_arrays = False
 
     # -- arrays
     @abstractmethod

@@ -90,6 +90,8 @@ class ReferenceBackend(HostStatistics, Backend):
     def from_host(self, array):
         return np.array(array)
 
+    host_arrays = True
+
     def to_host(self, a):
         return a
 

@@ -122,6 +122,8 @@ class CPUBackend(HostStatistics, Backend):
     def from_host(self, array):
         return np.ascontiguousarray(array)
 
+    host_arrays = True
+
     def to_host(self, a):
         return a
 

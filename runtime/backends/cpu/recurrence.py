@@ -1,7 +1,7 @@
 """The CPU backend's fused recurrence (pyx/recurrence.h): with lamina's panel-packed W_hh (every
 BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole layer direction runs
-as one parallel region instead of a team of threads woken for every step's GEMM and a cell pass
-on one thread.
+as one call per thread of a team (threads.run_team) instead of a team of threads woken for every
+step's GEMM and a cell pass on one thread.
 
 The threads share the batch by blocks of hidden units (a barrier per step) when the hidden size
 is whole panels of 64 bytes, measured a little faster than by sequences (each thread reads only
@@ -10,7 +10,9 @@ waiting), given at least ROWS_PER_THREAD sequences per thread, else on one threa
 forces one way.
 """
 from ... import _kernels
-from ...threads import get_num_threads
+import numpy as np
+
+from ...threads import free_threads, run_team
 
 # the compiled kernels' cell codes, by the layers' cell names
 FUSED_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
@@ -32,16 +34,25 @@ def fuses(cell, backend):
 
 
 def _share(cell, ctx, g):
-    """(threads, by_rows) for the fused recurrence."""
+    """(threads, by_rows) for the fused recurrence: threads is the team's size."""
     large = (g.shape[0] * g.shape[1] * cell.hidden_size >= FUSED_PARALLEL_MIN
              or g.shape[1] * cell.hidden_size * g.dtype.itemsize >= FUSED_PARALLEL_WEIGHT)
-    threads = get_num_threads() if large else 1
+    threads = free_threads() if large else 1
     share = FUSED_SHARE
     if share == "auto":
         share = "units" if cell.hidden_size * g.dtype.itemsize % 64 == 0 else "rows"
     if share == "rows" and ctx.order.num_sequences < ROWS_PER_THREAD * threads:
         threads = 1
-    return threads, share == "rows"
+    by_rows = share == "rows"
+    return _kernels.recurrence_threads(threads, by_rows, cell.hidden_size, ctx.order.step_starts,
+                                       g.dtype.itemsize), by_rows
+
+
+def _in_team(cell, ctx, g, kernel):
+    """kernel(thread, threads, barrier, by_rows) for each member of the recurrence's team."""
+    threads, by_rows = _share(cell, ctx, g)
+    barrier = np.zeros(2, np.int32)
+    run_team(threads, lambda t: kernel(t, threads, barrier, by_rows))
 
 
 def _given(a, placeholder):
@@ -59,17 +70,17 @@ def forward(cell, ctx, run):
     """The fused cells add the bias as they read G and write the output rows."""
     panels = cell.recurrent_pack(ctx, run.sfx, transpose=True).panels
     b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
-    _kernels.recurrence_forward(
-        FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, *_given(run.bias, panels), _hh(cell, ctx, run),
-        *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
-        *_given(run.init_c, run.hs), *run.output, *_share(cell, ctx, run.g))
+    args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, *_given(run.bias, panels), _hh(cell, ctx, run),
+            *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
+            *_given(run.init_c, run.hs), *run.output)
+    _in_team(cell, ctx, run.g, lambda *team: _kernels.recurrence_forward(*args, *team))
 
 
 def backward(cell, ctx, run):
     panels = cell.recurrent_pack(ctx, run.sfx, transpose=False).panels
     has_cell = run.cs is not None
-    _kernels.recurrence_backward(
-        FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run), run.hs,
-        run.cs if has_cell else run.hs, run.dhs, run.dcs if has_cell else run.hs, has_cell, run.dg, run.dgh, panels,
-        *_given(run.init_h, run.hs), *_given(run.init_c, run.hs), *_given(run.dh0, run.hs),
-        *_given(run.dc0, run.hs), *_share(cell, ctx, run.g))
+    args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run), run.hs,
+            run.cs if has_cell else run.hs, run.dhs, run.dcs if has_cell else run.hs, has_cell, run.dg, run.dgh, panels,
+            *_given(run.init_h, run.hs), *_given(run.init_c, run.hs), *_given(run.dh0, run.hs),
+            *_given(run.dc0, run.hs))
+    _in_team(cell, ctx, run.g, lambda *team: _kernels.recurrence_backward(*args, *team))
