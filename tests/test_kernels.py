@@ -45,6 +45,20 @@ def test_gemm(backend, dtype, m, n, k, trans_a, trans_b, beta):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", SIZES + SPLIT_SIZES)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gemm_bias(backend, dtype, m, n, k, trans_b):
+    """A Linear's forward: every row of c gets the bias; c starts as NaN (never read)."""
+    rng = rng_for("gemm bias", m, n, k, trans_b)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype)
+    c = np.full((m, n), np.nan, dtype)
+    backend.gemm_bias(a, b, c, bias, trans_b=trans_b)
+    close(c, a.astype(np.float64) @ (b.T if trans_b else b).astype(np.float64) + bias, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("trans", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 64])
 @pytest.mark.parametrize("n", [17, 40])

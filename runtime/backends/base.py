@@ -69,6 +69,11 @@ class Backend(ABC):
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         """c = alpha * op(a) @ op(b) + beta * c."""
 
+    def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
+        """c = op(a) @ op(b) + bias (added to every row of c): a Linear layer's forward."""
+        self.gemm(a, b, c, trans_a, trans_b)
+        self.add_bias(c, bias)
+
     @abstractmethod
     def pack(self, b, trans=False, alpha=1.0, max_rows=1):
         """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values."""

@@ -86,9 +86,11 @@ class Linear(_Activated):
     def forward(self, ctx):
         be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
-            be.gemm(x, self.params[wname].buffer, y, trans_b=True, beta=0.0 if i == 0 else 1.0)
-        if self.has_bias:
-            be.add_bias(y, self.params["bias"].buffer)
+            w = self.params[wname].buffer
+            if i == 0 and self.has_bias:
+                be.gemm_bias(x, w, y, self.params["bias"].buffer, trans_b=True)
+            else:
+                be.gemm(x, w, y, trans_b=True, beta=0.0 if i == 0 else 1.0)
         self._activate(ctx)
 
     def backward(self, ctx):
