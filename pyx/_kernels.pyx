@@ -33,10 +33,6 @@ cdef enum:
 cdef enum:
     VOLUME_PARALLEL_MIN = 16384
 
-# panel GEMM: below this many multiply-adds one thread is faster
-cdef enum:
-    PANEL_PARALLEL_MIN = 1 << 20
-
 # columns per block in bias_grad (a private accumulator of this many values per thread)
 cdef enum:
     BIAS_CHUNK = 512
@@ -715,8 +711,8 @@ def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint
 
 
 # ---------------------------------------------------------------- panel-packed GEMM (panels.h)
-# The recurrent step's product with a weight packed once per version; the panels are split
-# between the threads in contiguous runs (each thread writes its own columns of c).
+# Products with a weight packed once per version: the recurrent step's, and at inference a
+# Linear's.
 
 def panel_size(real[:, ::1] b, bint trans):
     """How many values the panels of op(b) take."""
@@ -743,22 +739,33 @@ def panel_pack(real[:, ::1] b, bint trans, double alpha, real[::1] out):
                          min(panels, (t + 1) * chunk), &out[0])
 
 
-def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double beta):
-    """c = a @ P + beta * c, P (a.shape[1] x n) packed by panel_pack."""
-    cdef long m = a.shape[0], k = a.shape[1], panels, t, chunk
+def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double beta, long p0=0, long p1=-1):
+    """c = a @ P + beta * c on one thread, P (a.shape[1] x n) packed by panel_pack; only the
+    columns of panels p0 .. p1 (p1 -1: the last), the rest of c untouched. The CPU backend
+    splits a large product between threads by rows of a or by panels (packed_gemm)."""
+    cdef long m = a.shape[0], k = a.shape[1], panels, width = 64 // sizeof(real)  # (a panel row: 64 bytes)
     cdef long lda = a.strides[0] // sizeof(real), ldc = c.strides[0] // sizeof(real)
-    cdef long nt = openmp.omp_get_max_threads() if m * n * k >= PANEL_PARALLEL_MIN else 1
-    if m == 0:
-        return
     panels = panel_count_f(n) if real is float else panel_count_d(n)
-    chunk = (panels + nt - 1) // nt
-    for t in prange(nt, nogil=True, schedule="static", num_threads=nt, use_threads_if=nt > 1):
+    p1 = panels if p1 == -1 else p1
+    if k < 1 or n < 1 or packed.shape[0] != panels * k * width:
+        raise ValueError(f"panel_gemm: panels of a {k} x {n} matrix take {panels * k * width} values, "
+                         f"found {packed.shape[0]}")
+    if c.shape[0] != m or c.shape[1] != n:
+        raise ValueError(f"panel_gemm: c must be {m} x {n}, found {c.shape[0]} x {c.shape[1]}")
+    if not 0 <= p0 <= p1 <= panels:
+        raise ValueError(f"panel_gemm: panels {p0} .. {p1} out of 0 .. {panels}")
+    if m == 0 or p0 == p1:
+        return
+    with nogil:
         if real is float:
-            panel_gemm_f(m, k, n, &a[0, 0], lda, &packed[0], min(panels, t * chunk), min(panels, (t + 1) * chunk),
-                         &c[0, 0], ldc, <float>beta)
+            panel_gemm_f(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, <float>beta)
         else:
-            panel_gemm_d(m, k, n, &a[0, 0], lda, &packed[0], min(panels, t * chunk), min(panels, (t + 1) * chunk),
-                         &c[0, 0], ldc, beta)
+            panel_gemm_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta)
+
+
+def panel_count(long n, size_t itemsize):
+    """How many panels n columns take (16 floats or 8 doubles each, the last zero-padded)."""
+    return panel_count_f(n) if itemsize == 4 else panel_count_d(n)
 
 
 # ---------------------------------------------------------------- fused forward recurrence (recurrence.h)

@@ -92,6 +92,51 @@ def test_packed_gemm_recurrent_shape(provider, rows):
     np.testing.assert_allclose(c, expect, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("provider", ["openblas", "mkl"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,k,n", [(100, 300, 70), (5, 300, 800), (3, 4, 5)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_packed_gemm_split_between_threads(provider, dtype, rows, k, n, threads):
+    """A large panel product splits by blocks of rows (100 rows) or, for few rows, by runs of
+    panels (5 rows; each thread writes only its columns); 3 x 4 x 5 runs on one thread. With
+    and without a bias, beta 0 on NaN outputs, and beta 1."""
+    import lamina as lm
+    be = CPUBackend(provider)
+    rng = rng_for("pack-split", provider, rows, threads)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    a = rng.standard_normal((rows, k)).astype(dtype)
+    bias = rng.standard_normal(n).astype(dtype)
+    product = a.astype(np.float64) @ w.T.astype(np.float64)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == np.float32 else TOL[np.float64]  # (sums of 300)
+    before = lm.get_num_threads()
+    try:
+        lm.set_num_threads(threads)
+        packed = be.pack(w, trans=True, max_rows=rows)
+        for beta in (0.0, 1.0):
+            c, start = out_pair((rows, n), dtype, beta, rng)
+            be.packed_gemm(a, packed, c, beta)
+            np.testing.assert_allclose(c, product + (start if beta else 0), **tol)
+        c = np.full((rows, n), np.nan, dtype)
+        be.packed_gemm_bias(a, packed, c, bias)
+        np.testing.assert_allclose(c, product + bias, **tol)
+    finally:
+        lm.set_num_threads(before)
+
+
+def test_panel_gemm_checks_its_arguments():
+    from lamina import _kernels
+    a, c = np.ones((4, 3), np.float32), np.zeros((4, 20), np.float32)
+    packed = np.ones(_kernels.panel_count(20, 4) * 3 * 16, np.float32)
+    _kernels.panel_gemm(a, packed, 20, c, 0.0)
+    assert (c == 3).all()
+    with pytest.raises(ValueError, match="panels of a 3 x 20 matrix take 96 values, found 95"):
+        _kernels.panel_gemm(a, packed[:-1], 20, c, 0.0)
+    with pytest.raises(ValueError, match="c must be 4 x 20, found 4 x 19"):
+        _kernels.panel_gemm(a, packed, 20, c[:, :19].copy(), 0.0)
+    with pytest.raises(ValueError, match=r"panels 1 \.\. 3 out of 0 \.\. 2"):
+        _kernels.panel_gemm(a, packed, 20, c, 0.0, 1, 3)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 33), (129, 300)])
 def test_bias(backend, dtype, rows, cols):

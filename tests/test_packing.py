@@ -129,3 +129,30 @@ def test_recurrent_network_moves_between_providers(kind):
         net.train_step({"x": SEQS, **TARGET}, lm.optim.SGD(net, lr=0.1))
         expected = reference(kind, layer, SEQS)[0]
         np.testing.assert_allclose(net.run({"x": SEQS})["out"].values, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("blas", PROVIDERS)
+def test_linear_inference_follows_training_and_assign(blas):
+    """At inference a Linear computes from its weight's pack where the backend says so (few rows
+    on lamina's panels): after a training step and after an assign, run gives the new weights'
+    result, and the pack is built once per change of values, not per run."""
+    be = CPUBackend(blas=blas)
+    net = lm.Network(backend=be)
+    fc = Linear(6, 4)
+    y = fc(net.input("x", 6))
+    net.outputs(y=y, c=SquareError()(y, net.input("t", 4)))
+    rng = np.random.default_rng(0)
+    x, t = (rng.standard_normal((5, n)).astype(np.float32) for n in (6, 4))
+    uses_pack = be.packs_fixed_weights(5, 6, 4)
+    assert uses_pack == (blas == "openblas")
+
+    def check(packs):
+        for _ in range(3):
+            np.testing.assert_allclose(net.run({"x": x}, ["y"])["y"], x @ fc.weight.value.T + fc.bias.value,
+                                       rtol=1e-5, atol=1e-6)
+        assert sum(p.repacks for p in fc._packs.values()) == (packs if uses_pack else 0)
+    check(1)
+    net.train_step({"x": x, "t": t}, lm.optim.SGD(net, lr=0.5))
+    check(2)
+    fc.weight.assign(fc.weight.value * -2)
+    check(3)

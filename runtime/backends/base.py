@@ -82,6 +82,16 @@ class Backend(ABC):
     def packed_gemm(self, a, packed, c, beta=0.0):
         """c = a @ packed + beta * c."""
 
+    def packed_gemm_bias(self, a, packed, c, bias):
+        """c = a @ packed + bias (added to every row of c)."""
+        self.packed_gemm(a, packed, c)
+        self.add_bias(c, bias)
+
+    def packs_fixed_weights(self, m, k, n):
+        """Whether an m x k by k x n product with a weight that stays fixed over many calls
+        (inference) runs faster from a pack of the weight (Backend.pack): no, here."""
+        return False
+
     # -- bias, element-wise, rows
     @abstractmethod
     def add_bias(self, y, b):

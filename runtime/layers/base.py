@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..graph import Spec, Value
+from ..packing import PackedWeight
 from ..parameter import Parameter
 
 REGISTRY = {}
@@ -65,6 +66,7 @@ class Layer:
     def __init__(self, name=None):
         self.name = name
         self.params = {}
+        self._packs = {}  # (id(param), transposed) -> PackedWeight (packed_weight)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"
@@ -88,6 +90,15 @@ class Layer:
         p = Parameter(value, **kw)
         self.params[name] = p
         return p
+
+    def packed_weight(self, be, param, transpose, rows):
+        """op(param) packed for backend `be` (Backend.pack), for products of up to `rows` rows,
+        rebuilt whenever the parameter's values or the backend change (lamina.packing)."""
+        key = (id(param), transpose)
+        pack = self._packs.get(key)
+        if pack is None or pack.param is not param:
+            pack = self._packs[key] = PackedWeight(param, trans=transpose)
+        return pack.get(be, rows)
 
     def bind_parameters(self):
         for pname, p in self.params.items():

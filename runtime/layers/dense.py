@@ -84,13 +84,22 @@ class Linear(_Activated):
         return Spec((self.out_features,), sequence=common_rows(specs))
 
     def forward(self, ctx):
+        """At inference, from the weights' packs where the backend computes faster from them
+        (Backend.packs_fixed_weights: few rows, on the CPU)."""
         be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
-            w = self.params[wname].buffer
-            if i == 0 and self.has_bias:
-                be.gemm_bias(x, w, y, self.params["bias"].buffer, trans_b=True)
+            w = self.params[wname]
+            bias = self.params["bias"].buffer if i == 0 and self.has_bias else None
+            if not ctx.training and be.packs_fixed_weights(x.shape[0], *reversed(w.shape)):
+                packed = self.packed_weight(be, w, True, x.shape[0])
+                if bias is not None:
+                    be.packed_gemm_bias(x, packed, y, bias)
+                else:
+                    be.packed_gemm(x, packed, y, beta=0.0 if i == 0 else 1.0)
+            elif bias is not None:
+                be.gemm_bias(x, w.buffer, y, bias, trans_b=True)
             else:
-                be.gemm(x, w, y, trans_b=True, beta=0.0 if i == 0 else 1.0)
+                be.gemm(x, w.buffer, y, trans_b=True, beta=0.0 if i == 0 else 1.0)
         self._activate(ctx)
 
     def backward(self, ctx):

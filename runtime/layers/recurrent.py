@@ -26,7 +26,6 @@ first row, as in PyTorch.
 import math
 
 from ..graph import Spec
-from ..packing import PackedWeight
 from ..backends.recurrence import Direction
 from ..scheduler import GradTarget
 from ..random import generator
@@ -74,7 +73,6 @@ class _Recurrent(Layer):
                 if self.has_bias:
                     self.add_param("bias_ih" + sfx, uniform(rng, bound, (GH,)))
                     self.add_param("bias_hh" + sfx, uniform(rng, bound, (GH,)))
-        self._packs = {}
 
     @staticmethod
     def _suffix(l, d):
@@ -120,13 +118,9 @@ class _Recurrent(Layer):
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
 
     def _pack(self, ctx, w, transpose, rows=None):
-        """op(w) packed for the backend, rebuilt whenever w's values or the backend change
-        (lamina.packing)."""
-        key = (id(w), transpose)
-        pack = self._packs.get(key)
-        if pack is None or pack.param is not w:
-            pack = self._packs[key] = PackedWeight(w, trans=transpose)
-        return pack.get(ctx.be, rows or ctx.order.num_sequences)
+        """op(w) packed for the backend (Layer.packed_weight), for up to `rows` rows (default:
+        the batch's sequences)."""
+        return self.packed_weight(ctx.be, w, transpose, rows or ctx.order.num_sequences)
 
     def recurrent_pack(self, ctx, sfx, transpose):
         """W_hh of one direction packed (transposed for the forward's h W_hhᵀ)."""
