@@ -1101,6 +1101,12 @@ cdef extern from "direct_conv.h" nogil:
     void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
                        const long* geo, double* y, long oD, long oH, long oW, const double* bias, int relu,
                        int accumulate)
+    void direct_conv_pooled_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
+                              const long* geo, float* y, long pD, long pH, long pW, long pool_depth,
+                              const float* bias, int relu)
+    void direct_conv_pooled_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
+                              const long* geo, double* y, long pD, long pH, long pW, long pool_depth,
+                              const double* bias, int relu)
 
 
 cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_t pd, Py_ssize_t ph,
@@ -1179,20 +1185,33 @@ def padded_copy(real[:, :, :, ::1] x, real[:, :, :, ::1] xp, int pd, int ph, int
 
 cdef void _direct_run(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1] y, int groups, long* geo,
                       Py_ssize_t d0, Py_ssize_t h0, Py_ssize_t w0, real* bias, bint relu,
-                      bint accumulate) noexcept nogil:
+                      bint accumulate, int pool_depth=0) noexcept nogil:
     """direct_conv.h over every group (the caller checked the sizes: _check_direct; bias, NULL or
-    one per output channel: _check_epilogue)."""
+    one per output channel: _check_epilogue); with pool_depth > 0, y is the max pool of kernel
+    and stride pool_depth x 2 x 2 of the convolution (direct_conv_pooled)."""
     cdef Py_ssize_t C = xp.shape[0], cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g
     cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * geo[0] * geo[1] * geo[2] * CO_BLOCK
+    cdef real* b
     for g in range(groups):
+        b = bias + g * out_g if bias != NULL else NULL
         if real is float:
-            direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                          &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                          y.shape[3], bias + g * out_g if bias != NULL else NULL, relu, accumulate)
+            if pool_depth:
+                direct_conv_pooled_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                                     &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1],
+                                     y.shape[2], y.shape[3], pool_depth, b, relu)
+            else:
+                direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                              &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
+                              y.shape[3], b, relu, accumulate)
         else:
-            direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                          &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                          y.shape[3], bias + g * out_g if bias != NULL else NULL, relu, accumulate)
+            if pool_depth:
+                direct_conv_pooled_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                                     &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1],
+                                     y.shape[2], y.shape[3], pool_depth, b, relu)
+            else:
+                direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                              &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
+                              y.shape[3], b, relu, accumulate)
 
 
 cdef real* _epilogue_bias(str where, real[::1] bias, bint relu, Py_ssize_t cout, bint accumulate) except? NULL:
@@ -1250,29 +1269,37 @@ cdef inline Py_ssize_t _next_sample(long* shared, Py_ssize_t n) noexcept nogil:
 
 def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[:, :, :, ::1] xp,
                 int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw,
-                bint accumulate=False, real[::1] bias=None, bint relu=False, long[::1] claim=None):
+                bint accumulate=False, real[::1] bias=None, bint relu=False, long[::1] claim=None,
+                int pool_depth=0):
     """y[n] = (or +=, accumulate) the convolution of each sample x[n] [C, D, H, W] with unit
     stride along the width: x[n] padded into xp (padded_copy; xp's width leaves a vector's worth
     past each row), then direct_conv_padded (bias and relu as there). y [N, Cout, oD, oH, oW];
     one call for the samples, checked once; with `claim`, only the samples this call takes from
-    the shared counter (_shared_counter)."""
+    the shared counter (_shared_counter). With pool_depth 1 or 2, y [N, Cout, pD, pH, pW] is
+    instead the max pool of kernel and stride pool_depth x 2 x 2 of those outputs (no padding,
+    sizes rounded down), the outputs themselves never stored."""
     cdef Py_ssize_t n, N = x.shape[0]
     cdef long* shared = _shared_counter("direct_conv", claim)
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     if y.shape[0] != N:
         raise ValueError(f"direct_conv: {N} input samples and {y.shape[0]} output samples")
+    if pool_depth not in (0, 1, 2) or (pool_depth and accumulate):
+        raise ValueError(f"direct_conv: pool_depth must be 0, 1 or 2, and 0 with accumulate; found {pool_depth}"
+                         f"{' with accumulate' if accumulate else ''}")
     if N == 0:
         return
     _check_padded("direct_conv", _dims(x[0]), _dims(xp), pd, ph, pw, 1)
-    _check_direct("direct_conv", xp.shape[0], _dims(xp), packed.shape[0], _dims(y[0]), groups, geo, (0, 0, 0),
+    # the outputs computed: those the pool's windows cover
+    computed = _dims(y[0]) if not pool_depth else (y.shape[1], y.shape[2] * pool_depth, 2 * y.shape[3], 2 * y.shape[4])
+    _check_direct("direct_conv", xp.shape[0], _dims(xp), packed.shape[0], computed, groups, geo, (0, 0, 0),
                   16 if real is float else 8)
     cdef real* b = _epilogue_bias("direct_conv", bias, relu, y.shape[1], accumulate)
     with nogil:
         n = _next_sample(shared, -1)
         while n < N:
             _padded_copy(x[n], xp, pd, ph, pw)
-            _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, b, relu, accumulate)
+            _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, b, relu, accumulate, pool_depth)
             n = _next_sample(shared, n)
 
 

@@ -255,6 +255,37 @@ def test_kernels_overwrite_outputs_full_of_nan():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pool_depth, shape", [(1, (2, 1, 7, 37)), (2, (3, 5, 6, 20)), (1, (1, 3, 4, 4))])
+def test_the_direct_kernel_pools_as_it_stores(dtype, pool_depth, shape):
+    """direct_conv with pool_depth stores only the max pool (pool_depth x 2 x 2, rounded down) of
+    what it stores without: equal to the numpy pool of its plain output, to the last bit, over
+    NaN-filled outputs; with a bias and a ReLU, and 5 output channels (a partial block of 4);
+    widths 37 (whole tiles, the last moved back, a cut window), 20 and 4 (one partial tile)."""
+    rng = np.random.default_rng(3)
+    cin, cout = shape[0], 5
+    x = rng.standard_normal((2,) + shape).astype(dtype)
+    packed = rng.standard_normal(2 * cin * 27 * 4).astype(dtype)
+    bias = rng.standard_normal(cout).astype(dtype)
+    d, h, w = shape[1:]
+    xp = np.zeros((cin, d + 2, h + 2, w + 2 + 16), dtype)
+    full = np.empty((2, cout, d, h, w), dtype)
+    _kernels.direct_conv(x, packed, full, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, False, bias, True)
+    pd, ph, pw = d // pool_depth, h // 2, w // 2
+    windows = full[:, :, :pd * pool_depth, :2 * ph, :2 * pw].reshape(2, cout, pd, pool_depth, ph, 2, pw, 2)
+    pooled = np.full((2, cout, pd, ph, pw), np.nan, dtype)
+    _kernels.direct_conv(x, packed, pooled, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, False, bias, True,
+                         pool_depth=pool_depth)
+    np.testing.assert_array_equal(pooled, windows.max(axis=(3, 5, 7)))
+    with pytest.raises(ValueError, match="pool_depth must be 0, 1 or 2, and 0 with accumulate; found 3"):
+        _kernels.direct_conv(x, packed, pooled, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, pool_depth=3)
+    with pytest.raises(ValueError, match="found 1 with accumulate"):
+        _kernels.direct_conv(x, packed, pooled, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, True, pool_depth=1)
+    too_tall = np.zeros((2, cout, pd, ph + 1, pw), dtype)  # its windows would read past the padded input
+    with pytest.raises(ValueError, match="reads the padded input up to"):
+        _kernels.direct_conv(x, packed, too_tall, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, pool_depth=pool_depth)
+
+
 @pytest.mark.parametrize("name", ["winograd", "direct", "direct, width phases"])
 def test_packed_weights_follow_every_update(name, algorithm):
     """The layouts these algorithms derive from the weight (Parameter.derived) are rebuilt after

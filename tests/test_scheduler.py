@@ -295,9 +295,9 @@ def test_backward_from_given_output_gradients():
         net.backward()
 
 
-def pooled_net(dtype, conv, pool, activation=True, extra_reader=False):
+def pooled_net(dtype, conv, pool, activation=True, extra_reader=False, size=(8, 5, 6, 7)):
     net = lm.Network()
-    x = net.input("x", (8,) + (5, 6, 7)[-conv.nd:])
+    x = net.input("x", size[:1] + size[1:][-conv.nd:])
     c = conv(x)
     a = Activation("relu", name="act")(c) if activation else c
     outputs = {"y": pool(a)}
@@ -309,12 +309,13 @@ def pooled_net(dtype, conv, pool, activation=True, extra_reader=False):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", ["winograd 2d", "winograd 3d", "winograd 3d, no activation", "padded pool",
-                                  "direct"])
+                                  "direct", "direct 3d", "direct 3d, pool 1x2x2", "direct wide, no activation"])
 def test_inference_runs_a_max_pool_inside_the_convolution_before_it(dtype, case):
     """conv (-> ReLU) -> max pool runs as one node: where Winograd's 2x2(x2) tiles are the pool's
-    windows its kernel stores each tile's maximum (odd sizes: the cut tiles store nothing), else
-    the convolution goes to a workspace and is pooled from there; the answers are the training
-    forward's (nothing fused), exactly."""
+    windows its kernel stores each tile's maximum (odd sizes: the cut tiles store nothing), and
+    the direct kernel each window's (windows of 1 or 2 x 2 x 2; 45 widths: whole register tiles,
+    the last moved back, and a cut window), else the convolution goes to a workspace and is pooled
+    from there; the answers are the training forward's (nothing fused), exactly."""
     L = lm.layers
     lm.manual_seed(21)
     conv, pool = {
@@ -323,8 +324,12 @@ def test_inference_runs_a_max_pool_inside_the_convolution_before_it(dtype, case)
         "winograd 3d, no activation": (L.Conv3d(8, 8, 3, padding=1, name="conv"), L.MaxPool3d(2, name="pool")),
         "padded pool": (L.Conv2d(8, 8, 3, padding=1, name="conv"), L.MaxPool2d(3, stride=2, padding=1, name="pool")),
         "direct": (L.Conv2d(8, 3, 3, padding=1, name="conv"), L.MaxPool2d(2, name="pool")),
+        "direct 3d": (L.Conv3d(8, 3, 3, padding=1, name="conv"), L.MaxPool3d(2, name="pool")),
+        "direct 3d, pool 1x2x2": (L.Conv3d(8, 5, 3, padding=1, name="conv"), L.MaxPool3d((1, 2, 2), name="pool")),
+        "direct wide, no activation": (L.Conv2d(1, 5, 3, padding=1, name="conv"), L.MaxPool2d(2, name="pool")),
     }[case]
-    net = pooled_net(dtype, conv, pool, activation="no activation" not in case)
+    size = (1, 1, 9, 45) if "wide" in case else (8, 5, 6, 7)
+    net = pooled_net(dtype, conv, pool, activation="no activation" not in case, size=size)
     plan = net.scheduler.plan(False, ("y",))
     assert plan.pooled == {"conv": (pool._window(), "pool")} and plan.absorbed == {"pool"}
     X = np.random.default_rng(22).standard_normal((3,) + net.values["x"].spec.shape).astype(dtype)
@@ -333,7 +338,7 @@ def test_inference_runs_a_max_pool_inside_the_convolution_before_it(dtype, case)
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
     with net.scheduler.borrowed(plan) as b:  # the Winograd kernel pools as it stores: no full output
-        assert (("conv", "unpooled") in b._workspaces) == (case in ("padded pool", "direct"))
+        assert (("conv", "unpooled") in b._workspaces) == (case == "padded pool")
         assert [n.name for n, _ in b.contexts] == ["conv"]
 
 

@@ -124,21 +124,29 @@ def forward(conv, ctx, bias=None, activation=None):
 
 
 def forward_pooled(conv, ctx, bias, activation, pool):
-    """A convolution's forward followed by a max pool (Backend.conv_forward's pool): where the rule
-    runs Winograd and the pool's windows are its output tiles (kernel and stride 2 along height
-    and width, and depth for a 3-D kernel, no padding, sizes rounded down), the Winograd kernel
-    stores each tile's maximum and nothing else (the pool's input is never written). True if it
-    ran; else the caller runs the convolution and the pool."""
-    if (_setting["mode"] == "measure" or forward_algorithm(conv) != "winograd"
+    """A convolution's forward followed by a max pool (Backend.conv_forward's pool) in one kernel,
+    where the rule runs Winograd or the direct kernel and the pool has kernel = stride 2 along
+    height and width, and along depth 1 or 2 (Winograd: 2 exactly where its tiles are 3-D), no
+    padding, sizes rounded down: the kernel stores each window's maximum and nothing else (the
+    pool's input is never written). True if it ran; else the caller runs the convolution and the
+    pool."""
+    algorithm = forward_algorithm(conv)
+    if (_setting["mode"] == "measure" or algorithm not in ("winograd", "direct")
             or (activation is not None and activation[0] not in ("relu", "linear"))):
         return False
-    tile = (2 if winograd.volumetric(conv) else 1, 2, 2)
+    window, stride, padding = pool
+    depths = ((2,) if winograd.volumetric(conv) else (1,)) if algorithm == "winograd" else (1, 2)
+    if window != stride or window[1:] != (2, 2) or window[0] not in depths or max(padding) > 0:
+        return False
     full = ctx.unpooled_shape()[2:]
     full = (1,) * (3 - len(full)) + full
-    if pool != (tile, tile, (0, 0, 0)) or columns.as_volume(ctx.output[0]).shape[1:] != tuple(
-            n // t for n, t in zip(full, tile)):
+    if columns.as_volume(ctx.output[0]).shape[1:] != tuple(n // t for n, t in zip(full, window)):
         return False
-    winograd.forward(conv, ctx, bias, activation is not None and activation[0] == "relu", pool=True)
+    relu = activation is not None and activation[0] == "relu"
+    if algorithm == "winograd":
+        winograd.forward(conv, ctx, bias, relu, pool=True)
+    else:
+        direct.forward(conv, ctx, bias, relu, pool_depth=window[0])
     return True
 
 

@@ -76,21 +76,24 @@ def _padded_shape(batch, padding):
     return c, d + 2 * padding[0], h + 2 * padding[1], w + 2 * padding[2] + ROW_SLACK
 
 
-def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0, bias=None, relu=False):
+def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0, bias=None, relu=False, pool_depth=0):
     """dst[n] = (beta·dst[n] +) direct_conv(src[n]) for every sample, split between threads; with
-    beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores."""
+    beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores;
+    with pool_depth 1 or 2, dst is the max pool of kernel and stride pool_depth x 2 x 2 of that."""
     packed = _pack_direct(conv, which)
     kernel = conv.geometry(dst.shape[2:])[0]
     padded = _padded_shape(src, padding)
 
     def call(t, x, y, accumulate, claim):
         _kernels.direct_conv(x, packed, y, ctx.workspace(("padded", t), padded), conv.groups, *kernel, *stride[:2],
-                             *padding, *dilation, accumulate, bias, relu, claim)
+                             *padding, *dilation, accumulate, bias, relu, claim, pool_depth)
     columns.over_samples(ctx, src, dst, beta, call)
 
 
-def forward(conv, ctx, bias=None, relu=False):
-    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_geometry(conv, ctx.output), 0.0, bias, relu)
+def forward(conv, ctx, bias=None, relu=False, pool_depth=0):
+    """ctx.output = the convolution (plus bias, through a ReLU where relu is set); with pool_depth,
+    the max pool of kernel and stride pool_depth x 2 x 2 of it."""
+    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, *_geometry(conv, ctx.output), 0.0, bias, relu, pool_depth)
 
 
 def forward_width_phases(conv, ctx):
