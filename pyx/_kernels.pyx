@@ -431,15 +431,18 @@ cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept no
 
 def softmax_cross_entropy(real[:, ::1] x, const int[::1] labels, real[::1] w, bint weighted,
                           real[:, ::1] probs, real[::1] cost):
-    """probs = softmax(x) row-wise; cost[i] = -w[i] * log probs[i, labels[i]], computed as
-    w[i] * (logsumexp(x[i]) - x[i, labels[i]]) (finite where the probability underflows; labels
-    checked by the caller to lie in [0, classes))."""
+    """probs = softmax(x) row-wise (probs None: not wanted, never computed); cost[i] = -w[i] *
+    log probs[i, labels[i]], computed as w[i] * (logsumexp(x[i]) - x[i, labels[i]]) (finite where
+    the probability underflows; labels checked by the caller to lie in [0, classes))."""
     cdef Py_ssize_t i, rows = x.shape[0], cols = x.shape[1]
     cdef double lse
+    cdef bint keep = probs is not None
+    if keep and (probs.shape[0] != rows or probs.shape[1] != cols):
+        raise ValueError(f"softmax_cross_entropy: probs must be {rows} x {cols}, found {probs.shape[0]} x {probs.shape[1]}")
     if cols == 0:
         return
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        lse = _softmax_row(&x[i, 0], &probs[i, 0], cols, False)
+        lse = _softmax_row(&x[i, 0], &probs[i, 0] if keep else NULL, cols, False)
         cost[i] = <real>(_weight(w, weighted, i) * (lse - x[i, labels[i]]))
 
 

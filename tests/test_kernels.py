@@ -251,6 +251,9 @@ def test_softmax_cross_entropy(backend, dtype, weighted, rows, classes):
     REF.softmax_cross_entropy(x, labels, w, probs_ref, cost_ref)
     close(probs, probs_ref, dtype)
     close(cost, cost_ref, dtype)
+    alone = np.full(rows, np.nan, dtype)  # no probabilities wanted (inference): the same costs
+    backend.softmax_cross_entropy(x, labels, w, None, alone)
+    close(alone, cost_ref, dtype)
     dcost = rng.standard_normal(rows).astype(dtype)
     for beta in (0.0, 1.0):
         dx, dx_ref = out_pair(x.shape, dtype, beta, rng)

@@ -368,7 +368,8 @@ class Backend(ABC):
     # -- costs: one value per row, optional per-row weights w (None = 1)
     @abstractmethod
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
-        """probs = softmax(x); cost[i] = -w[i] log probs[i, labels[i]]."""
+        """probs = softmax(x) (probs None: the costs alone, as inference needs); cost[i] =
+        -w[i] log probs[i, labels[i]]."""
 
     @abstractmethod
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):

@@ -666,6 +666,8 @@ class OpenCLBackend(Backend):
     # -- costs
 
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
+        if probs is None:  # (the kernel writes them: a scratch)
+            probs = self.empty(x.shape, x.dtype)
         x2 = _rows(x)
         self._run("elementwise", "softmax_cross_entropy", x.dtype, self._global(x2.shape[0]), x,
                   self._ids(labels, "softmax_cross_entropy", "labels", x2.shape[1]), *self._optional(w, x.dtype),

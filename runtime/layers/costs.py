@@ -63,7 +63,8 @@ class SoftmaxCrossEntropy(_Cost):
         x = ctx.inputs[0]
         labels = ctx.host_input(1)  # the host snapshot: checked here, read by forward and backward
         check_ids(ctx, labels, x.shape[1], "labels (input 1)")
-        ctx.be.softmax_cross_entropy(x, labels, self._weights(ctx), ctx.workspace("probs", x.shape), ctx.output)
+        probs = ctx.workspace("probs", x.shape) if ctx.training else None  # (backward reads them)
+        ctx.be.softmax_cross_entropy(x, labels, self._weights(ctx), probs, ctx.output)
 
     def backward(self, ctx):
         dx = ctx.input_grad(0)

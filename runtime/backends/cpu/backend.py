@@ -676,8 +676,9 @@ class CPUBackend(HostStatistics, Backend):
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         x2, w, weighted = self._cost_args("softmax_cross_entropy", x, w, cost)
         self._labels("softmax_cross_entropy", labels, *x2.shape)
-        _same("softmax_cross_entropy", "x", x, probs=probs)
-        K.softmax_cross_entropy(x2, labels, w, weighted, _rows(probs), cost)
+        if probs is not None:
+            _same("softmax_cross_entropy", "x", x, probs=probs)
+        K.softmax_cross_entropy(x2, labels, w, weighted, None if probs is None else _rows(probs), cost)
 
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
         p2, w, weighted = self._cost_args("softmax_cross_entropy_backward", probs, w, dcost)
