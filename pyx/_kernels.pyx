@@ -1098,18 +1098,12 @@ cdef extern from "direct_conv.h" nogil:
                           long oD, long oH, long oWp, const long* geo, float* partials, float* dw)
     void direct_conv_dw_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* dyp, long cout,
                           long oD, long oH, long oWp, const long* geo, double* partials, double* dw)
-    void direct_conv_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
-                       const long* geo, float* y, long oD, long oH, long oW, const float* bias, int relu,
-                       int accumulate)
-    void direct_conv_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
-                       const long* geo, double* y, long oD, long oH, long oW, const double* bias, int relu,
-                       int accumulate)
-    void direct_conv_pooled_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
-                              const long* geo, float* y, long pD, long pH, long pW, long pool_depth,
-                              const float* bias, int relu)
-    void direct_conv_pooled_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
-                              const long* geo, double* y, long pD, long pH, long pW, long pool_depth,
-                              const double* bias, int relu)
+    void direct_conv_store_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
+                             const long* geo, float* y, long oD, long oH, long oW, const float* bias, int relu,
+                             int accumulate, int pool_depth)
+    void direct_conv_store_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
+                             const long* geo, double* y, long oD, long oH, long oW, const double* bias, int relu,
+                             int accumulate, int pool_depth)
 
 
 cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_t pd, Py_ssize_t ph,
@@ -1198,23 +1192,13 @@ cdef void _direct_run(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1
     for g in range(groups):
         b = bias + g * out_g if bias != NULL else NULL
         if real is float:
-            if pool_depth:
-                direct_conv_pooled_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                                     &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1],
-                                     y.shape[2], y.shape[3], pool_depth, b, relu)
-            else:
-                direct_conv_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                              &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                              y.shape[3], b, relu, accumulate)
+            direct_conv_store_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                                &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
+                                y.shape[3], b, relu, accumulate, pool_depth)
         else:
-            if pool_depth:
-                direct_conv_pooled_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                                     &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1],
-                                     y.shape[2], y.shape[3], pool_depth, b, relu)
-            else:
-                direct_conv_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                              &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                              y.shape[3], b, relu, accumulate)
+            direct_conv_store_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
+                                &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
+                                y.shape[3], b, relu, accumulate, pool_depth)
 
 
 cdef real* _epilogue_bias(str where, real[::1] bias, bint relu, Py_ssize_t cout, bint accumulate) except? NULL:

@@ -155,6 +155,16 @@ LAMINA_CLONES static void SUFFIXED(direct_conv_pooled)(const REAL *xp, long cin,
             }
 }
 
+/* direct_conv, or with pool_depth 1 or 2 direct_conv_pooled (oD, oH, oW then y's pooled sizes). */
+static void SUFFIXED(direct_conv_store)(const REAL *xp, long cin, long Dp, long Hp, long Wp, const REAL *wp, long cout,
+                                        const long *geo, REAL *y, long oD, long oH, long oW, const REAL *bias,
+                                        int relu, int accumulate, int pool_depth) {
+    if (pool_depth)
+        SUFFIXED(direct_conv_pooled)(xp, cin, Dp, Hp, Wp, wp, cout, geo, y, oD, oH, oW, pool_depth, bias, relu);
+    else
+        SUFFIXED(direct_conv)(xp, cin, Dp, Hp, Wp, wp, cout, geo, y, oD, oH, oW, bias, relu, accumulate);
+}
+
 #undef DIRECT_FIRST_WIDTHS
 #undef DIRECT_SECOND_WIDTHS
 #undef DIRECT_WINDOW_ORDER
