@@ -80,6 +80,7 @@ def _w(w, rows, dtype):
 
 class ReferenceBackend(HostStatistics, Backend):
     name = "reference"
+    host_arrays = True
 
     def empty(self, shape, dtype):
         return np.empty(shape, dtype)
@@ -89,8 +90,6 @@ class ReferenceBackend(HostStatistics, Backend):
 
     def from_host(self, array):
         return np.array(array)
-
-    host_arrays = True
 
     def to_host(self, a):
         return a

@@ -116,6 +116,7 @@ def _block_bounds(size, pieces, align):
 
 class CPUBackend(HostStatistics, Backend):
     name = "cpu"
+    host_arrays = True
 
     def __init__(self, blas=None):
         self.blas_name = blas or default_provider()
@@ -133,8 +134,6 @@ class CPUBackend(HostStatistics, Backend):
 
     def from_host(self, array):
         return np.ascontiguousarray(array)
-
-    host_arrays = True
 
     def to_host(self, a):
         return a
