@@ -94,12 +94,12 @@ def test_packed_gemm_recurrent_shape(provider, rows):
 
 @pytest.mark.parametrize("provider", ["openblas", "mkl"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,k,n", [(100, 300, 70), (5, 300, 800), (3, 4, 5)])
+@pytest.mark.parametrize("rows,k,n", [(800, 64, 48), (100, 300, 70), (5, 300, 1500), (3, 4, 5)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_packed_gemm_split_between_threads(provider, dtype, rows, k, n, threads):
-    """A large panel product splits by blocks of rows (100 rows) or, for few rows, by runs of
-    panels (5 rows; each thread writes only its columns); 3 x 4 x 5 runs on one thread. With
-    and without a bias, beta 0 on NaN outputs, and beta 1."""
+    """A large panel product splits by blocks of rows (800 rows) or by runs of panels (100 and 5
+    rows; each thread writes only its columns, 70 of them a partial last panel); 3 x 4 x 5 runs on
+    one thread. With and without a bias, beta 0 on NaN outputs, and beta 1."""
     import lamina as lm
     be = CPUBackend(provider)
     rng = rng_for("pack-split", provider, rows, threads)

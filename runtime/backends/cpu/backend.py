@@ -93,11 +93,13 @@ class PackedMatrix:
 # An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in waking the
 # other thread than it saves)
 GEMM_SPLIT_MIN = 1 << 21
-# A panel-packed product of fewer multiply-adds runs on one thread; a larger one is split by
-# blocks of rows when each thread gets at least PANEL_ROW_SPLIT rows (it then reads the whole
-# pack, from cache), else by runs of panels (each thread reads its part of the pack).
-PANEL_SPLIT_MIN = 1 << 20
-PANEL_ROW_SPLIT = 16
+# A panel-packed product of fewer multiply-adds runs on one thread (64 x 256 x 64: 0.028 ms
+# unsplit); a larger one is split by runs of panels (each thread reads its part of the pack:
+# 64 x 3136 x 128, whose pack outgrows a core's L2, 0.27 ms against 0.30 by rows), or by blocks
+# of rows when each thread gets at least PANEL_ROW_SPLIT rows (1878 x 128 x 1024: 2.40-2.51 ms
+# against 2.64-2.68 by panels).
+PANEL_SPLIT_MIN = 1 << 21
+PANEL_ROW_SPLIT = 256
 # At inference a Linear's product runs from its weight's panels, against OpenBLAS on the weight
 # (2 threads, ms, bias included): 1 x 256 x 4096 0.064 / 0.266, 4 x 4096 x 4096 2.16 / 6.68,
 # 30 x 256 x 4096 0.34 / 0.48, 64 x 3136 x 128 0.29 / 0.34, 64 x 4096 x 1024 3.23 / 4.14,
@@ -235,29 +237,29 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"packed_gemm: a has {a.shape[0]} rows, the pack was made for at most "
                              f"{packed.max_rows}")
         m, n = c.shape
-        if bias is not None and (packed.handle is not None or m < PANEL_ROW_SPLIT * free_threads()):
-            np.copyto(c, bias)  # (the product adds to it)
-            bias, beta = None, 1.0
         if packed.handle is not None:
-            _mkl.packed_gemm(a, packed.handle, c, beta)
+            if bias is not None:
+                np.copyto(c, bias)  # (the product adds to it)
+            _mkl.packed_gemm(a, packed.handle, c, beta if bias is None else 1.0)
             return
-        # lamina's panels: a large product is split between free threads, by blocks of rows (each
-        # block's bias rows set just before its product), or for few rows by runs of panels
+        # lamina's panels, split between free threads; each part's bias is set just before its
+        # product adds to it
         threads = free_threads() if m * n * packed.k >= PANEL_SPLIT_MIN else 1
-        if threads == 1 or m >= PANEL_ROW_SPLIT * threads:
-            bounds = _block_bounds(m, threads, 6)  # (whole tiles of panels.h's 6 rows)
 
-            def rows(t, blocks):
-                for i in blocks:
-                    part = slice(bounds[i], bounds[i + 1])
-                    if bias is not None:
-                        np.copyto(c[part], bias)
-                    K.panel_gemm(a[part], packed.panels, n, c[part], 1.0 if bias is not None else beta)
-            split_work(len(bounds) - 1, rows, threads)
+        def part(rows, cols, p0, p1):
+            if bias is not None:
+                np.copyto(c[rows, cols], bias[cols])
+            K.panel_gemm(a[rows], packed.panels, n, c[rows], beta if bias is None else 1.0, p0, p1)
+        if threads > 1 and m >= PANEL_ROW_SPLIT * threads:
+            bounds = _block_bounds(m, threads, 6)  # (whole tiles of panels.h's 6 rows)
+            split_work(len(bounds) - 1, lambda t, _: part(slice(bounds[t], bounds[t + 1]), slice(None), 0, -1))
             return
-        panels = K.panel_count(n, c.itemsize)
-        split_work(threads, lambda t, _: K.panel_gemm(a, packed.panels, n, c, beta, t * panels // threads,
-                                                      (t + 1) * panels // threads), threads)
+        panels, width = K.panel_count(n, c.itemsize), 64 // c.itemsize  # (a panel: 64 bytes a row)
+
+        def panel_run(t, _):
+            p0, p1 = t * panels // threads, (t + 1) * panels // threads
+            part(slice(None), slice(p0 * width, p1 * width), p0, p1)
+        split_work(threads, panel_run, threads)
 
     # -- bias, element-wise, rows
     def add_bias(self, y, b):
