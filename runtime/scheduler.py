@@ -378,17 +378,25 @@ class Bindings:
 
     def resize(self, batch, steps):
         """Point every value and gradient at views for this batch size, growing the bases that
-        are too small (to the largest size seen, with headroom)."""
+        are too small (to the largest size seen, with headroom); for the same size, only the
+        values of slots whose buffer was given away (release_buffer) get new ones."""
         if (batch, steps) == (self.batch, self.steps):
-            return
+            slots = [slot for slot in self._slot_key if slot not in self._bases]
+            if not slots:
+                return
+        else:
+            slots = self._slot_key
         self.batch, self.steps = batch, steps
         sizes = {}
-        for slot, (shape, dtype, sequence) in self._slot_key.items():
+        for slot in slots:
+            shape, dtype, sequence = self._slot_key[slot]
             rows = steps if sequence else batch
             need = (rows or 0) * math.prod(shape)
             self._bases[slot] = self._grown(self._bases.get(slot), need, dtype, self.backend.empty)
             sizes[slot] = rows or 0, need
         for (store, vname), slot in self._slot_of.items():
+            if slot not in sizes:
+                continue
             rows, need = sizes[slot]  # (each value in its own shape: an alias may see its slot in another)
             shape = (rows,) + self._row_key(vname)[0]
             (self.values if store == "value" else self.grads)[vname] = self._bases[slot][:need].reshape(shape)
@@ -401,8 +409,7 @@ class Bindings:
         slot = self._slot_of.get(("value", vname))
         if slot is None or self._is_selected(vname) or vname in self.host_feeds:
             return False
-        self._bases.pop(slot, None)
-        self.batch = self.steps = None  # (resize makes the new one)
+        self._bases.pop(slot, None)  # (resize makes the new one)
         return True
 
     @classmethod
