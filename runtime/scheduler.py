@@ -226,11 +226,11 @@ class Plan:
                 continue
             v = n.inputs[0].name
             p = scheduler.producer.get(v)
-            if p is None or readers[v] != 1 or v in wanted or len(p.outputs) != 1 or net.values[v].spec.selected:
+            if p is None or readers[v] != 1 or v in wanted or net.values[v].spec.selected:
                 continue
-            if activation is None:
+            if activation is None:  # (a view of any output, the LSTM's among its three)
                 self.aliases[n.output] = v
-            elif p.name not in self.fused and p.layer.fuses_activation(activation[0]):
+            elif len(p.outputs) == 1 and p.name not in self.fused and p.layer.fuses_activation(activation[0]):
                 self.fused[p.name] = activation
                 self.aliases[n.output] = v
         self._fuse_pools(scheduler, wanted, readers)

@@ -295,6 +295,29 @@ def test_backward_from_given_output_gradients():
         net.backward()
 
 
+def test_a_reshape_of_one_output_of_a_multi_output_layer_is_a_view():
+    """The LSTM's sequence output read by a reshape alone: the reshape does not run, its output
+    is the LSTM's buffer (the LSTM's final states, its other outputs, stay its own), and the
+    answers are the training forward's, exactly; a tanh after the LSTM stays a node (an
+    activation fuses only into a layer of one output)."""
+    net = lm.Network()
+    h, last, cell = lm.layers.LSTM(4, 6, name="lstm")(net.input("x", 4, sequence=True))
+    flat = lm.layers.Reshape((2, 3), name="flat")(h)
+    net.outputs(y=Activation("tanh", name="squash")(lm.layers.Reshape((6,), name="back")(flat)), last=last)
+    net.outputs(z=Activation("tanh", name="direct")(cell))
+    plan = net.scheduler.plan(False, ("y", "last", "z"))
+    assert plan.aliases == {"flat": h.name, "back": "flat"} and plan.fused == {}
+    rng = np.random.default_rng(9)
+    X = lm.Sequences.from_list([rng.standard_normal((n, 4)).astype(np.float32) for n in (5, 2, 3)])
+    got, want = net.run({"x": X}), net.forward({"x": X}, training=True)
+    for name in ("y", "last", "z"):
+        np.testing.assert_array_equal(np.asarray(getattr(got[name], "values", got[name])),
+                                      np.asarray(getattr(want[name], "values", want[name])), err_msg=name)
+    with net.scheduler.borrowed(plan) as b:
+        assert b.values["flat"].__array_interface__["data"][0] == b.values[h.name].__array_interface__["data"][0]
+        assert {"flat", "back"}.isdisjoint(n.name for n, _ in b.contexts)
+
+
 def pooled_net(dtype, conv, pool, activation=True, extra_reader=False, size=(8, 5, 6, 7)):
     net = lm.Network()
     x = net.input("x", size[:1] + size[1:][-conv.nd:])
