@@ -27,6 +27,11 @@
  * whole of a (512 rows of 256 floats: 512 KB, the size of this machine's L2) was read again
  * from L3 for every panel. */
 #define PANEL_ROW_BYTES (128 * 1024)
+/* ...and the panels in runs of about this many bytes, every row block passing over one run
+ * before the next: a run stays in the L2 cache with the row block, where a pack larger than the
+ * cache was read again from L3 for every block of rows (2 threads: 64 x 8192 x 1024 14.9 ->
+ * 5.8 ms, 1878 x 256 x 1024 6.5 -> 4.8 ms). */
+#define PANEL_RUN_BYTES (256 * 1024)
 
 #define LAMINA_IMPL "panels_impl.h"
 #include "instantiate.h"

@@ -130,9 +130,12 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
     const long NR = 2 * LANES;
     long block = PANEL_ROW_BYTES / (k * (long)sizeof(REAL)) / PANEL_MR * PANEL_MR;
     block = block < PANEL_MR ? PANEL_MR : block;
+    long run = PANEL_RUN_BYTES / (k * NR * (long)sizeof(REAL));
+    run = run < 1 ? 1 : run;
+    for (long q0 = p0; q0 < p1; q0 += run)
     for (long i0 = 0; i0 < m; i0 += block) {
         long i1 = m - i0 < block ? m : i0 + block;
-        for (long p = p0; p < p1; p++) {
+        for (long p = q0; p < (p1 - q0 < run ? p1 : q0 + run); p++) {
             const REAL *panel = packed + p * k * NR;
             long col = p * NR, nr = n - col < NR ? n - col : NR;
             for (long i = i0; i < i1; i += PANEL_MR) {

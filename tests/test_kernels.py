@@ -123,6 +123,29 @@ def test_packed_gemm_split_between_threads(provider, dtype, rows, k, n, threads)
         lm.set_num_threads(before)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panel_gemm_over_runs_of_panels_and_blocks_of_rows(dtype):
+    """A deep product: panels.h takes rows in blocks (16 floats' or 8 doubles' rows of 2048) and
+    panels in runs (2 of them), every block over one run before the next; 40 rows x 7 panels are
+    several of each, the last of each partial; panels 1 .. 6 only touch their own columns."""
+    from lamina import _kernels
+    rng = rng_for("panel runs", dtype)
+    m, k, n = 40, 2048, 100
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    packed = np.empty(_kernels.panel_size(b, False), dtype)
+    _kernels.panel_pack(b, False, 1.0, packed)
+    c = np.full((m, n), np.nan, dtype)
+    _kernels.panel_gemm(a, packed, n, c, 0.0)
+    tol = {"rtol": 1e-4, "atol": 1e-3} if dtype == np.float32 else TOL[np.float64]  # (sums of 2048)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, **tol)
+    width = 64 // np.dtype(dtype).itemsize
+    part = np.full((m, n), 7.0, dtype)
+    _kernels.panel_gemm(a, packed, n, part, 0.0, 1, 6)
+    inside = slice(width, 6 * width)
+    np.testing.assert_allclose(part[:, inside], c[:, inside], **tol)
+    assert (np.delete(part, np.r_[inside], axis=1) == 7).all()
+
+
 def test_panel_gemm_checks_its_arguments():
     from lamina import _kernels
     a, c = np.ones((4, 3), np.float32), np.zeros((4, 20), np.float32)

@@ -102,11 +102,11 @@ PANEL_SPLIT_MIN = 1 << 21
 PANEL_ROW_SPLIT = 256
 # At inference a Linear's product runs from its weight's panels, against OpenBLAS on the weight
 # (2 threads, ms, bias included): 1 x 256 x 4096 0.064 / 0.266, 4 x 4096 x 4096 2.16 / 6.68,
-# 30 x 256 x 4096 0.34 / 0.48, 64 x 3136 x 128 0.29 / 0.34, 64 x 4096 x 1024 3.23 / 4.14,
-# 200 x 256 x 4096 2.11 / 2.15; but OpenBLAS gained from more rows or depth: 1878 x 256 x 1024
-# 6.47 / 5.35, 512 x 4096 x 1024 24.2 / 22.0, 64 x 8192 x 1024 14.9 / 8.4.
-PACK_MAX_ROWS = 256
-PACK_MAX_DEPTH = 4096
+# 30 x 256 x 4096 0.34 / 0.48, 64 x 3136 x 128 0.26 / 0.34, 64 x 8192 x 1024 5.8 / 7.9,
+# 200 x 256 x 4096 2.03 / 2.22, 512 x 4096 x 1024 20.0 / 21.7; but OpenBLAS gained from more
+# rows: 600 x 256 x 4096 7.49 / 7.01, 1878 x 256 x 2048 15.6 / 11.9.
+PACK_MAX_ROWS = 512
+PACK_MAX_DEPTH = 8192
 
 
 def _block_bounds(size, pieces, align):
