@@ -85,7 +85,7 @@ class Linear(_Activated):
 
     def forward(self, ctx):
         """At inference, from the weights' packs where the backend computes faster from them
-        (Backend.packs_fixed_weights: few rows, on the CPU)."""
+        (Backend.packs_fixed_weights)."""
         be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
             w = self.params[wname]

@@ -9,9 +9,9 @@ its part of W_hh); else by sequences (each thread runs its own sequences start t
 waiting), given at least ROWS_PER_THREAD sequences per thread, else on one thread. FUSED_SHARE
 forces one way.
 """
-from ... import _kernels
 import numpy as np
 
+from ... import _kernels
 from ...threads import free_threads, run_team
 
 # the compiled kernels' cell codes, by the layers' cell names
