@@ -88,18 +88,18 @@ class Linear(_Activated):
         (Backend.packs_fixed_weights)."""
         be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
-            w = self.params[wname]
+            w, beta = self.params[wname], 0.0 if i == 0 else 1.0
             bias = self.params["bias"].buffer if i == 0 and self.has_bias else None
             if not ctx.training and be.packs_fixed_weights(x.shape[0], *reversed(w.shape)):
                 packed = self.packed_weight(be, w, True, x.shape[0])
                 if bias is not None:
                     be.packed_gemm_bias(x, packed, y, bias)
                 else:
-                    be.packed_gemm(x, packed, y, beta=0.0 if i == 0 else 1.0)
+                    be.packed_gemm(x, packed, y, beta=beta)
             elif bias is not None:
                 be.gemm_bias(x, w.buffer, y, bias, trans_b=True)
             else:
-                be.gemm(x, w.buffer, y, trans_b=True, beta=0.0 if i == 0 else 1.0)
+                be.gemm(x, w.buffer, y, trans_b=True, beta=beta)
         self._activate(ctx)
 
     def backward(self, ctx):

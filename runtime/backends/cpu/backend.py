@@ -116,6 +116,17 @@ def _block_bounds(size, pieces, align):
     return [0] + inner + [size]
 
 
+def _over_blocks(size, pieces, align, block):
+    """block(part) for each slice `part` of _block_bounds(size, pieces, align), the blocks split
+    between lamina's threads (split_work)."""
+    bounds = _block_bounds(size, pieces, align)
+
+    def work(t, blocks):
+        for i in blocks:
+            block(slice(bounds[i], bounds[i + 1]))
+    split_work(len(bounds) - 1, work)
+
+
 class CPUBackend(HostStatistics, Backend):
     name = "cpu"
     host_arrays = True
@@ -187,17 +198,11 @@ class CPUBackend(HostStatistics, Backend):
         if threads == 1:
             block(a, b, c, bias)
             return
-        by_rows = m > n
-        bounds = _block_bounds(m if by_rows else n, threads, 8 if by_rows else 16)
-
-        def work(t, blocks):
-            for i in blocks:
-                part = slice(bounds[i], bounds[i + 1])
-                if by_rows:
-                    block(a[:, part] if trans_a else a[part], b, c[part], bias)
-                else:
-                    block(a, b[part] if trans_b else b[:, part], c[:, part], None if bias is None else bias[part])
-        split_work(len(bounds) - 1, work)
+        if m > n:
+            _over_blocks(m, threads, 8, lambda rows: block(a[:, rows] if trans_a else a[rows], b, c[rows], bias))
+        else:
+            _over_blocks(n, threads, 16, lambda cols: block(a, b[cols] if trans_b else b[:, cols], c[:, cols],
+                                                            None if bias is None else bias[cols]))
 
     def pack(self, b, trans=False, alpha=1.0, max_rows=1):
         _float("pack", "b", b, ndim=2)
@@ -250,9 +255,8 @@ class CPUBackend(HostStatistics, Backend):
             if bias is not None:
                 np.copyto(c[rows, cols], bias[cols])
             K.panel_gemm(a[rows], packed.panels, n, c[rows], beta if bias is None else 1.0, p0, p1)
-        if threads > 1 and m >= PANEL_ROW_SPLIT * threads:
-            bounds = _block_bounds(m, threads, 6)  # (whole tiles of panels.h's 6 rows)
-            split_work(len(bounds) - 1, lambda t, _: part(slice(bounds[t], bounds[t + 1]), slice(None), 0, -1))
+        if threads > 1 and m >= PANEL_ROW_SPLIT * threads:  # (blocks of whole tiles: panels.h's 6 rows)
+            _over_blocks(m, threads, 6, lambda rows: part(rows, slice(None), 0, -1))
             return
         panels, width = K.panel_count(n, c.itemsize), 64 // c.itemsize  # (a panel: 64 bytes a row)
 
