@@ -68,7 +68,8 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
  * and stride 2 (along height and width, and depth when depth3) of those outputs, [cout][pD][pH][pW]
  * with pD = oD / 2 (depth3) or oD, pH = oH / 2, pW = oW / 2: the pool's windows are the tiles, so
  * each tile stores its maximum, taken in the pool's order (depth, height, width), and a tile
- * cut by the output's end stores nothing (the pool rounds down). */
+ * cut by the output's end stores nothing (the pool rounds down). The bias and the ReLU apply to
+ * the maximum, as in direct_conv_pooled (neither reorders values: the same result, bit for bit). */
 LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
                                                 long t0, long t1, REAL *y, long oD, long oH, long oW,
                                                 const REAL *bias, int relu, int accumulate, int pool) {
@@ -98,17 +99,14 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
                     for (long e = 0; e < 2; e++) SUFFIXED(wino_out1)(buf + b * 4 + e, 16);
             const long lanes = cout - co0 < LANES ? cout - co0 : LANES, plane = oD * oH * oW;
             if (pool) {
-                VEC best = {0};
+                VEC best = buf[0];
                 for (long a = 0; a < OA; a++)
                     for (long b = 0; b < 2; b++)
-                        for (long e = 0; e < 2; e++) {
-                            VEC w = buf[(a * 4 + b) * 4 + e];
-                            if (bias)
-                                w += biases[co0 / LANES];
-                            if (relu)
-                                w = SUFFIXED(relu)(w);
-                            best = a + b + e == 0 ? w : SUFFIXED(pool_max)(best, w);
-                        }
+                        for (long e = 0; e < 2; e++) best = SUFFIXED(pool_max)(best, buf[(a * 4 + b) * 4 + e]);
+                if (bias)
+                    best += biases[co0 / LANES];
+                if (relu)
+                    best = SUFFIXED(relu)(best);
                 REAL v[LANES];
                 memcpy(v, &best, sizeof v);
                 REAL *yp = y + ((co0 * pD + td) * pH + th) * pW + tw;
