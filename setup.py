@@ -3,6 +3,9 @@
 Everything is found inside the Python environment that runs the build: no system MKL and no
 LD_LIBRARY_PATH. Each extension gets an rpath to the folder that holds its library, so the
 installed package loads them as it is.
+
+MKL is optional: where the environment has no mkl-devel (MKL has no wheel for Arm hosts), or
+LAMINA_WITHOUT_MKL=1 is set, lamina is built without its MKL provider and runs on OpenBLAS alone.
 """
 import os
 import sys
@@ -27,21 +30,27 @@ def _prefixes():
 
 
 def _find(relative):
-    for root in _prefixes():
-        if (root / relative).exists():
-            return root
-    raise SystemExit(
-        f"lamina build: could not find {relative} in the Python environment "
-        f"(searched {[str(p) for p in _prefixes()][:6]} ...); install the build requirements "
-        f"from pyproject.toml (mkl-devel, scipy-openblas32)"
-    )
+    """The environment root that holds `relative`, or None."""
+    return next((root for root in _prefixes() if (root / relative).exists()), None)
 
 
-mkl_root = _find("include/mkl.h")
-mkl_lib = mkl_root / "lib"
-mkl_rt = sorted(mkl_lib.glob("libmkl_rt.so*"))
-if not mkl_rt:
-    raise SystemExit(f"lamina build: no libmkl_rt.so* in {mkl_lib}")
+def _mkl_location():
+    """(MKL's root, the file name of its runtime library), or None to build without MKL."""
+    if os.environ.get("LAMINA_WITHOUT_MKL", "") not in ("", "0"):
+        print("lamina build: LAMINA_WITHOUT_MKL is set: building without MKL (OpenBLAS alone)")
+        return None
+    root = _find("include/mkl.h")
+    if root is None:
+        print(f"lamina build: no MKL (mkl-devel's include/mkl.h) in the Python environment (searched "
+              f"{[str(p) for p in _prefixes()][:6]} ...): building without MKL (OpenBLAS alone)")
+        return None
+    runtime = sorted((root / "lib").glob("libmkl_rt.so*"))
+    if not runtime:
+        raise SystemExit(f"lamina build: mkl-devel's headers are in {root} but no libmkl_rt.so* is in {root / 'lib'}")
+    return root, runtime[0].name
+
+
+mkl = _mkl_location()
 
 import scipy_openblas32  # noqa: E402  (a build requirement)
 
@@ -55,15 +64,6 @@ common_link = ["-fopenmp"]
 np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 
 extensions = [
-    Extension(
-        "lamina._mkl",
-        ["pyx/_mkl.pyx"],
-        include_dirs=[str(mkl_root / "include"), numpy.get_include()],
-        # link the versioned runtime by file name: the wheel ships no unversioned libmkl_rt.so
-        extra_link_args=common_link + [f"-L{mkl_lib}", f"-l:{mkl_rt[0].name}", f"-Wl,-rpath,{mkl_lib}"],
-        extra_compile_args=common_compile,
-        define_macros=np_macros,
-    ),
     Extension(
         "lamina._openblas",
         ["pyx/_openblas.pyx"],
@@ -92,6 +92,17 @@ extensions = [
         define_macros=np_macros,
     ),
 ]
+if mkl is not None:
+    mkl_root, mkl_runtime = mkl
+    extensions.append(Extension(
+        "lamina._mkl",
+        ["pyx/_mkl.pyx"],
+        include_dirs=[str(mkl_root / "include"), numpy.get_include()],
+        # link the versioned runtime by file name: the wheel ships no unversioned libmkl_rt.so
+        extra_link_args=common_link + [f"-L{mkl_root / 'lib'}", f"-l:{mkl_runtime}", f"-Wl,-rpath,{mkl_root / 'lib'}"],
+        extra_compile_args=common_compile,
+        define_macros=np_macros,
+    ))
 
 setup(
     packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx",

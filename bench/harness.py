@@ -11,6 +11,8 @@ Each implementation reports the median and minimum over all its calls.
 A case is (implementation, factory, args): `factory` is "module:function", called in the worker
 as function(*args) and returning the callable to time.
 """
+import glob
+import importlib.util
 import json
 import os
 import statistics
@@ -27,11 +29,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # overrides OMP_WAIT_POLICY). Never ACTIVE: idle workers would then spin forever and take the
 # cores from whichever implementation runs next.
 IMPL_ENV = {"mkl-sgemm": {"GOMP_SPINCOUNT": "300000"}, "mkl-peak": {"GOMP_SPINCOUNT": "300000"}}
-RAW_GEMM = {"mkl-sgemm": "mkl", "openblas-sgemm": "openblas"}
+
+
+def _built(impls):
+    """The entries of impls whose provider this lamina was built with (MKL is optional). Found from
+    the package's files: importing lamina here would set its OpenMP environment for every worker."""
+    spec = importlib.util.find_spec("lamina")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    return {impl: name for impl, name in impls.items()
+            if any(glob.glob(os.path.join(folder, f"_{name}.*")) for folder in folders)}
+
+
+RAW_GEMM = _built({"mkl-sgemm": "mkl", "openblas-sgemm": "openblas"})
 # The machine's peak: a large square sgemm from each provider. A case can time these in its own
 # rounds, so that its "% peak" divides by the throughput of the same minutes (a shared VM's speed
 # moves by up to 2x within minutes, which one peak measured at the start cannot follow).
-PEAK_GEMM = {"mkl-peak": "mkl", "openblas-peak": "openblas"}
+PEAK_GEMM = _built({"mkl-peak": "mkl", "openblas-peak": "openblas"})
 PEAK_SIZE = 2048
 
 

@@ -401,7 +401,7 @@ def _cpu_name():
 def cmd_devices(args):
     lm = _setup(args)
     from importlib.metadata import PackageNotFoundError, version
-    from .backends.blas import default_provider
+    from .backends.blas import available, default_provider
 
     def ver(pkg):
         try:
@@ -410,8 +410,9 @@ def cmd_devices(args):
             return "not installed"
     print(f"cpu: {_cpu_name()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
           f"{lm.get_num_threads()} threads")
-    print(f"     BLAS {default_provider()} (MKL {ver('mkl')}, OpenBLAS {ver('scipy-openblas32')}; "
-          f"LAMINA_BLAS=mkl|openblas to choose)")
+    mkl = f"MKL {ver('mkl')}" if "mkl" in available() else "built without MKL"
+    print(f"     BLAS {default_provider()} ({mkl}, OpenBLAS {ver('scipy-openblas32')}; "
+          f"LAMINA_BLAS={'|'.join(available())} to choose)")
     try:
         import pyopencl as cl
     except ImportError:

@@ -18,7 +18,10 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from . import _kernels, _mkl, _openblas
+from . import _kernels, _openblas
+from .backends.blas import mkl
+
+_mkl = mkl()  # None where lamina was built without MKL
 
 _current = None
 _local = threading.local()  # .in_split: this thread is running a piece of split_work
@@ -49,13 +52,18 @@ def set_num_threads(n):
     if n < 1:
         raise SettingError(f"set_num_threads: expected a positive integer, found {n}")
     _kernels.set_num_threads(n)
-    _mkl.set_num_threads(n)
+    _set_mkl_threads(n)
     _openblas.set_num_threads(1)  # (see above: GEMMs are split by split_work instead)
     _current = n
 
 
 def get_num_threads():
     return _current
+
+
+def _set_mkl_threads(n):
+    if _mkl is not None:
+        _mkl.set_num_threads(n)
 
 
 def _in_split():
@@ -178,7 +186,7 @@ def split_work(count, work, threads=None):
             finally:
                 _local.in_split = False
 
-        _mkl.set_num_threads(1)
+        _set_mkl_threads(1)
         mine = _kernels.get_num_threads()
         errors = [None]
         finished = np.zeros(1, np.int64)
@@ -192,7 +200,7 @@ def split_work(count, work, threads=None):
             errors += [f.exception() for f in futures]
         finally:
             _kernels.set_num_threads(mine)
-            _mkl.set_num_threads(_current)
+            _set_mkl_threads(_current)
         for e in errors:
             if e is not None:
                 raise e

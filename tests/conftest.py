@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 import lamina as lm
+from lamina.backends.blas import available, built
 from lamina.backends.cpu import CPUBackend
+
+# The CPU backend's GEMM providers in this build (MKL is optional: setup.py builds without it where
+# mkl-devel is absent), and a mark for tests that need MKL itself.
+BLAS_PROVIDERS = available()
+needs_mkl = pytest.mark.skipif(not built("mkl"), reason="lamina was built without MKL (no mkl-devel)")
 
 
 class OnDevice:
@@ -70,10 +76,7 @@ if OPENCL_DEVICES:
     _OPENCL = OpenCLBackend(devices().index(OPENCL_DEVICES[0]))
 
 # Every backend the conformance tests hold to the numpy reference.
-BACKENDS = {
-    "cpu-mkl": lambda: CPUBackend(blas="mkl"),
-    "cpu-openblas": lambda: CPUBackend(blas="openblas"),
-}
+BACKENDS = {f"cpu-{blas}": lambda blas=blas: CPUBackend(blas=blas) for blas in BLAS_PROVIDERS}
 if _OPENCL is not None:
     BACKENDS["opencl"] = lambda: OnDevice(_OPENCL)
 

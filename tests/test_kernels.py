@@ -16,7 +16,7 @@ SIZES = [(1, 1, 1), (7, 33, 1), (33, 7, 129), (129, 33, 7), (64, 130, 96)]
 SPLIT_SIZES = [(257, 33, 300), (33, 301, 257)]
 
 
-from conftest import stable_rng as rng_for
+from conftest import BLAS_PROVIDERS, stable_rng as rng_for
 
 
 def out_pair(shape, dtype, beta, rng):
@@ -77,7 +77,7 @@ def test_packed_gemm(backend, dtype, trans, rows, n):
         close(c, c_ref, dtype)
 
 
-@pytest.mark.parametrize("provider", ["openblas", "mkl"])
+@pytest.mark.parametrize("provider", BLAS_PROVIDERS)
 @pytest.mark.parametrize("rows", [64, 200])
 def test_packed_gemm_recurrent_shape(provider, rows):
     """The recurrent step's shape, big enough that the panels are split between threads; 200
@@ -92,7 +92,7 @@ def test_packed_gemm_recurrent_shape(provider, rows):
     np.testing.assert_allclose(c, expect, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("provider", ["openblas", "mkl"])
+@pytest.mark.parametrize("provider", BLAS_PROVIDERS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,k,n", [(800, 64, 48), (100, 300, 70), (5, 300, 1500), (3, 4, 5)])
 @pytest.mark.parametrize("threads", [1, 2, 3])

@@ -14,7 +14,7 @@ from lamina.backends.cpu import CPUBackend
 from lamina.backends.reference import ReferenceBackend
 from lamina.layers import Embedding, Linear, SelectiveLinear, SoftmaxCrossEntropy
 
-from conftest import OPENCL_DEVICES, stable_rng
+from conftest import BLAS_PROVIDERS, OPENCL_DEVICES, stable_rng
 
 BAD = [-1, "bound", 2 ** 31 - 1]
 
@@ -22,8 +22,7 @@ BAD = [-1, "bound", 2 ** 31 - 1]
 def raw_backends():
     """Backends driven directly: float data on the backend, index arrays on the host (as the
     layers pass them)."""
-    found = {"cpu-mkl": CPUBackend(blas="mkl"), "cpu-openblas": CPUBackend(blas="openblas"),
-             "reference": ReferenceBackend()}
+    found = {**{f"cpu-{blas}": CPUBackend(blas=blas) for blas in BLAS_PROVIDERS}, "reference": ReferenceBackend()}
     if OPENCL_DEVICES:
         from lamina.backends.opencl import OpenCLBackend, devices
         found["opencl"] = OpenCLBackend(devices().index(OPENCL_DEVICES[0]))

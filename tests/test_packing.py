@@ -11,9 +11,10 @@ from lamina.backends.cpu import CPUBackend
 from lamina.layers import Linear, SquareError
 from lamina.packing import PackedWeight
 
+from conftest import BLAS_PROVIDERS, needs_mkl
 from test_recurrent import batch, network, reference
 
-PROVIDERS = ["mkl", "openblas"]
+PROVIDERS = BLAS_PROVIDERS
 
 
 def packed_product(be, pw, x):
@@ -80,6 +81,7 @@ def test_more_rows_than_packed_for_repacks(setup):
     np.testing.assert_allclose(packed_product(be, pw, big), expect(fc, big), rtol=1e-5)
 
 
+@needs_mkl
 def test_a_pack_from_another_provider_is_refused():
     w = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
     mkl, openblas = CPUBackend(blas="mkl"), CPUBackend(blas="openblas")
@@ -118,6 +120,7 @@ def test_recurrent_pack_follows_assign_and_checkpoint_restore(kind, blas, tmp_pa
     np.testing.assert_allclose(net.run({"x": SEQS})["out"].values, before, rtol=1e-5, atol=1e-6)
 
 
+@needs_mkl
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
 def test_recurrent_network_moves_between_providers(kind):
     """MKL packs and lamina's panels are different formats: each move repacks."""

@@ -9,6 +9,8 @@ from lamina.layers import GRU, LSTM, RNN
 from lamina.backends.cpu import CPUBackend
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 
+from conftest import BLAS_PROVIDERS
+
 LAYERS = {"rnn": RNN, "rnn_relu": RNN, "lstm": LSTM, "gru": GRU, "gru_reset_first": GRU}
 
 
@@ -166,7 +168,7 @@ def test_gradients_small_batches(kind, lengths):
     check_gradients(net, feeds)
 
 
-@pytest.mark.parametrize("blas", ["mkl", "openblas"])
+@pytest.mark.parametrize("blas", BLAS_PROVIDERS)
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "gru_reset_first"])
 def test_gradients_packed_path(kind, blas):
     """Both pack formats (MKL's packed GEMM in float64, lamina's panels), whatever this machine's
@@ -279,7 +281,7 @@ def packed_and_plain_results(kind):
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
-@pytest.mark.parametrize("blas", ["openblas", "mkl"])
+@pytest.mark.parametrize("blas", BLAS_PROVIDERS)
 def test_input_projection_packed_or_not(kind, blas, monkeypatch):
     """The input projection runs on the packed W_ih up to PACKED_INPUT_ROWS rows and as a general
     GEMM above: a 2-layer bidirectional layer over 40 rows gives the same states and gradients

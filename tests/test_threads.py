@@ -10,7 +10,7 @@ import pytest
 import lamina as lm
 from lamina.layers import LSTM, Embedding, Linear, SoftmaxCrossEntropy
 
-from conftest import OPENCL_DEVICES, stable_rng
+from conftest import BLAS_PROVIDERS, OPENCL_DEVICES, stable_rng
 
 DEVICES = ["cpu"] + (["opencl"] if OPENCL_DEVICES else [])
 THREADS, CALLS = 4, 12
@@ -128,7 +128,7 @@ def test_a_move_waits_for_runs_in_flight(tmp_path):
     try:
         moves = 0
         while (moves < 6 or len(results) < 20) and time.monotonic() < deadline:
-            net.to(lm.CPUBackend(blas="mkl" if moves % 2 else "openblas"))
+            net.to(lm.CPUBackend(blas=BLAS_PROVIDERS[moves % len(BLAS_PROVIDERS)]))
             moves += 1
     finally:
         stop.set()

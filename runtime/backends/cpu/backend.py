@@ -7,7 +7,7 @@ with the GIL released.
 import numpy as np
 
 from ... import _kernels as K
-from ... import _mkl, _selective
+from ... import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from ..blas import default_provider, provider
@@ -210,7 +210,7 @@ class CPUBackend(HostStatistics, Backend):
         if k == 0 or n == 0:
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
         if self.blas_name == "mkl":
-            return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=_mkl.pack_b(b, trans, alpha, max_rows))
+            return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=self.blas.pack_b(b, trans, alpha, max_rows))
         panels = np.empty(K.panel_size(b, trans), b.dtype)
         K.panel_pack(b, trans, alpha, panels)
         return PackedMatrix("panels", k, n, b.dtype, max(max_rows, 1), panels=panels)
@@ -245,7 +245,7 @@ class CPUBackend(HostStatistics, Backend):
         if packed.handle is not None:
             if bias is not None:
                 np.copyto(c, bias)  # (the product adds to it)
-            _mkl.packed_gemm(a, packed.handle, c, beta if bias is None else 1.0)
+            self.blas.packed_gemm(a, packed.handle, c, beta if bias is None else 1.0)
             return
         # lamina's panels, split between free threads; each part's bias is set just before its
         # product adds to it
