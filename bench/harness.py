@@ -65,7 +65,8 @@ class Worker:
 
     def __init__(self, impl):
         self.impl = impl
-        env = {**os.environ, **IMPL_ENV.get(impl, {}), "PYTHONPATH": ROOT}
+        path = [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = {**os.environ, **IMPL_ENV.get(impl, {}), "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
