@@ -39,6 +39,45 @@ def close(got, want, dtype):
 
 # ---------------------------------------------------------------- kernels
 
+@pytest.mark.parametrize("index", [slice(3, 9), slice(None, 4), slice(-5, None), slice(7, 3), slice(0, 100),
+                                   slice(18, 30), slice(2, 11, 3), 4, (slice(1, 5), 2)])
+def test_array_views_equal_numpys(cl, index):
+    """The backend's arrays build row slices themselves (a fast path); every view, fast or not,
+    holds what numpy's view of the same data holds, and a view of a view too."""
+    host = np.random.default_rng(0).standard_normal((20, 6, 5)).astype(np.float32)
+    a = cl.from_host(host)
+    views = [(a[index], host[index])]
+    if type(index) is slice and views[0][1].shape[0] > 2:
+        views.append((views[0][0][1:3], views[0][1][1:3]))
+    for view, want in views:
+        assert (view.shape, view.strides) == (want.shape, want.strides)
+        assert view.offset == want.__array_interface__["data"][0] - host.__array_interface__["data"][0]
+        if view.flags.forc:  # (pyopencl reads back only contiguous arrays)
+            np.testing.assert_array_equal(view.get(), want)
+
+
+@pytest.mark.parametrize("rows,shape", [(None, (120, 5)), (None, (20, -1)), (None, (-1,)), (None, (600,)),
+                                        (None, (2, 10, 30)), (None, [4, 150]), (slice(4, 10), (-1, 5)),
+                                        (slice(4, 10), (180,)), (slice(4, 10), (6, 2, 15))])
+def test_array_reshapes_equal_numpys(cl, rows, shape):
+    """A reshape of a contiguous array (or of a row slice of one) is a view built directly; it
+    holds what numpy's reshape holds, a shape passed as one tuple or list too."""
+    host = np.random.default_rng(1).standard_normal((20, 6, 5)).astype(np.float32)
+    a = cl.from_host(host)
+    source, ref = (a, host) if rows is None else (a[rows], host[rows])
+    for view in (source.reshape(*shape), source.reshape(shape)):
+        want = ref.reshape(*shape)
+        assert view.shape == want.shape
+        np.testing.assert_array_equal(view.get(), want)
+
+
+@pytest.mark.parametrize("shape", [(7, -1), (-1, -1), (601,)])
+def test_array_reshape_to_another_size_is_refused(cl, shape):
+    a = cl.from_host(np.zeros((20, 30), np.float32))
+    with pytest.raises(ValueError):
+        a.reshape(*shape)
+
+
 def test_gemm(cl):
     rng = np.random.default_rng(0)
     for dtype in dtypes(cl):

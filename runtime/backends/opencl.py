@@ -82,6 +82,8 @@ class OpenCLBackend(Backend):
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
         self.pool = cl.tools.MemoryPool(cl.tools.ImmediateAllocator(self.queue))
+        from . import opencl_array  # (imports pyopencl.array: only once pyopencl is known to be there)
+        self._arrays = opencl_array
         self.fp64 = bool(self.device.double_fp_config)
         kind = "gpu" if self.device.type & cl.device_type.GPU else "cpu" if self.device.type & cl.device_type.CPU else "other"
         self.tiles = TILES[kind]
@@ -165,7 +167,7 @@ class OpenCLBackend(Backend):
     # -- arrays
     def empty(self, shape, dtype):
         with self._lock:
-            return self.cl.array.empty(self.queue, tuple(shape), np.dtype(dtype), allocator=self.pool)
+            return self._arrays.empty(self.queue, tuple(shape), np.dtype(dtype), self.pool)
 
     def fill(self, a, value):
         with self._lock:
@@ -173,7 +175,7 @@ class OpenCLBackend(Backend):
 
     def from_host(self, array):
         with self._lock:
-            return self.cl.array.to_device(self.queue, np.ascontiguousarray(array), allocator=self.pool)
+            return self._arrays.to_device(self.queue, np.ascontiguousarray(array), self.pool)
 
     def to_host(self, a):
         with self._lock:
