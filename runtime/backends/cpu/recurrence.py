@@ -3,11 +3,14 @@ BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole lay
 as one call per thread of a team (threads.run_team) instead of a team of threads woken for every
 step's GEMM and a cell pass on one thread.
 
-The threads share the batch by blocks of hidden units (a barrier per step) when the hidden size
-is whole panels of 64 bytes, measured a little faster than by sequences (each thread reads only
-its part of W_hh); else by sequences (each thread runs its own sequences start to end, never
-waiting), given at least ROWS_PER_THREAD sequences per thread, else on one thread. FUSED_SHARE
-forces one way.
+The threads share the batch by sequences (each runs its own sequences start to end, never
+waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
+share it by blocks of hidden units, a barrier per step, where the hidden size is whole panels of
+64 bytes; else it runs on one thread. FUSED_SHARE forces one way. By sequences was faster
+wherever both apply (2 threads, sequences of 10..50 steps, medians, both ways in turn in one
+process): the ONNX bench's LSTM language model 54.3 -> 52.5 ms (faster in 10 of 12 pairs), its
+GRU classifier 23.5 -> 21.5 (9 of 12), LSTM 256 inference on 512 sequences 103.8 -> 101.3,
+training 299.5 -> 282.8, LSTM 512 on 64 sequences 57.7 -> 52.5; even on 8 sequences.
 """
 import numpy as np
 
@@ -40,7 +43,9 @@ def _share(cell, ctx, g):
     threads = free_threads() if large else 1
     share = FUSED_SHARE
     if share == "auto":
-        share = "units" if cell.hidden_size * g.dtype.itemsize % 64 == 0 else "rows"
+        whole_panels = cell.hidden_size * g.dtype.itemsize % 64 == 0
+        few = ctx.order.num_sequences < ROWS_PER_THREAD * threads
+        share = "units" if few and whole_panels else "rows"
     if share == "rows" and ctx.order.num_sequences < ROWS_PER_THREAD * threads:
         threads = 1
     by_rows = share == "rows"
