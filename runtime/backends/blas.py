@@ -40,19 +40,23 @@ def cpu_vendor():
 def default_provider():
     forced = os.environ.get("LAMINA_BLAS")
     if forced:
-        provider(forced, where="LAMINA_BLAS")
+        _check(forced, "LAMINA_BLAS")  # (not imported: this runs before libgomp may load)
         return forced
     return "mkl" if cpu_vendor() == "GenuineIntel" and built("mkl") else "openblas"
 
 
 def provider(name, where="BLAS provider"):
+    _check(name, where)
+    return importlib.import_module(PROVIDERS[name])
+
+
+def _check(name, where):
     if name not in PROVIDERS:
         raise ValueError(f"{where}: expected one of {', '.join(PROVIDERS)}, found {name!r}")
     if not built(name):
         raise ValueError(f"{where}: {name!r} is not in this installation (it was built without it: "
                          f"no mkl-devel in the build environment, or LAMINA_WITHOUT_MKL set); "
                          f"available: {', '.join(available())}")
-    return importlib.import_module(PROVIDERS[name])
 
 
 def mkl():
