@@ -1030,9 +1030,9 @@ cdef extern from "volumes.h" nogil:
     void col2vol_channel_d(const double* col, long ldcol, double* x, long D, long H, long W, const long* geo,
                            long oH, long oW, long r0, long r1)
     void depth_to_space_channel_f(const float* col, long ldcol, float* x, long sd, long sh, long sw, long oH,
-                                  long oW, long r0, long r1)
+                                  long oW, long r0, long r1, const float* bias, int relu)
     void depth_to_space_channel_d(const double* col, long ldcol, double* x, long sd, long sh, long sw, long oH,
-                                  long oW, long r0, long r1)
+                                  long oW, long r0, long r1, const double* bias, int relu)
 
 
 def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int sd, int sh, int sw,
@@ -1070,12 +1070,15 @@ def col2vol(real[:, ::1] col, real[:, :, :, ::1] x, int kd, int kh, int kw, int 
             col2vol_channel_d(&col[c * per, 0], ld, &x[c, 0, 0, 0], D, H, W, geo, oH, oW, r0, r1)
 
 
-def depth_to_space(real[:, ::1] col, real[:, :, :, ::1] x, int sd, int sh, int sw, Py_ssize_t r0, Py_ssize_t r1):
+def depth_to_space(real[:, ::1] col, real[:, :, :, ::1] x, int sd, int sh, int sw, Py_ssize_t r0, Py_ssize_t r1,
+                   real[::1] bias=None, bint relu=False):
     """x[c, od·sd + a, oh·sh + b, ow·sw + e] = col[((c·sd + a)·sh + b)·sw + e, (r - r0)·oW + ow] for
     the window rows r = od·oH + oh in [r0, r1) of x [C, oD·sd, oH·sh, oW·sw]: the placement step
     of a transposed convolution whose kernel equals its stride (no padding, no dilation), where
-    every output is written once (overwrites). Channels run in parallel."""
+    every output is written once (overwrites); plus bias[c] unless bias is None, through a ReLU
+    where relu is set (as the forward kernels store). Channels run in parallel."""
     cdef Py_ssize_t C = x.shape[0], c, oD, oH, oW, per = sd * sh * sw, ld = col.shape[1]
+    cdef real* b = _epilogue_bias("depth_to_space", bias, relu, C, False)
     if min(sd, sh, sw) < 1 or x.shape[1] % sd or x.shape[2] % sh or x.shape[3] % sw:
         raise ValueError(f"depth_to_space: strides {(sd, sh, sw)} must be at least 1 and divide the volume "
                          f"{_dims(x)[1:]}")
@@ -1085,9 +1088,11 @@ def depth_to_space(real[:, ::1] col, real[:, :, :, ::1] x, int sd, int sh, int s
                          f">={(r1 - r0) * oW}], found {(col.shape[0], ld)}")
     for c in prange(C, nogil=True, schedule="static", use_threads_if=col.shape[0] * col.shape[1] > VOLUME_PARALLEL_MIN):
         if real is float:
-            depth_to_space_channel_f(&col[c * per, 0], ld, &x[c, 0, 0, 0], sd, sh, sw, oH, oW, r0, r1)
+            depth_to_space_channel_f(&col[c * per, 0], ld, &x[c, 0, 0, 0], sd, sh, sw, oH, oW, r0, r1,
+                                     b + c if b != NULL else NULL, relu)
         else:
-            depth_to_space_channel_d(&col[c * per, 0], ld, &x[c, 0, 0, 0], sd, sh, sw, oH, oW, r0, r1)
+            depth_to_space_channel_d(&col[c * per, 0], ld, &x[c, 0, 0, 0], sd, sh, sw, oH, oW, r0, r1,
+                                     b + c if b != NULL else NULL, relu)
 
 
 cdef extern from "direct_conv.h" nogil:

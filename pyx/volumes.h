@@ -12,6 +12,7 @@
 
 #include <string.h>
 #include "clones.h"
+#include "epilogue.h"
 
 /* window columns ow in [lo, hi) whose input column ow·s + off lies in [0, W) */
 static inline void lamina_valid_range(long oW, long W, long s, long off, long *lo, long *hi) {

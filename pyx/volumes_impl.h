@@ -137,10 +137,15 @@ LAMINA_CLONES static void SUFFIXED(col2vol_channel)(const REAL *col, long ldcol,
 /* A transposed convolution whose kernel equals its stride (no padding, no dilation) writes every
  * output once: x[od·sd + a][oh·sh + b][ow·sw + e] = col[(a·sh + b)·sw + e][(r - r0)·oW + ow] for
  * the window rows r = od·oH + oh in [r0, r1), x [oD·sd][oH·sh][oW·sw] one channel, col its
- * sd·sh·sw rows (overwrites; "depth to space"). Width stride 2 interleaves two rows by shuffles. */
+ * sd·sh·sw rows (overwrites; "depth to space"). Width stride 2 interleaves two rows by shuffles.
+ * The channel's bias (unless bias is NULL) and a ReLU (where relu is set) apply as each value is
+ * stored, as the forward kernels' epilogue does (epilogue.h): no pass over the output of their
+ * own, and the same values bit for bit. */
 LAMINA_CLONES static void SUFFIXED(depth_to_space_channel)(const REAL *col, long ldcol, REAL *x, long sd, long sh,
-                                                           long sw, long oH, long oW, long r0, long r1) {
+                                                           long sw, long oH, long oW, long r0, long r1,
+                                                           const REAL *bias, int relu) {
     const long H = oH * sh, W = oW * sw;
+    const REAL add = bias ? *bias : 0;
     for (long a = 0; a < sd; a++)
         for (long b = 0; b < sh; b++) {
             const REAL *rows = col + (a * sh + b) * sw * ldcol;
@@ -155,11 +160,23 @@ LAMINA_CLONES static void SUFFIXED(depth_to_space_channel)(const REAL *col, long
                         memcpy(&v0, c + ow, sizeof v0);
                         memcpy(&v1, c + ldcol + ow, sizeof v1);
                         VEC lo = __builtin_shuffle(v0, v1, (IVEC)ZIP_LO), hi = __builtin_shuffle(v0, v1, (IVEC)ZIP_HI);
+                        if (bias) {
+                            lo += add;
+                            hi += add;
+                        }
+                        if (relu) {
+                            lo = SUFFIXED(relu)(lo);
+                            hi = SUFFIXED(relu)(hi);
+                        }
                         memcpy(dst + 2 * ow, &lo, sizeof lo);
                         memcpy(dst + 2 * ow + LANES, &hi, sizeof hi);
                     }
                 for (; ow < oW; ow++)
-                    for (long e = 0; e < sw; e++) dst[ow * sw + e] = c[e * ldcol + ow];
+                    for (long e = 0; e < sw; e++) {
+                        REAL v = c[e * ldcol + ow];
+                        if (bias) v += add;
+                        dst[ow * sw + e] = relu && v < 0 ? 0 : v;
+                    }
             }
         }
 }

@@ -74,7 +74,7 @@ def test_every_algorithm_matches_direct_loops(case, name, algorithm):
         np.testing.assert_allclose(net.run({"x": X.astype(dtype)})["y"], ref, rtol=tol, atol=tol, err_msg=dtype)
 
 
-FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP[:1])
+FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP)
          for kind in ("relu", "tanh")]
 
 
@@ -233,6 +233,39 @@ def test_compiled_convolution_kernels_refuse_bad_sizes():
         _kernels.depth_to_space(col, np.zeros((2, 2, 4, 6), f), 1, 3, 2, 0, 4)
     with pytest.raises(ValueError, match=r"gives outputs \(3, 4, 5\), found y \(3, 4, 4\)"):
         _kernels.winograd_conv(x, buffers[3], y[..., :4].copy(), *buffers[:3], 1, 1, 1, True, 6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("strides,rows", [((2, 2, 2), (0, 6)), ((1, 2, 3), (1, 5)), ((2, 1, 2), (2, 6))])
+@pytest.mark.parametrize("bias,relu", [(False, False), (True, False), (False, True), (True, True)])
+def test_depth_to_space_places_adds_the_bias_and_clips(dtype, strides, rows, bias, relu):
+    """Each window row's columns land once in the output (a NaN-filled one: never read), plus
+    the channel's bias, through a ReLU: numpy's reshapes and transposes of the same columns. Width
+    stride 2 takes the shuffling path (9 positions: a whole vector and a remainder)."""
+    sd, sh, sw = strides
+    C, oD, oH, oW = 3, 2, 3, 9
+    r0, r1 = rows
+    rng = np.random.default_rng(sum(strides) + r0)
+    col = rng.standard_normal((C * sd * sh * sw, (r1 - r0) * oW)).astype(dtype)
+    b = rng.standard_normal(C).astype(dtype) if bias else None
+    y = np.full((C, oD * sd, oH * sh, oW * sw), np.nan, dtype)
+    _kernels.depth_to_space(col, y, sd, sh, sw, r0, r1, b, relu)
+    want = np.full_like(y, np.nan)
+    placed = col.reshape(C, sd, sh, sw, r1 - r0, oW)
+    for r in range(r0, r1):
+        od, oh = divmod(r, oH)
+        block = placed[:, :, :, :, r - r0].transpose(0, 1, 2, 4, 3)  # [C, sd, sh, oW, sw]
+        want[:, od * sd:(od + 1) * sd, oh * sh:(oh + 1) * sh, :] = block.reshape(C, sd, sh, oW * sw)
+    written = ~np.isnan(want)
+    if bias:
+        want += b[:, None, None, None]
+    if relu:
+        want = np.where(want < 0, 0, want)
+    np.testing.assert_array_equal(y[written], want[written])
+    assert np.isnan(y[~written]).all()  # (rows outside [r0, r1) untouched)
+    if bias:
+        with pytest.raises(ValueError, match=r"depth_to_space: bias must hold one value per output channel \(3\)"):
+            _kernels.depth_to_space(col, y, sd, sh, sw, r0, r1, b[:2], relu)
 
 
 def test_kernels_overwrite_outputs_full_of_nan():

@@ -204,15 +204,17 @@ def _no_overlap(conv):
             and max(conv.dilation) == 1 and max(conv.output_padding) == 0)
 
 
-def _forward_depth_to_space(conv, ctx):
+def _forward_depth_to_space(conv, ctx, bias=None, relu=False):
     """One GEMM per block of input positions into the column matrix, whose rows then land in the
-    output once each (depth_to_space), instead of being added into a zeroed output."""
+    output once each (depth_to_space) with the bias and ReLU, instead of being added into a zeroed
+    output that a bias pass then reads and writes again (F forward: the bias pass was 0.8 of 5.0
+    ms)."""
     columns.transposed_forward(conv, ctx, place=lambda col, y, geometry, rows: _kernels.depth_to_space(
-        col, y, *geometry[1], *rows))
+        col, y, *geometry[1], *rows, bias, relu))
 
 
 # the algorithms whose kernels add the bias and apply a ReLU as they store: forward(conv, ctx, bias, relu)
-_STORES_EPILOGUE = ("winograd", "direct")
+_STORES_EPILOGUE = ("winograd", "direct", "depth to space")
 _FORWARD = {"winograd": winograd.forward, "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
             "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": columns.any_forward}
