@@ -7,10 +7,14 @@
 #define EVENS {0, 2, 4, 6, 8, 10, 12, 14}
 #define ZIP_LO {0, 8, 1, 9, 2, 10, 3, 11}
 #define ZIP_HI {4, 12, 5, 13, 6, 14, 7, 15}
+#define ZIP_HI_BACK {8, 4, 8, 5, 8, 6, 8, 7}
+#define IOTA {0, 1, 2, 3, 4, 5, 6, 7}
 #else
 #define EVENS {0, 2, 4, 6}
 #define ZIP_LO {0, 4, 1, 5}
 #define ZIP_HI {2, 6, 3, 7}
+#define ZIP_HI_BACK {4, 2, 4, 3}
+#define IOTA {0, 1, 2, 3}
 #endif
 
 /* LANES values dst[i] = src[2·i] from two vectors of src (reading src[2·LANES - 1]) */
@@ -44,7 +48,21 @@ static inline __attribute__((always_inline)) void SUFFIXED(gather_run)(REAL *res
     }
 }
 
-/* dst[i·s] += src[i], i < n */
+/* dst[i] += v (LANES values) */
+static inline __attribute__((always_inline)) void SUFFIXED(add_vector)(REAL *dst, VEC v) {
+    VEC d;
+    memcpy(&d, dst, sizeof d);
+    d += v;
+    memcpy(dst, &d, sizeof d);
+}
+
+/* dst[i·s] += src[i], i < n. With s = 2 the values past the last whole vector go in one more
+ * vector, ending at src[n - 1], whose lanes already added are set to zero; where that vector's
+ * last odd place would fall past `last` (the highest index of dst that may be written), its
+ * upper half is stored one place back instead (the place it then starts at is odd: it adds zero
+ * there too). The odd places add zero, so a place stored twice keeps its value; the tail of a
+ * row (where a window of kernel 3, stride 2 ends in the padding) took the scalar loop before:
+ * 7 or 8 of every 16 values. */
 static inline __attribute__((always_inline)) void SUFFIXED(scatter_add_run)(REAL *restrict dst, const REAL *restrict src,
                                                                             long n, long s, long last) {
     long i = 0;
@@ -53,14 +71,23 @@ static inline __attribute__((always_inline)) void SUFFIXED(scatter_add_run)(REAL
     } else if (s == 2) {
         const VEC zero = {0};
         for (; i + LANES <= n && 2 * i + 2 * LANES - 1 <= last; i += LANES) {
-            VEC v, d0, d1;
+            VEC v;
             memcpy(&v, src + i, sizeof v);
-            memcpy(&d0, dst + 2 * i, sizeof d0);
-            memcpy(&d1, dst + 2 * i + LANES, sizeof d1);
-            d0 += __builtin_shuffle(v, zero, (IVEC)ZIP_LO);  /* the odd places add zero */
-            d1 += __builtin_shuffle(v, zero, (IVEC)ZIP_HI);
-            memcpy(dst + 2 * i, &d0, sizeof d0);
-            memcpy(dst + 2 * i + LANES, &d1, sizeof d1);
+            SUFFIXED(add_vector)(dst + 2 * i, __builtin_shuffle(v, zero, (IVEC)ZIP_LO));  /* the odd places add zero */
+            SUFFIXED(add_vector)(dst + 2 * i + LANES, __builtin_shuffle(v, zero, (IVEC)ZIP_HI));
+        }
+        if (i < n && n >= LANES && 2 * (n - 1) <= last) {
+            long base = n - LANES;
+            VEC v;
+            memcpy(&v, src + base, sizeof v);
+            const IVEC done = (IVEC){0} + (int)(i - base);  /* (< LANES) */
+            v = (VEC)((IVEC)v & ((IVEC)IOTA >= done));  /* lanes added already: zero */
+            SUFFIXED(add_vector)(dst + 2 * base, __builtin_shuffle(v, zero, (IVEC)ZIP_LO));
+            if (2 * n - 1 <= last)
+                SUFFIXED(add_vector)(dst + 2 * base + LANES, __builtin_shuffle(v, zero, (IVEC)ZIP_HI));
+            else
+                SUFFIXED(add_vector)(dst + 2 * base + LANES - 1, __builtin_shuffle(v, zero, (IVEC)ZIP_HI_BACK));
+            i = n;
         }
         for (; i < n; i++) dst[2 * i] += src[i];
     } else {
@@ -184,3 +211,5 @@ LAMINA_CLONES static void SUFFIXED(depth_to_space_channel)(const REAL *col, long
 #undef EVENS
 #undef ZIP_LO
 #undef ZIP_HI
+#undef ZIP_HI_BACK
+#undef IOTA

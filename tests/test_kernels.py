@@ -587,6 +587,10 @@ def test_gemm_on_column_blocks(backend, dtype):
     # rows long enough for the vector paths (strides 1 and 2) and their tails
     (((2, 2, 3), (1, 2, 2), (1, 0, 1), (1, 1, 1)), (2, 3, 4, 45)),
     (((1, 1, 4), (1, 1, 1), (0, 0, 2), (1, 1, 2)), (1, 1, 4, 40)),
+    # kernel 3, stride 2, padding 1 (a transposed convolution's output rows of 32 and 33): col2vol's
+    # last vector of a row with its lanes already added, and moved back a place at the row's end
+    (((1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 1, 1)), (2, 2, 5, 32)),
+    (((1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 1, 1)), (2, 2, 5, 33)),
 ])
 @pytest.mark.parametrize("block", [None, (1, 3)])
 def test_vol2col_and_col2vol(backend, dtype, geometry, shape, block):
