@@ -8,6 +8,8 @@ and a reshape of a C-contiguous array (to a shape of the same size, one dimensio
 build the view directly (pyopencl's own fast constructor, no checks left to do); every other
 index or reshape takes pyopencl's path.
 """
+import math
+
 import pyopencl.array as cla
 
 
@@ -40,21 +42,12 @@ class DeviceArray(cla.Array):
         if not kwargs and shape:
             dims = tuple(shape[0]) if isinstance(shape[0], (tuple, list)) else shape
             if all(type(n) is int for n in dims) and self.strides == _c_strides(self.shape, self.dtype.itemsize):
-                known = 1
-                for n in dims:
-                    known *= n if n != -1 else 1
+                known = math.prod(n for n in dims if n != -1)
                 if dims.count(-1) == 1 and known > 0 and self.size % known == 0:
                     dims = tuple(self.size // known if n == -1 else n for n in dims)
-                if all(n >= 0 for n in dims) and known > 0 and _product(dims) == self.size:
+                if all(n >= 0 for n in dims) and known > 0 and math.prod(dims) == self.size:
                     return self._view(dims, _c_strides(dims, self.dtype.itemsize), self.offset, self.size)
         return super().reshape(*shape, **kwargs)
-
-
-def _product(dims):
-    p = 1
-    for n in dims:
-        p *= n
-    return p
 
 
 def empty(queue, shape, dtype, allocator):
