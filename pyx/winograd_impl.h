@@ -16,9 +16,12 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_in1)(VEC *v, lon
     v[3 * s] = d1 - d3;
 }
 
-/* V[tl][ξ][c0..) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). */
-LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TH,
-                                               long TW, long t0, long t1, REAL *V) {
+/* V[tl][ξ][c0..) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). Inlined into
+ * wino_input once per constant depth3, so that the loops over the transform's points unroll and
+ * its vectors stay in registers. */
+static inline __attribute__((always_inline)) void SUFFIXED(wino_input_form)(const REAL *xcl, long Cp, long Hp,
+                                                                            long Wp, const int depth3, long TH,
+                                                                            long TW, long t0, long t1, REAL *V) {
     const long A = depth3 ? 4 : 1, XI = 16 * A;
     VEC buf[64];
     for (long t = t0; t < t1; t++) {
@@ -46,6 +49,14 @@ LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp
     }
 }
 
+LAMINA_CLONES static void SUFFIXED(wino_input)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TH,
+                                               long TW, long t0, long t1, REAL *V) {
+    if (depth3)
+        SUFFIXED(wino_input_form)(xcl, Cp, Hp, Wp, 1, TH, TW, t0, t1, V);
+    else
+        SUFFIXED(wino_input_form)(xcl, Cp, Hp, Wp, 0, TH, TW, t0, t1, V);
+}
+
 /* Aᵀ along one axis: four vectors at stride s in, two at stride s out (in place). */
 static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, long s) {
     VEC m0 = v[0], m1 = v[s], m2 = v[2 * s], m3 = v[3 * s];
@@ -69,10 +80,11 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
  * with pD = oD / 2 (depth3) or oD, pH = oH / 2, pW = oW / 2: the pool's windows are the tiles, so
  * each tile stores its maximum, taken in the pool's order (depth, height, width), and a tile
  * cut by the output's end stores nothing (the pool rounds down). The bias and the ReLU apply to
- * the maximum, as in direct_conv_pooled (neither reorders values: the same result, bit for bit). */
-LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
-                                                long t0, long t1, REAL *y, long oD, long oH, long oW,
-                                                const REAL *bias, int relu, int accumulate, int pool) {
+ * the maximum, as in direct_conv_pooled (neither reorders values: the same result, bit for bit).
+ * Inlined into wino_output once per constant depth3 and pool (as wino_input_form). */
+static inline __attribute__((always_inline)) void SUFFIXED(wino_output_form)(
+    const REAL *M, long COp, long cout, const int depth3, long TH, long TW, long t0, long t1, REAL *y, long oD,
+    long oH, long oW, const REAL *bias, int relu, int accumulate, const int pool) {
     const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1;
     const long pD = depth3 ? oD / 2 : oD, pH = oH / 2, pW = oW / 2;
     VEC buf[64];
@@ -150,6 +162,18 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
                 }
         }
     }
+}
+
+LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
+                                                long t0, long t1, REAL *y, long oD, long oH, long oW,
+                                                const REAL *bias, int relu, int accumulate, int pool) {
+#define WINO_OUTPUT_FORM(d3, pl) \
+    SUFFIXED(wino_output_form)(M, COp, cout, d3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pl)
+    if (depth3)
+        pool ? WINO_OUTPUT_FORM(1, 1) : WINO_OUTPUT_FORM(1, 0);
+    else
+        pool ? WINO_OUTPUT_FORM(0, 1) : WINO_OUTPUT_FORM(0, 0);
+#undef WINO_OUTPUT_FORM
 }
 
 /* The whole convolution of one sample from its channels-last padded copy: tiles in blocks of T,
