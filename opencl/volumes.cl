@@ -59,13 +59,14 @@ __kernel void col2vol(ARG(const REAL, col), ARG(REAL, x), const int C, const int
     x[i] += acc;
 }
 
-/* y[n, c, s] += b[c] */
-__kernel void channel_bias(ARG(REAL, y), ARG(const REAL, b), const int N, const int C, const int S)
+/* y[n, c, s] = beta·y[n, c, s] + b[c] (beta 0: y's values are not read) */
+__kernel void channel_bias(ARG(REAL, y), ARG(const REAL, b), const REAL beta, const int N, const int C,
+                           const int S)
 {
     AT(REAL, y); AT(const REAL, b);
     const int s = get_global_id(0), nc = get_global_id(1);
     if (nc >= N * C || s >= S) return;
-    y[nc * S + s] += b[nc % C];
+    y[nc * S + s] = WITH_BETA(y[nc * S + s], b[nc % C], beta);
 }
 
 /* db[c] = Σ_{n, s} dy[n, c, s] (with beta): one work-item per channel */

@@ -1444,13 +1444,22 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
                                  oWp, geo, &partials[0], &dw[g * out_g * in_g * taps])
 
 
-def channel_bias(real[:, :, ::1] y, real[::1] b):
-    """y[n, c, :] += b[c] (y viewed as [N, C, spatial])."""
+def channel_bias(real[:, :, ::1] y, real[::1] b, double beta=1.0):
+    """y[n, c, :] = beta·y[n, c, :] + b[c] (y viewed as [N, C, spatial]); beta 0 overwrites y
+    (what it held, NaN included, is not read)."""
     cdef Py_ssize_t n, c, i, N = y.shape[0], C = y.shape[1], S = y.shape[2]
+    cdef real scale = <real>beta
     for n in prange(N, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
         for c in range(C):
-            for i in range(S):
-                y[n, c, i] += b[c]
+            if beta == 0:
+                for i in range(S):
+                    y[n, c, i] = b[c]
+            elif beta == 1:
+                for i in range(S):
+                    y[n, c, i] += b[c]
+            else:
+                for i in range(S):
+                    y[n, c, i] = scale * y[n, c, i] + b[c]
 
 
 def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):

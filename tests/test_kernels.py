@@ -613,6 +613,22 @@ def test_vol2col_and_col2vol(backend, dtype, geometry, shape, block):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.5])
+def test_channel_bias(backend, dtype, beta):
+    """y[n, c, ...] = beta·y + b[c] over 2-D and 3-D maps; beta 0 overwrites a NaN-filled y."""
+    rng = rng_for("channel bias", beta)
+    for shape in ((2, 3, 5, 7), (1, 4, 2, 3, 17)):
+        b = rng.standard_normal(shape[1]).astype(dtype)
+        y = np.full(shape, np.nan, dtype) if beta == 0 else rng.standard_normal(shape).astype(dtype)
+        expected = b.reshape((1, -1) + (1,) * (len(shape) - 2)) + (np.zeros(shape, dtype) if beta == 0 else beta * y)
+        ref = y.copy()
+        REF.channel_bias(ref, b, beta)
+        backend.channel_bias(y, b, beta)
+        close(y, expected, dtype)
+        close(ref, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("spatial", [1, 15, 16, 17, 129])
 def test_channel_reductions(backend, dtype, spatial):
     """The per-channel sums (bias gradient, batch-norm statistics) around the kernels' vector

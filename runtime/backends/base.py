@@ -243,9 +243,10 @@ class Backend(ABC):
 
     def conv_forward(self, conv, ctx, bias=None, activation=None, pool=None):
         """ctx.output = act(conv(ctx.inputs[0]) + bias), transposed or not: bias [out_channels] or
-        None; activation (kind, slope) of an element-wise activation, or None. Here the bias and
-        the activation are passes of their own after the convolution; a backend whose kernels
-        apply them as they store the output does so. With pool (a max pool's window, as
+        None; activation (kind, slope) of an element-wise activation, or None. Here the activation,
+        and a plain convolution's bias, are passes of their own after the convolution (a
+        transposed one's outputs start from the bias); a backend whose kernels apply them as
+        they store the output does so. With pool (a max pool's window, as
         max_pool takes it), ctx.output is the max pool of that: here the convolution goes to a
         workspace of its own shape (ctx.unpooled_shape()) and is pooled from there."""
         if pool is not None:
@@ -253,8 +254,7 @@ class Backend(ABC):
             self.conv_forward(conv, convolution.WithOutput(ctx, full), bias, activation)
             self.max_pool(full, ctx.output, None, pool)
             return
-        convolution.any_forward(conv, ctx)
-        convolution.finish(self, ctx.output, bias, activation)
+        convolution.any_forward(conv, ctx, bias, activation)
 
     def conv_backward(self, conv, ctx):
         """The weight gradient (ctx.param_grad) and the input gradient (ctx.input_grad)."""
@@ -281,8 +281,8 @@ class Backend(ABC):
         return 1
 
     @abstractmethod
-    def channel_bias(self, y, b):
-        """y[n, c, ...] += b[c]."""
+    def channel_bias(self, y, b, beta=1.0):
+        """y[n, c, ...] = beta·y[n, c, ...] + b[c]; beta 0 overwrites y (its values not read)."""
 
     @abstractmethod
     def channel_bias_grad(self, dy, db, beta=0.0):

@@ -117,9 +117,16 @@ def _thread_start(ctx, t, col_rows, grid, parts, groups):
     return Blocks(ctx, col_rows, grid, ("col", t)), (by_groups(part, groups) if part is not None else None), beta
 
 
-def any_forward(conv, ctx):
-    """The forward of a plain or a transposed convolution."""
-    (transposed_forward if conv.transposed else forward)(conv, ctx)
+def any_forward(conv, ctx, bias=None, activation=None):
+    """The forward of a plain or a transposed convolution, y = act(conv(x) + bias) (bias None:
+    none; activation (kind, slope) or None): a transposed convolution's outputs start from the
+    bias, which col2vol adds into; the rest are passes of their own over y."""
+    if conv.transposed:
+        transposed_forward(conv, ctx, bias=bias)
+        bias = None
+    else:
+        forward(conv, ctx)
+    finish(ctx.be, ctx.output, bias, activation)
 
 
 def finish(be, y, bias, activation):
@@ -218,10 +225,11 @@ def _pointwise_backward(conv, ctx, dx, dw):
         beta = 1.0
 
 
-def transposed_forward(conv, ctx, place=None):
+def transposed_forward(conv, ctx, place=None, bias=None):
     """place(col, y_n, geometry, rows), where given, writes a block's columns into the sample's
     output without its being zeroed first (every output written once: the CPU's depth-to-space
-    when the kernel equals the stride); else col2vol adds them into a zeroed output."""
+    when the kernel equals the stride); else col2vol adds them into an output zeroed, or set to
+    its channel's bias where one is given."""
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
     geometry = conv.geometry(x.shape[2:])
     w = by_groups(conv.weight.buffer, conv.groups)  # [groups, in_g, out_g·K]
@@ -232,8 +240,10 @@ def transposed_forward(conv, ctx, place=None):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
         for n in samples:
             xn, yn = x[n].reshape(conv.in_channels, -1), as_volume(y[n])
-            if place is None:
+            if place is None and bias is None:
                 be.fill(yn, 0)
+            elif place is None:
+                be.channel_bias(y[n:n + 1], bias, beta=0.0)
             for rows, cols, col in blocks:
                 for g in range(conv.groups):
                     be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],

@@ -406,10 +406,10 @@ class OpenCLBackend(Backend):
         self._run("volumes", "col2vol", x.dtype, self._global(x.size), col, x, *[np.int32(v) for v in x.shape],
                   *args)
 
-    def channel_bias(self, y, b):
+    def channel_bias(self, y, b, beta=1.0):
         N, C, S = y.shape[0], y.shape[1], y.size // (y.shape[0] * y.shape[1])
-        self._run("volumes", "channel_bias", y.dtype, self._grid(N * C, S), y, b, np.int32(N), np.int32(C),
-                  np.int32(S), local=(16, 16))
+        self._run("volumes", "channel_bias", y.dtype, self._grid(N * C, S), y, b, y.dtype.type(beta), np.int32(N),
+                  np.int32(C), np.int32(S), local=(16, 16))
 
     def channel_bias_grad(self, dy, db, beta=0.0):
         N, C, S = dy.shape[0], dy.shape[1], dy.size // (dy.shape[0] * dy.shape[1])

@@ -326,8 +326,8 @@ class ReferenceBackend(HostStatistics, Backend):
             if dst is not None:
                 x[dst] += col[row, j]
 
-    def channel_bias(self, y, b):
-        y += b.reshape((1, -1) + (1,) * (y.ndim - 2))
+    def channel_bias(self, y, b, beta=1.0):
+        _with_beta(y, np.broadcast_to(b.reshape((1, -1) + (1,) * (y.ndim - 2)), y.shape), beta)
 
     def channel_bias_grad(self, dy, db, beta=0.0):
         _with_beta(db, dy.sum(axis=tuple(i for i in range(dy.ndim) if i != 1)), beta)

@@ -565,10 +565,10 @@ class CPUBackend(HostStatistics, Backend):
     def sample_threads(self, batch):
         return min(get_num_threads(), batch)
 
-    def channel_bias(self, y, b):
+    def channel_bias(self, y, b, beta=1.0):
         _float("channel_bias", "y", y)
         check_array("channel_bias", "b", b, dtype=y.dtype, shape=(y.shape[1],))
-        K.channel_bias(y.reshape(y.shape[0], y.shape[1], -1), b)
+        K.channel_bias(y.reshape(y.shape[0], y.shape[1], -1), b, beta)
 
     def channel_bias_grad(self, dy, db, beta=0.0):
         _float("channel_bias_grad", "dy", dy)

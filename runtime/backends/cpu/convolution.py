@@ -119,6 +119,8 @@ def forward(conv, ctx, bias=None, activation=None):
     relu = activation is not None and activation[0] == "relu"
     if name in _STORES_EPILOGUE and (activation is None or relu or activation[0] == "linear"):
         return _FORWARD[name](conv, ctx, bias, relu)
+    if name == "columns":
+        return columns.any_forward(conv, ctx, bias, activation)
     _FORWARD[name](conv, ctx)
     columns.finish(ctx.be, ctx.output, bias, activation)
 
