@@ -20,6 +20,7 @@
 #ifndef LAMINA_WINOGRAD_H
 #define LAMINA_WINOGRAD_H
 
+#include <stdlib.h>
 #include <string.h>
 #include "clones.h"
 #include "epilogue.h"

@@ -73,6 +73,17 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
 #define WINO_PAIRS_HIGH {2, 6, 3, 7}
 #endif
 
+/* The output rows of one row of tiles, from their staging [cout][OA][2][RW] (wino_output_form's
+ * rows), to y [cout][oD][oH][oW] at (od0, oh0): those inside y. */
+static inline void SUFFIXED(wino_flush_row)(const REAL *rows, long RW, long OA, long cout, REAL *y, long oD,
+                                            long oH, long oW, long od0, long oh0) {
+    for (long co = 0; co < cout; co++)
+        for (long a = 0; a < OA && od0 + a < oD; a++)
+            for (long b = 0; b < 2 && oh0 + b < oH; b++)
+                memcpy(y + ((co * oD + od0 + a) * oH + oh0 + b) * oW, rows + ((co * OA + a) * 2 + b) * RW,
+                       oW * sizeof(REAL));
+}
+
 /* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co], plus bias[co] (unless bias
  * is NULL), through a ReLU where relu is set (epilogue.h); or, when accumulate is set, added to y
  * (no bias, no ReLU). y [cout][oD][oH][oW]. With pool set, y is instead the max pool of kernel 2
@@ -81,11 +92,15 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_out1)(VEC *v, lo
  * each tile stores its maximum, taken in the pool's order (depth, height, width), and a tile
  * cut by the output's end stores nothing (the pool rounds down). The bias and the ReLU apply to
  * the maximum, as in direct_conv_pooled (neither reorders values: the same result, bit for bit).
- * Inlined into wino_output once per constant depth3 and pool (as wino_input_form). */
+ * Inlined into wino_output once per constant depth3 and pool (as wino_input_form).
+ * Where `rows` is given (overwriting y, not pooled), a tile row's outputs go there first,
+ * [COp][OA][2][2·TW] (wino_flush_row), and on to y as whole output rows once the row's last tile
+ * is done: each tile's pairs of widths, stored straight to y, touched a cache line per channel
+ * and output row of the tile, and its stores took a fifth of conv case D's forward. */
 static inline __attribute__((always_inline)) void SUFFIXED(wino_output_form)(
     const REAL *M, long COp, long cout, const int depth3, long TH, long TW, long t0, long t1, REAL *y, long oD,
-    long oH, long oW, const REAL *bias, int relu, int accumulate, const int pool) {
-    const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1;
+    long oH, long oW, const REAL *bias, int relu, int accumulate, const int pool, REAL *rows) {
+    const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1, RW = 2 * TW;
     const long pD = depth3 ? oD / 2 : oD, pH = oH / 2, pW = oW / 2;
     VEC buf[64];
     VEC biases[COp / LANES];  /* the bias by vectors of channels, zero past cout */
@@ -142,33 +157,35 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_output_form)(
                     memcpy(v0, &w0, sizeof v0);
                     memcpy(v1, &w1, sizeof v1);
                     REAL *yp = y + ((co0 * oD + od) * oH + oh) * oW + ow0;
-                    if (ow0 + 1 < oW) {
-                        if (accumulate)
-                            for (long l = 0; l < lanes; l++) {
-                                yp[l * plane] += v0[l];
-                                yp[l * plane + 1] += v1[l];
-                            }
-                        else {  /* each channel's two widths as one store of a pair */
-                            REAL pairs[2 * LANES];
-                            VEC first = __builtin_shuffle(w0, w1, (IVEC)WINO_PAIRS_LOW);
-                            VEC second = __builtin_shuffle(w0, w1, (IVEC)WINO_PAIRS_HIGH);
-                            memcpy(pairs, &first, sizeof first);
-                            memcpy(pairs + LANES, &second, sizeof second);
-                            for (long l = 0; l < lanes; l++) memcpy(yp + l * plane, pairs + 2 * l, 2 * sizeof(REAL));
+                    if (!accumulate && (rows || ow0 + 1 < oW)) {  /* each channel's two widths as one pair */
+                        REAL pairs[2 * LANES];
+                        VEC first = __builtin_shuffle(w0, w1, (IVEC)WINO_PAIRS_LOW);
+                        VEC second = __builtin_shuffle(w0, w1, (IVEC)WINO_PAIRS_HIGH);
+                        memcpy(pairs, &first, sizeof first);
+                        memcpy(pairs + LANES, &second, sizeof second);
+                        REAL *to = rows ? rows + ((co0 * OA + a) * 2 + b) * RW + ow0 : yp;
+                        const long step = rows ? OA * 2 * RW : plane;  /* from one channel to the next */
+                        for (long l = 0; l < lanes; l++) memcpy(to + l * step, pairs + 2 * l, 2 * sizeof(REAL));
+                    } else if (ow0 + 1 < oW) {
+                        for (long l = 0; l < lanes; l++) {
+                            yp[l * plane] += v0[l];
+                            yp[l * plane + 1] += v1[l];
                         }
                     } else {
                         for (long l = 0; l < lanes; l++) yp[l * plane] = accumulate ? yp[l * plane] + v0[l] : v0[l];
                     }
                 }
         }
+        if (rows && tw == TW - 1)
+            SUFFIXED(wino_flush_row)(rows, RW, OA, cout, y, oD, oH, oW, od0, oh0);
     }
 }
 
 LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long cout, int depth3, long TH, long TW,
                                                 long t0, long t1, REAL *y, long oD, long oH, long oW,
-                                                const REAL *bias, int relu, int accumulate, int pool) {
+                                                const REAL *bias, int relu, int accumulate, int pool, REAL *rows) {
 #define WINO_OUTPUT_FORM(d3, pl) \
-    SUFFIXED(wino_output_form)(M, COp, cout, d3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pl)
+    SUFFIXED(wino_output_form)(M, COp, cout, d3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pl, rows)
     if (depth3)
         pool ? WINO_OUTPUT_FORM(1, 1) : WINO_OUTPUT_FORM(1, 0);
     else
@@ -178,20 +195,24 @@ LAMINA_CLONES static void SUFFIXED(wino_output)(const REAL *M, long COp, long co
 
 /* The whole convolution of one sample from its channels-last padded copy: tiles in blocks of T,
  * each block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows);
- * y as wino_output's. */
+ * y as wino_output's, by way of a tile row's staging where y is overwritten and not pooled (and
+ * the staging's allocation succeeds). */
 static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                                 const REAL *packed, long COp, long cout, long T, REAL *V, REAL *M, REAL *y,
                                 long oD, long oH, long oW, const REAL *bias, int relu, int accumulate, int pool) {
     const long XI = depth3 ? 64 : 16, tiles = TD * TH * TW;
     const long panels = SUFFIXED(panel_count)(COp), per_xi = panels * Cp * 2 * LANES;
+    REAL *rows = accumulate || pool ? NULL : malloc(COp * (depth3 ? 2 : 1) * 2 * 2 * TW * sizeof(REAL));
     for (long t0 = 0; t0 < tiles; t0 += T) {
         long t1 = t0 + T < tiles ? t0 + T : tiles, n = t1 - t0;
         SUFFIXED(wino_input)(xcl, Cp, Hp, Wp, depth3, TH, TW, t0, t1, V);
         for (long xi = 0; xi < XI; xi++)
             SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * Cp, XI * Cp, packed + xi * per_xi, 0, panels,
                                  M + xi * COp, XI * COp, 0);
-        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pool);
+        SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pool,
+                              rows);
     }
+    free(rows);
 }
 
 #undef WINO_PAIRS_LOW
