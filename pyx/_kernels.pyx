@@ -1296,6 +1296,10 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
 
 
 cdef extern from "winograd.h" nogil:
+    void wino_pad_input_f(const float* x, long C, long D, long H, long W, long pd, long ph, long pw, long Cp,
+                          long Dp, long Hp, long Wp, float* xcl)
+    void wino_pad_input_d(const double* x, long C, long D, long H, long W, long pd, long ph, long pw, long Cp,
+                          long Dp, long Hp, long Wp, double* xcl)
     void wino_conv_f(const float* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                      const float* packed, long COp, long cout, long T, float* V, float* M, float* y,
                      long oD, long oH, long oW, const float* bias, int relu, int accumulate, int pool)
@@ -1373,12 +1377,10 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     with nogil:
         n = _next_sample(shared, -1)
         while n < N:
-            memset(&xcl[0], 0, Dp * Hp * Wp * Cp * sizeof(real))
-            for d in range(D):  # (a row of xcl, Wp·Cp values, stays in cache while every channel fills it)
-                for h in range(H):
-                    for c in range(C):
-                        for w in range(W):
-                            xcl[(((d + pd) * Hp + h + ph) * Wp + w + pw) * Cp + c] = x[n, c, d, h, w]
+            if real is float:
+                wino_pad_input_f(&x[n, 0, 0, 0, 0], C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, &xcl[0])
+            else:
+                wino_pad_input_d(&x[n, 0, 0, 0, 0], C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, &xcl[0])
             if real is float:
                 wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
                             &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate, pool)

@@ -23,6 +23,9 @@ WINOGRAD = [
     (Conv3d, 2, 4, (3, 5, 6), dict(kernel_size=(1, 3, 3), padding=(0, 1, 1))),
     (Conv2d, 3, 10, (7, 5), dict(kernel_size=3, padding=1)),
     (Conv2d, 1, 3, (4, 9), dict(kernel_size=3)),
+    # channels and widths past whole blocks of vector lanes (the channels-last copy transposes
+    # lanes x lanes blocks, the rest one value at a time)
+    (Conv2d, 11, 3, (3, 13), dict(kernel_size=3, padding=1)),
 ]
 # transposed with kernel = stride (each output written once, depth to space): widths with whole
 # vectors and a remainder, a stride of 1 along one axis, groups
