@@ -225,10 +225,13 @@ def spy_fused(monkeypatch, by_rows=None):
     return calls
 
 
-@pytest.mark.parametrize("hidden, parallel", [(32, False), (256, True)])
-def test_a_lone_short_sequence_splits_a_large_recurrent_weight(hidden, parallel, monkeypatch):
-    """One sequence of 3 steps is few multiply-adds, so one thread, unless W_hh is too large for
-    one core's cache (hidden 256: 1 MB): then the threads share its units."""
+@pytest.mark.parametrize("hidden, steps, threads", [(32, 20, 1), (256, 20, 2), (256, 3, 1)])
+def test_a_lone_sequence_splits_a_large_recurrent_weight(hidden, steps, threads, monkeypatch):
+    """One sequence is few multiply-adds, so one thread, unless W_hh is too large for one core's
+    cache (hidden 256: 1 MB): then the threads share its units, given at least
+    UNITS_MIN_STEPS steps (fewer do not repay waking the other thread)."""
+    from lamina.backends.cpu.recurrence import UNITS_MIN_STEPS
+    assert 3 < UNITS_MIN_STEPS <= 20
     calls = spy_fused(monkeypatch)
     net = lm.Network()
     x = net.input("x", 8, sequence=True)
@@ -237,10 +240,10 @@ def test_a_lone_short_sequence_splits_a_large_recurrent_weight(hidden, parallel,
     before = lm.get_num_threads()
     lm.set_num_threads(2)
     try:
-        net.run({"x": batch([3], 8, dtype=np.float32)})
+        net.run({"x": batch([steps], 8, dtype=np.float32)})
     finally:
         lm.set_num_threads(before)
-    assert calls == [("forward", 2 if parallel else 1, False)]
+    assert calls == [("forward", threads, False)]
 
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])

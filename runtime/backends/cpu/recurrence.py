@@ -6,7 +6,7 @@ step's GEMM and a cell pass on one thread.
 The threads share the batch by sequences (each runs its own sequences start to end, never
 waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
 share it by blocks of hidden units, a barrier per step, where the hidden size is whole panels of
-64 bytes; else it runs on one thread. FUSED_SHARE forces one way. By sequences was faster
+64 bytes and the batch has at least UNITS_MIN_STEPS steps; else it runs on one thread. FUSED_SHARE forces one way. By sequences was faster
 wherever both apply (2 threads, sequences of 10..50 steps, medians, both ways in turn in one
 process): the ONNX bench's LSTM language model 54.3 -> 52.5 ms (faster in 10 of 12 pairs), its
 GRU classifier 23.5 -> 21.5 (9 of 12), LSTM 256 inference on 512 sequences 103.8 -> 101.3,
@@ -28,6 +28,11 @@ FUSED_PARALLEL_MIN = 1 << 24
 # 78 -> 58 ms, 512 (4 MB) 146 -> 138, 128 (256 KB) even, 64 (64 KB) 22 -> 25 (the barriers)
 FUSED_PARALLEL_WEIGHT = 512 * 1024
 ROWS_PER_THREAD = 4
+# Shared by units, a batch of fewer steps than this runs on one thread: waking the other thread
+# costs about 0.1 ms, and each step saves about 6 us (a lone LSTM 256 sequence, requests 0.5 ms
+# apart, 2 threads against 1, us: 1 step 279 / 177, 6 steps 336 / 271, 10 steps 410 / 375,
+# 20 steps 504 / 542, 30 steps 560 / 697)
+UNITS_MIN_STEPS = 16
 FUSED_SHARE = "auto"  # or "rows", "units"
 
 
@@ -47,6 +52,8 @@ def _share(cell, ctx, g):
         few = ctx.order.num_sequences < ROWS_PER_THREAD * threads
         share = "units" if few and whole_panels else "rows"
     if share == "rows" and ctx.order.num_sequences < ROWS_PER_THREAD * threads:
+        threads = 1
+    if share == "units" and FUSED_SHARE == "auto" and len(ctx.order.step_starts) - 1 < UNITS_MIN_STEPS:
         threads = 1
     by_rows = share == "rows"
     return _kernels.recurrence_threads(threads, by_rows, cell.hidden_size, ctx.order.step_starts,
