@@ -622,6 +622,25 @@ def rmsprop_update(real[::1] p, real[::1] g, real[::1] s, real[::1] buf, double 
         p[i] = <real>(p[i] - lr * step)
 
 
+# ---------------------------------------------------------------- index checks
+
+def index_range(const int[::1] ids):
+    """(smallest, largest) of a non-empty int32 array, in one pass (lamina.backends.checks: two
+    numpy reductions cost more than the kernels they guard on a lone request's small arrays)."""
+    cdef Py_ssize_t i, n = ids.shape[0]
+    if n == 0:
+        raise ValueError("index_range: the array is empty")
+    cdef int lo = ids[0], hi = ids[0], v
+    with nogil:
+        for i in range(1, n):
+            v = ids[i]
+            if v < lo:
+                lo = v
+            if v > hi:
+                hi = v
+    return lo, hi
+
+
 # ---------------------------------------------------------------- sequence batch ordering
 
 def gather_rows(real[:, ::1] src, const int[::1] index, real[:, ::1] dst, Py_ssize_t col):

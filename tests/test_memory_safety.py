@@ -293,3 +293,23 @@ def test_fuzzed_index_arguments(be):
             refused(be, lambda: kernels[name](be, *mine, ids), *mine)
             outcomes["refused"] += 1
     assert min(outcomes.values()) > 20
+
+
+def test_index_ranges_are_found_in_one_pass():
+    """check_index takes an int32 array's smallest and largest entries from one compiled pass
+    (others go through numpy): both agree with numpy, and a bad entry is named either way."""
+    from lamina import _kernels
+    from lamina.backends.checks import check_index
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 7, 1000):
+        ids = rng.integers(-50, 50, n).astype(np.int32)
+        assert _kernels.index_range(ids) == (ids.min(), ids.max())
+    with pytest.raises(ValueError, match="empty"):
+        _kernels.index_range(np.zeros(0, np.int32))
+    for ids in (np.array([0, 5, 9, 10, 3], np.int32), np.array([0, 5, 9, 10, 3], np.int64),
+                np.array([0, 9, 5, 9, 10, 9, 3, 9], np.int32)[::2]):
+        with pytest.raises(IndexRangeError, match=r"must lie in \[0, 10\), found 10 at position"):
+            check_index("kernel", "ids", ids, 10)
+        check_index("kernel", "ids", ids, 11)
+    with pytest.raises(IndexRangeError, match=r"must lie in \[1, 10\), found 0 at position 0"):
+        check_index("kernel", "ids", np.array([0, 1], np.int32), 10, low=1)

@@ -8,6 +8,8 @@ value found and where.
 """
 import numpy as np
 
+from .. import _kernels
+
 
 class IndexRangeError(ValueError):
     """An index argument of a kernel lies outside the array it indexes."""
@@ -20,7 +22,11 @@ def check_index(where, name, ids, bound, low=0):
         return
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{where}: {name} must hold integers, found {ids.dtype}")
-    if ids.min() < low or ids.max() >= bound:
+    if ids.dtype == np.int32 and ids.ndim == 1 and ids.flags.c_contiguous:
+        smallest, largest = _kernels.index_range(ids)
+    else:
+        smallest, largest = ids.min(), ids.max()
+    if smallest < low or largest >= bound:
         flat = ids.reshape(-1)
         at = int(np.flatnonzero((flat < low) | (flat >= bound))[0])
         raise IndexRangeError(f"{where}: {name} must lie in [{low}, {bound}), found {flat[at]} at "
