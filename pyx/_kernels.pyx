@@ -125,6 +125,56 @@ def count_up(long[::1] counter):
     lamina_count_up(&counter[0])
 
 
+cdef extern from "team.h" nogil:
+    enum: LAMINA_TEAM_MAX
+    ctypedef void (*lamina_member)(void* job, int t, int nt) noexcept nogil
+    void lamina_team_run(int threads, lamina_member member, void* job)
+    void lamina_team_rest()
+    void lamina_team_set_spin(double seconds)
+
+
+def team_rest():
+    """The compiled team's workers (team.h) stop watching for work and sleep until the next team:
+    for a caller about to run threads of its own on their CPUs."""
+    lamina_team_rest()
+
+
+def set_team_spin(double seconds):
+    """How long the compiled team's workers watch for the next team before they sleep."""
+    if not seconds >= 0:
+        raise ValueError(f"set_team_spin: seconds must not be negative, found {seconds}")
+    lamina_team_set_spin(seconds)
+
+
+ctypedef struct _roll_call:
+    long arrived, seconds_ns, met
+    int nt
+    int cpus[256]
+
+
+cdef void _answer_roll_call(void* job, int t, int nt) noexcept nogil:
+    cdef _roll_call* r = <_roll_call*>job
+    r.nt = nt
+    r.cpus[t] = sched_getcpu()
+    lamina_count_up(&r.arrived)
+    if lamina_spin_until(&r.arrived, nt, r.seconds_ns * 1e-9):
+        lamina_count_up(&r.met)
+
+
+def team_roll_call(int threads, double seconds=5.0):
+    """Run a compiled team (team.h) of `threads` whose members each wait, up to `seconds`, for all
+    of them to have started: (team size, members that saw the whole team at once, each member's
+    CPU). For tests: a team whose members did not run at the same time answers fewer."""
+    if not 1 <= threads <= 256:
+        raise ValueError(f"team_roll_call: 1 to 256 threads, found {threads}")
+    cdef _roll_call r
+    r.arrived = r.met = 0
+    r.seconds_ns = <long>(seconds * 1e9)
+    with nogil:
+        lamina_team_run(threads, _answer_roll_call, &r)
+    return r.nt, r.met, [r.cpus[t] for t in range(r.nt)]
+
+
 cdef inline double _sigmoid(double x) noexcept nogil:
     if x >= 0:
         return 1.0 / (1.0 + exp(-x))
@@ -159,30 +209,29 @@ cdef extern from "panels.h" nogil:
                       float* c, long ldc, float beta)
     void panel_gemm_d(long m, long k, long n, const double* a, long lda, const double* packed, long p0,
                       long p1, double* c, long ldc, double beta)
+    void panel_gemm_team_f(long m, long k, long n, const float* a, long lda, const float* packed, long p0, long p1,
+                           float* c, long ldc, float beta, const float* bias, int threads, int by_rows)
+    void panel_gemm_team_d(long m, long k, long n, const double* a, long lda, const double* packed, long p0,
+                           long p1, double* c, long ldc, double beta, const double* bias, int threads, int by_rows)
 
 
 cdef extern from "recurrence.h" nogil:
-    ctypedef struct lamina_spin_barrier:
-        int count
-        int sense
-    void recurrence_forward_f(int kind, long steps, const long* starts, long H, long G, float* g,
-                              const float* bias, float* hh, const float* b_hh, const float* packed, float* hs, float* cs, const float* init_h,
-                              const float* init_c, float* out, long ldo, const int* out_rows, int t, int nt,
-                              lamina_spin_barrier* barrier, int by_rows)
-    void recurrence_forward_d(int kind, long steps, const long* starts, long H, long G, double* g,
-                              const double* bias, double* hh, const double* b_hh, const double* packed, double* hs, double* cs,
-                              const double* init_h, const double* init_c, double* out, long ldo,
-                              const int* out_rows, int t, int nt, lamina_spin_barrier* barrier, int by_rows)
-    void recurrence_backward_f(int kind, long steps, const long* starts, long H, long G, const float* g,
-                               const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
-                               float* dg, float* dgh, const float* packed, const float* init_h,
-                               const float* init_c, float* dh0, float* dc0, int t, int nt,
-                               lamina_spin_barrier* barrier, int by_rows)
-    void recurrence_backward_d(int kind, long steps, const long* starts, long H, long G, const double* g,
-                               const double* hh, const double* hs, const double* cs, double* dhs, double* dcs,
-                               double* dg, double* dgh, const double* packed, const double* init_h,
-                               const double* init_c, double* dh0, double* dc0, int t, int nt,
-                               lamina_spin_barrier* barrier, int by_rows)
+    void recurrence_forward_team_f(int kind, long steps, const long* starts, long H, long G, float* g,
+                                   const float* bias, float* hh, const float* b_hh, const float* packed, float* hs,
+                                   float* cs, const float* init_h, const float* init_c, float* out, long ldo,
+                                   const int* out_rows, int threads, int by_rows)
+    void recurrence_forward_team_d(int kind, long steps, const long* starts, long H, long G, double* g,
+                                   const double* bias, double* hh, const double* b_hh, const double* packed,
+                                   double* hs, double* cs, const double* init_h, const double* init_c, double* out,
+                                   long ldo, const int* out_rows, int threads, int by_rows)
+    void recurrence_backward_team_f(int kind, long steps, const long* starts, long H, long G, const float* g,
+                                    const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
+                                    float* dg, float* dgh, const float* packed, const float* init_h,
+                                    const float* init_c, float* dh0, float* dc0, int threads, int by_rows)
+    void recurrence_backward_team_d(int kind, long steps, const long* starts, long H, long G, const double* g,
+                                    const double* hh, const double* hs, const double* cs, double* dhs, double* dcs,
+                                    double* dg, double* dgh, const double* packed, const double* init_h,
+                                    const double* init_c, double* dh0, double* dc0, int threads, int by_rows)
 
 
 def fast_tanh(float[::1] x, float[::1] y):
@@ -761,10 +810,12 @@ def panel_pack(real[:, ::1] b, bint trans, double alpha, real[::1] out):
                          min(panels, (t + 1) * chunk), &out[0])
 
 
-def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double beta, long p0=0, long p1=-1):
-    """c = a @ P + beta * c on one thread, P (a.shape[1] x n) packed by panel_pack; only the
-    columns of panels p0 .. p1 (p1 -1: the last), the rest of c untouched. The CPU backend
-    splits a large product between threads by rows of a or by panels (packed_gemm)."""
+def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double beta, long p0=0, long p1=-1,
+               int threads=1, bint by_rows=False, real[::1] bias=None):
+    """c = a @ P + beta * c, P (a.shape[1] x n) packed by panel_pack; only the columns of panels
+    p0 .. p1 (p1 -1: the last), the rest of c untouched. On a team of `threads` (team.h), each
+    member taking a share of the panels, or with by_rows a block of whole 6-row tiles. With a
+    bias (n values), c = bias + a @ P in those columns (beta unused)."""
     cdef long m = a.shape[0], k = a.shape[1], panels, width = 64 // sizeof(real)  # (a panel row: 64 bytes)
     cdef long lda = a.strides[0] // sizeof(real), ldc = c.strides[0] // sizeof(real)
     panels = panel_count_f(n) if real is float else panel_count_d(n)
@@ -776,13 +827,19 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
         raise ValueError(f"panel_gemm: c must be {m} x {n}, found {c.shape[0]} x {c.shape[1]}")
     if not 0 <= p0 <= p1 <= panels:
         raise ValueError(f"panel_gemm: panels {p0} .. {p1} out of 0 .. {panels}")
+    if threads < 1:
+        raise ValueError(f"panel_gemm: threads must be at least 1, found {threads}")
+    if bias is not None and bias.shape[0] != n:
+        raise ValueError(f"panel_gemm: bias must hold {n} values (one per column), found {bias.shape[0]}")
     if m == 0 or p0 == p1:
         return
+    cdef real* b = &bias[0] if bias is not None else NULL
     with nogil:
         if real is float:
-            panel_gemm_f(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, <float>beta)
+            panel_gemm_team_f(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, <float>beta, b, threads,
+                              by_rows)
         else:
-            panel_gemm_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta)
+            panel_gemm_team_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta, b, threads, by_rows)
 
 
 def panel_count(long n, size_t itemsize):
@@ -803,17 +860,11 @@ def recurrence_threads(int threads, bint by_rows, long H, const long[::1] starts
     return max(1, min(threads, H * itemsize // 64))
 
 
-cdef lamina_spin_barrier* _team_barrier(int[::1] barrier, int thread, int threads, int fitting, str name) except NULL:
-    """The team's barrier, after checking that thread `thread` of `threads` belongs to a team
-    of the size recurrence_threads gives (`fitting`): every member must run, or a barrier waits
-    forever."""
-    if threads != fitting or not 0 <= thread < threads:
-        raise ValueError(f"{name}: thread {thread} of a team of {threads}; this batch takes a team of {fitting} "
-                         f"(recurrence_threads)")
-    if barrier.shape[0] != 2:
-        raise ValueError(f"{name}: the barrier must be 2 int32 words (zeros, one array for the team), "
-                         f"found {barrier.shape[0]}")
-    return <lamina_spin_barrier*>&barrier[0]
+cdef int _team_size(int threads, bint by_rows, long H, const long[::1] starts, size_t itemsize, str name) except -1:
+    """The recurrence's team: `threads` at most, as many as recurrence_threads lets share this batch."""
+    if threads < 1:
+        raise ValueError(f"{name}: threads must be at least 1, found {threads}")
+    return min(threads, recurrence_threads(threads, by_rows, H, starts, itemsize))
 
 
 cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
@@ -824,12 +875,11 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::
                        real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
                        real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
-                       real[:, ::1] out, const int[::1] out_rows, long out_col, int thread, int threads,
-                       int[::1] barrier, bint by_rows):
-    """Thread `thread`'s part of every step of one direction of a recurrent layer (kind: 0 RNN
-    tanh, 1 RNN relu, 2 LSTM, 3 GRU), for a team of `threads` (recurrence_threads) that run at
-    once with one `barrier`, sharing the batch by rows (sequences) or by blocks of hidden units:
-    see recurrence.h. Row r of hs also goes to
+                       real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows):
+    """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
+    3 GRU) on a team of up to `threads` threads (team.h; as many as recurrence_threads lets share
+    the batch), sharing it by rows (sequences) or by blocks of hidden units: see recurrence.h.
+    Row r of hs also goes to
     out[out_rows[r], out_col:out_col + H] (out_rows: a permutation of out's rows, the layer's
     output in the sequences' order). Arguments not present are placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
@@ -838,46 +888,42 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::
                          f"{out_rows.shape[0]} do not fit states {hs.shape}")
     cdef real *out_at = &out[0, out_col] if hs.shape[0] else NULL
     cdef int *rows_at = &out_rows[0] if hs.shape[0] else NULL
-    cdef lamina_spin_barrier *team = _team_barrier(
-        barrier, thread, threads, recurrence_threads(threads, by_rows, H, starts, sizeof(real)), "recurrence_forward")
+    cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_forward")
     with nogil:
         if real is float:
-            recurrence_forward_f(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
+            recurrence_forward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
-                                 rows_at, thread, threads, team, by_rows)
+                                 rows_at, team, by_rows)
         else:
-            recurrence_forward_d(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
+            recurrence_forward_team_d(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
-                                 rows_at, thread, threads, team, by_rows)
+                                 rows_at, team, by_rows)
 
 
 def recurrence_backward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,
                         real[:, ::1] cs, real[:, ::1] dhs, real[:, ::1] dcs, bint has_cell, real[:, ::1] dg,
                         real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
                         real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
-                        real[:, ::1] dc0, bint want_dc0, int thread, int threads, int[::1] barrier,
-                        bint by_rows):
-    """Thread `thread`'s part of every step of one direction's backward recurrence, for a team
-    as in recurrence_forward; packed: the panels of W_hh itself (G·H x H). Arguments not present
-    are placeholders."""
+                        real[:, ::1] dc0, bint want_dc0, int threads, bint by_rows):
+    """Every step of one direction's backward recurrence, on a team as in recurrence_forward;
+    packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
-    cdef lamina_spin_barrier *team = _team_barrier(
-        barrier, thread, threads, recurrence_threads(threads, by_rows, H, starts, sizeof(real)), "recurrence_backward")
+    cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_backward")
     with nogil:
         if real is float:
-            recurrence_backward_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
+            recurrence_backward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), thread, threads, team, by_rows)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), team, by_rows)
         else:
-            recurrence_backward_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
+            recurrence_backward_team_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), thread, threads, team, by_rows)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), team, by_rows)
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows
@@ -1128,6 +1174,17 @@ cdef extern from "direct_conv.h" nogil:
     void direct_conv_store_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
                              const long* geo, double* y, long oD, long oH, long oW, const double* bias, int relu,
                              int accumulate, int pool_depth)
+    ctypedef struct lamina_direct_batch:
+        const void* x
+        const void* packed
+        const void* bias
+        const long* geo
+        void** xp
+        void* y
+        long N, x_stride, y_stride, C, D, H, W, Dp, Hp, Wp, pd, ph, pw, per_group, cout, oD, oH, oW, next
+        int groups, relu, accumulate, pool_depth
+    void direct_batch_member_f(void* job, int t, int nt)
+    void direct_batch_member_d(void* job, int t, int nt)
 
 
 cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_t pd, Py_ssize_t ph,
@@ -1255,42 +1312,54 @@ def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::
         _direct_run(xp, packed, y, groups, geo, d0, h0, w0, b, relu, accumulate)
 
 
-cdef extern from *:
-    """
-    /* The next sample of a batch shared by threads: each takes one at a time from a counter. */
-    static inline long lamina_claim(long *next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
-    """
-    long lamina_claim(long* next) nogil
+cdef _team_scratch(str where, str name, rows, int threads, Py_ssize_t need, void** out, real* kind):
+    """Each of a batch kernel's `threads` members gets its own scratch: out[t] = rows[t], a writable
+    contiguous array of the kernel's type holding at least `need` values."""
+    cdef real[::1] row
+    cdef Py_ssize_t t
+    if not 1 <= threads <= LAMINA_TEAM_MAX:
+        raise ValueError(f"{where}: threads must be 1 to {LAMINA_TEAM_MAX}, found {threads}")
+    if len(rows) < threads:
+        raise ValueError(f"{where}: {name} must hold a scratch array for each of the {threads} threads, found "
+                         f"{len(rows)}")
+    for t in range(threads):
+        try:
+            row = rows[t]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {name}[{t}] must be a writable contiguous 1-D array of the data's type ({e})") from None
+        if row.shape[0] < need:
+            raise ValueError(f"{where}: {name}[{t}] must hold at least {need} values, found {row.shape[0]}")
+        out[t] = &row[0]
 
 
-cdef long* _shared_counter(str where, long[::1] claim) except? NULL:
-    """claim: None (this call takes every sample in order) or a counter the calls of several threads
-    share, each taking the next sample from it (set to 0 before the first call)."""
-    if claim is None:
-        return NULL
-    if claim.shape[0] != 1:
-        raise ValueError(f"{where}: claim must hold one counter, found {claim.shape[0]} values")
-    return &claim[0]
+cdef _team_boxes(str where, rows, int threads, tuple dims, void** out, real* kind):
+    """As _team_scratch, for padded copies [C, Dp, Hp, Wp] of the sizes `dims` (direct_conv's xp)."""
+    cdef real[:, :, :, ::1] box
+    cdef Py_ssize_t t
+    if not 1 <= threads <= LAMINA_TEAM_MAX:
+        raise ValueError(f"{where}: threads must be 1 to {LAMINA_TEAM_MAX}, found {threads}")
+    if len(rows) < threads:
+        raise ValueError(f"{where}: xp must hold a padded copy for each of the {threads} threads, found {len(rows)}")
+    for t in range(threads):
+        box = rows[t]
+        if _dims(box) != dims:
+            raise ValueError(f"{where}: every padded copy must be {dims} like xp[0], found xp[{t}] {_dims(box)}")
+        out[t] = &box[0, 0, 0, 0]
 
 
-cdef inline Py_ssize_t _next_sample(long* shared, Py_ssize_t n) noexcept nogil:
-    """The sample after n: n + 1, or the next one no thread has taken."""
-    return n + 1 if shared == NULL else lamina_claim(shared)
-
-
-def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[:, :, :, ::1] xp,
+def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, xp,
                 int groups, int kd, int kh, int kw, int sd, int sh, int pd, int ph, int pw, int dd, int dh, int dw,
-                bint accumulate=False, real[::1] bias=None, bint relu=False, long[::1] claim=None,
-                int pool_depth=0):
+                bint accumulate=False, real[::1] bias=None, bint relu=False, int threads=1, int pool_depth=0):
     """y[n] = (or +=, accumulate) the convolution of each sample x[n] [C, D, H, W] with unit
-    stride along the width: x[n] padded into xp (padded_copy; xp's width leaves a vector's worth
-    past each row), then direct_conv_padded (bias and relu as there). y [N, Cout, oD, oH, oW];
-    one call for the samples, checked once; with `claim`, only the samples this call takes from
-    the shared counter (_shared_counter). With pool_depth 1 or 2, y [N, Cout, pD, pH, pW] is
-    instead the max pool of kernel and stride pool_depth x 2 x 2 of those outputs (no padding,
-    sizes rounded down), the outputs themselves never stored."""
-    cdef Py_ssize_t n, N = x.shape[0]
-    cdef long* shared = _shared_counter("direct_conv", claim)
+    stride along the width: x[n] padded into an array [C, Dp, Hp, Wp] of the sequence xp (as
+    padded_copy; its width leaves a vector's worth past each row), then direct_conv_padded (bias
+    and relu as there). y [N, Cout, oD, oH, oW]; one call for the samples, checked once, on a team
+    of `threads` (team.h) that take runs of samples (lamina_claim_run), member t padding into
+    xp[t]. With
+    pool_depth 1 or 2, y [N, Cout, pD, pH, pW] is instead the max pool of kernel and stride
+    pool_depth x 2 x 2 of those outputs (no padding, sizes rounded down), the outputs themselves
+    never stored."""
+    cdef Py_ssize_t N = x.shape[0]
     cdef long geo[8]
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw]
     if y.shape[0] != N:
@@ -1298,20 +1367,32 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
     if pool_depth not in (0, 1, 2) or (pool_depth and accumulate):
         raise ValueError(f"direct_conv: pool_depth must be 0, 1 or 2, and 0 with accumulate; found {pool_depth}"
                          f"{' with accumulate' if accumulate else ''}")
+    if not 1 <= threads <= LAMINA_TEAM_MAX or len(xp) < 1:
+        raise ValueError(f"direct_conv: threads must be 1 to {LAMINA_TEAM_MAX}, each with a padded copy in xp; "
+                         f"found {threads} threads, {len(xp)} copies")
+    cdef real[:, :, :, ::1] first = xp[0]
+    cdef void* copies[LAMINA_TEAM_MAX]
+    _team_boxes("direct_conv", xp, threads, _dims(first), copies, &packed[0])
     if N == 0:
         return
-    _check_padded("direct_conv", _dims(x[0]), _dims(xp), pd, ph, pw, 1)
+    _check_padded("direct_conv", _dims(x[0]), _dims(first), pd, ph, pw, 1)
     # the outputs computed: those the pool's windows cover
     computed = _dims(y[0]) if not pool_depth else (y.shape[1], y.shape[2] * pool_depth, 2 * y.shape[3], 2 * y.shape[4])
-    _check_direct("direct_conv", xp.shape[0], _dims(xp), packed.shape[0], computed, groups, geo, (0, 0, 0),
+    _check_direct("direct_conv", first.shape[0], _dims(first), packed.shape[0], computed, groups, geo, (0, 0, 0),
                   16 if real is float else 8)
     cdef real* b = _epilogue_bias("direct_conv", bias, relu, y.shape[1], accumulate)
+    cdef Py_ssize_t in_g = x.shape[1] // groups, out_g = y.shape[1] // groups
+    cdef lamina_direct_batch job
+    job.x, job.packed, job.bias, job.geo, job.xp, job.y = &x[0, 0, 0, 0, 0], &packed[0], b, geo, copies, &y[0, 0, 0, 0, 0]
+    job.N, job.x_stride, job.y_stride = N, x.strides[0] // sizeof(real), y.strides[0] // sizeof(real)
+    job.C, job.D, job.H, job.W = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+    job.Dp, job.Hp, job.Wp = first.shape[1], first.shape[2], first.shape[3]
+    job.pd, job.ph, job.pw = pd, ph, pw
+    job.per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
+    job.cout, job.oD, job.oH, job.oW = y.shape[1], y.shape[2], y.shape[3], y.shape[4]
+    job.next, job.groups, job.relu, job.accumulate, job.pool_depth = 0, groups, relu, accumulate, pool_depth
     with nogil:
-        n = _next_sample(shared, -1)
-        while n < N:
-            _padded_copy(x[n], xp, pd, ph, pw)
-            _direct_run(xp, packed, y[n], groups, geo, 0, 0, 0, b, relu, accumulate, pool_depth)
-            n = _next_sample(shared, n)
+        lamina_team_run(threads, direct_batch_member_f if real is float else direct_batch_member_d, &job)
 
 
 cdef extern from "winograd.h" nogil:
@@ -1325,6 +1406,19 @@ cdef extern from "winograd.h" nogil:
     void wino_conv_d(const double* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
                      const double* packed, long COp, long cout, long T, double* V, double* M, double* y,
                      long oD, long oH, long oW, const double* bias, int relu, int accumulate, int pool)
+    ctypedef struct lamina_wino_batch:
+        const void* x
+        const void* packed
+        const void* bias
+        void** xcl
+        void** V
+        void** M
+        void* y
+        long N, x_stride, y_stride, C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, TD, TH, TW, COp, cout, T, oD, oH, oW
+        long next
+        int depth3, relu, accumulate, pool
+    void wino_batch_member_f(void* job, int t, int nt)
+    void wino_batch_member_d(void* job, int t, int nt)
 
 
 def winograd_lanes(bint is_float):
@@ -1354,23 +1448,23 @@ cdef tuple _winograd_grid(long D, long H, long W, long pd, long ph, long pw, bin
             max(2 * TW + 2, W + pw))
 
 
-def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, real[::1] xcl, real[::1] V,
-                  real[::1] M, int pd, int ph, int pw, bint depth3, int block, bint accumulate=False,
-                  real[::1] bias=None, bint relu=False, long[::1] claim=None, bint pool=False):
+def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1] y, xcl, V, M, int pd, int ph,
+                  int pw, bint depth3, int block,
+                  bint accumulate=False, real[::1] bias=None, bint relu=False, int threads=1, bint pool=False):
     """y[n] [Cout, oD, oH, oW] = (or +=, accumulate) the stride-1 convolution of each sample x[n]
     [C, D, H, W] with a kernel of 3 along height and width (and depth when depth3; else 1 and
     pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h); when overwriting, plus bias
     (None: none) and through a ReLU where relu is set. packed: the transformed, panel-packed
-    weights; xcl, V, M: scratch. Sizes from winograd_workspace, all checked once for the
-    samples. With `claim`, only the samples this call takes from the shared counter
-    (_shared_counter). With `pool` (not with accumulate), y is the max pool of kernel 2 and stride 2
+    weights; xcl, V, M: sequences of scratch arrays, one of each for each of `threads` (team.h),
+    which take runs of samples (lamina_claim_run). Sizes from winograd_workspace, all checked once
+    for the samples. With `pool` (not with accumulate), y is the max pool of kernel 2 and stride 2
     of those outputs (along height and width, and depth when depth3; sizes rounded down), after
     the bias and the ReLU: each 2x2(x2) tile of the transform is one window."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], D = x.shape[2], H = x.shape[3], W = x.shape[4]
     cdef Py_ssize_t cout = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef long lanes = 8 if real is float else 4
     cdef long Cp = (C + lanes - 1) // lanes * lanes, COp = (cout + lanes - 1) // lanes * lanes
-    cdef long TD, TH, TW, Dp, Hp, Wp, n, c, d, h, w
+    cdef long TD, TH, TW, Dp, Hp, Wp
     if min(pd, ph, pw) < 0 or block < 1 or (not depth3 and pd != 0) or y.shape[0] != N:
         raise ValueError(f"winograd_conv: padding {(pd, ph, pw)} (depth 0 for images), block {block}, {N} input "
                          f"and {y.shape[0]} output samples")
@@ -1387,26 +1481,26 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
         raise ValueError(f"winograd_conv: an input {(D, H, W)} padded by {(pd, ph, pw)} gives outputs {want}, "
                          f"found y {(oD, oH, oW)}")
     need = winograd_workspace(C, cout, D, H, W, pd, ph, pw, depth3, block, real is float)
-    found = (xcl.shape[0], V.shape[0], M.shape[0], packed.shape[0])
-    if any(f < k for f, k in zip(found, need)):
-        raise ValueError(f"winograd_conv: xcl, V, M and packed must hold at least {need} values, found {found}")
+    if packed.shape[0] < need[3]:
+        raise ValueError(f"winograd_conv: packed must hold at least {need[3]} values, found {packed.shape[0]}")
+    cdef void* scratch[3][LAMINA_TEAM_MAX]
+    _team_scratch("winograd_conv", "xcl", xcl, threads, <Py_ssize_t>need[0], scratch[0], &packed[0])
+    _team_scratch("winograd_conv", "V", V, threads, <Py_ssize_t>need[1], scratch[1], &packed[0])
+    _team_scratch("winograd_conv", "M", M, threads, <Py_ssize_t>need[2], scratch[2], &packed[0])
+    if N == 0:
+        return
     TD, TH, TW, Dp, Hp, Wp = _winograd_grid(D, H, W, pd, ph, pw, depth3)
     cdef real* b = _epilogue_bias("winograd_conv", bias, relu, cout, accumulate)
-    cdef long* shared = _shared_counter("winograd_conv", claim)
+    cdef lamina_wino_batch job
+    job.x, job.packed, job.bias, job.xcl, job.V, job.M = &x[0, 0, 0, 0, 0], &packed[0], b, scratch[0], scratch[1], scratch[2]
+    job.y = &y[0, 0, 0, 0, 0]
+    job.N, job.x_stride, job.y_stride = N, x.strides[0] // sizeof(real), y.strides[0] // sizeof(real)
+    job.C, job.D, job.H, job.W, job.pd, job.ph, job.pw = C, D, H, W, pd, ph, pw
+    job.Cp, job.Dp, job.Hp, job.Wp, job.TD, job.TH, job.TW = Cp, Dp, Hp, Wp, TD, TH, TW
+    job.COp, job.cout, job.T, job.oD, job.oH, job.oW = COp, cout, block, oD, oH, oW
+    job.next, job.depth3, job.relu, job.accumulate, job.pool = 0, depth3, relu, accumulate, pool
     with nogil:
-        n = _next_sample(shared, -1)
-        while n < N:
-            if real is float:
-                wino_pad_input_f(&x[n, 0, 0, 0, 0], C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, &xcl[0])
-            else:
-                wino_pad_input_d(&x[n, 0, 0, 0, 0], C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, &xcl[0])
-            if real is float:
-                wino_conv_f(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate, pool)
-            else:
-                wino_conv_d(&xcl[0], Cp, Hp, Wp, depth3, TD, TH, TW, &packed[0], COp, cout, block, &V[0], &M[0],
-                            &y[n, 0, 0, 0, 0], oD, oH, oW, b, relu, accumulate, pool)
-            n = _next_sample(shared, n)
+        lamina_team_run(threads, wino_batch_member_f if real is float else wino_batch_member_d, &job)
 
 
 def direct_conv_dw_max_width():

@@ -14,10 +14,25 @@
 #include <string.h>
 #include "clones.h"
 #include "epilogue.h"
+#include "team.h"
 
 #define LAMINA_CO_BLOCK 4
 #define LAMINA_DW_MAX_KW 3
 #define LAMINA_DW_CO_BLOCK 3
+
+/* Every sample of a batch on a team (team.h, direct_batch_member_f or _d), each member taking runs
+ * of samples no member has taken (lamina_claim_run): the sample [C, D, H, W] (at x + n·x_stride) padded into the
+ * member's own copy (xp[t]: [C, Dp, Hp, Wp], zeros around the sample at (pd, ph, pw)),
+ * then direct_conv_store group by group (packed: per_group values a group; geo as there) into
+ * y + n·y_stride [cout, oD, oH, oW]; strides and sizes in values of the member's type. */
+typedef struct {
+    const void *x, *packed, *bias;
+    const long *geo;
+    void *const *xp;
+    void *y;
+    long N, x_stride, y_stride, C, D, H, W, Dp, Hp, Wp, pd, ph, pw, per_group, cout, oD, oH, oW, next;
+    int groups, relu, accumulate, pool_depth;
+} lamina_direct_batch;
 
 #define LAMINA_IMPL "direct_conv_impl.h"
 #include "instantiate.h"

@@ -233,3 +233,27 @@ LAMINA_CLONES static void SUFFIXED(direct_conv_dw)(const REAL *xp, long cin, lon
                             dw[((((cb * CB + i) * cin + ci) * kd + a) * kh + b) * kw + e] += sum;
                         }
 }
+
+/* A member of a team running direct_conv.h's lamina_direct_batch. */
+static void SUFFIXED(direct_batch_member)(void *job, int t, int nt) {
+    lamina_direct_batch *j = job;
+    REAL *xp = j->xp[t];
+    const long in_g = j->C / j->groups, out_g = j->cout / j->groups, plane = j->Dp * j->Hp * j->Wp;
+    for (long n, end = 0; (n = lamina_claim_run(&j->next, j->N, nt, &end)) < j->N;)
+    for (; n < end; n++) {
+        const REAL *x = (const REAL *)j->x + n * j->x_stride;
+        REAL *y = (REAL *)j->y + n * j->y_stride;
+        memset(xp, 0, sizeof(REAL) * j->C * plane);
+        for (long c = 0; c < j->C; c++)
+            for (long d = 0; d < j->D; d++)
+                for (long h = 0; h < j->H; h++)
+                    memcpy(xp + c * plane + ((d + j->pd) * j->Hp + h + j->ph) * j->Wp + j->pw,
+                           x + ((c * j->D + d) * j->H + h) * j->W, sizeof(REAL) * j->W);
+        for (long g = 0; g < j->groups; g++)
+            SUFFIXED(direct_conv_store)(xp + g * in_g * plane, in_g, j->Dp, j->Hp, j->Wp,
+                                        (const REAL *)j->packed + g * j->per_group, out_g, j->geo,
+                                        y + g * out_g * j->oD * j->oH * j->oW, j->oD, j->oH, j->oW,
+                                        j->bias ? (const REAL *)j->bias + g * out_g : NULL, j->relu, j->accumulate,
+                                        j->pool_depth);
+    }
+}

@@ -12,7 +12,8 @@
  * and computes MR x NR tiles of c in registers (MR = 6 rows; NR = two vectors: 16 floats or 8
  * doubles): per kk, two vector loads of the panel, six broadcasts of a, twelve fused
  * multiply-adds. A panel (k·NR values, 32 KB for k = 512) stays in cache while every row tile
- * of a passes over it. Callers split the panels between threads.
+ * of a passes over it. panel_gemm_team shares a product between a team of threads (team.h), by
+ * runs of panels or by blocks of whole row tiles.
  *
  * Compiled for AVX2 + FMA and for the baseline (clones.h). */
 #ifndef LAMINA_PANELS_H
@@ -20,6 +21,7 @@
 
 #include <string.h>
 #include "clones.h"
+#include "team.h"
 
 #define PANEL_MR 6
 /* Rows of a are taken in blocks of about this many bytes, every panel passing over one block

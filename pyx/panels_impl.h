@@ -166,3 +166,47 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
         }
     }
 }
+
+/* panel_gemm on a team of `threads` (team.h): member t takes its share of the panels [p0, p1),
+ * or with by_rows its block of whole row tiles; with a bias (n values, or NULL) each member first
+ * sets its part of c to it and adds the product (beta unused). */
+typedef struct {
+    long m, k, n, lda, ldc, p0, p1;
+    const REAL *a, *packed, *bias;
+    REAL *c;
+    REAL beta;
+    int by_rows;
+} SUFFIXED(panel_gemm_job);
+
+static void SUFFIXED(panel_gemm_member)(void *job, int t, int nt) {
+    const SUFFIXED(panel_gemm_job) *j = job;
+    const long NR = 2 * LANES, tiles = (j->m + PANEL_MR - 1) / PANEL_MR;
+    long r0 = 0, r1 = j->m, q0 = j->p0, q1 = j->p1;
+    if (j->by_rows) {
+        r0 = t * tiles / nt * PANEL_MR;
+        r1 = (t + 1) * tiles / nt * PANEL_MR;
+        r0 = r0 < j->m ? r0 : j->m;
+        r1 = r1 < j->m ? r1 : j->m;
+    } else {
+        q0 = j->p0 + t * (j->p1 - j->p0) / nt;
+        q1 = j->p0 + (t + 1) * (j->p1 - j->p0) / nt;
+    }
+    if (r0 >= r1 || q0 >= q1)
+        return;
+    REAL beta = j->beta;
+    if (j->bias) {
+        long c0 = q0 * NR, c1 = q1 * NR < j->n ? q1 * NR : j->n;
+        for (long r = r0; r < r1; r++)
+            memcpy(j->c + r * j->ldc + c0, j->bias + c0, sizeof(REAL) * (c1 - c0));
+        beta = 1;
+    }
+    SUFFIXED(panel_gemm)(r1 - r0, j->k, j->n, j->a + r0 * j->lda, j->lda, j->packed, q0, q1, j->c + r0 * j->ldc,
+                         j->ldc, beta);
+}
+
+static void SUFFIXED(panel_gemm_team)(long m, long k, long n, const REAL *a, long lda, const REAL *packed, long p0,
+                                      long p1, REAL *c, long ldc, REAL beta, const REAL *bias, int threads,
+                                      int by_rows) {
+    SUFFIXED(panel_gemm_job) job = {m, k, n, lda, ldc, p0, p1, a, packed, bias, c, beta, by_rows};
+    lamina_team_run(threads, SUFFIXED(panel_gemm_member), &job);
+}

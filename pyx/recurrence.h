@@ -23,6 +23,7 @@
 #endif
 #include "cells.h"
 #include "panels.h"
+#include "team.h"
 
 enum { LAMINA_RNN_TANH = 0, LAMINA_RNN_RELU = 1, LAMINA_LSTM = 2, LAMINA_GRU = 3 };
 

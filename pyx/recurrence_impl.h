@@ -134,3 +134,57 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
             SUFFIXED(share_product)(&sh, b, GH, H, 1, dgh + r0 * GH, GH, packed, dprev_h, H, 1);
     }
 }
+
+/* The team runs (team.h): recurrence_forward and recurrence_backward on `threads` threads at
+ * once, each member its share, with one barrier. */
+typedef struct {
+    int kind, by_rows;
+    long steps, H, G, ldo;
+    const long *starts;
+    REAL *g, *hh, *hs, *cs, *out;
+    const REAL *bias, *b_hh, *packed, *init_h, *init_c;
+    const int *out_rows;
+    lamina_spin_barrier barrier;
+} SUFFIXED(recurrence_forward_job);
+
+static void SUFFIXED(recurrence_forward_member)(void *job, int t, int nt) {
+    SUFFIXED(recurrence_forward_job) *j = job;
+    SUFFIXED(recurrence_forward)(j->kind, j->steps, j->starts, j->H, j->G, j->g, j->bias, j->hh, j->b_hh, j->packed,
+                                 j->hs, j->cs, j->init_h, j->init_c, j->out, j->ldo, j->out_rows, t, nt, &j->barrier,
+                                 j->by_rows);
+}
+
+static void SUFFIXED(recurrence_forward_team)(int kind, long steps, const long *starts, long H, long G, REAL *g,
+                                              const REAL *bias, REAL *hh, const REAL *b_hh, const REAL *packed,
+                                              REAL *hs, REAL *cs, const REAL *init_h, const REAL *init_c,
+                                              REAL *out, long ldo, const int *out_rows, int threads, int by_rows) {
+    SUFFIXED(recurrence_forward_job) job = {kind, by_rows, steps, H, G, ldo, starts, g, hh, hs, cs, out, bias, b_hh,
+                                            packed, init_h, init_c, out_rows, {0, 0}};
+    lamina_team_run(threads, SUFFIXED(recurrence_forward_member), &job);
+}
+
+typedef struct {
+    int kind, by_rows;
+    long steps, H, G;
+    const long *starts;
+    const REAL *g, *hh, *hs, *cs, *packed, *init_h, *init_c;
+    REAL *dhs, *dcs, *dg, *dgh, *dh0, *dc0;
+    lamina_spin_barrier barrier;
+} SUFFIXED(recurrence_backward_job);
+
+static void SUFFIXED(recurrence_backward_member)(void *job, int t, int nt) {
+    SUFFIXED(recurrence_backward_job) *j = job;
+    SUFFIXED(recurrence_backward)(j->kind, j->steps, j->starts, j->H, j->G, j->g, j->hh, j->hs, j->cs, j->dhs, j->dcs,
+                                  j->dg, j->dgh, j->packed, j->init_h, j->init_c, j->dh0, j->dc0, t, nt, &j->barrier,
+                                  j->by_rows);
+}
+
+static void SUFFIXED(recurrence_backward_team)(int kind, long steps, const long *starts, long H, long G,
+                                               const REAL *g, const REAL *hh, const REAL *hs, const REAL *cs,
+                                               REAL *dhs, REAL *dcs, REAL *dg, REAL *dgh, const REAL *packed,
+                                               const REAL *init_h, const REAL *init_c, REAL *dh0, REAL *dc0,
+                                               int threads, int by_rows) {
+    SUFFIXED(recurrence_backward_job) job = {kind, by_rows, steps, H, G, starts, g, hh, hs, cs, packed, init_h,
+                                             init_c, dhs, dcs, dg, dgh, dh0, dc0, {0, 0}};
+    lamina_team_run(threads, SUFFIXED(recurrence_backward_member), &job);
+}

@@ -25,6 +25,20 @@
 #include "clones.h"
 #include "epilogue.h"
 #include "panels.h"
+#include "team.h"
+
+/* Every sample of a batch on a team (team.h, wino_batch_member_f or _d): each member takes runs
+ * of samples no member has taken (lamina_claim_run), pads each into
+ * its own xcl and transforms it in its own V and M (member t's: xcl[t], V[t], M[t]); samples
+ * at x + n·x_stride and y + n·y_stride (in values of the member's type). */
+typedef struct {
+    const void *x, *packed, *bias;
+    void *const *xcl, *const *V, *const *M;
+    void *y;
+    long N, x_stride, y_stride, C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, TD, TH, TW, COp, cout, T, oD, oH, oW;
+    long next;
+    int depth3, relu, accumulate, pool;
+} lamina_wino_batch;
 
 #define LAMINA_IMPL "winograd_impl.h"
 #include "instantiate.h"

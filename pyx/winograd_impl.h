@@ -285,3 +285,17 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
 
 #undef WINO_PAIRS_LOW
 #undef WINO_PAIRS_HIGH
+
+/* A member of a team running winograd.h's lamina_wino_batch. */
+static void SUFFIXED(wino_batch_member)(void *job, int t, int nt) {
+    lamina_wino_batch *j = job;
+    REAL *xcl = j->xcl[t], *V = j->V[t], *M = j->M[t];
+    for (long n, end = 0; (n = lamina_claim_run(&j->next, j->N, nt, &end)) < j->N;)
+    for (; n < end; n++) {
+        SUFFIXED(wino_pad_input)((const REAL *)j->x + n * j->x_stride, j->C, j->D, j->H, j->W, j->pd, j->ph, j->pw,
+                                 j->Cp, j->Dp, j->Hp, j->Wp, xcl);
+        SUFFIXED(wino_conv)(xcl, j->Cp, j->Hp, j->Wp, j->depth3, j->TD, j->TH, j->TW, j->packed, j->COp, j->cout, j->T,
+                            V, M, (REAL *)j->y + n * j->y_stride, j->oD, j->oH, j->oW, j->bias, j->relu,
+                            j->accumulate, j->pool);
+    }
+}

@@ -187,6 +187,7 @@ def split_work(count, work, threads=None):
                 _local.in_split = False
 
         _set_mkl_threads(1)
+        _kernels.team_rest()  # (the compiled team's workers would spin on the helpers' CPUs)
         mine = _kernels.get_num_threads()
         errors = [None]
         finished = np.zeros(1, np.int64)
@@ -205,18 +206,6 @@ def split_work(count, work, threads=None):
             if e is not None:
                 raise e
     return threads
-
-
-def run_team(size, member):
-    """member(t) for every t < size, all at once, on split_work's threads (the caller is member
-    0): for kernels whose members wait on each other (a spin barrier per step), so size may not
-    exceed free_threads(), or some member would wait for one that cannot start. Unlike an OpenMP
-    team, the members are pinned (_place): a woken libgomp worker was put on the caller's own core
-    after an idle spell, and the two spun at their barrier by turns (the LSTM language model's
-    second layer 6.0 -> 14-17 ms in calls after 0.3 s idle)."""
-    if not 1 <= size <= free_threads():
-        raise ValueError(f"run_team: a team of {size} threads; 1 to {free_threads()} can run at once here")
-    split_work(size, lambda t, items: member(t), size)
 
 
 # A bad LAMINA_THREADS must not make `import lamina` fail (the `lamina` command could not even

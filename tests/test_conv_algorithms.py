@@ -112,7 +112,7 @@ def test_forward_kernels_check_their_bias():
         _kernels.direct_conv_padded(xp, packed, y, 1, 3, 3, 3, 1, 1, 1, 1, 1, accumulate=True, relu=True)
     x = np.zeros((1, 2, 3, 4, 5), f)
     sizes = _kernels.winograd_workspace(2, 4, 3, 4, 5, 1, 1, 1, True, 6, True)
-    buffers = [np.zeros(n, f) for n in sizes]
+    buffers = [[np.zeros(n, f)] for n in sizes[:3]] + [np.zeros(sizes[3], f)]
     with pytest.raises(ValueError, match=r"winograd_conv: bias must hold one value per output channel \(4\)"):
         _kernels.winograd_conv(x, buffers[3], np.zeros((1, 4, 3, 4, 5), f), *buffers[:3], 1, 1, 1, True, 6,
                                bias=np.zeros(5, f))
@@ -224,10 +224,12 @@ def test_compiled_convolution_kernels_refuse_bad_sizes():
         _kernels.direct_conv_dw(x, x, np.zeros(10, f), xp, xp, np.zeros(10, f), 0, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1)
     sizes = _kernels.winograd_workspace(2, 4, 3, 4, 5, 1, 1, 1, True, 6, True)
     x, y = x[None], np.zeros((1, 4, 3, 4, 5), f)
-    buffers = [np.zeros(n, f) for n in sizes]
+    buffers = [[np.zeros(n, f)] for n in sizes[:3]] + [np.zeros(sizes[3], f)]
     _kernels.winograd_conv(x, buffers[3], y, *buffers[:3], 1, 1, 1, True, 6)  # the sizes it asks for
-    with pytest.raises(ValueError, match="xcl, V, M and packed must hold at least"):
+    with pytest.raises(ValueError, match=f"packed must hold at least {sizes[3]} values, found {sizes[3] - 1}"):
         _kernels.winograd_conv(x, buffers[3][:-1], y, *buffers[:3], 1, 1, 1, True, 6)
+    with pytest.raises(ValueError, match=rf"xcl\[0\] must hold at least {sizes[0]} values, found {sizes[0] - 1}"):
+        _kernels.winograd_conv(x, buffers[3], y, [buffers[0][0][:-1]], *buffers[1:3], 1, 1, 1, True, 6)
     col = np.zeros((8, 12), f)
     _kernels.depth_to_space(col, np.zeros((2, 2, 4, 6), f), 1, 2, 2, 0, 4)
     with pytest.raises(ValueError, match=r"depth_to_space: window rows \[0, 5\) of 4 need col \[8, >=15\]"):
@@ -280,7 +282,7 @@ def test_kernels_overwrite_outputs_full_of_nan():
     results = []
     for fill in (0.0, np.nan):
         y = np.full((1, 5, 4, 5, 6), fill, np.float32)
-        _kernels.winograd_conv(x[None], packed, y, *(np.full(n, fill, np.float32) for n in sizes[:3]), 1, 1, 1, True, 6)
+        _kernels.winograd_conv(x[None], packed, y, *([np.full(n, fill, np.float32)] for n in sizes[:3]), 1, 1, 1, True, 6)
         xp = np.full((3, 6, 7, 24), fill, np.float32)
         _kernels.padded_copy(x, xp, 1, 1, 1)
         z = np.full((5, 4, 5, 6), fill, np.float32)
@@ -297,20 +299,21 @@ def test_the_direct_kernel_pools_as_it_stores(dtype, pool_depth, shape):
     """direct_conv with pool_depth stores only the max pool (pool_depth x 2 x 2, rounded down) of
     what it stores without: equal to the numpy pool of its plain output, to the last bit, over
     NaN-filled outputs; with a bias and a ReLU, and 5 output channels (a partial block of 4);
-    widths 37 (whole tiles, the last moved back, a cut window), 20 and 4 (one partial tile)."""
+    widths 37 (whole tiles, the last moved back, a cut window), 20 and 4 (one partial tile); the
+    pooled call on a team of 2 threads, each padding into its own row of xp."""
     rng = np.random.default_rng(3)
     cin, cout = shape[0], 5
     x = rng.standard_normal((2,) + shape).astype(dtype)
     packed = rng.standard_normal(2 * cin * 27 * 4).astype(dtype)
     bias = rng.standard_normal(cout).astype(dtype)
     d, h, w = shape[1:]
-    xp = np.zeros((cin, d + 2, h + 2, w + 2 + 16), dtype)
+    xp = [np.zeros((cin, d + 2, h + 2, w + 2 + 16), dtype) for _ in range(2)]
     full = np.empty((2, cout, d, h, w), dtype)
     _kernels.direct_conv(x, packed, full, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, False, bias, True)
     pd, ph, pw = d // pool_depth, h // 2, w // 2
     windows = full[:, :, :pd * pool_depth, :2 * ph, :2 * pw].reshape(2, cout, pd, pool_depth, ph, 2, pw, 2)
     pooled = np.full((2, cout, pd, ph, pw), np.nan, dtype)
-    _kernels.direct_conv(x, packed, pooled, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, False, bias, True,
+    _kernels.direct_conv(x, packed, pooled, xp, 1, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, False, bias, True, threads=2,
                          pool_depth=pool_depth)
     np.testing.assert_array_equal(pooled, windows.max(axis=(3, 5, 7)))
     with pytest.raises(ValueError, match="pool_depth must be 0, 1 or 2, and 0 with accumulate; found 3"):
@@ -353,29 +356,39 @@ def test_packed_weights_follow_every_update(name, algorithm):
     np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())
 
 
-def test_batched_kernels_take_samples_from_a_shared_counter():
-    """With `claim`, a compiled batch call computes only the samples it takes from the counter
-    (the threads of one convolution share one); a counter of the wrong size is refused."""
+def test_batched_kernels_share_the_samples_between_a_team():
+    """A compiled batch call runs on a team of threads (team.h), each member taking runs of samples
+    into its own scratch: every sample's result is the one-thread result, to the bit, with
+    more members than samples too; a team larger than its scratch arrays is refused, and so is a
+    scratch array of another type or too small."""
     rng = np.random.default_rng(3)
     f = np.float32
     x = rng.standard_normal((4, 3, 1, 5, 6)).astype(f)
     sizes = _kernels.winograd_workspace(3, 5, 1, 5, 6, 0, 1, 1, False, 6, True)
     packed = rng.standard_normal(sizes[3]).astype(f)
-    scratch = [np.zeros(n, f) for n in sizes[:3]]
-    whole = np.zeros((4, 5, 1, 5, 6), f)
-    _kernels.winograd_conv(x, packed, whole, *scratch, 0, 1, 1, False, 6)
-    claim = np.array([2], np.int64)  # samples 0 and 1 already taken by another call
-    part = np.full_like(whole, np.nan)
-    _kernels.winograd_conv(x, packed, part, *scratch, 0, 1, 1, False, 6, claim=claim)
-    assert claim[0] >= 4 and np.isnan(part[:2]).all()
-    np.testing.assert_array_equal(part[2:], whole[2:])
-    xp = np.zeros((3, 1, 7, 24), f)
     direct_packed = rng.standard_normal(8 * 3 * 9).astype(f)
-    whole = np.zeros((4, 5, 1, 5, 6), f)
-    _kernels.direct_conv(x, direct_packed, whole, xp, 1, 1, 3, 3, 1, 1, 0, 1, 1, 1, 1, 1)
-    part = np.full_like(whole, np.nan)
-    _kernels.direct_conv(x, direct_packed, part, xp, 1, 1, 3, 3, 1, 1, 0, 1, 1, 1, 1, 1, claim=np.array([3]))
-    assert np.isnan(part[:3]).all()
-    np.testing.assert_array_equal(part[3:], whole[3:])
-    with pytest.raises(ValueError, match="winograd_conv: claim must hold one counter, found 2 values"):
-        _kernels.winograd_conv(x, packed, part, *scratch, 0, 1, 1, False, 6, claim=np.zeros(2, np.int64))
+
+    def both(threads, rows=None):
+        rows = rows or threads
+        scratch = [[np.zeros(n, f) for _ in range(rows)] for n in sizes[:3]]
+        wino, direct = np.full((4, 5, 1, 5, 6), np.nan, f), np.full((4, 5, 1, 5, 6), np.nan, f)
+        _kernels.winograd_conv(x, packed, wino, *scratch, 0, 1, 1, False, 6, threads=threads)
+        _kernels.direct_conv(x, direct_packed, direct, [np.zeros((3, 1, 7, 24), f) for _ in range(rows)], 1, 1, 3, 3,
+                             1, 1, 0, 1, 1, 1, 1, 1, threads=threads)
+        return wino, direct
+    alone = both(1)
+    assert not np.isnan(alone[0]).any() and not np.isnan(alone[1]).any()
+    for threads in (2, 3, 6):
+        for got, want in zip(both(threads), alone):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="xcl must hold a scratch array for each of the 3 threads, found 2"):
+        both(3, rows=2)
+    y = np.zeros((4, 5, 1, 5, 6), f)
+    scratch = [[np.zeros(n, f)] for n in sizes[:3]]
+    with pytest.raises(ValueError, match=r"V\[0\] must hold at least \d+ values, found 5"):
+        _kernels.winograd_conv(x, packed, y, scratch[0], [np.zeros(5, f)], scratch[2], 0, 1, 1, False, 6)
+    with pytest.raises(ValueError, match=r"M\[0\] must be a writable contiguous 1-D array of the data's type"):
+        _kernels.winograd_conv(x, packed, y, scratch[0], scratch[1], [np.zeros(sizes[2])], 0, 1, 1, False, 6)
+    with pytest.raises(ValueError, match=r"every padded copy must be \(3, 1, 7, 24\) like xp\[0\]"):
+        _kernels.direct_conv(x, direct_packed, y, [np.zeros((3, 1, 7, 24), f), np.zeros((3, 1, 7, 25), f)], 1, 1, 3,
+                             3, 1, 1, 0, 1, 1, 1, 1, 1, threads=2)

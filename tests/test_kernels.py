@@ -146,6 +146,35 @@ def test_panel_gemm_over_runs_of_panels_and_blocks_of_rows(dtype):
     assert (np.delete(part, np.r_[inside], axis=1) == 7).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("by_rows", [False, True])
+def test_panel_gemm_on_a_team(dtype, threads, by_rows):
+    """A team of threads shares the product by runs of panels or by blocks of 6-row tiles (members
+    without a share included: 3 threads, 8 rows); the result is the one-thread product, with or
+    without a bias, and columns outside panels p0 .. p1 stay untouched."""
+    from lamina import _kernels
+    rng = rng_for("panel team", dtype, threads, by_rows)
+    k, n = 37, 70
+    b = rng.standard_normal((k, n)).astype(dtype)
+    packed = np.empty(_kernels.panel_size(b, False), dtype)
+    _kernels.panel_pack(b, False, 1.0, packed)
+    bias = rng.standard_normal(n).astype(dtype)
+    width = 64 // np.dtype(dtype).itemsize
+    for m in (8, 45):
+        a = rng.standard_normal((m, k)).astype(dtype)
+        one, team = np.full((m, n), 2.0, dtype), np.full((m, n), 2.0, dtype)
+        _kernels.panel_gemm(a, packed, n, one, 0.5)
+        _kernels.panel_gemm(a, packed, n, team, 0.5, threads=threads, by_rows=by_rows)
+        np.testing.assert_array_equal(team, one)
+        np.testing.assert_allclose(one, 1.0 + a.astype(np.float64) @ b, **TOL[dtype])
+        with_bias = np.full((m, n), np.nan, dtype)
+        _kernels.panel_gemm(a, packed, n, with_bias, 0.0, 1, 4, threads=threads, by_rows=by_rows, bias=bias)
+        inside = slice(width, min(n, 4 * width))
+        np.testing.assert_allclose(with_bias[:, inside], (bias + a.astype(np.float64) @ b)[:, inside], **TOL[dtype])
+        assert np.isnan(np.delete(with_bias, np.r_[inside], axis=1)).all()
+
+
 def test_panel_gemm_checks_its_arguments():
     from lamina import _kernels
     a, c = np.ones((4, 3), np.float32), np.zeros((4, 20), np.float32)
@@ -158,6 +187,10 @@ def test_panel_gemm_checks_its_arguments():
         _kernels.panel_gemm(a, packed, 20, c[:, :19].copy(), 0.0)
     with pytest.raises(ValueError, match=r"panels 1 \.\. 3 out of 0 \.\. 2"):
         _kernels.panel_gemm(a, packed, 20, c, 0.0, 1, 3)
+    with pytest.raises(ValueError, match="threads must be at least 1, found 0"):
+        _kernels.panel_gemm(a, packed, 20, c, 0.0, threads=0)
+    with pytest.raises(ValueError, match=r"bias must hold 20 values \(one per column\), found 19"):
+        _kernels.panel_gemm(a, packed, 20, c, 0.0, bias=np.ones(19, np.float32))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -681,37 +714,42 @@ def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
         lm.set_num_threads(before)
 
 
-def test_a_team_runs_all_its_members_at_once():
-    """run_team is for kernels whose members wait on each other: every member runs at the same
-    time (each waits here for all the others), and a team larger than the threads that can run
-    at once is refused, never left waiting."""
-    import threading
-    import lamina as lm
+def test_a_compiled_team_runs_all_its_members_at_once():
+    """team.h runs a kernel's members at the same time (each waits here for all the others), on
+    distinct CPUs where the process has one for each member, and again after its workers were
+    sent to sleep; members beyond the CPUs still run (the system shares the CPUs)."""
+    import os
     from lamina import _kernels
-    from lamina.threads import run_team, split_work
-    before = lm.get_num_threads()
-    try:
-        lm.set_num_threads(3)
-        together, seen = threading.Barrier(3, timeout=10), []
-        run_team(3, lambda t: (together.wait(), seen.append(t)))
-        assert sorted(seen) == [0, 1, 2]
-        with pytest.raises(ValueError, match="a team of 4 threads; 1 to 3"):
-            run_team(4, lambda t: None)
-        refused = []
+    cpus = len(os.sched_getaffinity(0))
+    for threads in (1, 2, 3, 5):
+        size, met, where = _kernels.team_roll_call(threads)
+        assert size == threads and met == threads
+        if threads <= cpus:
+            assert len(set(where)) == threads
+    _kernels.team_rest()
+    assert _kernels.team_roll_call(2)[:2] == (2, 2)
+    with pytest.raises(ValueError, match="1 to 256 threads, found 0"):
+        _kernels.team_roll_call(0)
 
-        def inside(t, items):
-            try:
-                run_team(2, lambda t: None)
-            except ValueError as e:
-                refused.append(str(e))
-        split_work(2, inside)
-        assert len(refused) == 2 and "1 to 1" in refused[0]
-    finally:
-        lm.set_num_threads(before)
-    # the fused recurrence checks its team before any thread waits at its barrier
+
+def test_the_fused_recurrence_takes_no_more_threads_than_its_batch_has_shares():
+    """Asked for more threads than the batch has sequences (by rows), the fused recurrence runs on
+    as many as it has, with the one-thread result: none waits for a member that has no share."""
+    from lamina import _kernels
+    rng = rng_for("team size")
     starts, H = np.array([0, 2, 3], np.int64), 32
-    g, hs = np.zeros((3, 4 * H), np.float32), np.zeros((3, H), np.float32)
-    packed, rows = np.zeros(4 * H * H, np.float32), np.arange(3, dtype=np.int32)  # (never read)
-    with pytest.raises(ValueError, match="thread 0 of a team of 3; this batch takes a team of 2"):
-        _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, hs, True, hs, False,
-                                    hs, False, hs, rows, 0, 0, 3, np.zeros(2, np.int32), True)
+    g0 = rng.standard_normal((3, 4 * H)).astype(np.float32)
+    packed = np.empty(_kernels.panel_count(4 * H, 4) * H * 16, np.float32)
+    _kernels.panel_pack(rng.standard_normal((4 * H, H)).astype(np.float32) / 8, True, 1.0, packed)
+    rows = np.arange(3, dtype=np.int32)
+    results = []
+    for threads in (1, 3):
+        g, hs, cs, out = g0.copy(), np.zeros((3, H), np.float32), np.zeros((3, H), np.float32), np.zeros((3, H), np.float32)
+        _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, cs, True, hs, False,
+                                    hs, False, out, rows, 0, threads, True)
+        results.append(out)
+    assert np.abs(results[0]).max() > 0.1
+    np.testing.assert_array_equal(results[1], results[0])
+    with pytest.raises(ValueError, match="threads must be at least 1, found 0"):
+        _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, cs, True, hs, False,
+                                    hs, False, out, rows, 0, 0, True)

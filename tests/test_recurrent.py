@@ -197,8 +197,8 @@ def test_gradients_fused_recurrence(kind, share, hidden, monkeypatch):
 
 def spy_fused(monkeypatch, by_rows=None):
     """Force the fused recurrence onto every thread, sharing by rows or by units (by_rows None:
-    as the backend decides); returns (forward|backward, threads, by_rows) per call of a team
-    (its member 0's: the kernels take thread, threads, barrier, by_rows last)."""
+    as the backend decides); returns (forward|backward, threads, by_rows) per call (the kernels
+    take threads, by_rows last)."""
     import lamina.backends.cpu.recurrence as recurrence
     calls, kernels = [], recurrence._kernels
 
@@ -208,14 +208,12 @@ def spy_fused(monkeypatch, by_rows=None):
 
         @staticmethod
         def recurrence_forward(*args):
-            if args[-4] == 0:
-                calls.append(("forward", args[-3], args[-1]))
+            calls.append(("forward", args[-2], args[-1]))
             return kernels.recurrence_forward(*args)
 
         @staticmethod
         def recurrence_backward(*args):
-            if args[-4] == 0:
-                calls.append(("backward", args[-3], args[-1]))
+            calls.append(("backward", args[-2], args[-1]))
             return kernels.recurrence_backward(*args)
     if by_rows is not None:
         monkeypatch.setattr(recurrence, "FUSED_PARALLEL_MIN", 0)

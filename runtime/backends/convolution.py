@@ -18,7 +18,7 @@ their own buffers, summed at the end.
 """
 import numpy as np
 
-from ..threads import split_work
+from ..threads import free_threads, split_work
 
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
 # values) stays in cache between being written and being read by the GEMM. Measured on the bench's
@@ -78,25 +78,19 @@ class WithOutput:
 
 
 def over_samples(ctx, src, dst, beta, run):
-    """run(t, x, y, accumulate, claim) on thread t, for kernels that take a batch in one compiled
-    call (the CPU's direct and Winograd), x and y volumes [n, C, D, H, W]: with beta 0 (overwrite
-    dst) or 1 (add to it) every thread's call gets the whole batch and takes its samples one at a
-    time from the shared counter `claim`, so a thread that starts late or runs slower does fewer
+    """run(x, y, accumulate, threads) for kernels that take a batch in one compiled call on a team
+    of threads (the CPU's direct and Winograd), x and y volumes [n, C, D, H, W]; the members take
+    runs of samples from a shared counter, so one that starts late or runs slower does fewer
     (halves fixed in advance left the caller waiting for a woken worker: CNN bench conv 2.2 ms
-    busy, 4.4 ms after an idle spell); any other beta goes by way of a scratch output, a sample at
-    a time (claim None)."""
+    busy, 4.4 ms after an idle spell). With beta 0 the kernel overwrites dst, with 1 it adds
+    to it; any other beta goes by way of a scratch output, then dst = beta·dst + scratch."""
+    count = min(threads(ctx), free_threads())
     if beta in (0, 1):
-        claim = np.zeros(1, np.int64)
-        x, y = as_volumes(src), as_volumes(dst)
-        split_work(threads(ctx), lambda t, _: run(t, x, y, beta == 1, claim))
+        run(as_volumes(src), as_volumes(dst), beta == 1, count)
         return
-
-    def work(t, samples):
-        scratch = ctx.workspace(("scaled output", t), (1,) + dst.shape[1:])
-        for n in samples:
-            run(t, as_volumes(src[n:n + 1]), as_volumes(scratch), False, None)
-            ctx.be.axpby(1.0, scratch[0], beta, dst[n])
-    split_work(src.shape[0], work, threads(ctx))
+    scratch = ctx.workspace("scaled output", dst.shape)
+    run(as_volumes(src), as_volumes(scratch), False, count)
+    ctx.be.axpby(1.0, scratch, beta, dst)
 
 
 def weight_grad_parts(ctx, dw, count):

@@ -196,6 +196,7 @@ class CPUBackend(HostStatistics, Backend):
         big = self.blas_name == "openblas" and m * n * k >= GEMM_SPLIT_MIN
         threads = free_threads() if big else 1
         if threads == 1:
+            self._mkl_threads_start()
             block(a, b, c, bias)
             return
         if m > n:
@@ -203,6 +204,12 @@ class CPUBackend(HostStatistics, Backend):
         else:
             _over_blocks(n, threads, 16, lambda cols: block(a, b[cols] if trans_b else b[:, cols], c[:, cols],
                                                             None if bias is None else bias[cols]))
+
+    def _mkl_threads_start(self):
+        """Before a product MKL threads itself: the compiled team's workers (team.h) sleep at once
+        instead of watching for work on the CPUs MKL's threads are about to use."""
+        if self.blas_name == "mkl" and free_threads() > 1:
+            K.team_rest()
 
     def pack(self, b, trans=False, alpha=1.0, max_rows=1):
         _float("pack", "b", b, ndim=2)
@@ -245,25 +252,14 @@ class CPUBackend(HostStatistics, Backend):
         if packed.handle is not None:
             if bias is not None:
                 np.copyto(c, bias)  # (the product adds to it)
+            self._mkl_threads_start()
             self.blas.packed_gemm(a, packed.handle, c, beta if bias is None else 1.0)
             return
-        # lamina's panels, split between free threads; each part's bias is set just before its
-        # product adds to it
+        # lamina's panels, shared by a compiled team of the free threads; each member sets its part
+        # of c to the bias just before its product adds to it
         threads = free_threads() if m * n * packed.k >= PANEL_SPLIT_MIN else 1
-
-        def part(rows, cols, p0, p1):
-            if bias is not None:
-                np.copyto(c[rows, cols], bias[cols])
-            K.panel_gemm(a[rows], packed.panels, n, c[rows], beta if bias is None else 1.0, p0, p1)
-        if threads > 1 and m >= PANEL_ROW_SPLIT * threads:  # (blocks of whole tiles: panels.h's 6 rows)
-            _over_blocks(m, threads, 6, lambda rows: part(rows, slice(None), 0, -1))
-            return
-        panels, width = K.panel_count(n, c.itemsize), 64 // c.itemsize  # (a panel: 64 bytes a row)
-
-        def panel_run(t, _):
-            p0, p1 = t * panels // threads, (t + 1) * panels // threads
-            part(slice(None), slice(p0 * width, p1 * width), p0, p1)
-        split_work(threads, panel_run, threads)
+        K.panel_gemm(a, packed.panels, n, c, beta, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads,
+                     bias=bias)
 
     # -- bias, element-wise, rows
     def add_bias(self, y, b):

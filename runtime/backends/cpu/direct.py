@@ -84,9 +84,10 @@ def run(conv, ctx, which, src, dst, padding, stride, dilation, beta=0.0, bias=No
     kernel = conv.geometry(dst.shape[2:])[0]
     padded = _padded_shape(src, padding)
 
-    def call(t, x, y, accumulate, claim):
-        _kernels.direct_conv(x, packed, y, ctx.workspace(("padded", t), padded), conv.groups, *kernel, *stride[:2],
-                             *padding, *dilation, accumulate, bias, relu, claim, pool_depth)
+    def call(x, y, accumulate, threads):
+        copies = [ctx.workspace(("padded", t), padded) for t in range(threads)]
+        _kernels.direct_conv(x, packed, y, copies, conv.groups, *kernel, *stride[:2], *padding, *dilation, accumulate,
+                             bias, relu, threads, pool_depth)
     columns.over_samples(ctx, src, dst, beta, call)
 
 

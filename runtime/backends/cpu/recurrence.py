@@ -1,6 +1,6 @@
 """The CPU backend's fused recurrence (pyx/recurrence.h): with lamina's panel-packed W_hh (every
 BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole layer direction runs
-as one call per thread of a team (threads.run_team) instead of a team of threads woken for every
+as one compiled call on a team of threads (team.h) instead of a team of threads woken for every
 step's GEMM and a cell pass on one thread.
 
 The threads share the batch by sequences (each runs its own sequences start to end, never
@@ -12,10 +12,9 @@ process): the ONNX bench's LSTM language model 54.3 -> 52.5 ms (faster in 10 of 
 GRU classifier 23.5 -> 21.5 (9 of 12), LSTM 256 inference on 512 sequences 103.8 -> 101.3,
 training 299.5 -> 282.8, LSTM 512 on 64 sequences 57.7 -> 52.5; even on 8 sequences.
 """
-import numpy as np
 
 from ... import _kernels
-from ...threads import free_threads, run_team
+from ...threads import free_threads
 
 # the compiled kernels' cell codes, by the layers' cell names
 FUSED_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
@@ -28,11 +27,13 @@ FUSED_PARALLEL_MIN = 1 << 24
 # 78 -> 58 ms, 512 (4 MB) 146 -> 138, 128 (256 KB) even, 64 (64 KB) 22 -> 25 (the barriers)
 FUSED_PARALLEL_WEIGHT = 512 * 1024
 ROWS_PER_THREAD = 4
-# Shared by units, a batch of fewer steps than this runs on one thread: waking the other thread
-# costs about 0.1 ms, and each step saves about 6 us (a lone LSTM 256 sequence, requests 0.5 ms
-# apart, 2 threads against 1, us: 1 step 279 / 177, 6 steps 336 / 271, 10 steps 410 / 375,
-# 20 steps 504 / 542, 30 steps 560 / 697)
-UNITS_MIN_STEPS = 16
+# Shared by units, a batch of fewer steps than this runs on one thread: each step saves about
+# 6 us, and starting the team costs about 1 us while its worker still watches for work (team.h),
+# about 50 us once it sleeps (requests more than 1 ms apart). A lone LSTM 256 sequence, 2 threads
+# against 1, alternating in one process, us: back to back, 4 steps 175 / 191, 6 211 / 235,
+# 8 252 / 284, 10 357 / 392; each team started asleep, 4 steps 268 / 243, 6 270 / 258,
+# 8 244 / 281, 10 223 / 280, 12 236 / 308
+UNITS_MIN_STEPS = 8
 FUSED_SHARE = "auto"  # or "rows", "units"
 
 
@@ -60,13 +61,6 @@ def _share(cell, ctx, g):
                                        g.dtype.itemsize), by_rows
 
 
-def _in_team(cell, ctx, g, kernel):
-    """kernel(thread, threads, barrier, by_rows) for each member of the recurrence's team."""
-    threads, by_rows = _share(cell, ctx, g)
-    barrier = np.zeros(2, np.int32)
-    run_team(threads, lambda t: kernel(t, threads, barrier, by_rows))
-
-
 def _given(a, placeholder):
     """(array, present) for the fused kernels' optional arguments: an absent one passes a
     placeholder of the right kind, never read."""
@@ -85,7 +79,7 @@ def forward(cell, ctx, run):
     args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, *_given(run.bias, panels), _hh(cell, ctx, run),
             *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
             *_given(run.init_c, run.hs), *run.output)
-    _in_team(cell, ctx, run.g, lambda *team: _kernels.recurrence_forward(*args, *team))
+    _kernels.recurrence_forward(*args, *_share(cell, ctx, run.g))
 
 
 def backward(cell, ctx, run):
@@ -95,4 +89,4 @@ def backward(cell, ctx, run):
             run.cs if has_cell else run.hs, run.dhs, run.dcs if has_cell else run.hs, has_cell, run.dg, run.dgh, panels,
             *_given(run.init_h, run.hs), *_given(run.init_c, run.hs), *_given(run.dh0, run.hs),
             *_given(run.dc0, run.hs))
-    _in_team(cell, ctx, run.g, lambda *team: _kernels.recurrence_backward(*args, *team))
+    _kernels.recurrence_backward(*args, *_share(cell, ctx, run.g))

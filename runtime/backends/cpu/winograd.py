@@ -72,10 +72,11 @@ def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False, po
     sizes = _kernels.winograd_workspace(c, cout, d, h, w, pd, padding[1], padding[2], depth3, block,
                                         src.dtype == np.float32)
 
-    def call(t, x, y, accumulate, claim):
-        xcl, v, m = (ctx.workspace(("winograd " + key, t), (size,)) for key, size in zip(("xcl", "V", "M"), sizes))
+    def call(x, y, accumulate, threads):
+        xcl, v, m = ([ctx.workspace(("winograd " + key, t), (size,)) for t in range(threads)]
+                     for key, size in zip(("xcl", "V", "M"), sizes))
         _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate,
-                               bias, relu, claim, pool)
+                               bias, relu, threads, pool)
     columns.over_samples(ctx, src, dst, beta, call)
 
 
