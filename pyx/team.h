@@ -29,9 +29,6 @@
 typedef void (*lamina_member)(void *job, int t, int nt);
 
 #define LAMINA_TEAM_MAX 256
-#ifndef LAMINA_RUN_DIV
-#define LAMINA_RUN_DIV 2
-#endif
 
 static struct {
     pthread_mutex_t turn;             /* one team at a time */
@@ -186,7 +183,7 @@ static void lamina_team_run(int threads, lamina_member member, void *job) {
 static inline long lamina_claim_run(long *next, long n, int nt, long *end) {
     long start = __atomic_load_n(next, __ATOMIC_RELAXED);
     while (start < n) {
-        long run = LAMINA_RUN_DIV ? (n - start + LAMINA_RUN_DIV * nt - 1) / (LAMINA_RUN_DIV * nt) : 1;
+        long run = (n - start + 2 * nt - 1) / (2 * nt);
         if (__atomic_compare_exchange_n(next, &start, start + run, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
             *end = start + run;
             return start;
