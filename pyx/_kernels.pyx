@@ -149,7 +149,7 @@ def set_team_spin(double seconds):
 ctypedef struct _roll_call:
     long arrived, seconds_ns, met
     int nt
-    int cpus[256]
+    int cpus[LAMINA_TEAM_MAX]
 
 
 cdef void _answer_roll_call(void* job, int t, int nt) noexcept nogil:
@@ -165,8 +165,8 @@ def team_roll_call(int threads, double seconds=5.0):
     """Run a compiled team (team.h) of `threads` whose members each wait, up to `seconds`, for all
     of them to have started: (team size, members that saw the whole team at once, each member's
     CPU). For tests: a team whose members did not run at the same time answers fewer."""
-    if not 1 <= threads <= 256:
-        raise ValueError(f"team_roll_call: 1 to 256 threads, found {threads}")
+    if not 1 <= threads <= LAMINA_TEAM_MAX:
+        raise ValueError(f"team_roll_call: 1 to {LAMINA_TEAM_MAX} threads, found {threads}")
     cdef _roll_call r
     r.arrived = r.met = 0
     r.seconds_ns = <long>(seconds * 1e9)
@@ -1168,12 +1168,16 @@ cdef extern from "direct_conv.h" nogil:
                           long oD, long oH, long oWp, const long* geo, float* partials, float* dw)
     void direct_conv_dw_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* dyp, long cout,
                           long oD, long oH, long oWp, const long* geo, double* partials, double* dw)
-    void direct_conv_store_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* wp, long cout,
-                             const long* geo, float* y, long oD, long oH, long oW, const float* bias, int relu,
-                             int accumulate, int pool_depth)
-    void direct_conv_store_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* wp, long cout,
-                             const long* geo, double* y, long oD, long oH, long oW, const double* bias, int relu,
-                             int accumulate, int pool_depth)
+    void direct_pad_f(const float* src, long C, long D, long H, long W, float* dst, long Dp, long Hp, long Wp,
+                      long pd, long ph, long pw)
+    void direct_pad_d(const double* src, long C, long D, long H, long W, double* dst, long Dp, long Hp, long Wp,
+                      long pd, long ph, long pw)
+    void direct_conv_groups_f(const float* xp, long C, long Dp, long Hp, long Wp, const float* packed, long cout,
+                              int groups, const long* geo, float* y, long oD, long oH, long oW, const float* bias,
+                              int relu, int accumulate, int pool_depth)
+    void direct_conv_groups_d(const double* xp, long C, long Dp, long Hp, long Wp, const double* packed, long cout,
+                              int groups, const long* geo, double* y, long oD, long oH, long oW, const double* bias,
+                              int relu, int accumulate, int pool_depth)
     ctypedef struct lamina_direct_batch:
         const void* x
         const void* packed
@@ -1181,7 +1185,7 @@ cdef extern from "direct_conv.h" nogil:
         const long* geo
         void** xp
         void* y
-        long N, x_stride, y_stride, C, D, H, W, Dp, Hp, Wp, pd, ph, pw, per_group, cout, oD, oH, oW, next
+        long N, x_stride, y_stride, C, D, H, W, Dp, Hp, Wp, pd, ph, pw, cout, oD, oH, oW, next
         int groups, relu, accumulate, pool_depth
     void direct_batch_member_f(void* job, int t, int nt)
     void direct_batch_member_d(void* job, int t, int nt)
@@ -1193,16 +1197,21 @@ cdef void _padded_copy(real[:, :, :, ::1] src, real[:, :, :, ::1] dst, Py_ssize_
     volume padded for direct_conv.h. phases = s > 1 splits each padded row by width phase, phase
     by phase: dst[r·C + c, d, h, j] = padded src[c, d, h, j·s + r]."""
     cdef Py_ssize_t c, d, h, j, w
+    if phases == 1:
+        if real is float:
+            direct_pad_f(&src[0, 0, 0, 0], src.shape[0], src.shape[1], src.shape[2], src.shape[3], &dst[0, 0, 0, 0],
+                         dst.shape[1], dst.shape[2], dst.shape[3], pd, ph, pw)
+        else:
+            direct_pad_d(&src[0, 0, 0, 0], src.shape[0], src.shape[1], src.shape[2], src.shape[3], &dst[0, 0, 0, 0],
+                         dst.shape[1], dst.shape[2], dst.shape[3], pd, ph, pw)
+        return
     memset(&dst[0, 0, 0, 0], 0, dst.shape[0] * dst.shape[1] * dst.shape[2] * dst.shape[3] * sizeof(real))
     for c in range(src.shape[0]):
         for d in range(src.shape[1]):
             for h in range(src.shape[2]):
-                if phases == 1:
-                    memcpy(&dst[c, d + pd, h + ph, pw], &src[c, d, h, 0], src.shape[3] * sizeof(real))
-                else:
-                    for j in range(src.shape[3]):
-                        w = j + pw
-                        dst[(w % phases) * src.shape[0] + c, d + pd, h + ph, w // phases] = src[c, d, h, j]
+                for j in range(src.shape[3]):
+                    w = j + pw
+                    dst[(w % phases) * src.shape[0] + c, d + pd, h + ph, w // phases] = src[c, d, h, j]
 
 
 cdef tuple _dims(real[:, :, :, ::1] a):
@@ -1267,19 +1276,14 @@ cdef void _direct_run(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::1
     """direct_conv.h over every group (the caller checked the sizes: _check_direct; bias, NULL or
     one per output channel: _check_epilogue); with pool_depth > 0, y is the max pool of kernel
     and stride pool_depth x 2 x 2 of the convolution (direct_conv_pooled)."""
-    cdef Py_ssize_t C = xp.shape[0], cout = y.shape[0], in_g = C // groups, out_g = cout // groups, g
-    cdef Py_ssize_t per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * geo[0] * geo[1] * geo[2] * CO_BLOCK
-    cdef real* b
-    for g in range(groups):
-        b = bias + g * out_g if bias != NULL else NULL
-        if real is float:
-            direct_conv_store_f(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                                &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                                y.shape[3], b, relu, accumulate, pool_depth)
-        else:
-            direct_conv_store_d(&xp[g * in_g, d0, h0, w0], in_g, xp.shape[1], xp.shape[2], xp.shape[3],
-                                &packed[g * per_group], out_g, geo, &y[g * out_g, 0, 0, 0], y.shape[1], y.shape[2],
-                                y.shape[3], b, relu, accumulate, pool_depth)
+    if real is float:
+        direct_conv_groups_f(&xp[0, d0, h0, w0], xp.shape[0], xp.shape[1], xp.shape[2], xp.shape[3], &packed[0],
+                             y.shape[0], groups, geo, &y[0, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3], bias, relu,
+                             accumulate, pool_depth)
+    else:
+        direct_conv_groups_d(&xp[0, d0, h0, w0], xp.shape[0], xp.shape[1], xp.shape[2], xp.shape[3], &packed[0],
+                             y.shape[0], groups, geo, &y[0, 0, 0, 0], y.shape[1], y.shape[2], y.shape[3], bias, relu,
+                             accumulate, pool_depth)
 
 
 cdef real* _epilogue_bias(str where, real[::1] bias, bint relu, Py_ssize_t cout, bint accumulate) except? NULL:
@@ -1312,16 +1316,20 @@ def direct_conv_padded(real[:, :, :, ::1] xp, real[::1] packed, real[:, :, :, ::
         _direct_run(xp, packed, y, groups, geo, d0, h0, w0, b, relu, accumulate)
 
 
-cdef _team_scratch(str where, str name, rows, int threads, Py_ssize_t need, void** out, real* kind):
-    """Each of a batch kernel's `threads` members gets its own scratch: out[t] = rows[t], a writable
-    contiguous array of the kernel's type holding at least `need` values."""
-    cdef real[::1] row
-    cdef Py_ssize_t t
+cdef _team_count(str where, str name, str what, rows, int threads):
+    """A batch kernel's team of `threads` (1 to LAMINA_TEAM_MAX) has one of `rows` (`what`) each."""
     if not 1 <= threads <= LAMINA_TEAM_MAX:
         raise ValueError(f"{where}: threads must be 1 to {LAMINA_TEAM_MAX}, found {threads}")
     if len(rows) < threads:
-        raise ValueError(f"{where}: {name} must hold a scratch array for each of the {threads} threads, found "
-                         f"{len(rows)}")
+        raise ValueError(f"{where}: {name} must hold {what} for each of the {threads} threads, found {len(rows)}")
+
+
+cdef _team_scratch(str where, str name, rows, int threads, Py_ssize_t need, void** out, real* kind):
+    """Each of a batch kernel's `threads` members gets its own scratch: out[t] = rows[t], a writable
+    contiguous array of the kernel's type (`kind` picks it) holding at least `need` values."""
+    cdef real[::1] row
+    cdef Py_ssize_t t
+    _team_count(where, name, "a scratch array", rows, threads)
     for t in range(threads):
         try:
             row = rows[t]
@@ -1333,13 +1341,10 @@ cdef _team_scratch(str where, str name, rows, int threads, Py_ssize_t need, void
 
 
 cdef _team_boxes(str where, rows, int threads, tuple dims, void** out, real* kind):
-    """As _team_scratch, for padded copies [C, Dp, Hp, Wp] of the sizes `dims` (direct_conv's xp)."""
+    """As _team_scratch, for padded copies [C, Dp, Hp, Wp] of the sizes `dims` (direct_conv's xp,
+    whose count the caller checked: _team_count)."""
     cdef real[:, :, :, ::1] box
     cdef Py_ssize_t t
-    if not 1 <= threads <= LAMINA_TEAM_MAX:
-        raise ValueError(f"{where}: threads must be 1 to {LAMINA_TEAM_MAX}, found {threads}")
-    if len(rows) < threads:
-        raise ValueError(f"{where}: xp must hold a padded copy for each of the {threads} threads, found {len(rows)}")
     for t in range(threads):
         box = rows[t]
         if _dims(box) != dims:
@@ -1367,9 +1372,7 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
     if pool_depth not in (0, 1, 2) or (pool_depth and accumulate):
         raise ValueError(f"direct_conv: pool_depth must be 0, 1 or 2, and 0 with accumulate; found {pool_depth}"
                          f"{' with accumulate' if accumulate else ''}")
-    if not 1 <= threads <= LAMINA_TEAM_MAX or len(xp) < 1:
-        raise ValueError(f"direct_conv: threads must be 1 to {LAMINA_TEAM_MAX}, each with a padded copy in xp; "
-                         f"found {threads} threads, {len(xp)} copies")
+    _team_count("direct_conv", "xp", "a padded copy", xp, threads)
     cdef real[:, :, :, ::1] first = xp[0]
     cdef void* copies[LAMINA_TEAM_MAX]
     _team_boxes("direct_conv", xp, threads, _dims(first), copies, &packed[0])
@@ -1381,14 +1384,12 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
     _check_direct("direct_conv", first.shape[0], _dims(first), packed.shape[0], computed, groups, geo, (0, 0, 0),
                   16 if real is float else 8)
     cdef real* b = _epilogue_bias("direct_conv", bias, relu, y.shape[1], accumulate)
-    cdef Py_ssize_t in_g = x.shape[1] // groups, out_g = y.shape[1] // groups
     cdef lamina_direct_batch job
     job.x, job.packed, job.bias, job.geo, job.xp, job.y = &x[0, 0, 0, 0, 0], &packed[0], b, geo, copies, &y[0, 0, 0, 0, 0]
     job.N, job.x_stride, job.y_stride = N, x.strides[0] // sizeof(real), y.strides[0] // sizeof(real)
     job.C, job.D, job.H, job.W = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
     job.Dp, job.Hp, job.Wp = first.shape[1], first.shape[2], first.shape[3]
     job.pd, job.ph, job.pw = pd, ph, pw
-    job.per_group = ((out_g + CO_BLOCK - 1) // CO_BLOCK) * in_g * kd * kh * kw * CO_BLOCK
     job.cout, job.oD, job.oH, job.oW = y.shape[1], y.shape[2], y.shape[3], y.shape[4]
     job.next, job.groups, job.relu, job.accumulate, job.pool_depth = 0, groups, relu, accumulate, pool_depth
     with nogil:
@@ -1396,16 +1397,6 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
 
 
 cdef extern from "winograd.h" nogil:
-    void wino_pad_input_f(const float* x, long C, long D, long H, long W, long pd, long ph, long pw, long Cp,
-                          long Dp, long Hp, long Wp, float* xcl)
-    void wino_pad_input_d(const double* x, long C, long D, long H, long W, long pd, long ph, long pw, long Cp,
-                          long Dp, long Hp, long Wp, double* xcl)
-    void wino_conv_f(const float* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
-                     const float* packed, long COp, long cout, long T, float* V, float* M, float* y,
-                     long oD, long oH, long oW, const float* bias, int relu, int accumulate, int pool)
-    void wino_conv_d(const double* xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
-                     const double* packed, long COp, long cout, long T, double* V, double* M, double* y,
-                     long oD, long oH, long oW, const double* bias, int relu, int accumulate, int pool)
     ctypedef struct lamina_wino_batch:
         const void* x
         const void* packed

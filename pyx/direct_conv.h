@@ -22,15 +22,14 @@
 
 /* Every sample of a batch on a team (team.h, direct_batch_member_f or _d), each member taking runs
  * of samples no member has taken (lamina_claim_run): the sample [C, D, H, W] (at x + n·x_stride) padded into the
- * member's own copy (xp[t]: [C, Dp, Hp, Wp], zeros around the sample at (pd, ph, pw)),
- * then direct_conv_store group by group (packed: per_group values a group; geo as there) into
- * y + n·y_stride [cout, oD, oH, oW]; strides and sizes in values of the member's type. */
+ * member's own copy (xp[t]: direct_pad), then direct_conv_groups into y + n·y_stride
+ * [cout, oD, oH, oW]; strides and sizes in values of the member's type. */
 typedef struct {
     const void *x, *packed, *bias;
     const long *geo;
     void *const *xp;
     void *y;
-    long N, x_stride, y_stride, C, D, H, W, Dp, Hp, Wp, pd, ph, pw, per_group, cout, oD, oH, oW, next;
+    long N, x_stride, y_stride, C, D, H, W, Dp, Hp, Wp, pd, ph, pw, cout, oD, oH, oW, next;
     int groups, relu, accumulate, pool_depth;
 } lamina_direct_batch;
 

@@ -234,26 +234,45 @@ LAMINA_CLONES static void SUFFIXED(direct_conv_dw)(const REAL *xp, long cin, lon
                         }
 }
 
+/* dst [C, Dp, Hp, Wp] = zeros with src [C, D, H, W] at (pd, ph, pw): a sample padded for
+ * direct_conv (the caller checked that it fits). */
+static void SUFFIXED(direct_pad)(const REAL *src, long C, long D, long H, long W, REAL *dst, long Dp, long Hp, long Wp,
+                                 long pd, long ph, long pw) {
+    const long plane = Dp * Hp * Wp;
+    memset(dst, 0, sizeof(REAL) * C * plane);
+    for (long c = 0; c < C; c++)
+        for (long d = 0; d < D; d++)
+            for (long h = 0; h < H; h++)
+                memcpy(dst + c * plane + ((d + pd) * Hp + h + ph) * Wp + pw, src + ((c * D + d) * H + h) * W,
+                       sizeof(REAL) * W);
+}
+
+/* direct_conv_store for each of `groups` groups: input channels C / groups of xp (planes
+ * Dp x Hp x Wp, xp pointing where the windows start), output channels cout / groups of y
+ * [cout, oD, oH, oW], and the group's weights as direct_conv packs them (bias: cout values or
+ * NULL). */
+static void SUFFIXED(direct_conv_groups)(const REAL *xp, long C, long Dp, long Hp, long Wp, const REAL *packed,
+                                         long cout, int groups, const long *geo, REAL *y, long oD, long oH, long oW,
+                                         const REAL *bias, int relu, int accumulate, int pool_depth) {
+    const long in_g = C / groups, out_g = cout / groups;
+    const long per_group = (out_g + LAMINA_CO_BLOCK - 1) / LAMINA_CO_BLOCK * in_g * geo[0] * geo[1] * geo[2] *
+                           LAMINA_CO_BLOCK;
+    for (long g = 0; g < groups; g++)
+        SUFFIXED(direct_conv_store)(xp + g * in_g * Dp * Hp * Wp, in_g, Dp, Hp, Wp, packed + g * per_group, out_g, geo,
+                                    y + g * out_g * oD * oH * oW, oD, oH, oW, bias ? bias + g * out_g : NULL, relu,
+                                    accumulate, pool_depth);
+}
+
 /* A member of a team running direct_conv.h's lamina_direct_batch. */
 static void SUFFIXED(direct_batch_member)(void *job, int t, int nt) {
     lamina_direct_batch *j = job;
     REAL *xp = j->xp[t];
-    const long in_g = j->C / j->groups, out_g = j->cout / j->groups, plane = j->Dp * j->Hp * j->Wp;
     for (long n, end = 0; (n = lamina_claim_run(&j->next, j->N, nt, &end)) < j->N;)
     for (; n < end; n++) {
-        const REAL *x = (const REAL *)j->x + n * j->x_stride;
-        REAL *y = (REAL *)j->y + n * j->y_stride;
-        memset(xp, 0, sizeof(REAL) * j->C * plane);
-        for (long c = 0; c < j->C; c++)
-            for (long d = 0; d < j->D; d++)
-                for (long h = 0; h < j->H; h++)
-                    memcpy(xp + c * plane + ((d + j->pd) * j->Hp + h + j->ph) * j->Wp + j->pw,
-                           x + ((c * j->D + d) * j->H + h) * j->W, sizeof(REAL) * j->W);
-        for (long g = 0; g < j->groups; g++)
-            SUFFIXED(direct_conv_store)(xp + g * in_g * plane, in_g, j->Dp, j->Hp, j->Wp,
-                                        (const REAL *)j->packed + g * j->per_group, out_g, j->geo,
-                                        y + g * out_g * j->oD * j->oH * j->oW, j->oD, j->oH, j->oW,
-                                        j->bias ? (const REAL *)j->bias + g * out_g : NULL, j->relu, j->accumulate,
-                                        j->pool_depth);
+        SUFFIXED(direct_pad)((const REAL *)j->x + n * j->x_stride, j->C, j->D, j->H, j->W, xp, j->Dp, j->Hp, j->Wp,
+                             j->pd, j->ph, j->pw);
+        SUFFIXED(direct_conv_groups)(xp, j->C, j->Dp, j->Hp, j->Wp, j->packed, j->cout, j->groups, j->geo,
+                                     (REAL *)j->y + n * j->y_stride, j->oD, j->oH, j->oW, j->bias, j->relu,
+                                     j->accumulate, j->pool_depth);
     }
 }
