@@ -115,37 +115,117 @@ static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_c
                                                                         long r0, long r1) {
     long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], sw = geo[5];
     long pd = geo[6], ph = geo[7], pw = geo[8], dd = geo[9], dh = geo[10], dw = geo[11];
-    REAL *row = col;
-    for (long a = 0; a < kd; a++)
-        for (long b = 0; b < kh; b++)
-            for (long e = 0; e < kw; e++, row += ldcol) {
-                long off = e * dw - pw, lo, hi;
-                lamina_valid_range(oW, W, sw, off, &lo, &hi);
-                long start = lo * sw + off, last = W - 1 - start;
-                long od = r0 / oH, oh = r0 - od * oH;
-                REAL *c = row;
-                for (long r = r0; r < r1; r++, c += oW) {
+    long chunk = oW >= WALK_CHUNK_VALUES ? 1 : WALK_CHUNK_VALUES / oW;
+    for (long c0 = r0; c0 < r1; c0 += chunk) {
+        long c1 = c0 + chunk < r1 ? c0 + chunk : r1;
+        REAL *row = col + (c0 - r0) * oW;
+        for (long a = 0; a < kd; a++)
+            for (long b = 0; b < kh; b++)
+                for (long e = 0; e < kw; e++, row += ldcol) {
+                    long off = e * dw - pw, lo, hi;
+                    lamina_valid_range(oW, W, sw, off, &lo, &hi);
+                    long start = lo * sw + off, last = W - 1 - start;
+                    long od = c0 / oH, oh = c0 - od * oH;
+                    REAL *c = row;
+                    for (long r = c0; r < c1; r++, c += oW) {
+                        long i_d = od * sd - pd + a * dd, i_h = oh * sh - ph + b * dh;
+                        int inside = i_d >= 0 && i_d < D && i_h >= 0 && i_h < H;
+                        if (++oh == oH) {
+                            oh = 0;
+                            od++;
+                        }
+                        if (!inside) {  /* the whole window row is in the padding */
+                            if (to_col)
+                                memset(c, 0, sizeof(REAL) * oW);
+                            continue;
+                        }
+                        REAL *run = x + (i_d * H + i_h) * W + start;
+                        if (to_col) {  /* a gather may read on past the row, up to the channel's end */
+                            SUFFIXED(zero_run)(c, lo);
+                            SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, D * H * W - 1 - (run - x));
+                            SUFFIXED(zero_run)(c + hi, oW - hi);
+                        } else if (hi > lo) {
+                            SUFFIXED(scatter_add_run)(run, c + lo, hi - lo, sw, last);
+                        }
+                    }
+                }
+    }
+}
+
+/* One window row of a width-stride-2 scatter, all kw taps at once: x_row[iw·2 + e·dw - pw] +=
+ * col_e[iw] for iw in [0, oW) and e < kw, where col_e = c + e·ldcol, the places in [0, W) only.
+ * The outputs go by blocks of 2·LANES: the even places' vector and the odd places' vector are
+ * each the sum of the taps of their parity (col_e read from iw = m0 + (q - off) / 2 on, zero in
+ * the lanes past either end of the row), interleaved by two shuffles into one read-add-write of
+ * x: per tap, a third of what adding each tap into x by itself costs (its own read and write of
+ * the row, and a scalar tail for the half of the row past its last whole vector). */
+static inline __attribute__((always_inline)) void SUFFIXED(scatter_add_row_width2)(REAL *restrict dst, long W,
+                                                                                   const REAL *restrict c,
+                                                                                   long ldcol, long kw, long dw,
+                                                                                   long pw, long oW) {
+    const VEC zero = {0};
+    long ow0 = 0;
+    for (; ow0 + 2 * LANES <= W; ow0 += 2 * LANES) {
+        VEC even = zero, odd = zero;
+        for (long e = 0; e < kw; e++) {
+            long off = e * dw - pw, first = ow0 / 2 + ((off & 1) - off) / 2;  /* the exact half of an even number */
+            const REAL *row = c + e * ldcol;
+            VEC v;
+            if (first >= 0 && first + LANES <= oW) {
+                memcpy(&v, row + first, sizeof v);
+            } else if (oW >= LANES) {  /* past an end of the row: a vector inside it, lanes moved, zeros in */
+                long base = first < 0 ? 0 : oW - LANES;
+                IVEC place = (IVEC)IOTA + (__typeof__(place[0]))(first - base);
+                IVEC at = (IVEC)IOTA + (__typeof__(at[0]))first, inside = (at >= 0) & (at < (__typeof__(at[0]))oW);
+                memcpy(&v, row + base, sizeof v);
+                v = __builtin_shuffle(v, zero, (place & inside) | (((IVEC){0} + LANES) & ~inside));
+            } else {
+                REAL part[LANES];
+                for (long j = 0; j < LANES; j++)
+                    part[j] = first + j >= 0 && first + j < oW ? row[first + j] : 0;
+                memcpy(&v, part, sizeof v);
+            }
+            if (off & 1)
+                odd += v;
+            else
+                even += v;
+        }
+        SUFFIXED(add_vector)(dst + ow0, __builtin_shuffle(even, odd, (IVEC)ZIP_LO));
+        SUFFIXED(add_vector)(dst + ow0 + LANES, __builtin_shuffle(even, odd, (IVEC)ZIP_HI));
+    }
+    for (; ow0 < W; ow0++)  /* the places past the last whole block */
+        for (long e = 0; e < kw; e++) {
+            long off = e * dw - pw;
+            if (((ow0 - off) & 1) == 0 && ow0 - off >= 0 && (ow0 - off) / 2 < oW)
+                dst[ow0] += c[e * ldcol + (ow0 - off) / 2];
+        }
+}
+
+/* col2vol of one channel with width stride 2, a window row's kw taps at once
+ * (scatter_add_row_width2); chunks of window rows as volume_walk. */
+static inline __attribute__((always_inline)) void SUFFIXED(col2vol_width2)(const REAL *col, long ldcol, REAL *x,
+                                                                           long D, long H, long W, const long *geo,
+                                                                           long oH, long oW, long r0, long r1) {
+    long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4];
+    long pd = geo[6], ph = geo[7], pw = geo[8], dd = geo[9], dh = geo[10], dw = geo[11];
+    long chunk = oW >= WALK_CHUNK_VALUES ? 1 : WALK_CHUNK_VALUES / oW;
+    for (long c0 = r0; c0 < r1; c0 += chunk) {
+        long c1 = c0 + chunk < r1 ? c0 + chunk : r1;
+        for (long a = 0; a < kd; a++)
+            for (long b = 0; b < kh; b++) {
+                const REAL *row = col + (a * kh + b) * kw * ldcol + (c0 - r0) * oW;
+                long od = c0 / oH, oh = c0 - od * oH;
+                for (long r = c0; r < c1; r++, row += oW) {
                     long i_d = od * sd - pd + a * dd, i_h = oh * sh - ph + b * dh;
-                    int inside = i_d >= 0 && i_d < D && i_h >= 0 && i_h < H;
                     if (++oh == oH) {
                         oh = 0;
                         od++;
                     }
-                    if (!inside) {  /* the whole window row is in the padding */
-                        if (to_col)
-                            memset(c, 0, sizeof(REAL) * oW);
-                        continue;
-                    }
-                    REAL *run = x + (i_d * H + i_h) * W + start;
-                    if (to_col) {  /* a gather may read on past the row, up to the channel's end */
-                        SUFFIXED(zero_run)(c, lo);
-                        SUFFIXED(gather_run)(c + lo, run, hi - lo, sw, D * H * W - 1 - (run - x));
-                        SUFFIXED(zero_run)(c + hi, oW - hi);
-                    } else if (hi > lo) {
-                        SUFFIXED(scatter_add_run)(run, c + lo, hi - lo, sw, last);
-                    }
+                    if (i_d >= 0 && i_d < D && i_h >= 0 && i_h < H)
+                        SUFFIXED(scatter_add_row_width2)(x + (i_d * H + i_h) * W, W, row, ldcol, kw, dw, pw, oW);
                 }
             }
+    }
 }
 
 /* col rows (a, b, e) of one channel x over window rows [r0, r1) (see lamina._kernels.vol2col):
@@ -158,7 +238,10 @@ LAMINA_CLONES static void SUFFIXED(vol2col_channel)(const REAL *x, long D, long 
 /* The adjoint: x[...] += the channel's col rows; accumulates. */
 LAMINA_CLONES static void SUFFIXED(col2vol_channel)(const REAL *col, long ldcol, REAL *x, long D, long H, long W,
                                                     const long *geo, long oH, long oW, long r0, long r1) {
-    SUFFIXED(volume_walk)(0, x, D, H, W, (REAL *)col, ldcol, geo, oH, oW, r0, r1);  /* col only read */
+    if (geo[5] == 2)
+        SUFFIXED(col2vol_width2)(col, ldcol, x, D, H, W, geo, oH, oW, r0, r1);
+    else
+        SUFFIXED(volume_walk)(0, x, D, H, W, (REAL *)col, ldcol, geo, oH, oW, r0, r1);  /* col only read */
 }
 
 /* A transposed convolution whose kernel equals its stride (no padding, no dilation) writes every

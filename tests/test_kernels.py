@@ -624,6 +624,12 @@ def test_gemm_on_column_blocks(backend, dtype):
     # last vector of a row with its lanes already added, and moved back a place at the row's end
     (((1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 1, 1)), (2, 2, 5, 32)),
     (((1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 1, 1)), (2, 2, 5, 33)),
+    # width stride 2 adds a window row's taps at once: kernel 4 (a tap reading before the row's
+    # start), more window rows than one walk chunk, a row of outputs past the last whole block
+    (((1, 4, 4), (1, 2, 2), (0, 1, 1), (1, 1, 1)), (1, 2, 37, 34)),
+    (((2, 2, 3), (1, 1, 2), (0, 0, 2), (1, 1, 2)), (2, 3, 3, 21)),
+    # fewer window columns than a vector: the taps' lanes gathered one by one
+    (((1, 1, 9), (1, 1, 2), (0, 0, 0), (1, 1, 1)), (1, 1, 4, 16)),
 ])
 @pytest.mark.parametrize("block", [None, (1, 3)])
 def test_vol2col_and_col2vol(backend, dtype, geometry, shape, block):
