@@ -1397,6 +1397,7 @@ def direct_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::1]
 
 
 cdef extern from "winograd.h" nogil:
+    long lamina_wino_tile_stride(long XI, long channels, long value_size)
     ctypedef struct lamina_wino_batch:
         const void* x
         const void* packed
@@ -1426,7 +1427,9 @@ def winograd_workspace(int C, int cout, int D, int H, int W, int pd, int ph, int
     cdef long XI = 64 if depth3 else 16
     cdef long panels = (COp + 2 * lanes - 1) // (2 * lanes)
     _, _, _, Dp, Hp, Wp = _winograd_grid(D, H, W, pd, ph, pw, depth3)
-    return Dp * Hp * Wp * Cp, XI * block * Cp, XI * block * COp, XI * panels * Cp * 2 * lanes
+    cdef long size = 4 if is_float else 8
+    return (Dp * Hp * Wp * Cp, block * lamina_wino_tile_stride(XI, Cp, size),
+            block * lamina_wino_tile_stride(XI, COp, size), XI * panels * Cp * 2 * lanes)
 
 
 cdef tuple _winograd_grid(long D, long H, long W, long pd, long ph, long pw, bint depth3):

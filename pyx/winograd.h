@@ -13,7 +13,7 @@
  *        from (2·td, 2·th, 2·tw) (depth td when the kernel has depth 1)
  *   V    [T][XI][Cp] for a block of T tiles, M [T][XI][COp]: a tile's points are adjacent, so
  *        the transforms read and write them in order; the GEMM of point ξ steps over tiles
- *        with a leading dimension of XI·Cp (XI·COp)
+ *        with a leading dimension of lamina_wino_tile_stride(XI, Cp) (of COp for M)
  * A block of tiles keeps V and M in cache between the transforms and the products. Vectors run
  * along channels, so every transform is whole-vector adds. Compiled for AVX2 + FMA and the
  * baseline (clones.h). */
@@ -39,6 +39,13 @@ typedef struct {
     long next;
     int depth3, relu, accumulate, pool;
 } lamina_wino_batch;
+
+/* Values from one tile to the next in V (channels Cp) or M (channels COp): a tile's XI points
+ * and 64 bytes more. The GEMM of a point reads (writes) the rows of six tiles at once; at XI·Cp
+ * values apart (4 KB for 16 float channels, 64 points) those rows would all share one L1 set. */
+static inline long lamina_wino_tile_stride(long XI, long channels, long value_size) {
+    return XI * channels + 64 / value_size;
+}
 
 #define LAMINA_IMPL "winograd_impl.h"
 #include "instantiate.h"

@@ -16,13 +16,13 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_in1)(VEC *v, lon
     v[3 * s] = d1 - d3;
 }
 
-/* V[tl][ξ][c0..) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). Inlined into
+/* V[tl][ξ][c0..) (tiles lamina_wino_tile_stride apart) for tiles [t0, t1) of a grid TD x TH x TW (tl = t - t0). Inlined into
  * wino_input once per constant depth3, so that the loops over the transform's points unroll and
  * its vectors stay in registers. */
 static inline __attribute__((always_inline)) void SUFFIXED(wino_input_form)(const REAL *xcl, long Cp, long Hp,
                                                                             long Wp, const int depth3, long TH,
                                                                             long TW, long t0, long t1, REAL *V) {
-    const long A = depth3 ? 4 : 1, XI = 16 * A;
+    const long A = depth3 ? 4 : 1, XI = 16 * A, VS = lamina_wino_tile_stride(XI, Cp, sizeof(REAL));
     VEC buf[64];
     for (long t = t0; t < t1; t++) {
         long tw = t % TW, th = (t / TW) % TH, td = t / (TW * TH);
@@ -44,7 +44,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_input_form)(cons
             if (depth3)
                 for (long be = 0; be < 16; be++) SUFFIXED(wino_in1)(buf + be, 16);     /* depths */
             for (long xi = 0; xi < XI; xi++)
-                memcpy(V + ((t - t0) * XI + xi) * Cp + c0, &buf[xi], sizeof(VEC));
+                memcpy(V + (t - t0) * VS + xi * Cp + c0, &buf[xi], sizeof(VEC));
         }
     }
 }
@@ -84,7 +84,8 @@ static inline void SUFFIXED(wino_flush_row)(const REAL *rows, long RW, long OA, 
                        oW * sizeof(REAL));
 }
 
-/* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co], plus bias[co] (unless bias
+/* y[co, od, oh, ow] = the outputs of tiles [t0, t1) from M[tl][ξ][co] (tiles
+ * lamina_wino_tile_stride apart), plus bias[co] (unless bias
  * is NULL), through a ReLU where relu is set (epilogue.h); or, when accumulate is set, added to y
  * (no bias, no ReLU). y [cout][oD][oH][oW]. With pool set, y is instead the max pool of kernel 2
  * and stride 2 (along height and width, and depth when depth3) of those outputs, [cout][pD][pH][pW]
@@ -101,6 +102,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_output_form)(
     const REAL *M, long COp, long cout, const int depth3, long TH, long TW, long t0, long t1, REAL *y, long oD,
     long oH, long oW, const REAL *bias, int relu, int accumulate, const int pool, REAL *rows) {
     const long A = depth3 ? 4 : 1, XI = 16 * A, OA = depth3 ? 2 : 1, RW = 2 * TW;
+    const long MS = lamina_wino_tile_stride(XI, COp, sizeof(REAL));
     const long pD = depth3 ? oD / 2 : oD, pH = oH / 2, pW = oW / 2;
     VEC buf[64];
     VEC biases[COp / LANES];  /* the bias by vectors of channels, zero past cout */
@@ -112,7 +114,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_output_form)(
         if (pool && (td >= pD || th >= pH || tw >= pW))
             continue;
         for (long co0 = 0; co0 < COp; co0 += LANES) {
-            const REAL *mt = M + (t - t0) * XI * COp + co0;
+            const REAL *mt = M + (t - t0) * MS + co0;
             for (long ab = 0; ab < A * 4; ab++) {  /* widths, as M is read */
                 VEC m0 = SUFFIXED(wino_load)(mt + (ab * 4) * COp), m1 = SUFFIXED(wino_load)(mt + (ab * 4 + 1) * COp);
                 VEC m2 = SUFFIXED(wino_load)(mt + (ab * 4 + 2) * COp), m3 = SUFFIXED(wino_load)(mt + (ab * 4 + 3) * COp);
@@ -270,13 +272,13 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
                                 long oD, long oH, long oW, const REAL *bias, int relu, int accumulate, int pool) {
     const long XI = depth3 ? 64 : 16, tiles = TD * TH * TW;
     const long panels = SUFFIXED(panel_count)(COp), per_xi = panels * Cp * 2 * LANES;
+    const long VS = lamina_wino_tile_stride(XI, Cp, sizeof(REAL)), MS = lamina_wino_tile_stride(XI, COp, sizeof(REAL));
     REAL *rows = accumulate || pool ? NULL : malloc(COp * (depth3 ? 2 : 1) * 2 * 2 * TW * sizeof(REAL));
     for (long t0 = 0; t0 < tiles; t0 += T) {
         long t1 = t0 + T < tiles ? t0 + T : tiles, n = t1 - t0;
         SUFFIXED(wino_input)(xcl, Cp, Hp, Wp, depth3, TH, TW, t0, t1, V);
         for (long xi = 0; xi < XI; xi++)
-            SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * Cp, XI * Cp, packed + xi * per_xi, 0, panels,
-                                 M + xi * COp, XI * COp, 0);
+            SUFFIXED(panel_gemm)(n, Cp, COp, V + xi * Cp, VS, packed + xi * per_xi, 0, panels, M + xi * COp, MS, 0);
         SUFFIXED(wino_output)(M, COp, cout, depth3, TH, TW, t0, t1, y, oD, oH, oW, bias, relu, accumulate, pool,
                               rows);
     }
