@@ -118,6 +118,10 @@ static inline __attribute__((always_inline)) void SUFFIXED(volume_walk)(int to_c
     long chunk = oW >= WALK_CHUNK_VALUES ? 1 : WALK_CHUNK_VALUES / oW;
     for (long c0 = r0; c0 < r1; c0 += chunk) {
         long c1 = c0 + chunk < r1 ? c0 + chunk : r1;
+        lamina_prefetch_window_rows((const char *)x, D, H, W, sizeof(REAL), geo, oH, c1,
+                                    c1 + chunk < r1 ? c1 + chunk : r1, 1);
+        lamina_prefetch_window_rows((const char *)x, D, H, W, sizeof(REAL), geo, oH, c1,
+                                    c1 + chunk < r1 ? c1 + chunk : r1, !to_col);
         REAL *row = col + (c0 - r0) * oW;
         for (long a = 0; a < kd; a++)
             for (long b = 0; b < kh; b++)
