@@ -759,3 +759,24 @@ def test_the_fused_recurrence_takes_no_more_threads_than_its_batch_has_shares():
     with pytest.raises(ValueError, match="threads must be at least 1, found 0"):
         _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, cs, True, hs, False,
                                     hs, False, out, rows, 0, 0, True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cpu_arrays_start_on_a_cache_line(dtype):
+    """The CPU backend's buffers, workspaces and packed weights start at a multiple of 64 bytes
+    (numpy's own allocations are only 16-byte aligned, and the kernels' 32-byte vectors then
+    cross cache lines), and hold what a plain numpy array of the same shape would."""
+    from lamina.backends.cpu.aligned import aligned_copy, aligned_empty
+    be = CPUBackend(blas="openblas")
+    for shape in [(0,), (1,), (3, 5), (7, 1, 9), 13]:
+        for _ in range(4):  # allocations in a row land at varied offsets from numpy's allocator
+            a = be.empty(shape, dtype)
+            assert (a.size == 0 or a.ctypes.data % 64 == 0) and a.dtype == dtype and a.flags.c_contiguous
+            assert a.shape == ((shape,) if isinstance(shape, int) else shape)
+    rng = rng_for("aligned", dtype)
+    b = rng.standard_normal((37, 21)).astype(dtype)
+    packed = be.pack(b)
+    assert packed.panels.ctypes.data % 64 == 0
+    c = aligned_copy(b.T, np.float64)
+    assert c.ctypes.data % 64 == 0 and c.flags.c_contiguous and np.array_equal(c, b.T.astype(np.float64))
+    assert aligned_empty((4, 4), dtype, align=256).ctypes.data % 256 == 0

@@ -13,6 +13,7 @@ from ..checks import check_by_column, check_index, check_offsets, check_position
 from ..blas import default_provider, provider
 from ...threads import free_threads, get_num_threads, split_work
 from . import convolution, recurrence
+from .aligned import aligned_empty
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
 # pair-cost codes of the compiled kernels, and the names errors use
@@ -140,7 +141,7 @@ class CPUBackend(HostStatistics, Backend):
 
     # -- arrays
     def empty(self, shape, dtype):
-        return np.empty(shape, dtype)
+        return aligned_empty(shape, dtype)
 
     def fill(self, a, value):
         a.fill(value)
@@ -218,7 +219,7 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
         if self.blas_name == "mkl":
             return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=self.blas.pack_b(b, trans, alpha, max_rows))
-        panels = np.empty(K.panel_size(b, trans), b.dtype)
+        panels = aligned_empty(K.panel_size(b, trans), b.dtype)
         K.panel_pack(b, trans, alpha, panels)
         return PackedMatrix("panels", k, n, b.dtype, max(max_rows, 1), panels=panels)
 

@@ -10,6 +10,7 @@ import numpy as np
 from ... import _kernels
 from .. import convolution as columns
 from ..convolution import as_volume
+from .aligned import aligned_copy
 from ...threads import split_work
 
 # direct_conv.h reads up to two float vectors past the end of each output row's input (one register
@@ -43,7 +44,7 @@ def _layout(groups):
     blocks = (out_g + block - 1) // block
     padded = np.zeros((g, blocks * block, in_g, taps), groups.dtype)
     padded[:, :out_g] = groups
-    return np.ascontiguousarray(padded.reshape(g, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)).reshape(-1)
+    return aligned_copy(padded.reshape(g, blocks, block, in_g, taps).transpose(0, 1, 3, 4, 2)).reshape(-1)
 
 
 def _pack_direct(conv, which):

@@ -7,6 +7,7 @@ import numpy as np
 from ... import _kernels
 from .. import convolution as columns
 from ..convolution import as_volume
+from .aligned import aligned_copy
 
 # Tiles per block of winograd.h: its transformed input and products, XI · block · (Cp + COp)
 # values, stay in cache between the transforms and the GEMMs.
@@ -53,7 +54,7 @@ def _weights(conv, which):
         padded = np.zeros((u.shape[0], cp, panels * nr))
         padded[:, :cin, :cout] = u
         packed = padded.reshape(u.shape[0], cp, panels, nr).transpose(0, 2, 1, 3)
-        return np.ascontiguousarray(packed, dtype=buffer.dtype).reshape(-1)
+        return aligned_copy(packed, buffer.dtype).reshape(-1)
     return conv.weight.derived(("winograd", which), build)
 
 
