@@ -87,7 +87,7 @@ def test_bad_files_get_clear_errors(tmp_path):
     with pytest.raises(ModelFileError, match="expected format 'lamina'"):
         lm.load(bad)
     write(bad, tensors, {"format": "lamina", "version": "99", "graph": json.dumps(graph)})
-    with pytest.raises(ModelFileError, match="expected format version 1, found '99'"):
+    with pytest.raises(ModelFileError, match=r"expected format version 2 \(or 1\), found '99'"):
         lm.load(bad)
     evil = json.loads(json.dumps(graph))
     evil["layers"][0]["kind"] = "os.system"
@@ -268,13 +268,99 @@ def test_flipped_bits_in_the_tensor_data_are_found(tmp_path):
     for at in rng.integers(start, len(blob), size=200):
         blob[at] ^= 1 << int(rng.integers(0, 8))
     (tmp_path / "flipped.lamina").write_bytes(bytes(blob))
-    with pytest.raises(ModelFileError, match="flipped.lamina: the tensor data does not match the digest"):
+    with pytest.raises(ModelFileError, match="flipped.lamina: the file's content does not match the digest"):
         lm.load(tmp_path / "flipped.lamina")
     one = bytearray(path.read_bytes())
     one[len(one) - 3] ^= 1  # a single bit of the last tensor
     (tmp_path / "one.lamina").write_bytes(bytes(one))
     with pytest.raises(ModelFileError, match="does not match the digest"):
         lm.load(tmp_path / "one.lamina")
+
+
+def header_and_tensors(path):
+    from lamina.io.model import _read
+    metadata, tensors = _read(path)
+    return metadata, {k: v.tobytes() for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("name, every_byte", [("denoise3d", True), ("python_lm", False)])
+def test_flipped_bits_in_a_shipped_models_header_never_load_silently(tmp_path, name, every_byte):
+    """The digest covers the header (graph, assets, format) too: one flipped bit of the JSON
+    header is refused, or (never seen) loads as exactly the original content."""
+    from pathlib import Path
+    source = Path(__file__).resolve().parents[1] / "models" / name / "model.lamina"
+    blob = source.read_bytes()
+    header_end = 8 + int.from_bytes(blob[:8], "little")
+    original = header_and_tensors(source)
+    rng = np.random.default_rng(5)
+    places = range(header_end) if every_byte else rng.integers(0, header_end, size=600)
+    bad, refused = tmp_path / "flip.lamina", 0
+    for at in places:
+        data = bytearray(blob)
+        data[at] ^= 1 << int(at % 8 if every_byte else rng.integers(0, 8))
+        bad.write_bytes(bytes(data))
+        try:
+            loaded = header_and_tensors(bad)
+        except ModelFileError as e:
+            assert "flip.lamina" in str(e)
+            refused += 1
+            continue
+        assert loaded == original, f"a flipped bit at byte {at} of the header loaded as other content"
+    assert refused == len(places)
+
+
+def test_a_rewired_graph_or_edited_vocabulary_is_refused(tmp_path):
+    from lamina.io.model import _read
+    net = small_net()
+    net.assets["vocab"] = ["struct", "class"]
+    path = tmp_path / "m.lamina"
+    lm.save(net, path)
+    metadata, tensors = _read(path)
+    for key, old, new in (("graph", '"inputs": ["h"]', '"inputs": ["x"]'), ("assets", "struct", "s4ruct")):
+        edited = {**metadata}
+        if key == "graph":  # dec reads enc's output (through dropout); make it read x
+            graph = json.loads(edited["graph"])
+            node = next(n for n in graph["nodes"] if n["layer"] == "dec")
+            node["inputs"] = ["enc"]
+            edited["graph"] = json.dumps(graph)
+        else:
+            edited[key] = edited[key].replace(old, new)
+        assert edited != metadata
+        write(tmp_path / "edited.lamina", tensors, edited)
+        with pytest.raises(ModelFileError, match="edited.lamina: the file's content does not match the digest"):
+            lm.load(tmp_path / "edited.lamina")
+    without = {k: v for k, v in metadata.items() if k != "digest"}
+    write(tmp_path / "bare.lamina", tensors, without)
+    with pytest.raises(ModelFileError, match="bare.lamina: the metadata has no 'digest'; every version 2 file"):
+        lm.load(tmp_path / "bare.lamina")
+    write(tmp_path / "renamed.lamina", tensors, {**without, "digesT": metadata["digest"]})
+    with pytest.raises(ModelFileError, match="has no 'digest'"):
+        lm.load(tmp_path / "renamed.lamina")
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_configuration_values_are_refused(tmp_path, value):
+    from lamina.io import load_description
+    graph, tensors = graph_of(small_net())
+    text = json.dumps(graph).replace('"p": 0.2', f'"p": {value}')
+    assert text != json.dumps(graph)
+    write(tmp_path / "nan.lamina", tensors, {"format": "lamina", "version": "1", "graph": text})
+    with pytest.raises(ModelFileError, match="nan.lamina: the metadata's 'graph' (is not JSON|holds the non-finite)"):
+        lm.load(tmp_path / "nan.lamina")
+    description = tmp_path / "nan.json"
+    description.write_text(json.dumps({"format": "lamina", "version": 2, "graph": json.loads(json.dumps(graph))})
+                           .replace('"p": 0.2', f'"p": {value}'))
+    with pytest.raises(ModelFileError, match="nan.json: the description (is not JSON|holds the non-finite)"):
+        load_description(description)
+
+
+def test_a_bfloat16_tensor_is_refused_by_name(tmp_path):
+    import struct
+    header = json.dumps({"__metadata__": {"format": "lamina", "version": "2"},
+                         "enc.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    (tmp_path / "bf16.lamina").write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+    with pytest.raises(ModelFileError, match="bf16.lamina: tensor 'enc.weight' has type 'BF16'"):
+        lm.load(tmp_path / "bf16.lamina")
 
 
 def test_files_written_before_digests_still_load(tmp_path):

@@ -68,7 +68,8 @@ def test_demo_runs_and_reports_the_cards_figures(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["python_lm", "denoise3d"])
-def test_shipped_models_carry_a_digest_of_their_tensors(name):
-    from lamina.io.model import _read, digest
+def test_shipped_models_carry_a_digest_of_their_whole_content(name):
+    from lamina.io.model import VERSION, _read, digest
     metadata, tensors = _read(ROOT / "models" / name / "model.lamina")
-    assert metadata["digest"] == digest(tensors)
+    assert metadata["version"] == str(VERSION)
+    assert metadata["digest"] == digest(tensors, metadata)

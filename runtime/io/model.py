@@ -1,4 +1,4 @@
-"""lamina's model file format (version 1): one safetensors file, data only.
+"""lamina's model file format (version 2): one safetensors file, data only.
 
 Tensors: one per distinct parameter, keyed by the parameter's name, stored as float32 or (with
 `half=True`) float16, which loading widens to float32; arrays among the network's assets under
@@ -9,8 +9,11 @@ Metadata (all strings): format 'lamina', version '1', 'graph' (JSON:
 'assets' (JSON: the network's JSON-able assets, e.g. a vocabulary), and in a checkpoint
 'checkpoint' (JSON: step counter, random-generator states, the caller's own fields).
 
-Metadata also holds 'digest' (sha256 of every tensor's name, type, shape and bytes), checked on
-load; files written before digests existed load without the check.
+Metadata also holds 'digest': sha256 over the whole file's content, every metadata entry (graph,
+assets, checkpoint, format, version) and every tensor's name, type, shape and bytes. A version 2
+file without it, or whose content does not match it, is refused, so a flipped bit anywhere (a
+renamed node input that rewires the graph, a changed vocabulary word) is found. Version 1 files,
+whose digest covered the tensors alone (and which older files lack), still load with that check.
 
 Loading reads and checks everything (header size, format and version, the digest, the graph's
 structure, every tensor named, none left over, finite values, shapes, configured parameter
@@ -22,6 +25,7 @@ leaves either the old file or the new one.
 """
 import hashlib
 import json
+import math
 import os
 import tempfile
 
@@ -34,7 +38,10 @@ from ..graph import Network
 from ..layers.base import REGISTRY, parameters_from_file
 
 FORMAT = "lamina"
-VERSION = 1
+VERSION = 2
+LEGACY_VERSIONS = (1,)  # read, never written: their digest covers the tensors alone
+# the tensor types a file may hold (safetensors' names): parameters are F32 or F16, assets any of these
+TENSOR_TYPES = ("F64", "F32", "F16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
 MAX_HEADER = 64 << 20  # bytes of JSON header a model file may have
 MAX_DEPTH = 32  # nesting of the graph JSON (a real graph nests about 6 levels)
 ASSET, OPTIM = "asset/", "optim/"
@@ -72,10 +79,14 @@ class NonFiniteModelError(ValueError):
     loaded back, and it must never replace a good file)."""
 
 
-def digest(tensors):
-    """'sha256:<hex>' of every tensor's name, type, shape and bytes, in name order: stored in the
-    metadata and checked on load, so flipped bits in the tensor data are found."""
+def digest(tensors, metadata=None):
+    """'sha256:<hex>' of the metadata's entries (all but 'digest' itself) and of every tensor's
+    name, type, shape and bytes, in name order: stored in the metadata and checked on load.
+    metadata None: the tensors alone (format version 1's digest)."""
     h = hashlib.sha256()
+    if metadata is not None:
+        entries = sorted((k, v) for k, v in metadata.items() if k != "digest")
+        h.update(json.dumps(entries, ensure_ascii=False).encode() + b"\0")
     for key in sorted(tensors):
         a = np.ascontiguousarray(tensors[key])
         h.update(f"{key}\0{a.dtype.str}\0{a.shape}\0".encode())
@@ -102,8 +113,9 @@ def _pack(net, half, extra_tensors=None, extra_metadata=None):
         else:
             json_assets[name] = value
     tensors.update(extra_tensors or {})
-    metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(graph),
-                "assets": json.dumps(json_assets), "digest": digest(tensors), **(extra_metadata or {})}
+    metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(graph, allow_nan=False),
+                "assets": json.dumps(json_assets, allow_nan=False), **(extra_metadata or {})}
+    metadata["digest"] = digest(tensors, metadata)
     return st_save(tensors, metadata=metadata)
 
 
@@ -175,16 +187,31 @@ def _read(path):
     try:
         header = json.loads(blob[8:8 + header_len])
         metadata = header.get("__metadata__") or {}
+        for key, entry in header.items():
+            if key != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") not in TENSOR_TYPES:
+                raise ModelFileError(f"{path}: tensor '{key}' has type {entry.get('dtype')!r}; a lamina model file "
+                                     f"holds {', '.join(TENSOR_TYPES)} tensors (parameters: F32 or F16)")
         tensors = st_load(blob)
-    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError, RecursionError) as e:
+    except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError, RecursionError, KeyError) as e:
+        if isinstance(e, ModelFileError):
+            raise
         raise ModelFileError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         found = metadata.get("format") if isinstance(metadata, dict) else metadata
         raise ModelFileError(f"{path}: expected format '{FORMAT}' in the metadata, found {found!r}")
-    if metadata.get("version") != str(VERSION):
-        raise ModelFileError(f"{path}: expected format version {VERSION}, found {metadata.get('version')!r}")
-    if "digest" in metadata and digest(tensors) != metadata["digest"]:  # files written before digests load
-        raise ModelFileError(f"{path}: the tensor data does not match the digest stored with it: the file is "
+    version = metadata.get("version")
+    if version == str(VERSION):
+        if "digest" not in metadata:
+            raise ModelFileError(f"{path}: the metadata has no 'digest'; every version {VERSION} file carries one "
+                                 f"(the file was damaged or edited): restore it from a copy")
+        expected = digest(tensors, metadata)
+    elif version in map(str, LEGACY_VERSIONS):
+        expected = digest(tensors) if "digest" in metadata else None  # written before digests existed
+    else:
+        raise ModelFileError(f"{path}: expected format version {VERSION} (or {', '.join(map(str, LEGACY_VERSIONS))}), "
+                             f"found {version!r}")
+    if expected is not None and metadata["digest"] != expected:
+        raise ModelFileError(f"{path}: the file's content does not match the digest stored with it: the file is "
                              f"damaged (or was edited); restore it from a copy")
     return metadata, tensors
 
@@ -195,29 +222,36 @@ def _json(path, metadata, key, default=None):
             return default
         raise ModelFileError(f"{path}: the metadata has no '{key}'")
     try:
-        value = json.loads(metadata[key])
-    except (ValueError, RecursionError) as e:
+        value = json.loads(metadata[key], parse_constant=_no_constant)
+    except (ValueError, RecursionError, TypeError) as e:
         raise ModelFileError(f"{path}: the metadata's '{key}' is not JSON of a sane depth ({type(e).__name__}: "
                              f"{e})") from None
-    if _depth(value) > MAX_DEPTH:
-        raise ModelFileError(f"{path}: the metadata's '{key}' is nested more than {MAX_DEPTH} levels deep; a "
-                             f"model needs far fewer")
+    problem = json_problem(value)
+    if problem:
+        raise ModelFileError(f"{path}: the metadata's '{key}' {problem}")
     return value
 
 
-def _depth(value):
-    """How deeply a parsed JSON value nests (iteratively: no recursion limit to hit)."""
-    deepest, stack = 0, [(value, 1)]
+def _no_constant(name):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def json_problem(value):
+    """What makes a parsed JSON value unfit for a model file, or None: nesting deeper than
+    MAX_DEPTH, or a number that is not finite (1e999 parses as infinity). Walked iteratively: no
+    recursion limit to hit."""
+    stack = [(value, 1, "")]
     while stack:
-        v, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > MAX_DEPTH:
-            return deepest
+        v, d, where = stack.pop()
+        if d > MAX_DEPTH:
+            return f"is nested more than {MAX_DEPTH} levels deep; a model needs far fewer"
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"holds the non-finite number {v} at {where or 'its top'}"
         if isinstance(v, dict):
-            stack.extend((x, d + 1) for x in v.values())
+            stack.extend((x, d + 1, f"{where}.{k}" if where else str(k)) for k, x in v.items())
         elif isinstance(v, list):
-            stack.extend((x, d + 1) for x in v)
-    return deepest
+            stack.extend((x, d + 1, f"{where}[{i}]") for i, x in enumerate(v))
+    return None
 
 
 def _check_graph(path, graph, tensors):
@@ -353,13 +387,17 @@ def load_description(path):
     afresh (lamina.manual_seed makes them repeatable)."""
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = json.load(f, parse_constant=_no_constant)
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read the description ({e.strerror})") from None
-    except ValueError as e:
-        raise ModelFileError(f"{path}: the description is not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    except (ValueError, RecursionError) as e:
+        raise ModelFileError(f"{path}: the description is not JSON of a sane depth ({type(e).__name__}: {e})") from None
+    if (not isinstance(doc, dict) or doc.get("format") != FORMAT
+            or doc.get("version") not in (VERSION, *LEGACY_VERSIONS)):
         raise ModelFileError(f"{path}: expected a JSON object with format '{FORMAT}' and version {VERSION}")
+    problem = json_problem(doc)
+    if problem:
+        raise ModelFileError(f"{path}: the description {problem}")
     try:
         _check_graph(path, doc.get("graph"), None)
         return _build(path, doc["graph"], None)
