@@ -114,6 +114,8 @@ class Network:
         # or numpy arrays, saved in the model file beside the parameters
         self.assets = {}
         self._layer_uses = {}
+        self._layer_names = set()  # of the layers applied so far
+        self._next_of_kind = {}  # kind -> the index a fresh name of that kind tries first
         self._scheduler = None
         # `run` may be called from many threads at once (each run gets buffers of its own);
         # training, moves and type changes wait for the runs in flight and run alone
@@ -157,6 +159,7 @@ class Network:
         uses = self._layer_uses.get(id(layer), 0)
         if layer.name is None:
             layer.name = self._fresh_name(layer.kind)
+        self._layer_names.add(layer.name)
         node_name = name or (layer.name if uses == 0 else f"{layer.name}#{uses}")
         self._claim(node_name, f"layer '{node_name}'")
         self._layer_uses[id(layer)] = uses + 1
@@ -202,10 +205,12 @@ class Network:
             raise GraphError(f"{what}: the name '{name}' is already used in this network")
 
     def _fresh_name(self, kind):
-        i = 0
-        taken = {n.layer.name for n in self.nodes} | set(self.values)
-        while f"{kind}{i}" in taken:
+        """'<kind><i>' for the first i that names no layer or value, counting on from the last
+        name given to this kind (so n layers get their names in O(n), not O(n^2))."""
+        i = self._next_of_kind.get(kind, 0)
+        while f"{kind}{i}" in self._layer_names or f"{kind}{i}" in self.values:
             i += 1
+        self._next_of_kind[kind] = i + 1
         return f"{kind}{i}"
 
     def _invalidate(self):

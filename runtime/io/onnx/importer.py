@@ -11,6 +11,7 @@ A model is read whole before anything is refused: every (node, operator, attribu
 run is collected, and one UnsupportedModelError lists them all. A file that is not ONNX, or fails
 onnx.checker, is a ModelFileError naming the file.
 """
+import math
 import os
 from dataclasses import dataclass
 
@@ -18,6 +19,10 @@ import numpy as np
 
 from ...graph import Network, Value
 from ..model import ModelFileError
+
+
+FOLD_LIMIT = 256 << 20  # bytes one folded node's outputs may take
+FOLD_BUDGET = 1 << 30  # bytes all of a model's folded constants may take
 
 
 class UnsupportedModelError(ModelFileError):
@@ -68,7 +73,28 @@ def _read(source):
         model = onnx.load_model_from_string(blob)
     except Exception as e:  # protobuf's DecodeError and friends
         raise ModelFileError(f"{where}: not an ONNX model ({type(e).__name__}: {e})") from None
+    _load_external_data(model, where, None if isinstance(source, (bytes, bytearray)) else os.path.dirname(where))
     return model, where
+
+
+def _load_external_data(model, where, folder):
+    """Read the tensors the model keeps in files beside it, resolved against the model file's own
+    folder (as ONNX does), never the working directory; onnx refuses locations that leave that
+    folder, links, and offsets or lengths past a file's end. `folder` None: the model came as
+    bytes, and a tensor kept outside it is refused."""
+    from onnx.external_data_helper import _get_all_tensors, load_external_data_for_tensor, uses_external_data
+    for tensor in _get_all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
+        if folder is None:
+            raise ModelFileError(f"{where}: tensor '{tensor.name}' is kept in the external file '{location}'; load "
+                                 f"the model from its path, so the file is found beside it")
+        try:
+            load_external_data_for_tensor(tensor, folder or ".")
+        except Exception as e:  # onnx raises ValueError, OSError and its checker's ValidationError
+            raise ModelFileError(f"{where}: tensor '{tensor.name}' in external file '{location}' (beside the model) "
+                                 f"cannot be read: {e}") from None
 
 
 def load(source, dtype="float32", sequences=None):
@@ -86,6 +112,10 @@ def load(source, dtype="float32", sequences=None):
         onnx.checker.check_model(model, full_check=False)
     except Exception as e:  # onnx.checker.ValidationError and protobuf errors
         raise ModelFileError(f"{where}: the model fails onnx.checker: {e}") from None
+    known = onnx.defs.onnx_opset_version()
+    if opset_of(model) > known:
+        raise ModelFileError(f"{where}: the model asks for ONNX opset {opset_of(model)}; the onnx package "
+                             f"{onnx.__version__} knows opsets up to {known}")
     try:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help, not a requirement
@@ -182,6 +212,8 @@ class Importer:
         for out in self.graph.output:  # a graph output counts as a use
             self.uses[out.name] = self.uses.get(out.name, 0) + 1
         self.linear_of = {}  # ONNX tensor -> the bias-less Linear that produced it (MatMul + Add → bias)
+        self.index = 0  # of the node being converted
+        self.folded = 0  # bytes of the constants folded so far
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
 
     # ------------------------------------------------------------------ building
@@ -257,6 +289,13 @@ class Importer:
         return value
 
     def _convert(self, node):
+        known = len(self.problems)
+        self._convert_node(node)
+        if not node.name:  # a node without a name is named in messages by its place and operator
+            self.problems[known:] = [(n or f"#{self.index} {op}", op, why) for n, op, why in self.problems[known:]]
+        self.index += 1
+
+    def _convert_node(self, node):
         inputs = [self.env.get(name) if name else None for name in node.input]
         missing = [name for name, v in zip(node.input, inputs) if name and v is None]
         if missing:
@@ -292,20 +331,59 @@ class Importer:
                 except Refused as e:
                     self.problems.append((node.name, node.op_type, str(e)))
                     outs = [Unknown() for _ in node.output]
+                except KeyError as e:  # an attribute the operator requires (LSTM's hidden_size)
+                    self.problems.append((node.name, node.op_type, f"the required attribute {e} is missing"))
+                    outs = [Unknown() for _ in node.output]
+                except (ValueError, TypeError, IndexError, ArithmeticError) as e:  # a layer refused the
+                    # configuration the attributes give it (a stride of 0, negative pads) or the
+                    # initializers it was handed
+                    self.problems.append((node.name, node.op_type, str(e)))
+                    outs = [Unknown() for _ in node.output]
         for name, v in zip(node.output, outs):
             if name:
                 self.env[name] = v
 
     def _fold(self, node, inputs):
-        """Evaluate a node of constants now (onnx's reference evaluator)."""
+        """Evaluate a node of constants now (onnx's reference evaluator), after onnx's shape
+        inference has said how large its outputs are: a node whose outputs would pass FOLD_LIMIT
+        bytes (a ConstantOfShape of [20000, 20000]), or that would take the model's folded
+        constants past FOLD_BUDGET, is refused before anything is allocated."""
         from onnx.reference import ReferenceEvaluator
         feeds = {name: v for name, v in zip(node.input, inputs) if name}
+        size = self._folded_size(node, feeds)
+        if size is not None and (size > FOLD_LIMIT or self.folded + size > FOLD_BUDGET):
+            what = (f"{size:,} bytes, more than the {FOLD_LIMIT:,} one folded node may take" if size > FOLD_LIMIT else
+                    f"{size:,} bytes, which would take the model's folded constants past {FOLD_BUDGET:,}")
+            self.problems.append((node.name, node.op_type, f"folding this node of constants would allocate {what}"))
+            return [Unknown() for _ in node.output]
         try:
-            results = ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)
+            results = [np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)]
         except Exception as e:
             self.problems.append((node.name, node.op_type, f"could not fold this node of constants ({e})"))
             return [Unknown() for _ in node.output]
-        return [np.asarray(r) for r in results]
+        self.folded += sum(r.nbytes for r in results)
+        return results
+
+    def _folded_size(self, node, feeds):
+        """The bytes of the node's outputs by onnx's shape inference over its constant inputs, or
+        None where inference cannot tell (an output's shape or type is unknown)."""
+        onnx, helper = self.onnx, self.onnx.helper
+        try:
+            inits = [self.onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in feeds.items()]
+            graph = helper.make_graph([node], "fold", [], [helper.make_value_info(o, onnx.TypeProto())
+                                                           for o in node.output if o], inits)
+            probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+            inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True).graph.output
+        except Exception:
+            return None
+        total = 0
+        for info in inferred:
+            t = info.type.tensor_type
+            if not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
+                return None
+            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize if t.elem_type else 8
+            total += math.prod(d.dim_value for d in t.shape.dim) * itemsize
+        return total
 
     def attributes(self, node):
         helper = self.onnx.helper

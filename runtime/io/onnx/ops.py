@@ -54,6 +54,8 @@ def onnx_shape_text(imp, x):
 def const(x, what):
     if not isinstance(x, np.ndarray):
         raise Refused(f"{what} must be a constant (an initializer); lamina takes it as a parameter")
+    if x.dtype.kind not in "biuf":
+        raise Refused(f"{what} is a tensor of {x.dtype} (strings?); lamina takes numbers")
     return x
 
 
@@ -65,9 +67,15 @@ def text(attrs, name, default):
 
 def assign(layer, name, values):
     p = layer.params[name]
-    values = np.asarray(values, dtype=np.float32)
+    values = np.asarray(values)
+    if values.dtype.kind not in "biuf":
+        raise Refused(f"{name} is a tensor of {values.dtype} (strings?); lamina's parameters are numbers")
+    values = values.astype(np.float32)
     if values.shape != p.shape:
         raise Refused(f"{name} has shape {values.shape}, the layer expects {p.shape}")
+    if not np.all(np.isfinite(values)):
+        raise Refused(f"{name} holds NaN or infinity (as float32: {np.count_nonzero(~np.isfinite(values))} of "
+                      f"{values.size} values)")
     p.assign(values)
 
 
