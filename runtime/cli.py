@@ -296,8 +296,10 @@ def cmd_serve(args):
     _setup(args)
     from .serve import load_models, serve
     try:
+        from .serve.protocol import Limits
+        limits = Limits(args.max_sequence_length, args.max_rows, args.max_elements)
         models = load_models(args.models, 1 if args.no_batching else args.max_batch_size, args.max_delay_ms / 1e3,
-                             args.max_queue)
+                             args.max_queue, limits, int(args.max_batch_mb * 2 ** 20))
     except (ImportError, ValueError, OSError) as e:
         raise CommandError(str(e)) from None
     for spec in args.batching:
@@ -313,7 +315,8 @@ def cmd_serve(args):
         print(f"serving at http://{host}:{port}: " + "; ".join(
             f"{name} (batches of up to {m.max_batch_size}"
             + (f", {m.max_delay * 1e3:g} ms" if m.max_delay else "") + ")" for name, m in models.items()), flush=True)
-    serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready)
+    serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready,
+          max_connections=args.max_connections, request_timeout=args.request_timeout_s, keep_alive=args.keep_alive_s)
     return 0
 
 
@@ -509,6 +512,20 @@ def parser():
                    help="a request not answered within this gets 504")
     s.add_argument("--max-queue", type=POSITIVE_INT, default=1024, help="queued requests per model before 503")
     s.add_argument("--max-body-mb", type=POSITIVE, default=64.0, help="largest request body accepted")
+    s.add_argument("--max-sequence-length", type=POSITIVE_INT, default=4096,
+                   help="steps one request's sequence may hold (413 past it)")
+    s.add_argument("--max-rows", type=POSITIVE_INT, default=1024, help="rows one request's inputs may hold (413 past it)")
+    s.add_argument("--max-elements", type=POSITIVE_INT, default=1 << 22,
+                   help="values all of one request's inputs may hold together (413 past it)")
+    s.add_argument("--max-batch-mb", type=POSITIVE, default=512.0,
+                   help="buffer memory one batch may take, as the network's plan lays it out: a batch closes "
+                        "before it, and a request that alone needs more gets 413")
+    s.add_argument("--max-connections", type=POSITIVE_INT, default=1000,
+                   help="connections served at once (503 past it)")
+    s.add_argument("--request-timeout-s", type=POSITIVE, default=30.0,
+                   help="seconds a connection has to send a whole request (headers and body) before it is closed")
+    s.add_argument("--keep-alive-s", type=POSITIVE, default=5.0,
+                   help="seconds an idle keep-alive connection stays open")
     s.set_defaults(run=cmd_serve)
 
     s = sub.add_parser("import", parents=[common], help="convert an ONNX model to a lamina model file")

@@ -12,12 +12,18 @@ Allocated once per plan and caller, sized by capacity (Bindings): every value, g
 workspace array, grown to the largest batch seen and viewed at each batch's size. In inference a
 value's buffer goes back to a pool after its last consumer and is reused by later values of the
 same shape, so peak memory is the widest cut of the graph rather than the sum of activations.
-In inference, too, an element-wise activation whose input nothing else reads runs inside the
+An inference binding that grew for an outlier (a batch far larger than the plan's recent ones)
+is dropped after it, and the freed heap handed back to the system, so a long-running process's
+memory follows its usual batches, not its largest one. In inference, too, an element-wise activation whose input nothing else reads runs inside the
 layer that writes that input, when the layer can apply it as it stores its output (a
 convolution's kernels add the bias and apply a ReLU in the same pass): the activation's output
 is the producer's buffer, and the activation node does not run.
 """
+import collections
+import ctypes
+import ctypes.util
 import math
+import statistics
 import threading
 import weakref
 from contextlib import contextmanager
@@ -311,6 +317,7 @@ class Bindings:
         self.batch, self.steps = None, None  # samples (or sequences); total steps of sequences
         self.starts, self._order = None, None  # set for each batch by the scheduler
         self.values, self.grads, self._workspaces = {}, {}, {}
+        self.workspace_bytes = 0  # bytes of workspace the layers asked for in the current run
         self.host_feeds = {}  # the arrays the kernels read behind each fed input (host side)
         self._feed_bases = {}  # input name -> (flat host buffer, its current view) for snapshots
         # selected values (one per entry of the batch's selection) change length from batch to
@@ -479,15 +486,51 @@ class Bindings:
             self._order = BatchOrder(self.starts)
         return self._order
 
+    def buffer_bytes(self, batch, steps):
+        """Bytes of the planned value and gradient buffers that `batch` samples of `steps` steps
+        in all (None: no sequences) take (workspaces and feed copies not counted)."""
+        return sum(((steps or 0) if sequence else batch) * math.prod(shape) * dtype.itemsize
+                   for shape, dtype, sequence in self._slot_key.values())
+
+    def drop_buffers(self):
+        """Let go of every array this binding holds (it is not used again)."""
+        for store in (self._bases, self._feed_bases, self._selected, self._workspaces, self.values, self.grads):
+            store.clear()
+
+    def held_bytes(self):
+        """Bytes this binding holds now: buffers, feed snapshots, selected values, workspaces."""
+        arrays = [*self._bases.values(), *(base for base, _ in self._feed_bases.values()),
+                  *self._selected.values(), *self._workspaces.values()]
+        return sum(a.nbytes for a in arrays)
+
     def workspace(self, node_name, key, shape, dtype=None):
         full = (node_name, key)
         dtype = np.dtype(dtype or self.network.dtype)
         shape = tuple(map(int, shape))
         size = math.prod(shape)
+        self.workspace_bytes += size * dtype.itemsize
         a = self._workspaces.get(full)
         if a is None or a.dtype != dtype or a.size < size:
             a = self._workspaces[full] = self.backend.empty((size,), dtype)
         return a[:size].reshape(shape)
+
+
+_libc = None
+
+
+def release_free_heap():
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim): arrays below the
+    allocator's mmap threshold, which rises to 32 MB as large blocks are freed, come from the
+    heap, and freeing them alone leaves the process's resident size where it was."""
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _libc = ctypes.CDLL(name) if name else False
+        except OSError:
+            _libc = False
+    if _libc and hasattr(_libc, "malloc_trim"):
+        _libc.malloc_trim(0)
 
 
 class Scheduler:
@@ -499,6 +542,9 @@ class Scheduler:
     one at a time under the network's write lock and keeps its bindings as `current`."""
 
     IDLE_PER_PLAN = 4
+    RECENT_RUNS = 16  # inference runs per plan whose buffer sizes set what is usual
+    OUTLIER_FACTOR = 4  # a binding holding more than this many times the usual size is dropped
+    OUTLIER_SLACK = 16 << 20  # ... and more than this many bytes over it
 
     def __init__(self, network, order):
         # weakly, like everything a network owns that points back at it: no reference cycles,
@@ -508,6 +554,9 @@ class Scheduler:
         self._plans = {}
         self._idle = {}  # id(plan) -> idle inference Bindings
         self._training = {}  # id(plan) -> the training Bindings of that plan
+        self._recent = {}  # id(plan) -> buffer bytes of its last RECENT_RUNS inference runs
+        self._sizers = {}  # id(plan) -> a Bindings that only sizes (inference_bytes)
+        self._workspace_ratio = {}  # id(plan) -> the largest (buffers + workspaces) / buffers of its runs
         self._lock = threading.Lock()
         self.current = None  # the bindings of the last training forward, for backward
 
@@ -544,10 +593,32 @@ class Scheduler:
             b.host_feeds = {}  # the caller's arrays (and the device copies made of them) are not kept
             for name in plan.inputs:
                 b.values.pop(name, None)
+            held = b.held_bytes()
             with self._lock:
+                recent = self._recent.setdefault(id(plan), collections.deque(maxlen=self.RECENT_RUNS))
+                recent.append(held)
+                outgrown = held > self.OUTLIER_FACTOR * statistics.median(recent) + self.OUTLIER_SLACK
+                planned = b.buffer_bytes(b.batch, b.steps) if b.batch is not None else 0
+                if planned:
+                    ratio = (planned + b.workspace_bytes) / planned
+                    self._workspace_ratio[id(plan)] = max(self._workspace_ratio.get(id(plan), 1.0), ratio)
                 idle = self._idle.setdefault(id(plan), [])
-                if len(idle) < self.IDLE_PER_PLAN:
+                if len(idle) < self.IDLE_PER_PLAN and not outgrown:
                     idle.append(b)
+            if outgrown:
+                b.drop_buffers()  # now: the caller's frame still holds b until its run returns
+                release_free_heap()
+
+    def inference_bytes(self, outputs, batch, steps=None):
+        """Bytes an inference run of `outputs` over `batch` samples (of `steps` steps in all, for
+        sequence inputs) takes: the buffers as this network's plan lays them out, scaled by the
+        largest share the layers' workspaces (a recurrent layer's gates) added in this plan's
+        runs so far (none before its first run)."""
+        plan = self.plan(False, tuple(outputs))
+        sizer = self._sizers.get(id(plan))
+        if sizer is None:  # a Bindings allocates nothing before its first batch
+            sizer = self._sizers[id(plan)] = Bindings(self, plan)
+        return int(sizer.buffer_bytes(batch, steps) * self._workspace_ratio.get(id(plan), 1.0))
 
     def training_bindings(self, plan):
         b = self._training.get(id(plan))
@@ -628,6 +699,7 @@ class Scheduler:
     def _bind_feeds(self, b, feeds, plan, sizes):
         batch, steps, starts = sizes
         b.resize(batch, steps)
+        b.workspace_bytes = 0
         b.starts, b._order = starts, None
         net = self.network
         for name in plan.inputs:

@@ -115,3 +115,28 @@ def test_run_outputs_are_the_callers_own(device):
     for f, y in zip(feeds, results):
         np.testing.assert_allclose(y, f @ w.T + b, rtol=1e-5, atol=1e-6)
     assert not any(np.shares_memory(a, c) for i, a in enumerate(results) for c in results[i + 1:])
+
+
+def test_an_outlier_runs_buffers_are_given_back_after_it():
+    """Inference keeps its buffers from run to run, grown to the largest batch: one run far
+    larger than the usual ones (20,000 steps against 50) must not set the process's size for
+    good. Its binding is dropped after it and the heap trimmed; the usual runs that follow
+    answer as before."""
+    path = os.path.join(os.path.dirname(__file__), "..", "models", "python_lm", "model.lamina")
+    net = lm.load(path)
+    rng = np.random.default_rng(0)
+    zeros = np.zeros((1, 1, 256), np.float32)
+
+    def run(steps):
+        ids = rng.integers(0, 4096, steps).astype(np.int32)
+        feeds = {"ids": lm.Sequences(ids, np.array([0, steps], np.int32)), "h0": zeros, "c0": zeros}
+        return net.run(feeds, ["last"])["last"]
+    for _ in range(5):
+        run(50)
+    before = rss_bytes()
+    usual = net.scheduler.inference_bytes(["last"], 1, 50)
+    assert net.scheduler.inference_bytes(["last"], 1, 20_000) > 100 << 20 > 100 * usual
+    run(20_000)
+    answers = [run(50) for _ in range(3)]
+    assert rss_bytes() - before < 40 << 20
+    assert all(np.isfinite(a).all() and a.shape == (1, 1, 256) for a in answers)

@@ -11,14 +11,18 @@ Protocol's routes, Prometheus metrics, and the models' batchers.
                                       compute time, requests queued, per model
 
 Every refusal is the protocol's error body, {"error": "..."}, with a 4xx status (400 bad input,
-404 unknown model, 413 body too large), 503 when a model's queue is full or the server is
-stopping, and 504 when a request waited past its deadline.
+404 unknown model, 413 body or work past a limit), 503 when a model's queue is full or the server
+is stopping, and 504 when a request waited past its deadline. A request whose client hangs up
+while it waits leaves its model's queue at once. Bodies past DECODE_INLINE bytes are parsed and
+decoded in a worker thread, so a large JSON body never holds up the event loop (health checks,
+other requests).
 """
 import asyncio
 import contextlib
 import time
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -27,6 +31,7 @@ from .. import __version__
 from .protocol import ProtocolError, decode_inputs, model_metadata, parse_request, requested_outputs
 
 
+DECODE_INLINE = 64 << 10  # bytes of body parsed on the event loop itself; larger ones in a thread
 SECONDS_BUCKETS = (1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5)  # queue and compute times
 
 
@@ -104,25 +109,32 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
             if state["stopping"]:
                 raise ProtocolError("the server is shutting down", 503)
             body = await read_body(request, max_body)
-            payload, tail = parse_request(body, request.headers)
-            arrays = decode_inputs(payload, tail, model)
-            outputs, binary = requested_outputs(payload, model)
-            outputs = outputs or model.default_outputs(arrays)
+            if len(body) > DECODE_INLINE:
+                payload, arrays, outputs, binary = await run_in_threadpool(decode, body, request.headers, model)
+            else:
+                payload, arrays, outputs, binary = decode(body, request.headers, model)
             pending = model.submit(arrays, outputs, binary or set(), payload.get("id"))
             left = timeout - (time.perf_counter() - started)
+            hang_up = asyncio.ensure_future(disconnected(request))
             try:
-                result = await asyncio.wait_for(asyncio.shield(pending.future), max(left, 0.0))
-            except TimeoutError:
-                pending.abandoned = True
+                done, _ = await asyncio.wait((pending.future, hang_up), timeout=max(left, 0.0),
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                hang_up.cancel()
+            if pending.future not in done:
+                model.abandon(pending)
+                if hang_up in done:
+                    raise ClientDisconnect()
                 raise ProtocolError(f"no answer within the deadline of {timeout:g} s (the model's queue holds "
-                                    f"{model.queued} requests)", 504) from None
-            body, headers = result
+                                    f"{model.queued} requests)", 504)
+            body, headers = pending.future.result()
             metrics.requests.labels(name, "200").inc()
             return Response(body, headers=headers)
         except ProtocolError as e:
             metrics.requests.labels(name if name in models else "-", str(e.status)).inc()
             return error(str(e), e.status)
         except ClientDisconnect:
+            metrics.requests.labels(name if name in models else "-", "499").inc()
             return Response(status_code=499)
         except Exception as e:  # a fault of lamina's: the request fails, the server goes on
             metrics.requests.labels(name if name in models else "-", "500").inc()
@@ -146,6 +158,21 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.metrics = metrics
     return app
+
+
+def decode(body, headers, model):
+    """(request JSON, {input: array}, output names, which go binary) of an /infer body."""
+    payload, tail = parse_request(body, headers)
+    arrays = decode_inputs(payload, tail, model)
+    outputs, binary = requested_outputs(payload, model)
+    return payload, arrays, outputs or model.default_outputs(arrays), binary
+
+
+async def disconnected(request):
+    """Returns once the client has gone (the body is read: the next message is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_body(request, limit):

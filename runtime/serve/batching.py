@@ -10,17 +10,23 @@ One batch runs at a time per model, in a thread of the model's own (the kernels 
 GIL, so the event loop goes on taking requests); the network's inference buffers are reused from
 batch to batch. A batch that fails on a request's input (an id out of range) runs again one
 request at a time, so only that request gets the error.
+
+The work is bounded twice: each request by the protocol's Limits (steps, rows, values), and each
+batch by `max_batch_bytes`, the network's buffers for it as the scheduler plans them: a batch
+closes before a request that would take it past that, and a request that alone would is refused
+(413). A request whose client has gone (hung up, or its deadline passed) leaves the queue at once.
 """
 import asyncio
 import collections
 import concurrent.futures
+import math
 import time
 
 import numpy as np
 
 from ..errors import GraphError, InputError
 from ..sequence import SequenceError, Sequences
-from .protocol import ProtocolError, encode_response
+from .protocol import Limits, ProtocolError, encode_response
 
 USER_ERRORS = (InputError, GraphError, SequenceError, ValueError)
 
@@ -29,22 +35,27 @@ class Pending:
     """One request waiting for its batch: its inputs, the outputs it wants (and which of them
     in binary), its id, and the future of its encoded response."""
 
-    __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "future", "arrived", "abandoned")
+    __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "steps", "nbytes", "future", "arrived",
+                 "abandoned")
 
-    def __init__(self, arrays, outputs, binary, request_id, rows, future):
+    def __init__(self, arrays, outputs, binary, request_id, rows, steps, nbytes, future):
         self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
+        self.steps, self.nbytes = steps, nbytes  # its sequence's steps (None: no sequences); buffer bytes alone
         self.binary, self.request_id = binary, request_id
         self.key = (tuple(sorted(arrays)), tuple(outputs))
         self.arrived = time.perf_counter()
-        self.abandoned = False  # its caller stopped waiting (deadline): skip it
+        self.abandoned = False  # its caller stopped waiting (deadline, or hung up): skip it
 
 
 class ServedModel:
     """A network behind the server: what it can be fed over the protocol, and its batcher."""
 
-    def __init__(self, name, net, max_batch_size=32, max_delay=0.0, max_queue=1024, metrics=None):
+    def __init__(self, name, net, max_batch_size=32, max_delay=0.0, max_queue=1024, metrics=None, limits=None,
+                 max_batch_bytes=512 << 20):
         self.name, self.net = name, net
         self.max_batch_size, self.max_delay, self.max_queue = int(max_batch_size), float(max_delay), int(max_queue)
+        self.limits = limits or Limits()
+        self.max_batch_bytes = int(max_batch_bytes)
         # served: the outputs that are not training costs and need no selection (a per-batch
         # choice of sampled columns, not something a client sends)
         feedable = {v for v in net.input_names if net.values[v].spec.kind != "selection"}
@@ -87,8 +98,9 @@ class ServedModel:
         self._thread.shutdown(wait=True)
 
     def default_outputs(self, names):
-        """The outputs the given inputs compute."""
-        have = set(names)
+        """The outputs the given inputs compute (an initial state left out counts as given:
+        it is zeros)."""
+        have = set(names) | set(self.optional)
         outs = [o for o in self.outputs if set(self.reads[o]) <= have]
         if not outs:
             raise ProtocolError(f"no output can be computed from inputs {sorted(names)}; the model's inputs are "
@@ -113,10 +125,29 @@ class ServedModel:
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
         if len(set(counts.values())) > 1:
             raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")
-        pending = Pending(arrays, outputs, binary, request_id, rows, asyncio.get_running_loop().create_future())
+        steps = next((v.shape[0] for k, v in arrays.items() if self.net.values[k].spec.sequence), None)
+        specs = {o: self.net.values[self.net.output_values[o]].spec for o in outputs}
+        self.limits.check_outputs({o: (steps if spec.sequence else rows) * math.prod(spec.shape)
+                                   for o, spec in specs.items()})
+        nbytes = self.net.scheduler.inference_bytes(outputs, rows, steps)
+        if nbytes > self.max_batch_bytes:
+            raise ProtocolError(f"this request alone needs {nbytes / 2 ** 20:.1f} MiB of buffers in model "
+                                f"'{self.name}'; a batch may take {self.max_batch_bytes / 2 ** 20:g} MiB "
+                                f"(--max-batch-mb)", 413)
+        pending = Pending(arrays, outputs, binary, request_id, rows, steps, nbytes,
+                          asyncio.get_running_loop().create_future())
         self._waiting.append(pending)
         self._arrived.set()
         return pending
+
+    def abandon(self, pending):
+        """The request's client is gone: it leaves the queue (a batch already running it
+        finishes, and its answer is dropped)."""
+        pending.abandoned = True
+        try:
+            self._waiting.remove(pending)
+        except ValueError:
+            pass  # already taken into a batch
 
     async def _batches(self):
         loop = asyncio.get_running_loop()
@@ -149,24 +180,33 @@ class ServedModel:
                 self.metrics.compute_seconds.labels(self.name).observe(time.perf_counter() - start)
             self.running = 0
             for p, result in zip(batch, results):
-                if not p.future.done():
+                if not p.future.done() and not p.abandoned:
                     (p.future.set_exception if isinstance(result, Exception) else p.future.set_result)(result)
 
     def _rows_like(self, first):
         return sum(p.rows for p in self._waiting if p.key == first.key and not p.abandoned)
 
     def _take(self, key):
-        batch, rest, rows = [], collections.deque(), 0
+        """The queue's requests of `key` that fit one batch (at most max_batch_size rows and, by
+        the scheduler's plan, max_batch_bytes of buffers), in arrival order; the first always."""
+        batch, rest, rows, steps = [], collections.deque(), 0, 0
         for p in self._waiting:
             if p.abandoned:
                 continue
-            if p.key == key and (not batch or rows + p.rows <= self.max_batch_size):
+            if p.key == key and (not batch or self._fits(p, rows + p.rows, None if p.steps is None else steps + p.steps)):
                 batch.append(p)
                 rows += p.rows
+                steps += p.steps or 0
             else:
                 rest.append(p)
         self._waiting = rest
         return batch
+
+    def _fits(self, p, rows, steps):
+        """Whether a batch of `rows` rows and `steps` steps, p's outputs, is within the limits."""
+        return rows <= self.max_batch_size and \
+            self.net.scheduler.inference_bytes(p.outputs, rows, steps) <= self.max_batch_bytes
+
 
     # ------------------------------------------------------------------ the model's thread
     def _run(self, batch):

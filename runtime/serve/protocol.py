@@ -13,6 +13,8 @@ are the JSON; an input with `"parameters": {"binary_data_size": k}` takes the ne
 true}}`; such an output's JSON carries `binary_data_size` and its bytes follow the JSON.
 """
 import json
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,6 +33,50 @@ class ProtocolError(Exception):
     def __init__(self, message, status=400):
         super().__init__(message)
         self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The work one request may ask for, checked before it is queued (413 past a limit, naming
+    it and the option that sets it): steps of a sequence, rows of a batch input, and values
+    across all of a request's inputs, and again across all of its answer's outputs."""
+    max_sequence_length: int = 4096
+    max_rows: int = 1024
+    max_elements: int = 1 << 22
+
+    def check(self, name, shape, sequence, total):
+        """Refuse input `name` of `shape` (a sequence's steps first, else rows) when it passes a
+        limit; `total`: the request's values so far, this input's included."""
+        lead = shape[0]
+        if sequence and lead > self.max_sequence_length:
+            raise ProtocolError(f"input '{name}': a sequence of {lead} steps; this server takes at most "
+                                f"{self.max_sequence_length} (--max-sequence-length)", 413)
+        if not sequence and lead > self.max_rows:
+            raise ProtocolError(f"input '{name}': {lead} rows; this server takes at most {self.max_rows} rows "
+                                f"per request (--max-rows)", 413)
+        if total > self.max_elements:
+            raise ProtocolError(f"the request's inputs hold {total} values (through input '{name}'); this server "
+                                f"takes at most {self.max_elements} per request (--max-elements)", 413)
+
+    def check_outputs(self, counts):
+        """Refuse an answer whose outputs ({name: values}) hold more than max_elements values."""
+        total = sum(counts.values())
+        if total > self.max_elements:
+            listed = ", ".join(f"'{name}' {n}" for name, n in counts.items())
+            raise ProtocolError(f"the answer would hold {total} values ({listed}); this server sends at most "
+                                f"{self.max_elements} per request (--max-elements): ask for fewer outputs or "
+                                f"send less", 413)
+
+
+def parameters(entry, where):
+    """The protocol's optional `parameters` object of a request, input or output: {} when
+    absent, a ProtocolError when it is anything but an object."""
+    params = entry.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ProtocolError(f"{where}: 'parameters' must be an object, found {type(params).__name__} {params!r:.40}")
+    return params
 
 
 def datatype(dtype):
@@ -75,17 +121,21 @@ def parse_request(body, headers):
         request = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ProtocolError(f"the request is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("the request's JSON nests too deeply (arrays or objects within each other)") from None
     if not isinstance(request, dict):
         raise ProtocolError(f"the request must be a JSON object, found {type(request).__name__}")
     if not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise ProtocolError("the request must hold a non-empty list 'inputs'")
+    parameters(request, "the request")
     return request, tail
 
 
 def decode_inputs(request, tail, model):
     """{input name: numpy array} of a request, checked against the model: known names, no
-    duplicates, datatypes, shapes, data sizes, finite floats; ProtocolError naming the input."""
-    arrays, offset = {}, 0
+    duplicates, datatypes, shapes, the work limits (model.limits) before any array is made, data
+    sizes, finite floats; ProtocolError naming the input."""
+    arrays, offset, total = {}, 0, 0
     for i, entry in enumerate(request["inputs"]):
         where = f"inputs[{i}]"
         if not isinstance(entry, dict):
@@ -104,9 +154,11 @@ def decode_inputs(request, tail, model):
         if (not isinstance(shape, list) or not shape
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             raise ProtocolError(f"{where}: shape must be a non-empty list of sizes >= 0, found {shape!r}")
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # Python's integers: a product past int64 is refused, never wrapped
+        total += count
+        model.limits.check(name, shape, model.net.values[name].spec.sequence, total)
         dtype = np.dtype(DATATYPES[kind])
-        params = entry.get("parameters") or {}
+        params = parameters(entry, where)
         if "binary_data_size" in params:
             size = params["binary_data_size"]
             if not isinstance(size, int) or size < 0 or offset + size > len(tail):
@@ -169,7 +221,7 @@ def _check_input(model, name, kind, a, where):
 def requested_outputs(request, model):
     """(output names, which of them go binary): the listed outputs, else every output the given
     inputs compute."""
-    binary_all = bool((request.get("parameters") or {}).get("binary_data_output", False))
+    binary_all = bool(parameters(request, "the request").get("binary_data_output", False))
     listed = request.get("outputs")
     if listed is None:
         return None, binary_all
@@ -182,7 +234,7 @@ def requested_outputs(request, model):
             raise ProtocolError(f"outputs[{i}]: unknown output {name!r}; the model's outputs are "
                                 f"{', '.join(repr(n) for n in model.outputs)}")
         names.append(name)
-        if binary_all or (entry.get("parameters") or {}).get("binary_data"):
+        if binary_all or parameters(entry, f"outputs[{i}]").get("binary_data"):
             binary.add(name)
     return names, binary if not binary_all else True
 
