@@ -367,10 +367,10 @@ def cmd_inspect(args):
     if args.model.endswith(".onnx"):
         print(f"{args.model}: ONNX, {os.path.getsize(args.model) / 1e6:.2f} MB, imported as lamina layers")
     else:
-        from .io.model import FORMAT, VERSION, _read
+        from .io.model import FORMAT, _read
         metadata, tensors = _read(args.model)
         dtypes = sorted({str(t.dtype) for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))})
-        print(f"{args.model}: format {FORMAT} version {VERSION}, {os.path.getsize(args.model) / 1e6:.2f} MB, "
+        print(f"{args.model}: format {FORMAT} version {metadata['version']}, {os.path.getsize(args.model) / 1e6:.2f} MB, "
               f"parameters stored as {', '.join(dtypes) or '-'}{', checkpoint' if 'checkpoint' in metadata else ''}")
     print("inputs: " + ", ".join(f"{n} {net.values[n].spec}" for n in net.input_names))
     print("outputs: " + ", ".join(f"{o} ({v})" for o, v in net.output_values.items()))

@@ -190,14 +190,16 @@ def _log_uniform(num_classes):
 
 
 def sampled_selection(labels, num_classes, num_sampled, distribution="uniform", shared_negatives=False,
-                      rng=None):
+                      rng=None, row_generators=None):
     """A per-row selection for sampled-softmax training: row i selects its label, then
     `num_sampled` negatives drawn with replacement from `distribution` ('uniform' or
     'log_uniform', the Zipf law of class ids sorted by frequency), per row or, with
     shared_negatives, once for the whole batch. logq holds log(num_sampled * Q(c)) for every
     entry, so the cost computes the corrected logits z - log(expected count) (Jean et al. 2015);
     a negative that equals its row's label (an accidental hit) gets logq = +inf, which removes
-    it from the row's softmax."""
+    it from the row's softmax. `row_generators`: (rows, generator) pairs, in order, covering
+    every row: each group of rows draws its negatives from its own generator (a sample's draws
+    then do not depend on which batch or process it is in); else every draw comes from `rng`."""
     labels = np.asarray(labels)
     if labels.dtype != np.int32 or labels.ndim != 1 or len(labels) == 0:
         raise InputError(f"sampled_selection: labels must be a non-empty 1-D int32 array, found "
@@ -210,16 +212,22 @@ def sampled_selection(labels, num_classes, num_sampled, distribution="uniform", 
     rows = len(labels)
     if distribution == "uniform":
         q = None
-        draw = lambda size: rng.integers(0, num_classes, size=size)
+        draw = lambda g, size: g.integers(0, num_classes, size=size)
     elif distribution == "log_uniform":
         q = _log_uniform(num_classes)
         # inverse CDF: CDF(c) = log(c + 2) / log(n + 1), so c = floor(exp(u log(n + 1))) - 1
-        draw = lambda size: np.minimum(np.floor(np.exp(rng.random(size) * np.log(num_classes + 1))) - 1,
-                                       num_classes - 1).astype(np.int64)
+        draw = lambda g, size: np.minimum(np.floor(np.exp(g.random(size) * np.log(num_classes + 1))) - 1,
+                                          num_classes - 1).astype(np.int64)
     else:
         raise InputError(f"sampled_selection: distribution must be 'uniform' or 'log_uniform', "
                          f"found {distribution!r}")
-    negatives = draw((1 if shared_negatives else rows, num_sampled))
+    if shared_negatives or row_generators is None:
+        negatives = draw(rng, (1 if shared_negatives else rows, num_sampled))
+    else:
+        if sum(n for n, _ in row_generators) != rows:
+            raise InputError(f"sampled_selection: row_generators cover {sum(n for n, _ in row_generators)} rows, "
+                             f"the labels {rows}")
+        negatives = np.concatenate([draw(g, (n, num_sampled)) for n, g in row_generators])
     negatives = np.broadcast_to(negatives, (rows, num_sampled))
     columns = np.concatenate([labels[:, None], negatives], axis=1).astype(np.int32)
     qs = np.full(columns.shape, 1.0 / num_classes) if q is None else q[columns]

@@ -2,9 +2,10 @@
 with loss and throughput, a JSON-lines log, a loss-curve PNG, checkpoints after every epoch and on
 Ctrl-C, and exact resumption.
 
-Shuffling and sampling draw from generators seeded by (seed, epoch) and (seed, step), never from
-a running state, so a run resumed from a checkpoint sees exactly the batches the uninterrupted
-run would have seen.
+Shuffling and sampling draw from generators seeded by (seed, epoch) and (seed, epoch, batch,
+the sample's place in its global batch), never from a running state nor from the process that
+draws, so a run resumed from a checkpoint, with any number of data-parallel ranks, sees exactly
+the batches the uninterrupted run would have seen.
 """
 import json
 import math
@@ -45,7 +46,7 @@ class ArrayData:
     def __len__(self):
         return self.count
 
-    def batch(self, index, rng):
+    def batch(self, index, randomness):
         feeds = {}
         for name, value in self.arrays.items():
             if isinstance(value, Sequences):
@@ -76,9 +77,19 @@ class TextData:
     def __len__(self):
         return len(self.chunks)
 
-    def batch(self, index, rng):
-        return self.language.training_feeds(self.net, [self.chunks[i] for i in index], self.num_sampled, rng,
-                                            self.shared_negatives)
+    def batch(self, index, randomness):
+        return self.language.training_feeds(self.net, [self.chunks[i] for i in index], self.num_sampled,
+                                            randomness, self.shared_negatives)
+
+
+class BatchRandomness:
+    """The generators one batch draws from: `shared`, the same for the whole global batch on
+    every rank, and `samples`, one per sample of this rank's share, keyed by the sample's place
+    in the global batch. What a sample draws does not depend on which rank draws it."""
+
+    def __init__(self, seed, epoch, b, places):
+        self.shared = np.random.default_rng([seed, epoch, b])
+        self.samples = [np.random.default_rng([seed, epoch, b, int(place), 1]) for place in places]
 
 
 def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False, seed=0, progress=True,
@@ -115,6 +126,10 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
 
     from .distributed import ShardedSampler  # imports no MPI
     sampler = ShardedSampler(len(data), batch_size, world, seed)
+    if world is not None:  # a rank with other data or another plan would wait for the others forever
+        world.agree({"the number of samples": len(data), "the global batch size": batch_size, "epochs": epochs,
+                     "the seed": seed, "the step limit": -1 if max_steps is None else max_steps,
+                     "the starting step": done})
     losses = []
     # line-buffered: each step's line reaches the file when it is written, so a killed run
     # leaves a log that ends at its last step
@@ -134,11 +149,12 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
                 checkpoint()
                 continue
             index = sampler.indices(epoch, b)
+            randomness = BatchRandomness(seed, epoch, b, sampler.positions(epoch, b))
             if world is None:
-                feeds = data.batch(index, np.random.default_rng([seed, epoch, b]))
+                feeds = data.batch(index, randomness)
             elif len(index):
-                net.seed([seed, epoch, b, world.rank, 1])
-                feeds = data.batch(index, np.random.default_rng([seed, epoch, b, world.rank]))
+                net.seed([seed, epoch, b, world.rank, 1])  # dropout masks: drawn per rank
+                feeds = data.batch(index, randomness)
             else:  # a short last batch left this rank no sample
                 feeds = None
             loss = net.train_step(feeds, optimizer) if feeds is not None else net.idle_step(optimizer)

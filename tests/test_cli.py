@@ -121,7 +121,7 @@ def test_inspect_and_devices(tmp_path, capsys):
     classifier(tmp_path / "m.lamina")
     assert main(["inspect", str(tmp_path / "m.lamina")]) == 0
     out = capsys.readouterr().out
-    assert "format lamina version 1" in out and "hidden" in out and "67 parameters" in out
+    assert "format lamina version 2" in out and "hidden" in out and "67 parameters" in out
     assert main(["devices", "--threads", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("cpu: ") and out[0].endswith(", 1 threads")

@@ -116,6 +116,19 @@ class World:
     def barrier(self, what="the other ranks"):
         self.wait([self.comm.Ibarrier()], what)
 
+    def agree(self, facts):
+        """Check that every rank has the same `facts` ({what: number}, e.g. the data set's size);
+        an InputError on every rank names the first that differs and each rank's value."""
+        from ..errors import InputError
+        names = list(facts)
+        table = np.zeros((self.size, len(names)))
+        table[self.rank] = [float(facts[n]) for n in names]
+        table = self.sum(table.ravel(), "the other ranks' " + ", ".join(names)).reshape(self.size, len(names))
+        for j, name in enumerate(names):
+            if len(set(table[:, j])) > 1:
+                each = ", ".join(f"rank {r}: {table[r, j]:g}" for r in range(self.size))
+                raise InputError(f"the ranks differ in {name} ({each}); every rank must see the same")
+
 
 def init(timeout=DEFAULT_TIMEOUT, comm=None):
     """The job's World (MPI.COMM_WORLD unless `comm`), started once per process. With more than
@@ -185,6 +198,12 @@ class ShardedSampler:
         index = self.global_batch(epoch, b)
         return index if self.world is None else shard(index, self.world)
 
+    def positions(self, epoch, b):
+        """The places within global batch b of this rank's samples (`indices`): what keys a
+        sample's own randomness, so it does not depend on how many ranks share the batch."""
+        places = np.arange(len(self.global_batch(epoch, b)))
+        return places if self.world is None else shard(places, self.world)
+
 
 def shard(index, world):
     """This rank's part of a global batch's sample indices: contiguous, sizes differing by at
@@ -209,12 +228,21 @@ def data_parallel(net, optimizer, world=None, bucket_mb=DEFAULT_BUCKET_MB, seed=
 
 
 def check_same_network(world, net):
-    """Abort with the first difference when a rank's network is not rank 0's (names, shapes)."""
+    """Abort with the first difference when a rank's network is not rank 0's: its graph (inputs,
+    layers and their configuration, connections, outputs) or its parameters' names, shapes and
+    types. Ranks whose parameters match but whose graphs differ (a ReLU here, a tanh there)
+    would train a model that is neither."""
+    from ..io.checkpoint import description_difference
+    from ..io.model import describe_graph
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in net.named_parameters()]
-    theirs = world.broadcast(mine, "rank 0's parameter list")
+    graph = describe_graph(net)
+    theirs, their_graph = world.broadcast((mine, graph), "rank 0's network")
     if mine != theirs:
         diff = next(((a, b) for a, b in zip(theirs, mine) if a != b), (len(theirs), len(mine)))
         world.abort(f"this rank's network differs from rank 0's: rank 0 has {diff[0]}, this rank {diff[1]}")
+    differs = description_difference(their_graph, graph)
+    if differs:
+        world.abort(f"this rank's network differs from rank 0's graph: {differs} (rank 0's first)")
 
 
 def broadcast_state(world, net, optimizer):

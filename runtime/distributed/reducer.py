@@ -90,6 +90,11 @@ class GradientReducer:
     docstring)."""
 
     POLL = 100e-6  # seconds between the progress thread's tests
+    # exchanges in flight for longer than PATIENCE seconds wait on a rank that is late (or has
+    # stopped): both threads then test them every LATE_POLL seconds, where the training thread
+    # polled without pause and would hold a whole core until the timeout
+    PATIENCE = 0.05
+    LATE_POLL = 2e-3
 
     def __init__(self, world, optimizer, bucket_bytes, overlap=True):
         self.world, self.optimizer = world, optimizer
@@ -169,6 +174,8 @@ class GradientReducer:
             if time.monotonic() > deadline:
                 self.world.abort(f"waited {self.world.timeout:g} s for {self._active[0].what} "
                                  f"to be summed: another rank stopped or hangs")
+            if self._late():
+                time.sleep(self.LATE_POLL)
         waited = time.perf_counter() - start
         self.stats.wait_seconds += waited
         self.stats.step_waits.append(waited)
@@ -345,4 +352,10 @@ class GradientReducer:
                 while not self._active:
                     self._cv.wait()
             self._advance()
-            time.sleep(self.POLL)
+            time.sleep(self.LATE_POLL if self._late() else self.POLL)
+
+    def _late(self):
+        """Whether the exchanges have been in flight past PATIENCE (a rank is late)."""
+        busy_since = self._busy_since
+        return bool(self._active) and busy_since is not None and \
+            time.perf_counter() - busy_since > self.PATIENCE

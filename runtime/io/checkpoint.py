@@ -34,6 +34,18 @@ def graph_difference(a, b):
     connections, outputs, parameter names and shapes), else a phrase saying the first difference."""
     ga, ta = describe(a)
     gb, tb = describe(b)
+    differs = description_difference(ga, gb)
+    if differs:
+        return differs
+    for key, value in ta.items():
+        if value.shape != tb[key].shape:
+            return f"parameter '{key}' has shape {value.shape} against {tb[key].shape}"
+    return None
+
+
+def description_difference(ga, gb):
+    """None when two graph descriptions (io.model.describe_graph) are the same, else a phrase
+    saying the first difference."""
     for part in ("inputs", "nodes", "outputs"):
         if ga[part] != gb[part]:
             return f"its {part} differ ({ga[part]} against {gb[part]})"
@@ -46,9 +58,6 @@ def graph_difference(a, b):
         for key in ("kind", "config", "params"):
             if layer[key] != other[key]:
                 return f"layer '{name}' differs in its {key} ({layer[key]} against {other[key]})"
-    for key, value in ta.items():
-        if value.shape != tb[key].shape:
-            return f"parameter '{key}' has shape {value.shape} against {tb[key].shape}"
     return None
 
 

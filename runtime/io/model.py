@@ -55,13 +55,19 @@ class ModelFileError(ValueError):
 
 def describe(net):
     """The graph of `net` as a JSON-able dict, and its parameter tensors by key."""
+    graph = describe_graph(net)
+    tensors = {p.name: np.ascontiguousarray(p.value, dtype=np.float32) for layer in net.layers
+               for p in layer.params.values()}
+    return graph, tensors
+
+
+def describe_graph(net):
+    """The graph of `net` as a JSON-able dict: inputs, layers (kind, configuration, parameter
+    names, frozen ones), nodes and outputs."""
     net.validate()
-    tensors, layers = {}, []
+    layers = []
     for layer in net.layers:
-        keys = {}
-        for local, p in layer.params.items():
-            keys[local] = p.name
-            tensors[p.name] = np.ascontiguousarray(p.value, dtype=np.float32)
+        keys = {local: p.name for local, p in layer.params.items()}
         layers.append({"name": layer.name, "kind": layer.kind, "config": layer.config(), "params": keys,
                        "frozen": [k for k, p in layer.params.items() if p.frozen]})
     graph = {
@@ -71,7 +77,7 @@ def describe(net):
         "nodes": [{"name": n.name, "layer": n.layer.name, "inputs": list(n.input_names)} for n in net.nodes],
         "outputs": dict(net.output_values),
     }
-    return graph, tensors
+    return graph
 
 
 class NonFiniteModelError(ValueError):

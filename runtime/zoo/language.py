@@ -85,15 +85,23 @@ def zero_state(net, sequences):
     return np.zeros((sequences, 1, h), net.dtype)
 
 
-def training_feeds(net, chunks, num_sampled, rng, shared_negatives=False):
+def training_feeds(net, chunks, num_sampled, randomness, shared_negatives=False):
     """A training batch from token-id chunks (each predicts its own next tokens), scored
-    against its label and `num_sampled` log-uniform negatives per token, or drawn once for
-    the whole batch (shared_negatives: the output layer's gradient then touches far fewer
-    rows, which is what data-parallel training exchanges)."""
+    against its label and `num_sampled` log-uniform negatives per token, drawn from each chunk's
+    own generator (randomness.samples), or once for the whole global batch from its shared one
+    (shared_negatives: the output layer's gradient then touches far fewer rows, which is what
+    data-parallel training exchanges). `randomness`: a lamina.training.BatchRandomness, or one
+    numpy Generator for all of it."""
     ids = Sequences.from_list([c[:-1] for c in chunks], np.int32)
     nxt = Sequences.from_list([c[1:] for c in chunks], np.int32)
     vocab = net.layer("output").out_features
-    sel = sampled_selection(nxt.values, vocab, num_sampled, "log_uniform", shared_negatives, rng=rng)
+    if isinstance(randomness, np.random.Generator):
+        draws = {"rng": randomness}
+    elif shared_negatives:
+        draws = {"rng": randomness.shared}
+    else:
+        draws = {"row_generators": [(len(c) - 1, g) for c, g in zip(chunks, randomness.samples)]}
+    sel = sampled_selection(nxt.values, vocab, num_sampled, "log_uniform", shared_negatives, **draws)
     z = zero_state(net, len(chunks))
     return {"ids": ids, "next": nxt, "sel": sel, "h0": z, "c0": z}
 
