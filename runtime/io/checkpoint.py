@@ -48,6 +48,9 @@ def description_difference(ga, gb):
     saying the first difference."""
     for part in ("inputs", "nodes", "outputs"):
         if ga[part] != gb[part]:
+            first = next(((a, b) for a, b in zip(ga[part], gb[part]) if a != b), None)
+            if isinstance(ga[part], list) and first is not None:
+                return f"its {part} differ: {first[0]} against {first[1]}"
             return f"its {part} differ ({ga[part]} against {gb[part]})"
     la = {l["name"]: l for l in ga["layers"]}
     lb = {l["name"]: l for l in gb["layers"]}
