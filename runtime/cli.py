@@ -13,6 +13,7 @@ Every command takes --device cpu|opencl[:N] and --threads N.
 import argparse
 import os
 import platform
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -274,8 +275,8 @@ def cmd_train(args):
         losses = training.fit(net, data, opt, epochs=args.epochs, batch_size=args.batch_size, folder=folder,
                               resume=resume, seed=args.seed, progress=not args.quiet, max_steps=args.max_steps,
                               checkpoint_every=args.checkpoint_every, world=world, log=say)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        return 128 + getattr(e, "signum", signal.SIGINT)  # 130 after Ctrl-C, 143 after SIGTERM
     if not lead:
         return 0
     if opt.skipped_steps:

@@ -20,6 +20,7 @@ import numpy as np
 from .errors import InputError
 from .io.arrays import load_feeds
 from .io.checkpoint import load_checkpoint, save_checkpoint
+from .io.model import remove_stale_temporaries, write_atomic
 from .selection import Selection
 from .sequence import Sequences
 
@@ -133,6 +134,9 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
     losses = []
     # line-buffered: each step's line reaches the file when it is written, so a killed run
     # leaves a log that ends at its last step
+    if folder and lead:
+        remove_stale_temporaries(folder)
+        keep_log_until(folder / "log.jsonl", position)
     logfile = open(folder / "log.jsonl", "a", buffering=1) if folder and lead else None
     bar = tqdm(total=total, initial=min(done, total), unit="step", disable=not (progress and lead),
                mininterval=0.5)
@@ -175,13 +179,14 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
                 logfile.write(json.dumps({**entry, "skipped": True} if skipped else entry) + "\n")
             if checkpoint_every and done % checkpoint_every == 0:
                 checkpoint()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         bar.close()
         checkpoint()
         if world is not None:
             world.barrier("rank 0 to write the checkpoint")  # no rank leaves before it is written
         if folder and lead:
-            log(f"interrupted: checkpoint written to {folder / CHECKPOINT} (resume with --resume)")
+            by = f" by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) and e.signum != signal.SIGINT else ""
+            log(f"interrupted{by}: checkpoint written to {folder / CHECKPOINT} (resume with --resume)")
         raise
     finally:
         interrupt.restore()
@@ -192,6 +197,28 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
     if folder and lead:
         plot_losses(folder / "log.jsonl", folder / "loss.png")
     return losses
+
+
+def keep_log_until(path, position):
+    """Drop the lines of a log that come at or after `position` ([epoch, batch]: where training
+    goes on), so a run resumed from its checkpoint logs the steps after it once: a run killed
+    after its last checkpoint had logged them already."""
+    if not path.exists():
+        return
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+                before = [entry["epoch"], entry["batch"]] < list(position)
+            except (ValueError, KeyError, TypeError):
+                before = False  # a line cut short by the kill
+            if before:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        write_atomic(path, "".join(kept).encode())
 
 
 def resume_from(folder):
@@ -229,30 +256,42 @@ def plot_losses(log_path, png_path):
     os.replace(tmp, png_path)
 
 
+class Stopped(KeyboardInterrupt):
+    """Training stopped by a signal between steps, after its checkpoint: `signum` is SIGINT
+    (Ctrl-C) or SIGTERM (what `kill` and job schedulers send)."""
+
+    def __init__(self, signum=signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 class _DeferredInterrupt:
-    """Ctrl-C during training takes effect between steps: the first SIGINT is remembered and
-    raised as KeyboardInterrupt at the next check, so a step is never cut between its parameter
-    update and the position the checkpoint records (a checkpoint written then would repeat that
-    step on resume). A second Ctrl-C interrupts at once. Only in the main thread (where Python
-    delivers signals); elsewhere Ctrl-C behaves as usual."""
+    """Ctrl-C or SIGTERM during training takes effect between steps: the first signal is
+    remembered and raised as Stopped (a KeyboardInterrupt) at the next check, so a step is never
+    cut between its parameter update and the position the checkpoint records (a checkpoint
+    written then would repeat that step on resume). A second one interrupts at once. Only in the
+    main thread (where Python delivers signals); elsewhere the signals behave as usual."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
-        self.requested = False
-        self.previous = None
+        self.requested = None  # the signal that came
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._remember)
+            self.previous = {sig: signal.signal(sig, self._remember) for sig in self.SIGNALS}
 
     def _remember(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+        if self.requested is not None:
+            raise Stopped(signum)
+        self.requested = signum
 
     def check(self, world=None):
-        """Raise KeyboardInterrupt if Ctrl-C came (on any rank of `world`)."""
-        if world.any(self.requested, "the other ranks between steps") if world is not None else self.requested:
-            raise KeyboardInterrupt
+        """Raise Stopped if a signal came (on any rank of `world`)."""
+        requested = self.requested is not None
+        if world.any(requested, "the other ranks between steps") if world is not None else requested:
+            raise Stopped(self.requested or signal.SIGINT)
 
     def restore(self):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}

@@ -399,3 +399,62 @@ def test_inspect_lists_a_shared_weight_once(tmp_path, capsys):
     rows = {line.split()[0]: line.split()[3:] for line in out.splitlines() if line.startswith(("a ", "b "))}
     assert rows == {"a": ["20"], "b": ["4", "(+", "a.weight)"]}, out
     assert "24 parameters" in out
+
+
+def start_training(tmp_path, *extra):
+    """A `lamina train` process on 4000 samples for many epochs, once its log has a few dozen
+    steps."""
+    classifier(tmp_path / "m.lamina")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4000, 4)).astype(np.float32)
+    np.savez(tmp_path / "big.npz", x=x, y=(x[:, 0] > 0).astype(np.int32))
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "lamina.cli", "train", str(tmp_path / "m.lamina"),
+                             str(tmp_path / "big.npz"), "--epochs", "1000", "--batch-size", "8",
+                             "--checkpoint-dir", str(run), "--quiet", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (run / "log.jsonl").exists() or (run / "log.jsonl").stat().st_size < 2000:
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    return proc, run
+
+
+def test_sigterm_writes_a_checkpoint_as_ctrl_c_does(tmp_path):
+    proc, run = start_training(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "interrupted by SIGTERM: checkpoint written" in out + err
+    ck = lm.load_checkpoint(run / "checkpoint.lamina")
+    steps = len((run / "log.jsonl").read_text().splitlines())
+    assert ck.step_count == steps > 0 and ck.fields["epoch"] * 500 + ck.fields["batch"] == steps
+
+
+def test_a_killed_runs_temporaries_and_extra_log_lines_are_cleaned_up_on_resume(tmp_path):
+    """kill -9 after the last checkpoint: the log holds steps the checkpoint does not, and a
+    save cut short leaves its temporary file. The resumed run removes the temporary and logs
+    each step once: its log reads as one run of consecutive steps."""
+    proc, run = start_training(tmp_path, "--checkpoint-every", "50")
+    while len((run / "log.jsonl").read_text().splitlines()) < 120:
+        time.sleep(0.05)
+    proc.kill()
+    proc.communicate(timeout=60)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = [run / f".tmp-{dead.stdout.strip()}-abc123.lamina", run / ".tmp-old9xyz.lamina"]
+    for path in stale:
+        path.write_bytes(b"half a model")
+    os.utime(stale[1], (time.time() - 7200, time.time() - 7200))
+    mine = run / f".tmp-{os.getpid()}-live.lamina"  # a writer still running: kept
+    mine.write_bytes(b"in progress")
+    ck = lm.load_checkpoint(run / "checkpoint.lamina")
+    logged = len((run / "log.jsonl").read_text().splitlines())
+    assert logged > ck.step_count  # the kill came after steps the checkpoint does not hold
+    resumed = ck.step_count + 30
+    assert main(["train", str(tmp_path / "m.lamina"), str(tmp_path / "big.npz"), "--epochs", "1000",
+                 "--batch-size", "8", "--checkpoint-dir", str(run), "--quiet", "--resume",
+                 "--max-steps", str(resumed)]) == 0
+    assert not any(p.exists() for p in stale) and mine.exists()
+    import json
+    steps = [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, resumed + 1))

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import tempfile
+import time
 
 import numpy as np
 from safetensors import SafetensorError
@@ -139,11 +140,51 @@ def _umask():
     return mask
 
 
+TEMPORARY_PREFIX, TEMPORARY_SUFFIX = ".tmp-", ".lamina"
+STALE_AFTER = 3600  # seconds after which a temporary without a writer's pid in its name is stale
+
+
+def remove_stale_temporaries(folder):
+    """Remove the temporary files that writers killed mid-save (kill -9, a power cut) left in
+    `folder`: ours are named .tmp-<pid>-<random>.lamina, and one whose process is gone from this
+    machine is stale (a name without a pid, from older versions: once an hour old)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(TEMPORARY_PREFIX) and name.endswith(TEMPORARY_SUFFIX)):
+            continue
+        path = os.path.join(folder, name)
+        pid = name[len(TEMPORARY_PREFIX):].split("-", 1)[0]
+        try:
+            if pid.isdigit() and "-" in name[len(TEMPORARY_PREFIX):]:
+                if _alive(int(pid)):
+                    continue
+            elif time.time() - os.stat(path).st_mtime < STALE_AFTER:
+                continue
+            os.unlink(path)
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def write_atomic(path, blob):
-    """Write bytes to path so that a crash leaves the old file or the new one, never a mix."""
+    """Write bytes to path so that a crash leaves the old file or the new one, never a mix (and
+    the temporaries of earlier writers killed mid-save in that folder are removed)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".lamina", dir=folder)
+    remove_stale_temporaries(folder)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}{os.getpid()}-", suffix=TEMPORARY_SUFFIX, dir=folder)
     try:
         # mkstemp makes the file 0600: give it the mode of the file it replaces, or the
         # umask's default for a new file, as open() would
