@@ -144,7 +144,13 @@ class Parameter:
         self._grad_pending, self._grad_rows = False, None
 
     def dense_grad(self, backend):
-        """The gradient as a full array: a sparse one has its other rows zeroed first."""
+        """The gradient as a full array: a sparse one has its other rows zeroed first; zeros
+        when no gradient is pending (the last backward did not reach this parameter, or an
+        update consumed it), never what the buffer held before."""
+        if not self._grad_pending:
+            self.ensure_grad(backend)
+            backend.fill(self.grad, 0)
+            return self.grad
         if self._grad_rows is not None:
             rows, width = self._grad_rows, self.size // self.shape[0]
             kept = backend.empty((len(rows), width), self.dtype)

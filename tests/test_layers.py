@@ -317,3 +317,68 @@ def test_multiply_gradients_and_numpy():
     check_gradients(net, feeds)
     net.forward(feeds)
     np.testing.assert_allclose(net.scheduler.current.values[out.name], feeds["x0"] * feeds["x1"])
+
+
+def random_fan_out_graph(seed, width=3):
+    """A float64 network of 6-9 layers over two inputs, each reading one to three of the values
+    made before it, so most values feed two or three consumers (some the same consumer twice);
+    three probe costs read values from different depths. Layers: Linear (one or several
+    inputs), Add, Multiply, Concat (+ Linear back to width), Activation, Scale."""
+    rng = np.random.default_rng(seed)
+    net = lm.Network()
+    values = [net.input("x0", width), net.input("x1", width)]
+    for _ in range(rng.integers(6, 10)):
+        kind = rng.choice(["linear", "linear2", "add", "multiply", "concat", "activation", "scale"])
+        picks = [values[i] for i in rng.integers(0, len(values), size=3)]  # repeats allowed: fan-out
+        if kind == "linear":
+            out = Linear(width, width, activation=str(rng.choice(["tanh", "sigmoid", "linear"])))(picks[0])
+        elif kind == "linear2":
+            out = Linear([width, width], width)(picks[0], picks[1])
+        elif kind == "add":
+            out = Add()(*picks[:int(rng.integers(2, 4))])
+        elif kind == "multiply":
+            out = Multiply()(picks[0], picks[1])
+        elif kind == "concat":
+            out = Linear(2 * width, width, activation="tanh")(Concat()(picks[0], picks[1]))
+        elif kind == "activation":
+            out = Activation(str(rng.choice(["tanh", "sigmoid", "softrelu", "elu"])))(picks[0])
+        else:
+            out = Scale(float(rng.uniform(-2, 2)))(picks[0])
+        values.append(out)
+    probes = [add_probe_cost(net, v) for v in {v.name: v for v in values[-3:] + [values[2]]}.values()]
+    net.astype("float64")
+    feeds = {f"x{i}": rand(rng, N, width) for i in range(2)}
+    for i, probe in enumerate(probes):
+        feeds[probe] = probe_feed(net, probe, N, seed + i)
+    return net, feeds
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_graphs_with_fan_out_have_exact_gradients(seed):
+    """Values read by several layers (or twice by one) must get the sum of their consumers'
+    gradients: a scheduler that overwrote instead of adding fails here by the missing terms."""
+    net, feeds = random_fan_out_graph(seed)
+    readers = {}
+    for node in net.nodes:
+        for v in node.input_names:
+            readers[v] = readers.get(v, 0) + 1
+    assert max(readers.values()) >= 2  # the graph has fan-out
+    check_gradients(net, feeds)
+
+
+def test_a_parameter_backward_did_not_reach_has_a_zero_gradient():
+    """A layer on a branch no cost reads gets no gradient: its dense gradient is zeros, not
+    whatever the buffer held (a gradient of an earlier step, or uninitialised memory)."""
+    net = lm.Network()
+    x = net.input("x", 3)
+    used, unused = Linear(3, 2, name="used"), Linear(3, 2, name="unused")
+    unused(x)
+    add_probe_cost(net, used(x))
+    feeds = {"x": rand(np.random.default_rng(0), 4, 3, dtype=np.float32)}
+    feeds["used:probe"] = probe_feed(net, "used:probe", 4)
+    net.forward(feeds)
+    net.backward()
+    p = net.layer("unused").weight
+    p.grad[...] = 7.0  # what an earlier use of the buffer left
+    np.testing.assert_array_equal(p.dense_grad(net.backend), np.zeros((2, 3), np.float32))
+    assert np.abs(net.layer("used").weight.dense_grad(net.backend)).max() > 0
