@@ -458,3 +458,39 @@ def test_save_and_load_keeps_the_selection_input(tmp_path):
     after = again.run(feeds)
     np.testing.assert_array_equal(after["scores"].values, before["scores"].values)
     np.testing.assert_array_equal(after["loss"], before["loss"])
+
+
+@pytest.mark.parametrize("distribution", ["uniform", "log_uniform"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_logq_correction_is_log_of_the_expected_count_and_enters_the_cost_subtracted(distribution, shared):
+    """logq of every entry (the label's too) is log(num_sampled · Q(class)) for the proposal Q
+    of the distribution, exactly; an accidental hit is +inf. The cost is the cross-entropy of
+    softmax(z - logq) at the label (entry 0 of each row), computed here in float64 from the
+    layer's own scores: a sign flipped in either place fails by orders of magnitude."""
+    classes, num_sampled = 30, 12
+    labels = np.array([0, 5, 29, 5, 17], np.int32)
+    sel = lm.sampled_selection(labels, classes, num_sampled, distribution, shared, rng=np.random.default_rng(4))
+    columns = sel.columns.reshape(len(labels), num_sampled + 1)
+    c = columns.astype(np.float64)
+    q = np.full(c.shape, 1 / classes) if distribution == "uniform" else \
+        np.log((c + 2) / (c + 1)) / np.log(classes + 1)
+    want = np.log(num_sampled * q)
+    hits = np.zeros(columns.shape, bool)
+    hits[:, 1:] = columns[:, 1:] == labels[:, None]
+    want[hits] = np.inf
+    np.testing.assert_array_equal(sel.logq.reshape(columns.shape), want)
+    assert (columns[:, 0] == labels).all()
+
+    net = lm.Network()
+    x, sel_in, y = net.input("x", 4), net.input("sel", dtype="selection"), net.input("y", dtype="int32")
+    scores = SelectiveLinear(4, classes)(x, sel_in)
+    net.outputs(loss=SelectedCrossEntropy()(scores, y, sel_in), scores=scores)
+    net.astype("float64")
+    feeds = {"x": np.random.default_rng(5).standard_normal((len(labels), 4)), "sel": sel, "y": labels}
+    out = net.forward(feeds, training=True)
+    layer = net.layers[0]
+    z = feeds["x"] @ layer.weight.value.T.astype(np.float64) + layer.bias.value
+    z = z[np.arange(len(labels))[:, None], columns] - want  # the corrected logits; -inf at hits
+    top = z.max(1, keepdims=True)
+    expected = -(z[:, 0] - top[:, 0] - np.log(np.exp(z - top).sum(1)))
+    np.testing.assert_allclose(np.asarray(out["loss"]).reshape(-1), expected, rtol=1e-12)
