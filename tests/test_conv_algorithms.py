@@ -392,3 +392,88 @@ def test_batched_kernels_share_the_samples_between_a_team():
     with pytest.raises(ValueError, match=r"every padded copy must be \(3, 1, 7, 24\) like xp\[0\]"):
         _kernels.direct_conv(x, direct_packed, y, [np.zeros((3, 1, 7, 24), f), np.zeros((3, 1, 7, 25), f)], 1, 1, 3,
                              3, 1, 1, 0, 1, 1, 1, 1, 1, threads=2)
+
+
+# ---------------------------------------------------------------------------- any geometry
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def geometries(draw):
+    """A convolution (2-D or 3-D, plain or transposed) whose kernel, stride, dilation, padding,
+    groups and sizes are drawn so that each algorithm's eligibility (kernel 3 stride 1 one
+    group for Winograd, kernel = stride for depth-to-space, kernel 1 for pointwise, wide rows for
+    the direct kernel's tiles) comes up among the draws."""
+    nd = draw(st.sampled_from([2, 3]))
+    form = draw(st.sampled_from(["any", "any", "winograd", "depth to space", "pointwise"]))
+    transposed = form == "depth to space" or (form == "any" and draw(st.booleans()))
+    groups = 1 if form == "winograd" else draw(st.sampled_from([1, 1, 2]))
+    cin, cout = groups * draw(st.integers(1, 4)), groups * draw(st.integers(1, 4))
+    k = tuple(draw(st.lists(st.sampled_from([1, 2, 3]), min_size=nd, max_size=nd)))
+    s = tuple(draw(st.lists(st.sampled_from([1, 1, 2, 3]), min_size=nd, max_size=nd)))
+    d = tuple(draw(st.lists(st.sampled_from([1, 1, 2]), min_size=nd, max_size=nd)))
+    if form == "winograd":
+        k, s, d = (3,) * nd, (1,) * nd, (1,) * nd
+    elif form == "depth to space":
+        s, d = k, (1,) * nd
+    elif form == "pointwise":
+        k, s = (1,) * nd, (1,) * nd
+    p = tuple(draw(st.integers(0, (kk - 1) * dd)) for kk, dd in zip(k, d))
+    if form in ("depth to space", "pointwise"):
+        p = (0,) * nd
+    kw = dict(kernel_size=k, stride=s, padding=p, dilation=d, groups=groups, bias=draw(st.booleans()))
+    if transposed:
+        kw["output_padding"] = (0,) * nd if form == "depth to space" else \
+            tuple(draw(st.integers(0, max(ss, dd) - 1)) for ss, dd in zip(s, d))
+    sizes = [draw(st.integers(3, 7)) for _ in range(nd - 1)] + [draw(st.sampled_from([3, 5, 17, 21]))]
+    layer_type = {(2, False): Conv2d, (3, False): Conv3d, (2, True): ConvTranspose2d, (3, True): ConvTranspose3d}
+    return layer_type[nd, transposed], cin, cout, tuple(sizes), kw
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=geometries(), seed=st.integers(0, 2 ** 16))
+def test_any_geometry_gives_pytorchs_values_and_gradients_with_every_algorithm(case, seed):
+    import torch
+    F = torch.nn.functional
+    layer_type, cin, cout, volume, kw = case
+    try:
+        layer_type(cin, cout, **kw)
+    except ValueError:
+        return  # a configuration PyTorch refuses too (padding past the dilated kernel, say)
+    net, x, layer = conv_net(case)
+    try:
+        y = layer(x)
+    except lm.GraphError:
+        return  # the output would be empty
+    net.outputs(y=y)
+    net.astype("float64")
+    x.requires_grad = True
+    rng = np.random.default_rng(seed)
+    X, G = rng.standard_normal((2,) + x.spec.shape), rng.standard_normal((2,) + y.spec.shape)
+    tx = torch.from_numpy(X).requires_grad_(True)
+    tw = torch.from_numpy(layer.weight.value.copy()).requires_grad_(True)
+    tb = torch.from_numpy(layer.bias.value.copy()).requires_grad_(True) if layer.bias is not None else None
+    conv = {Conv2d: F.conv2d, Conv3d: F.conv3d, ConvTranspose2d: F.conv_transpose2d,
+            ConvTranspose3d: F.conv_transpose3d}[layer_type]
+    ty = conv(tx, tw, tb, **{k: v for k, v in kw.items() if k not in ("bias", "kernel_size")})
+    ty.backward(torch.from_numpy(G))
+    names = cpu_conv.candidates(layer)
+    try:
+        for name in names:
+            lm.set_conv_algorithm(name)
+            net.zero_grad()
+            out = net.forward({"x": X}, grad_outputs=["y"])["y"].copy()
+            net.backward(grad_outputs={"y": G})
+            where = f"{name} on {layer_type.__name__}({cin}, {cout}, {kw}) of {volume}"
+            np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-10, atol=1e-10, err_msg=where)
+            np.testing.assert_allclose(net.grad("x"), tx.grad.numpy(), rtol=1e-10, atol=1e-10, err_msg=where)
+            np.testing.assert_allclose(layer.weight.dense_grad(net.backend), tw.grad.numpy(), rtol=1e-10,
+                                       atol=1e-10, err_msg=where)
+            if tb is not None:
+                np.testing.assert_allclose(layer.bias.dense_grad(net.backend), tb.grad.numpy(), rtol=1e-10,
+                                           atol=1e-10, err_msg=where)
+    finally:
+        lm.set_conv_algorithm("rule")

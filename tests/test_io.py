@@ -418,3 +418,81 @@ def test_checkpoint_resume_is_exact(tmp_path):
         ck.restore(lm.optim.SGD(resumed, lr=0.1))
     with pytest.raises(ModelFileError, match="a model file, not a checkpoint"):
         lm.load_checkpoint(good_file(tmp_path))
+
+
+# ---------------------------------------------------------------------------- property-based
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 40, 2 ** 40) | st.floats(allow_nan=False)
+                    | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+
+
+def paths_of(value, prefix=()):
+    """Every place in a parsed JSON value, as a tuple of keys and indices."""
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from paths_of(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from paths_of(v, prefix + (i,))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_edit_of_a_graph_with_a_valid_digest_loads_or_is_refused_cleanly(tmp_path, data):
+    """A file whose graph was edited at a random place (a value replaced by random JSON) and
+    whose digest was then recomputed, as a buggy or hostile writer would: the loader either
+    builds a valid network or raises ModelFileError naming the file; never another exception."""
+    from lamina.io.model import FORMAT, VERSION, digest
+    graph, tensors = graph_of(small_net())
+    places = list(paths_of(graph))
+    place = data.draw(st.sampled_from(places[1:]))
+    edited = json.loads(json.dumps(graph))
+    target = edited
+    for key in place[:-1]:
+        target = target[key]
+    target[place[-1]] = data.draw(JSON)
+    metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(edited), "assets": "{}"}
+    metadata["digest"] = digest(tensors, metadata)
+    path = tmp_path / "edited.lamina"
+    write(path, tensors, metadata)
+    try:
+        net = lm.load(path)
+    except ModelFileError as e:
+        assert "edited.lamina" in str(e)
+        return
+    net.validate()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 255), st.sampled_from(["set", "cut", "add"])),
+                      min_size=1, max_size=4))
+def test_any_mutation_of_a_model_file_is_refused_or_loads_the_same_content(tmp_path, edits):
+    from lamina.io.model import _read
+    source = good_file(tmp_path)
+    blob = bytearray(source.read_bytes())
+    for at, byte, how in edits:
+        at %= max(len(blob), 1)
+        if how == "set":
+            blob[at] = byte
+        elif how == "cut":
+            del blob[at:]
+        else:
+            blob[at:at] = bytes([byte])
+    path = tmp_path / "mutated.lamina"
+    path.write_bytes(bytes(blob))
+    try:
+        metadata, tensors = _read(path)
+        lm.load(path)
+    except ModelFileError as e:
+        assert "mutated.lamina" in str(e)
+        return
+    original_metadata, original_tensors = _read(source)
+    assert metadata == original_metadata
+    assert {k: v.tobytes() for k, v in tensors.items()} == {k: v.tobytes() for k, v in original_tensors.items()}

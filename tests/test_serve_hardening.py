@@ -343,3 +343,58 @@ def test_any_mix_of_requests_gets_what_each_would_get_alone(networks, data):
             want = {k: v.values if isinstance(v, lm.Sequences) else v for k, v in net.run(feeds, outputs).items()}
         for o in outputs:
             assert_close(got[o], want[o], 1e-5, o)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                    max_leaves=10)
+
+
+def places(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from places(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from places(v, prefix + (i,))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_any_mutated_request_is_decoded_or_refused_with_a_4xx(networks, data):
+    """A valid request (JSON or binary) with one place replaced by random JSON, or its binary
+    header and tail changed: decoding gives arrays the model takes, or a ProtocolError with a
+    4xx status; never another exception (which the server would answer with 500)."""
+    from lamina.serve.app import decode
+    from lamina.serve.batching import ServedModel
+    from lamina.serve.protocol import ProtocolError
+    name = data.draw(st.sampled_from(sorted(networks)))
+    model = ServedModel(name, networks[name])
+    if name == "clf":
+        inputs = {"x": np.zeros((2, 4), np.float32)}
+    else:
+        inputs = {"ids": np.arange(5, dtype=np.int32), "h0": np.zeros((1, 1, 256), np.float32)}
+    binary = data.draw(st.booleans())
+    body, headers = encode_request(inputs, outputs=data.draw(st.sampled_from([None, model.outputs[:1]])),
+                                   binary=binary)
+    size = int(headers.get("inference-header-content-length", len(body)))
+    request = json.loads(body[:size])
+    where = data.draw(st.sampled_from(list(places(request))[1:]))
+    target = request
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = data.draw(JSON)
+    head = json.dumps(request, allow_nan=True).encode()
+    tail = body[size:]
+    if binary and data.draw(st.booleans()):
+        tail = tail[:data.draw(st.integers(0, len(tail)))] + data.draw(st.binary(max_size=8))
+    headers = dict(headers)
+    if binary:
+        headers["inference-header-content-length"] = str(data.draw(st.sampled_from([len(head), len(head) + 3, 0])))
+    try:
+        payload, arrays, outputs, _ = decode(head + tail, headers, model)
+    except ProtocolError as e:
+        assert 400 <= e.status < 500
+        return
+    assert set(arrays) <= set(model.inputs) and set(outputs) <= set(model.outputs)

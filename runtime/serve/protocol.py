@@ -141,14 +141,14 @@ def decode_inputs(request, tail, model):
         if not isinstance(entry, dict):
             raise ProtocolError(f"{where} must be an object with name, shape, datatype and data")
         name = entry.get("name")
-        if name not in model.inputs:
+        if not isinstance(name, str) or name not in model.inputs:
             raise ProtocolError(f"{where}: unknown input {name!r}; the model's inputs are "
                                 f"{', '.join(repr(n) for n in model.inputs)}")
         if name in arrays:
             raise ProtocolError(f"{where}: input '{name}' is given twice")
         where = f"input '{name}'"
         kind = entry.get("datatype")
-        if kind not in DATATYPES:
+        if not isinstance(kind, str) or kind not in DATATYPES:
             raise ProtocolError(f"{where}: unknown datatype {kind!r}; expected one of {', '.join(DATATYPES)}")
         shape = entry.get("shape")
         if (not isinstance(shape, list) or not shape
@@ -194,7 +194,8 @@ def _from_json(data, dtype, shape, count, where):
         info = np.iinfo(dtype) if dtype.kind != "b" else None
         if info is not None and any(v < info.min or v > info.max for v in flat):
             raise ProtocolError(f"{where}: a value does not fit {datatype(dtype)}")
-    return flat.astype(dtype).reshape(shape)
+    with np.errstate(over="ignore"):  # a float past the type's range becomes infinity, refused later
+        return flat.astype(dtype).reshape(shape)
 
 
 def _check_input(model, name, kind, a, where):
@@ -230,7 +231,7 @@ def requested_outputs(request, model):
     names, binary = [], set()
     for i, entry in enumerate(listed):
         name = entry.get("name") if isinstance(entry, dict) else None
-        if name not in model.outputs:
+        if not isinstance(name, str) or name not in model.outputs:
             raise ProtocolError(f"outputs[{i}]: unknown output {name!r}; the model's outputs are "
                                 f"{', '.join(repr(n) for n in model.outputs)}")
         names.append(name)
