@@ -1,8 +1,12 @@
 """Builds lamina's Cython kernels against MKL (mkl-devel wheel) and OpenBLAS (scipy-openblas32).
 
 Everything is found inside the Python environment that runs the build: no system MKL and no
-LD_LIBRARY_PATH. Each extension gets an rpath to the folder that holds its library, so the
-installed package loads them as it is.
+LD_LIBRARY_PATH. Each extension gets two rpaths: the folder that held its library at build time
+(an editable install), and the place the library's wheel installs it relative to lamina's own
+folder in site-packages ($ORIGIN/../scipy_openblas32/lib; MKL's runtime in PREFIX/lib, that is
+$ORIGIN/../../..), so a wheel built in pip's isolated environment, whose folders are gone after
+the build, loads in the environment it is installed in. lamina.backends.blas also loads each
+library from its installed distribution before the module that needs it.
 
 MKL is optional: where the environment has no mkl-devel (MKL has no wheel for Arm hosts), or
 LAMINA_WITHOUT_MKL=1 is set, lamina is built without its MKL provider and runs on OpenBLAS alone.
@@ -69,7 +73,8 @@ extensions = [
         ["pyx/_openblas.pyx"],
         include_dirs=[openblas_inc, numpy.get_include()],
         extra_link_args=common_link
-        + [f"-L{openblas_lib}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{openblas_lib}"],
+        + [f"-L{openblas_lib}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{openblas_lib}",
+           "-Wl,-rpath,$ORIGIN/../scipy_openblas32/lib"],
         extra_compile_args=common_compile,
         define_macros=np_macros,
     ),
@@ -99,7 +104,8 @@ if mkl is not None:
         ["pyx/_mkl.pyx"],
         include_dirs=[str(mkl_root / "include"), numpy.get_include()],
         # link the versioned runtime by file name: the wheel ships no unversioned libmkl_rt.so
-        extra_link_args=common_link + [f"-L{mkl_root / 'lib'}", f"-l:{mkl_runtime}", f"-Wl,-rpath,{mkl_root / 'lib'}"],
+        extra_link_args=common_link + [f"-L{mkl_root / 'lib'}", f"-l:{mkl_runtime}", f"-Wl,-rpath,{mkl_root / 'lib'}",
+                                       "-Wl,-rpath,$ORIGIN/../../.."],
         extra_compile_args=common_compile,
         define_macros=np_macros,
     ))

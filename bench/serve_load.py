@@ -39,7 +39,8 @@ def bodies(case, count=64):
 
 
 async def drive(url, model, requests, clients, seconds, warmup):
-    import aiohttp
+    from lamina.extras import require
+    aiohttp = require("aiohttp", "bench")
     latencies, errors = [], []
     start = time.perf_counter()
     measure_from, stop_at = start + warmup, start + warmup + seconds

@@ -420,7 +420,7 @@ def cmd_devices(args):
     try:
         import pyopencl as cl
     except ImportError:
-        print("opencl: pyopencl is not installed, no OpenCL devices listed")
+        print("opencl: pyopencl is not installed, no OpenCL devices listed (pip install 'lamina[opencl]')")
         return 0
     from .backends.opencl import devices
     found = devices()
@@ -453,6 +453,8 @@ def parser():
                         help="threads for kernels and BLAS (default: LAMINA_THREADS, else every usable core)")
     p = Parser(prog="lamina", description="A compact deep-learning runtime: run, "
                "fine-tune and inspect lamina models.")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"lamina {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     s = sub.add_parser("infer", parents=[common], help="run a model on inputs")
@@ -571,10 +573,11 @@ def main(argv=None):
     from .errors import GraphError, InputError
     from .io.model import ModelFileError, NonFiniteModelError
     from .sequence import SequenceError
+    from .extras import MissingExtra
     from .threads import SettingError
     try:
         return args.run(args)
-    except (CommandError, ModelFileError, InputError, GraphError, SequenceError, SettingError) as e:
+    except (CommandError, ModelFileError, InputError, GraphError, SequenceError, SettingError, MissingExtra) as e:
         return _fail(args, e, 2)
     except (FloatingPointError, NonFiniteModelError) as e:
         return _fail(args, e, 1)

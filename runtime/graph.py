@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 from .backends.cpu import CPUBackend
-from .errors import GraphError
+from .errors import GraphError, InputError
 from .rwlock import ReadWriteLock
 
 
@@ -92,6 +92,18 @@ class Node:
 
     def describe(self):
         return f"layer '{self.name}' ({type(self.layer).__name__})"
+
+
+class _NodeArg:
+    """An input or output described as ONNX Runtime's NodeArg is: name, shape, type."""
+
+    def __init__(self, name, spec):
+        self.name = name
+        self.shape = ["N"] + (["T"] if spec.sequence else []) + list(spec.shape or ())
+        self.type = {"float": "tensor(float)", "int32": "tensor(int32)"}.get(spec.kind, spec.kind)
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
 
 
 class Network:
@@ -359,9 +371,58 @@ class Network:
         on the CPU the buffers the layers wrote, the next run writing elsewhere). Safe to call
         from several threads at once on one network. With `consume`, the outputs are not
         copied: consume(outputs) gets views of the network's buffers, valid only during that
-        call, and run returns what it returns (a server encodes its responses from them)."""
+        call, and run returns what it returns (a server encodes its responses from them).
+
+        ONNX Runtime's form works too: run(None or [output names], {input: array}) returns a
+        list of arrays in the order asked (None: every output its inputs compute)."""
+        if (feeds is None or isinstance(feeds, (list, tuple))) and isinstance(outputs, dict):
+            names = list(feeds) if feeds is not None else None
+            with self._lock.read():
+                got = self.scheduler.run(outputs, names)
+            return [got[n] for n in (names or got)]
+        if not isinstance(feeds, dict):
+            raise InputError(f"run takes a dict of input name -> array (run({{'{self._first_input()}': x}})), "
+                             f"or ONNX Runtime's run(None, {{...}}); found {type(feeds).__name__}")
         with self._lock.read():
             return self.scheduler.run(feeds, outputs, consume)
+
+    def _first_input(self):
+        return self.input_names[0] if self.input_names else "x"
+
+    def __call__(self, *arrays, **named):
+        """PyTorch's habit, model(x): the arrays fed to the inputs in their order (and by name);
+        returns the one output computed, or a dict of them. net.run is the full form."""
+        if len(arrays) > len(self.input_names):
+            raise InputError(f"this network takes {len(self.input_names)} input(s) "
+                             f"({', '.join(self.input_names)}), found {len(arrays)} positional arrays")
+        feeds = dict(zip(self.input_names, arrays))
+        clash = sorted(set(feeds) & set(named))
+        if clash:
+            raise InputError(f"input '{clash[0]}' is given both by position and by name")
+        out = self.run({**feeds, **named})
+        return next(iter(out.values())) if len(out) == 1 else out
+
+    def eval(self):
+        """PyTorch's model.eval(): lamina's `run` is always inference (dropout off, batch
+        statistics fixed) and `train_step` always training, so there is no mode to set."""
+        return self
+
+    def train(self, mode=True):
+        """PyTorch's model.train() sets a mode; lamina has none to set (see `eval`). Training is
+        net.train_step(feeds, optimizer)."""
+        if mode:
+            raise GraphError("lamina networks have no training mode to switch on: train with "
+                             "net.train_step(feeds, optimizer) (lamina.optim), and run inference with net.run")
+        return self
+
+    def get_inputs(self):
+        """ONNX Runtime's session.get_inputs(): each input's name, shape (the batch axis first, as
+        'N'; a sequence's steps as 'T') and type."""
+        return [_NodeArg(name, self.values[name].spec) for name in self.input_names]
+
+    def get_outputs(self):
+        """ONNX Runtime's session.get_outputs() (see get_inputs)."""
+        return [_NodeArg(o, self.values[v].spec) for o, v in self.output_values.items()]
 
     def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
         """Forward pass keeping every activation for `backward`; returns {output: array view}

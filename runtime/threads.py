@@ -18,9 +18,10 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from . import _kernels, _openblas
-from .backends.blas import mkl
+from . import _kernels
+from .backends.blas import mkl, provider
 
+_openblas = provider("openblas")
 _mkl = mkl()  # None where lamina was built without MKL
 
 _current = None

@@ -8,12 +8,40 @@ whichever provider does plain GEMM.
 OpenBLAS is always built. MKL is built where the build environment has mkl-devel (MKL has no
 wheel for Arm hosts) and LAMINA_WITHOUT_MKL is not set; without it lamina runs on OpenBLAS alone.
 """
+import ctypes
 import importlib
 import importlib.util
 import os
 
 # provider name -> compiled module; imported lazily, so choosing one loads no OpenMP runtime
 PROVIDERS = {"mkl": "lamina._mkl", "openblas": "lamina._openblas"}
+# provider name -> (the distribution that ships its shared library, the library's file name prefix)
+LIBRARIES = {"mkl": ("mkl", "libmkl_rt.so"), "openblas": ("scipy-openblas32", "libscipy_openblas")}
+_loaded = set()
+
+
+def load_library(name):
+    """Load the provider's shared library from the installed distribution that ships it (the
+    `mkl` and `scipy-openblas32` wheels), before its compiled module needs it: the dynamic
+    loader then finds it by name however lamina was installed (a wheel in another environment,
+    --target, --user), where the rpaths recorded at build time may not lead to it. A library
+    not found this way is left to those rpaths."""
+    if name in _loaded:
+        return
+    _loaded.add(name)
+    distribution, prefix = LIBRARIES[name]
+    try:
+        from importlib.metadata import PackageNotFoundError, files
+        listed = files(distribution) or []
+    except (ImportError, PackageNotFoundError):
+        return
+    for entry in listed:
+        if entry.name.startswith(prefix) and ".so" in entry.name:
+            try:
+                ctypes.CDLL(str(entry.locate()), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            return
 
 
 def built(name):
@@ -47,6 +75,7 @@ def default_provider():
 
 def provider(name, where="BLAS provider"):
     _check(name, where)
+    load_library(name)
     return importlib.import_module(PROVIDERS[name])
 
 

@@ -43,7 +43,7 @@ def _cl():
         import pyopencl.array  # noqa: F401
         import pyopencl.tools  # noqa: F401
     except ImportError as e:
-        raise OpenCLError(f"the OpenCL backend needs pyopencl (pip install 'pyopencl[pocl]'): {e}") from None
+        raise OpenCLError(f"the OpenCL backend needs pyopencl: pip install 'lamina[opencl]' ({e})") from None
     return cl
 
 

@@ -135,11 +135,8 @@ def init(timeout=DEFAULT_TIMEOUT, comm=None):
     one rank an uncaught exception aborts the whole job (see the module docstring)."""
     global _world
     if _world is None:
-        try:
-            from mpi4py import MPI
-        except ImportError:
-            raise ImportError("lamina.distributed needs mpi4py and an MPI implementation: "
-                              "pip install 'lamina[mpi]'") from None
+        from ..extras import require
+        MPI = require("mpi4py.MPI", "mpi")
         _world = World(comm if comm is not None else MPI.COMM_WORLD, timeout)
         if _world.size > 1:
             _abort_on_uncaught_exceptions(_world)

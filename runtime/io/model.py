@@ -417,9 +417,48 @@ def _load(path):
     return net, metadata, tensors
 
 
+ONNX_SUFFIXES = (".onnx",)
+
+
 def load(path):
-    """Read a model file written by `save` (or a checkpoint); returns a validated Network."""
+    """Read a model file: lamina's own (written by `save`, or a checkpoint), or an ONNX model
+    (by its .onnx suffix, or, under another name, its content); returns a validated Network. A
+    file of neither kind is a ModelFileError that names what the file looks like."""
+    kind = "onnx" if str(path).endswith(ONNX_SUFFIXES) else "lamina" if str(path).endswith(".lamina") else sniff(path)
+    if kind == "onnx":
+        from .onnx import load as load_onnx
+        return load_onnx(path)
+    if kind not in ("lamina", None):  # (a .lamina file is read as one: its damage is named precisely)
+        raise ModelFileError(f"{path}: not a model file: it looks like {kind}; lamina loads its own model "
+                             f"files (.lamina, written by lamina.save) and ONNX models (.onnx)")
     return _load(path)[0]
+
+
+def sniff(path):
+    """What a file looks like from its first bytes: 'lamina' (a safetensors header), 'onnx' (a
+    protobuf ModelProto: field 1, ir_version, first), or a phrase for another kind; None where it
+    cannot be read (the loader then says why)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if len(head) >= 9 and int.from_bytes(head[:8], "little") < MAX_HEADER and head[8:9] == b"{":
+        return "lamina"
+    if head[:1] == b"\x08" and len(head) > 1 and head[1] < 0x80:
+        return "onnx"
+    text = head.lstrip()
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive (a PyTorch .pt/.pth or a numpy .npz?)"
+    if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
+        return "a Python pickle (PyTorch's legacy format?), which lamina never loads: it can run code"
+    if text.startswith((b"{", b"[")):
+        return "JSON text (a description written by save_description? load it with lamina.io.load_description)"
+    try:
+        head.decode("utf-8")
+        return "a text file"
+    except UnicodeDecodeError:
+        return "binary data of an unknown kind"
 
 
 def save_description(net, path):

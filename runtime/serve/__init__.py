@@ -22,6 +22,9 @@ def load_models(specs, max_batch_size=32, max_delay=0.0, max_queue=1024, limits=
     """{name: ServedModel} from "[NAME=]PATH" strings (lamina model files or .onnx); `limits`
     (protocol.Limits) bound each request's work, `max_batch_bytes` each batch's buffers."""
     import lamina as lm
+    from ..extras import require
+    require("starlette", "serve")
+    require("prometheus_client", "serve")
     from .batching import ServedModel
     models = {}
     for spec in specs:
@@ -42,7 +45,10 @@ def serve(models, host="127.0.0.1", port=8000, timeout=10.0, max_body=64 * 2 ** 
     first, then the process exits normally. At most `max_connections` connections are served at
     once (503 past that); each must deliver a whole request within `request_timeout` seconds of
     its start, and an idle keep-alive connection is closed after `keep_alive` seconds."""
-    import uvicorn
+    from ..extras import require
+    uvicorn = require("uvicorn", "serve")
+    require("starlette", "serve")
+    require("httptools", "serve")
     from .app import build_app
     from .connections import GracefulServer, deadline_protocol
     app = build_app(models, timeout, max_body)

@@ -46,12 +46,10 @@ class Unknown:
 
 
 def _onnx():
-    try:
-        import onnx
-        import onnx.numpy_helper  # noqa: F401
-        import onnx.reference  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"importing ONNX models needs the onnx package: pip install 'lamina[onnx]' ({e})") from None
+    from ...extras import require
+    onnx = require("onnx", "onnx")
+    require("onnx.numpy_helper", "onnx")
+    require("onnx.reference", "onnx")
     return onnx
 
 
