@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.lamina-installed
 SOURCES := $(wildcard pyx/*.pyx pyx/*.pxi pyx/*.h) setup.py pyproject.toml
 
-.PHONY: demo test test-all bench build clean
+.PHONY: demo test test-all bench build clean wheel-check
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -17,6 +17,17 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q --timeout=1200
+
+# The package as a user installs it, without this Makefile: a wheel built by pip in its isolated
+# build environment, installed with its serve extra in a new virtual environment, smoke-tested
+# from a folder outside the repository.
+WHEELS := build/wheel-check
+wheel-check:
+	rm -rf $(WHEELS) && mkdir -p $(WHEELS)
+	$(PYTHON) -m pip wheel -q --no-deps -w $(WHEELS) .
+	$(PYTHON) -m venv $(WHEELS)/venv
+	$(WHEELS)/venv/bin/python -m pip install -q "$$(ls $(WHEELS)/lamina-*.whl)[serve]"
+	cd $(WHEELS) && venv/bin/python $(CURDIR)/tests/smoke_installed.py $(CURDIR)/models
 
 bench: $(STAMP)
 	$(PIP) install -q --no-build-isolation -e ".[test,bench]"

@@ -90,7 +90,8 @@ def test_routes(server):
     assert h.get("/v2/health/live").json() == {"live": True}
     assert h.get("/v2/health/ready").json() == {"ready": True}
     meta = h.get("/v2").json()
-    assert meta["extensions"] == ["binary_tensor_data"] and meta["models"] == ["clf", "denoise3d", "python_lm"]
+    assert meta["extensions"] == ["binary_tensor_data", "classification", "model_configuration", "model_repository",
+                                  "statistics"] and meta["models"] == ["clf", "denoise3d", "python_lm"]
     lm_meta = h.get("/v2/models/python_lm").json()
     assert lm_meta["inputs"] == [
         {"name": "ids", "datatype": "INT32", "shape": [-1], "parameters": {"sequence": True}},

@@ -393,7 +393,7 @@ def test_any_mutated_request_is_decoded_or_refused_with_a_4xx(networks, data):
     if binary:
         headers["inference-header-content-length"] = str(data.draw(st.sampled_from([len(head), len(head) + 3, 0])))
     try:
-        payload, arrays, outputs, _ = decode(head + tail, headers, model)
+        payload, arrays, outputs, _, _ = decode(head + tail, headers, model)
     except ProtocolError as e:
         assert 400 <= e.status < 500
         return

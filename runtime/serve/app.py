@@ -6,9 +6,16 @@ Protocol's routes, Prometheus metrics, and the models' batchers.
     GET  /v2                          server metadata (name, version, extensions)
     GET  /v2/models/{name}            the model's inputs and outputs (protocol.model_metadata)
     GET  /v2/models/{name}/ready      200 when that model serves
-    POST /v2/models/{name}/infer      run a request (protocol: JSON or binary tensors)
+    POST /v2/models/{name}/infer      run a request (protocol: JSON or binary tensors; a body
+                                      compressed with gzip or deflate, as Content-Encoding says)
+    GET  /v2/models/{name}/config     the Triton extensions (extensions.py): configuration,
+    GET  /v2/models/{name}/stats      statistics (of one model, or of all at /v2/models/stats),
+    POST /v2/repository/index         and the repository's index
     GET  /metrics                     Prometheus text: requests by status, batch sizes, queue and
                                       compute time, requests queued, per model
+
+Every route under /v2/models/{name} is served under /v2/models/{name}/versions/1 too (each model
+has the one version "1"). An unknown route or method gets the protocol's JSON error body.
 
 Every refusal is the protocol's error body, {"error": "..."}, with a 4xx status (400 bad input,
 404 unknown model, 413 body or work past a limit), 503 when a model's queue is full or the server
@@ -23,11 +30,13 @@ import time
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
+from .extensions import model_config, repository_index
 from .protocol import ProtocolError, decode_inputs, model_metadata, parse_request, requested_outputs
 
 
@@ -78,14 +87,34 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     async def server_metadata(request):
-        return JSONResponse({"name": "lamina", "version": __version__, "extensions": ["binary_tensor_data"],
+        return JSONResponse({"name": "lamina", "version": __version__, "extensions": EXTENSIONS,
                              "models": sorted(models)})
 
     def model_of(request):
         name = request.path_params["name"]
         if name not in models:
             raise ProtocolError(f"unknown model '{name}'; this server has {', '.join(sorted(models))}", 404)
+        version = request.path_params.get("version", "1")
+        if version != "1":
+            raise ProtocolError(f"model '{name}' has no version {version!r}; its one version is \"1\"", 404)
         return name, models[name]
+
+    async def config(request):
+        try:
+            name, model = model_of(request)
+        except ProtocolError as e:
+            return error(str(e), e.status)
+        return JSONResponse(model_config(name, model))
+
+    async def stats(request):
+        try:
+            chosen = [model_of(request)] if "name" in request.path_params else sorted(models.items())
+        except ProtocolError as e:
+            return error(str(e), e.status)
+        return JSONResponse({"model_stats": [model.stats.document(name) for name, model in chosen]})
+
+    async def index(request):
+        return JSONResponse(repository_index(models, state["ready"] and not state["stopping"]))
 
     async def metadata(request):
         try:
@@ -109,11 +138,12 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
             if state["stopping"]:
                 raise ProtocolError("the server is shutting down", 503)
             body = await read_body(request, max_body)
-            if len(body) > DECODE_INLINE:
-                payload, arrays, outputs, binary = await run_in_threadpool(decode, body, request.headers, model)
+            if len(body) > DECODE_INLINE or request.headers.get("content-encoding"):
+                payload, arrays, outputs, binary, classes = await run_in_threadpool(decode, body, request.headers,
+                                                                                    model, max_body)
             else:
-                payload, arrays, outputs, binary = decode(body, request.headers, model)
-            pending = model.submit(arrays, outputs, binary or set(), payload.get("id"))
+                payload, arrays, outputs, binary, classes = decode(body, request.headers, model)
+            pending = model.submit(arrays, outputs, binary or set(), payload.get("id"), classes)
             left = timeout - (time.perf_counter() - started)
             hang_up = asyncio.ensure_future(disconnected(request))
             try:
@@ -129,9 +159,12 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
                                     f"{model.queued} requests)", 504)
             body, headers = pending.future.result()
             metrics.requests.labels(name, "200").inc()
+            model.stats.add("success", time.perf_counter() - started)
             return Response(body, headers=headers)
         except ProtocolError as e:
             metrics.requests.labels(name if name in models else "-", str(e.status)).inc()
+            if name in models:
+                models[name].stats.add("fail", time.perf_counter() - started)
             return error(str(e), e.status)
         except ClientDisconnect:
             metrics.requests.labels(name if name in models else "-", "499").inc()
@@ -153,19 +186,56 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
         await asyncio.gather(*(m.stop() for m in models.values()))
 
     routes = [Route("/v2/health/live", live), Route("/v2/health/ready", ready), Route("/v2", server_metadata),
-              Route("/v2/models/{name}", metadata), Route("/v2/models/{name}/ready", model_ready),
-              Route("/v2/models/{name}/infer", infer, methods=["POST"]), Route("/metrics", metrics_route)]
-    app = Starlette(routes=routes, lifespan=lifespan)
+              Route("/v2/models/stats", stats), Route("/v2/repository/index", index, methods=["POST"]),
+              Route("/metrics", metrics_route)]
+    for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        routes += [Route(base, metadata), Route(f"{base}/ready", model_ready), Route(f"{base}/config", config),
+                   Route(f"{base}/stats", stats), Route(f"{base}/infer", infer, methods=["POST"])]
+
+    async def http_error(request, e):  # unknown routes and methods: the protocol's error body
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return error(what.get(e.status_code, e.detail), e.status_code)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.metrics = metrics
     return app
 
 
-def decode(body, headers, model):
-    """(request JSON, {input: array}, output names, which go binary) of an /infer body."""
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"]
+
+
+def decode(body, headers, model, max_body=64 * 2 ** 20):
+    """(request JSON, {input: array}, output names, which go binary, {output: classes asked})
+    of an /infer body, inflated first where Content-Encoding says gzip or deflate."""
+    body = inflate(body, headers.get("content-encoding"), max_body)
     payload, tail = parse_request(body, headers)
     arrays = decode_inputs(payload, tail, model)
-    outputs, binary = requested_outputs(payload, model)
-    return payload, arrays, outputs or model.default_outputs(arrays), binary
+    outputs, binary, classes = requested_outputs(payload, model)
+    return payload, arrays, outputs or model.default_outputs(arrays), binary, classes
+
+
+def inflate(body, encoding, limit):
+    """The body as sent before compression (gzip or deflate: zlib's or raw), refused with 413
+    past `limit` bytes while it inflates (a small body may inflate to gigabytes)."""
+    if not encoding or encoding.strip().lower() == "identity":
+        return body
+    kind = encoding.strip().lower()
+    if kind not in ("gzip", "deflate"):
+        raise ProtocolError(f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none", 415)
+    import zlib
+    candidates = [zlib.MAX_WBITS | 16] if kind == "gzip" else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
+    for wbits in candidates:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error as e:
+            last = e
+            continue
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise ProtocolError(f"the request body inflates past this server's limit of {limit} bytes", 413)
+        if not inflater.eof:
+            raise ProtocolError(f"the {kind} body is cut short")
+        return out
+    raise ProtocolError(f"the body is not valid {kind} data ({last})")
 
 
 async def disconnected(request):

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import GraphError, InputError
 from ..sequence import SequenceError, Sequences
+from .extensions import Statistics
 from .protocol import Limits, ProtocolError, encode_response
 
 USER_ERRORS = (InputError, GraphError, SequenceError, ValueError)
@@ -36,9 +37,10 @@ class Pending:
     in binary), its id, and the future of its encoded response."""
 
     __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "steps", "nbytes", "future", "arrived",
-                 "abandoned")
+                 "abandoned", "classes")
 
-    def __init__(self, arrays, outputs, binary, request_id, rows, steps, nbytes, future):
+    def __init__(self, arrays, outputs, binary, request_id, rows, steps, nbytes, future, classes=None):
+        self.classes = classes or {}  # output -> k: answered as its k best classes
         self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
         self.steps, self.nbytes = steps, nbytes  # its sequence's steps (None: no sequences); buffer bytes alone
         self.binary, self.request_id = binary, request_id
@@ -73,6 +75,7 @@ class ServedModel:
         self.sequence_model = any(net.values[v].spec.sequence for v in self.inputs)
         self.optional = initial_states(net, self.inputs)
         self.metrics = metrics
+        self.stats = Statistics()
         self._waiting = collections.deque()
         self._arrived = None
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"lamina-{name}")
@@ -107,7 +110,7 @@ class ServedModel:
                                 f"{', '.join(repr(n) for n in self.inputs)}")
         return outs
 
-    def submit(self, arrays, outputs, binary=(), request_id=None):
+    def submit(self, arrays, outputs, binary=(), request_id=None, classes=None):
         """Queue one request; returns its Pending, whose future gets (body, headers) of the
         response (protocol.encode_response) or the exception that refused it."""
         needed = {v for o in outputs for v in self.reads[o]}
@@ -135,7 +138,7 @@ class ServedModel:
                                 f"'{self.name}'; a batch may take {self.max_batch_bytes / 2 ** 20:g} MiB "
                                 f"(--max-batch-mb)", 413)
         pending = Pending(arrays, outputs, binary, request_id, rows, steps, nbytes,
-                          asyncio.get_running_loop().create_future())
+                          asyncio.get_running_loop().create_future(), classes)
         self._waiting.append(pending)
         self._arrived.set()
         return pending
@@ -176,8 +179,12 @@ class ServedModel:
                 results = await loop.run_in_executor(self._thread, self._run, batch)
             except Exception as e:  # the thread pool itself failed: every request learns it
                 results = [e] * len(batch)
+            computed = time.perf_counter() - start
+            self.stats.batch(len(batch), computed)
+            self.stats.add("compute_infer", computed, len(batch))
+            self.stats.add("queue", sum(start - p.arrived for p in batch), len(batch))
             if self.metrics:
-                self.metrics.compute_seconds.labels(self.name).observe(time.perf_counter() - start)
+                self.metrics.compute_seconds.labels(self.name).observe(computed)
             self.running = 0
             for p, result in zip(batch, results):
                 if not p.future.done() and not p.abandoned:
@@ -256,7 +263,7 @@ class ServedModel:
                         mine[name] = value.values[s[bounds[i]]:s[bounds[i + 1]]]
                     else:
                         mine[name] = value[bounds[i]:bounds[i + 1]]
-                responses.append(encode_response(self.name, p.request_id, mine, p.binary))
+                responses.append(encode_response(self.name, p.request_id, mine, p.binary, p.classes))
             return responses
         return net.run(feeds, list(first.outputs), consume=respond)
 

@@ -220,29 +220,45 @@ def _check_input(model, name, kind, a, where):
 
 
 def requested_outputs(request, model):
-    """(output names, which of them go binary): the listed outputs, else every output the given
-    inputs compute."""
+    """(output names, which of them go binary, {output: classes asked}): the listed outputs,
+    else every output the given inputs compute; an output's parameters.classification (the
+    classification extension) asks for its k best classes instead of its values."""
     binary_all = bool(parameters(request, "the request").get("binary_data_output", False))
     listed = request.get("outputs")
     if listed is None:
-        return None, binary_all
+        return None, binary_all, {}
     if not isinstance(listed, list) or not listed:
         raise ProtocolError("'outputs' must be a non-empty list of {\"name\": ...} objects")
-    names, binary = [], set()
+    names, binary, classes = [], set(), {}
     for i, entry in enumerate(listed):
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str) or name not in model.outputs:
             raise ProtocolError(f"outputs[{i}]: unknown output {name!r}; the model's outputs are "
                                 f"{', '.join(repr(n) for n in model.outputs)}")
         names.append(name)
-        if binary_all or parameters(entry, f"outputs[{i}]").get("binary_data"):
+        params = parameters(entry, f"outputs[{i}]")
+        if binary_all or params.get("binary_data"):
             binary.add(name)
-    return names, binary if not binary_all else True
+        k = params.get("classification")
+        if k is not None:
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ProtocolError(f"outputs[{i}]: parameters.classification must be a class count of at least 1, "
+                                    f"found {k!r}")
+            classes[name] = k
+    return names, binary if not binary_all else True, classes
 
 
 def tensor_entry(name, a, binary):
     """A tensor's JSON entry: its data inline, or (binary) its byte count, its bytes to follow
-    the JSON (encode_body)."""
+    the JSON (encode_body). An array of bytes objects is the protocol's BYTES (inline as
+    strings; binary as each element's 4-byte little-endian length and its bytes)."""
+    if a.dtype == object:
+        entry = {"name": name, "datatype": "BYTES", "shape": list(a.shape)}
+        if binary:
+            entry["parameters"] = {"binary_data_size": len(bytes_body(a))}
+        else:
+            entry["data"] = [v.decode() for v in a.reshape(-1)]
+        return entry
     entry = {"name": name, "datatype": datatype(a.dtype), "shape": list(a.shape)}
     if binary:
         entry["parameters"] = {"binary_data_size": a.size * a.dtype.itemsize}
@@ -251,24 +267,39 @@ def tensor_entry(name, a, binary):
     return entry
 
 
+def bytes_body(a):
+    """The binary form of a BYTES tensor: each element's length (4 bytes, little-endian) and
+    its bytes."""
+    return b"".join(len(v).to_bytes(4, "little") + v for v in a.reshape(-1))
+
+
 def encode_body(head, raw):
     """(body, headers): the JSON `head`, then the arrays in `raw` as little-endian bytes, written
     straight from the arrays into one buffer (the binary tensor data extension)."""
     text = json.dumps(head, separators=(",", ":")).encode()
     if not raw:
         return text, {"content-type": "application/json"}
-    body = bytearray(len(text) + sum(a.size * a.dtype.itemsize for a in raw))
+    raw = [bytes_body(a) if a.dtype == object else a for a in raw]
+    body = bytearray(len(text) + sum(len(a) if isinstance(a, bytes) else a.size * a.dtype.itemsize for a in raw))
     body[:len(text)] = text
     offset = len(text)
     for a in raw:
+        if isinstance(a, bytes):
+            body[offset:offset + len(a)] = a
+            offset += len(a)
+            continue
         np.frombuffer(body, a.dtype.newbyteorder("<"), a.size, offset).reshape(a.shape)[...] = a
         offset += a.size * a.dtype.itemsize
     return memoryview(body), {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(text))}
 
 
-def encode_response(model_name, request_id, outputs, binary):
+def encode_response(model_name, request_id, outputs, binary, classes=None):
     """(body, extra headers) of an answer: the outputs named in `binary` (True: all) as raw
-    bytes after the JSON, the others inline."""
+    bytes after the JSON, the others inline; an output in `classes` ({name: k}) as its k best
+    classes (extensions.classify)."""
+    if classes:
+        from .extensions import classify
+        outputs = {name: classify(a, classes[name]) if name in classes else a for name, a in outputs.items()}
     sent_raw = {name: binary is True or name in binary for name in outputs}
     head = {"model_name": model_name, "model_version": "1",
             "outputs": [tensor_entry(name, a, sent_raw[name]) for name, a in outputs.items()]}
@@ -284,8 +315,20 @@ def decode_response(body, headers):
     response = json.loads(head)
     out, offset = {}, 0
     for entry in response["outputs"]:
-        dtype = np.dtype(DATATYPES[entry["datatype"]])
         size = (entry.get("parameters") or {}).get("binary_data_size")
+        if entry["datatype"] == "BYTES":
+            if size is None:
+                out[entry["name"]] = np.array([v.encode() for v in entry["data"]], object).reshape(entry["shape"])
+                continue
+            values, at = [], offset
+            while at < offset + size:
+                n = int.from_bytes(tail[at:at + 4], "little")
+                values.append(bytes(tail[at + 4:at + 4 + n]))
+                at += 4 + n
+            offset += size
+            out[entry["name"]] = np.array(values, object).reshape(entry["shape"])
+            continue
+        dtype = np.dtype(DATATYPES[entry["datatype"]])
         if size is not None:
             a = np.frombuffer(tail, dtype.newbyteorder("<"), size // dtype.itemsize, offset).astype(dtype)
             offset += size
