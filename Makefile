@@ -42,7 +42,7 @@ $(VENV)/bin/python:
 # Build requirements go into the venv and the build runs without isolation, so the rpaths that
 # setup.py records point at the MKL and OpenBLAS this environment keeps.
 $(STAMP): $(VENV)/bin/python $(SOURCES)
-	$(PIP) install -q "setuptools>=65" wheel "Cython==3.3.1" "numpy>=2.0,<3" \
+	$(PIP) install -q "setuptools>=77" wheel "Cython==3.3.1" "numpy>=2.0,<3" \
 		"mkl-devel==2026.2.1; platform_machine == 'x86_64'" "scipy-openblas32==0.3.34.481.3"
 	$(PIP) install -q --no-build-isolation -e ".[test]"
 	touch $(STAMP)
