@@ -37,7 +37,8 @@ from starlette.routing import Route
 
 from .. import __version__
 from .extensions import model_config, repository_index
-from .protocol import ProtocolError, decode_inputs, model_metadata, parse_request, requested_outputs
+from .protocol import (ProtocolError, decode_inputs, model_metadata, parse_request, requested_outputs,
+                       sequences_of)
 
 
 DECODE_INLINE = 64 << 10  # bytes of body parsed on the event loop itself; larger ones in a thread
@@ -210,6 +211,9 @@ def decode(body, headers, model, max_body=64 * 2 ** 20):
     payload, tail = parse_request(body, headers)
     arrays = decode_inputs(payload, tail, model)
     outputs, binary, classes = requested_outputs(payload, model)
+    padded = sequences_of(payload, arrays, model)
+    if padded:  # a request of several sequences: each sequence input as a list of each one's steps
+        arrays = {**arrays, **padded}
     return payload, arrays, outputs or model.default_outputs(arrays), binary, classes
 
 

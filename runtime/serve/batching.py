@@ -37,10 +37,11 @@ class Pending:
     in binary), its id, and the future of its encoded response."""
 
     __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "steps", "nbytes", "future", "arrived",
-                 "abandoned", "classes")
+                 "abandoned", "classes", "padded_to")
 
     def __init__(self, arrays, outputs, binary, request_id, rows, steps, nbytes, future, classes=None):
         self.classes = classes or {}  # output -> k: answered as its k best classes
+        self.padded_to = None  # a request of padded sequences: their T, to pad its sequence outputs to
         self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
         self.steps, self.nbytes = steps, nbytes  # its sequence's steps (None: no sequences); buffer bytes alone
         self.binary, self.request_id = binary, request_id
@@ -112,11 +113,18 @@ class ServedModel:
 
     def submit(self, arrays, outputs, binary=(), request_id=None, classes=None):
         """Queue one request; returns its Pending, whose future gets (body, headers) of the
-        response (protocol.encode_response) or the exception that refused it."""
+        response (protocol.encode_response) or the exception that refused it. A sequence input
+        is one sequence's steps, or a list of several sequences' steps (protocol.sequences_of):
+        then every other input holds a row per sequence and the answer's sequence outputs are
+        padded to the longest (the request's T: `padded_to`)."""
         needed = {v for o in outputs for v in self.reads[o]}
         arrays = {k: v for k, v in arrays.items() if k in needed}
-        # a request to a sequence model is one sequence, one row of every other input
-        rows = 1 if self.sequence_model or not arrays else next(iter(arrays.values())).shape[0]
+        sequences = {k: v if isinstance(v, list) else [v] for k, v in arrays.items()
+                     if self.net.values[k].spec.sequence}
+        padded = any(isinstance(v, list) for v in arrays.values())
+        # a request to a sequence model is one sequence or several, one row of every other input each
+        rows = (len(next(iter(sequences.values()))) if sequences else 1) if self.sequence_model else \
+            next(iter(arrays.values())).shape[0] if arrays else 1
         for name in self.optional:  # an initial state left out: zeros, as in PyTorch
             if name in needed and name not in arrays:
                 arrays[name] = np.zeros((rows, *self.net.values[name].spec.shape), np.float32)
@@ -128,17 +136,20 @@ class ServedModel:
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
         if len(set(counts.values())) > 1:
             raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")
-        steps = next((v.shape[0] for k, v in arrays.items() if self.net.values[k].spec.sequence), None)
+        lengths = [len(s) for s in next(iter(sequences.values()))] if sequences else None
+        steps = sum(lengths) if lengths else None
+        padded_to = max(lengths) if padded else None
         specs = {o: self.net.values[self.net.output_values[o]].spec for o in outputs}
-        self.limits.check_outputs({o: (steps if spec.sequence else rows) * math.prod(spec.shape)
-                                   for o, spec in specs.items()})
+        self.limits.check_outputs({o: ((rows * padded_to if padded else steps) if spec.sequence else rows)
+                                   * math.prod(spec.shape) for o, spec in specs.items()})
         nbytes = self.net.scheduler.inference_bytes(outputs, rows, steps)
         if nbytes > self.max_batch_bytes:
             raise ProtocolError(f"this request alone needs {nbytes / 2 ** 20:.1f} MiB of buffers in model "
                                 f"'{self.name}'; a batch may take {self.max_batch_bytes / 2 ** 20:g} MiB "
                                 f"(--max-batch-mb)", 413)
-        pending = Pending(arrays, outputs, binary, request_id, rows, steps, nbytes,
+        pending = Pending({**arrays, **sequences}, outputs, binary, request_id, rows, steps, nbytes,
                           asyncio.get_running_loop().create_future(), classes)
+        pending.padded_to = padded_to
         self._waiting.append(pending)
         self._arrived.set()
         return pending
@@ -248,7 +259,7 @@ class ServedModel:
         for name in first.arrays:
             parts = [p.arrays[name] for p in batch]
             if net.values[name].spec.sequence:
-                feeds[name] = Sequences.from_list(parts)
+                feeds[name] = Sequences.from_list([steps for part in parts for steps in part])
             else:
                 feeds[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
         bounds = np.cumsum([0] + [p.rows for p in batch])
@@ -259,13 +270,23 @@ class ServedModel:
                 mine = {}
                 for name, value in out.items():
                     if isinstance(value, Sequences):
-                        s = value.starts
-                        mine[name] = value.values[s[bounds[i]]:s[bounds[i + 1]]]
+                        s = value.starts[bounds[i]:bounds[i + 1] + 1]
+                        mine[name] = value.values[s[0]:s[-1]] if p.padded_to is None else \
+                            padded(value.values, s, p.padded_to)
                     else:
                         mine[name] = value[bounds[i]:bounds[i + 1]]
                 responses.append(encode_response(self.name, p.request_id, mine, p.binary, p.classes))
             return responses
         return net.run(feeds, list(first.outputs), consume=respond)
+
+
+def padded(values, starts, steps):
+    """Sequences' steps values[starts[i]:starts[i + 1]] as one [n, steps, ...] array, zeros
+    past each sequence's end."""
+    out = np.zeros((len(starts) - 1, steps) + values.shape[1:], values.dtype)
+    for i in range(len(starts) - 1):
+        out[i, :starts[i + 1] - starts[i]] = values[starts[i]:starts[i + 1]]
+    return out
 
 
 def initial_states(net, inputs):

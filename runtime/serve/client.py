@@ -16,7 +16,9 @@ class ServerError(Exception):
 
 class Client:
     """client = Client("http://127.0.0.1:8000"); client.infer(model, {name: array}) -> {name: array}.
-    A sequence input is one sequence's steps (an array, or a Sequences holding one sequence)."""
+    A sequence input is one sequence's steps (an array, or a Sequences of one), or a
+    lamina.Sequences of several sequences (sent padded, with their lengths); the answer's
+    sequence outputs then come padded, [n, T, ...], zeros past each sequence's end."""
 
     def __init__(self, url="http://127.0.0.1:8000", timeout=60.0, http=None):
         """`http`: an httpx.Client to send through instead (a Starlette TestClient of the app,
@@ -59,18 +61,23 @@ class Client:
 
 def encode_request(inputs, outputs=None, binary=True, request_id=None):
     """(body, headers) of an /infer request."""
-    arrays = {}
+    arrays, lengths = {}, None
     for name, a in inputs.items():
-        if isinstance(a, Sequences):
-            if a.num_sequences != 1:
-                raise ValueError(f"input '{name}': a request holds one sequence, found {a.num_sequences}")
+        if isinstance(a, Sequences) and a.num_sequences == 1:
             a = a.values
+        elif isinstance(a, Sequences):
+            if lengths is not None and not np.array_equal(a.lengths, lengths):
+                raise ValueError(f"input '{name}': its sequences' lengths differ from the other sequence input's")
+            lengths = a.lengths
+            a = a.to_padded()[0]
         arrays[name] = np.asarray(a)
     request = {"inputs": [tensor_entry(name, a, binary) for name, a in arrays.items()]}
+    if lengths is not None:
+        request["parameters"] = {"sequence_lengths": [int(n) for n in lengths]}
     if outputs is not None:
         request["outputs"] = [{"name": o} for o in outputs]
     if binary:
-        request["parameters"] = {"binary_data_output": True}
+        request["parameters"] = {**request.get("parameters", {}), "binary_data_output": True}
     if request_id is not None:
         request["id"] = request_id
     body, headers = encode_body(request, list(arrays.values()) if binary else [])

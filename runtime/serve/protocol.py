@@ -1,10 +1,14 @@
 """The Open Inference Protocol (KServe v2) on the wire: tensors in JSON or in the binary tensor
 data extension, checked against a model's inputs, and the model's metadata.
 
-A request carries one sample per row of each input, stacked on the first axis ([n, *shape]);
-a model with sequence inputs takes one sequence per request: each sequence input is that
-sequence's steps ([steps, *shape]) and every other input one row ([1, *shape]). Responses carry
-each output for this request's rows alone, in the same layout.
+A request carries one sample per row of each input, stacked on the first axis ([n, *shape]).
+A model with sequence inputs takes one sequence per request, or several: each sequence input is
+that sequence's steps ([steps, *shape]) and every other input one row ([1, *shape]); or each
+sequence input is a padded batch ([n, T, *shape]) whose lengths the request's parameters give
+("sequence_lengths": [l1, ..., ln], each in 1..T; absent: every sequence T steps), and every
+other input n rows. Responses carry each output for this request's rows alone, in the same
+layout: a sequence output of a padded request padded to [n, T, *shape] with zeros past each
+length (as ONNX Runtime pads).
 
 Binary extension: the header `Inference-Header-Content-Length: N` says the body's first N bytes
 are the JSON; an input with `"parameters": {"binary_data_size": k}` takes the next k bytes
@@ -44,16 +48,17 @@ class Limits:
     max_rows: int = 1024
     max_elements: int = 1 << 22
 
-    def check(self, name, shape, sequence, total):
-        """Refuse input `name` of `shape` (a sequence's steps first, else rows) when it passes a
-        limit; `total`: the request's values so far, this input's included."""
-        lead = shape[0]
-        if sequence and lead > self.max_sequence_length:
-            raise ProtocolError(f"input '{name}': a sequence of {lead} steps; this server takes at most "
+    def check(self, name, shape, sequence, padded, total):
+        """Refuse input `name` of `shape` (a sequence's steps first; a padded batch of sequences
+        [n, T, ...]; else rows) when it passes a limit; `total`: the request's values so far,
+        this input's included."""
+        rows, steps = (shape[0], shape[1]) if padded else (None, shape[0]) if sequence else (shape[0], None)
+        if steps is not None and steps > self.max_sequence_length:
+            raise ProtocolError(f"input '{name}': a sequence of {steps} steps; this server takes at most "
                                 f"{self.max_sequence_length} (--max-sequence-length)", 413)
-        if not sequence and lead > self.max_rows:
-            raise ProtocolError(f"input '{name}': {lead} rows; this server takes at most {self.max_rows} rows "
-                                f"per request (--max-rows)", 413)
+        if rows is not None and rows > self.max_rows:
+            raise ProtocolError(f"input '{name}': {rows} {'sequences' if padded else 'rows'}; this server takes "
+                                f"at most {self.max_rows} rows per request (--max-rows)", 413)
         if total > self.max_elements:
             raise ProtocolError(f"the request's inputs hold {total} values (through input '{name}'); this server "
                                 f"takes at most {self.max_elements} per request (--max-elements)", 413)
@@ -156,7 +161,9 @@ def decode_inputs(request, tail, model):
             raise ProtocolError(f"{where}: shape must be a non-empty list of sizes >= 0, found {shape!r}")
         count = math.prod(shape)  # Python's integers: a product past int64 is refused, never wrapped
         total += count
-        model.limits.check(name, shape, model.net.values[name].spec.sequence, total)
+        spec = model.net.values[name].spec
+        padded = spec.sequence and len(shape) == len(spec.shape) + 2
+        model.limits.check(name, shape, spec.sequence, padded, total)
         dtype = np.dtype(DATATYPES[kind])
         params = parameters(entry, where)
         if "binary_data_size" in params:
@@ -207,16 +214,53 @@ def _check_input(model, name, kind, a, where):
             raise ProtocolError(f"{where}: values must be finite, found NaN or infinity")
     elif a.dtype.kind not in "iu":
         raise ProtocolError(f"{where}: expected integer ids (INT32 or another integer type), found {kind}")
-    if a.shape[1:] != spec.shape:
-        lead = "steps" if spec.sequence else "n"
-        raise ProtocolError(f"{where}: expected shape [{lead}, {', '.join(map(str, spec.shape))}]"
-                            f"{' (one sequence: its steps)' if spec.sequence else ''}, found {list(a.shape)}")
-    if a.shape[0] == 0:
+    padded = spec.sequence and a.ndim == len(spec.shape) + 2
+    if a.shape[2 if padded else 1:] != spec.shape:
+        per = ", ".join(map(str, spec.shape))
+        if spec.sequence:
+            raise ProtocolError(f"{where}: expected shape [steps{', ' + per if per else ''}] (one sequence: its "
+                                f"steps) or [n, T{', ' + per if per else ''}] (n sequences padded to T steps), "
+                                f"found {list(a.shape)}")
+        raise ProtocolError(f"{where}: expected shape [n, {per}], found {list(a.shape)}")
+    if 0 in a.shape[:2 if padded else 1]:
         raise ProtocolError(f"{where}: no rows (an empty {'sequence' if spec.sequence else 'batch'})")
-    if model.sequence_model and not spec.sequence and a.shape[0] != 1:
-        raise ProtocolError(f"{where}: a request to this sequence model holds one sequence, so this input "
-                            f"takes one row, found {a.shape[0]}")
     return a
+
+
+def sequences_of(request, arrays, model):
+    """The request's padded sequences, {sequence input: list of each sequence's steps}, from a
+    padded batch ([n, T, ...]) and the request's parameters.sequence_lengths; None for a request
+    of one sequence ([steps, ...]) or to a model without sequence inputs. The other inputs must
+    hold a row per sequence."""
+    if not model.sequence_model:
+        return None
+    sequence_inputs = [k for k in arrays if model.net.values[k].spec.sequence]
+    if not sequence_inputs:
+        return None
+    forms = {k: arrays[k].ndim == len(model.net.values[k].spec.shape) + 2 for k in sequence_inputs}
+    shapes = {k: arrays[k].shape[:2 if forms[k] else 1] for k in sequence_inputs}
+    if len(set(shapes.values())) > 1 or len(set(forms.values())) > 1:
+        raise ProtocolError(f"the sequence inputs differ in their sequences: {shapes}")
+    lengths = parameters(request, "the request").get("sequence_lengths")
+    if not any(forms.values()):
+        if lengths is not None:
+            raise ProtocolError("parameters.sequence_lengths is for padded sequence inputs ([n, T, ...]); these "
+                                "inputs hold one sequence each")
+        count, split = 1, {k: [arrays[k]] for k in sequence_inputs}
+    else:
+        count, steps = next(iter(shapes.values()))
+        if lengths is None:
+            lengths = [steps] * count
+        if (not isinstance(lengths, list) or len(lengths) != count
+                or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= steps for n in lengths)):
+            raise ProtocolError(f"parameters.sequence_lengths must list {count} lengths in 1..{steps} (one per "
+                                f"padded sequence), found {lengths!r:.80}")
+        split = {k: [arrays[k][i, :n] for i, n in enumerate(lengths)] for k in sequence_inputs}
+    for k, a in arrays.items():
+        if k not in split and a.shape[0] != count:
+            raise ProtocolError(f"input '{k}': a request of {count} sequence(s) takes {count} row(s) of this input, "
+                                f"found {a.shape[0]}")
+    return split if any(forms.values()) else None
 
 
 def requested_outputs(request, model):
