@@ -112,9 +112,10 @@ if mkl is not None:
 
 setup(
     packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx",
-              "lamina.zoo", "lamina.distributed", "lamina.serve", "lamina.opencl"],
-    package_dir={"lamina": "runtime", "lamina.opencl": "opencl"},
-    package_data={"lamina.opencl": ["*.cl", "*.h"]},
+              "lamina.zoo", "lamina.distributed", "lamina.serve", "lamina.opencl", "lamina.models"],
+    package_dir={"lamina": "runtime", "lamina.opencl": "opencl", "lamina.models": "models"},
+    package_data={"lamina.opencl": ["*.cl", "*.h"], "lamina.models": ["*/model.lamina", "*/README.md"],
+                  "lamina": ["py.typed"]},
     ext_modules=cythonize(
         extensions,
         compiler_directives={

@@ -22,7 +22,7 @@ except ValueError:  # a bad LAMINA_BLAS: raised again, clearly, by the first CPU
 if _provider == "openblas":
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
-from . import layers, optim
+from . import layers, models, optim
 from .backends.cpu import CPUBackend
 from .backends.cpu.convolution import get_conv_algorithm, set_conv_algorithm
 from .errors import GraphError, InputError

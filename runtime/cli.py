@@ -570,6 +570,9 @@ def _fail(args, error, code):
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    from .models import resolve  # a shipped model's name stands for its file: lamina infer python_lm
+    if isinstance(getattr(args, "model", None), str):
+        args.model = resolve(args.model)
     from .errors import GraphError, InputError
     from .io.model import ModelFileError, NonFiniteModelError
     from .sequence import SequenceError

@@ -5,7 +5,7 @@ every input that is not data (per operator, below) into an initializer, feeds th
 and compares lamina's outputs with the case's expected ones. A case ends as passed, refused (the
 importer's UnsupportedModelError, whose reason is kept) or failed (wrong numbers or an error).
 
-`python tests/onnx_conformance.py` prints the README's table (cases passed / failed / refused
+`python tests/onnx_conformance.py` prints the table of docs/onnx.md (cases passed / failed / refused
 per operator, and the refusals' reasons).
 """
 import collections

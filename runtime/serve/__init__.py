@@ -28,9 +28,11 @@ def load_models(specs, max_batch_size=32, max_delay=0.0, max_queue=1024, limits=
     from .batching import ServedModel
     models = {}
     for spec in specs:
+        from ..models import resolve
         name, sep, path = spec.partition("=")
+        path = resolve(path if sep else spec)
         if not sep:
-            name, path = model_name(spec), spec
+            name = model_name(path)
         if name in models:
             raise ValueError(f"two models are named '{name}': name them, e.g. {name}2={path}")
         net = lm.onnx.load(path) if str(path).endswith(".onnx") else lm.load(path)
