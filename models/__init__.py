@@ -10,24 +10,26 @@
 Each model's folder holds its card (README.md); the repository's folders also hold the script
 that trained it (train.py).
 """
+from __future__ import annotations
+
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NAMES = ("python_lm", "denoise3d")
 
 
-def path(name):
+def path(name: str) -> Path:
     """The model file of a shipped model, by name ('python_lm', 'denoise3d')."""
     if name not in NAMES:
         raise KeyError(f"no shipped model named {name!r}; lamina ships {', '.join(NAMES)}")
     return HERE / name / "model.lamina"
 
 
-def names():
+def names() -> list[str]:
     return list(NAMES)
 
 
-def resolve(spec):
+def resolve(spec: str) -> str:
     """A model argument of the command line: the file it names, else the shipped model of that
     name (so `lamina serve python_lm` works from any folder), else the argument as it is."""
     if Path(spec).exists() or spec not in NAMES:

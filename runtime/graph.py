@@ -5,14 +5,21 @@ Layers wire themselves in when called on values (Keras's functional style): `h =
 the graph is therefore validated as a whole (unknown names, cycles, shapes) when it is first run
 or when `validate()` is called, and every error names the layer at fault.
 """
+from __future__ import annotations
+
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from .backends.cpu import CPUBackend
 from .errors import GraphError, InputError
 from .rwlock import ReadWriteLock
+from .types import Feed, Feeds, Shape
+
+if TYPE_CHECKING:
+    from .parameter import Parameter
 
 
 class Spec:
@@ -110,24 +117,29 @@ class Network:
     """A DAG of layers. Build with `input`, layer calls (or `add`) and `outputs`; run with
     `run` (inference), `train_step`, or `forward` + `backward`."""
 
-    def __init__(self, dtype="float32", backend=None):
+    # set on a network imported from ONNX (lamina.onnx.load): each input's and output's ONNX
+    # axes, and the ONNX inputs that held sequence lengths
+    onnx_axes: dict[str, tuple]
+    onnx_lengths: list[str]
+
+    def __init__(self, dtype: Any = "float32", backend: Any = None) -> None:
         from .threads import check_environment
         check_environment()
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"Network: dtype must be float32 or float64, found {self.dtype}")
         self.backend = backend or CPUBackend()
-        self.values = {}  # name -> Value (inputs and node outputs)
-        self.input_names = []
-        self.nodes = []
-        self.output_values = {}  # output name -> value name
+        self.values: dict[str, Value] = {}  # name -> Value (inputs and node outputs)
+        self.input_names: list[str] = []
+        self.nodes: list[Node] = []
+        self.output_values: dict[str, str] = {}  # output name -> value name
         self.rng = np.random.default_rng(0)  # dropout masks; seed with `seed`
         # data a model needs to be used (a vocabulary, normalisation constants): JSON-able values
         # or numpy arrays, saved in the model file beside the parameters
-        self.assets = {}
-        self._layer_uses = {}
-        self._layer_names = set()  # of the layers applied so far
-        self._next_of_kind = {}  # kind -> the index a fresh name of that kind tries first
+        self.assets: dict[str, Any] = {}
+        self._layer_uses: dict[int, int] = {}
+        self._layer_names: set[str] = set()  # of the layers applied so far
+        self._next_of_kind: dict[str, int] = {}  # kind -> the index a fresh name of that kind tries first
         self._scheduler = None
         # `run` may be called from many threads at once (each run gets buffers of its own);
         # training, moves and type changes wait for the runs in flight and run alone
@@ -135,14 +147,14 @@ class Network:
         self._scheduler_lock = threading.Lock()
 
     # ------------------------------------------------------------------ building
-    def input(self, name, shape=(), dtype="float", sequence=False):
+    def input(self, name: str, shape: Shape = (), dtype: str = "float", sequence: bool = False) -> Value:
         """Declare an input; `shape` is per row (no batch axis); dtype 'float' (the network's
         float type), 'int32' (labels, ids) or 'selection' (the columns a selective layer scores,
         fed as a lamina.Selection; no shape); sequence=True for variable-length sequence batches
         (fed as lamina.Sequences)."""
         if dtype not in ("float", "int32", "selection"):
             raise ValueError(f"input '{name}': dtype must be 'float', 'int32' or 'selection', found {dtype!r}")
-        if dtype == "selection" and (tuple(shape or ()) != () or sequence):
+        if dtype == "selection" and (shape not in ((), [], None) or sequence):
             raise ValueError(f"input '{name}': a selection input takes no shape and is not a sequence")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(int(s) < 1 for s in shape):
@@ -154,7 +166,7 @@ class Network:
         self._invalidate()
         return value
 
-    def add(self, layer, inputs, name=None):
+    def add(self, layer: Any, inputs: Any, name: Optional[str] = None) -> Any:
         """Apply `layer` to `inputs` (Values or value names); returns the output Value."""
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         names = []
@@ -196,7 +208,7 @@ class Network:
         outs = tuple(self.values[o] for o in node.outputs)
         return outs[0] if len(outs) == 1 else outs
 
-    def outputs(self, *values, **named):
+    def outputs(self, *values: Union[Value, str], **named: Union[Value, str]) -> Network:
         """Name the network's outputs: `outputs(loss=l, logits=y)` or `outputs(y)` (named after the
         value). Cost-layer outputs among them are what `backward` minimises."""
         for v in values:
@@ -206,7 +218,7 @@ class Network:
         self._invalidate()
         return self
 
-    def seed(self, seed):
+    def seed(self, seed: Any) -> None:
         """Seed the generator behind dropout masks."""
         self.rng = np.random.default_rng(seed)
 
@@ -237,7 +249,7 @@ class Network:
             seen.setdefault(id(n.layer), n.layer)
         return list(seen.values())
 
-    def named_parameters(self):
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
         """(name, Parameter) for every distinct parameter, in layer order."""
         seen = {}
         for layer in self.layers:
@@ -246,16 +258,16 @@ class Network:
                     seen[id(p)] = (p.name or f"{layer.name}.{pname}", p)
         return list(seen.values())
 
-    def parameters(self):
+    def parameters(self) -> list[Parameter]:
         return [p for _, p in self.named_parameters()]
 
-    def layer(self, name):
+    def layer(self, name: str) -> Any:
         for layer in self.layers:
             if layer.name == name:
                 return layer
         raise KeyError(f"no layer named '{name}'; layers: {', '.join(l.name for l in self.layers)}")
 
-    def freeze(self, *names, frozen=True):
+    def freeze(self, *names: str, frozen: bool = True) -> None:
         """Freeze (or with frozen=False, unfreeze) layers or parameters by name: no gradient, no update."""
         with self._lock.write():
             self._freeze(names, frozen)
@@ -270,7 +282,7 @@ class Network:
                     p.frozen = frozen
         self._invalidate()
 
-    def to(self, device):
+    def to(self, device: Any) -> Network:
         """Place the network on a device: 'cpu', 'opencl', 'opencl:N' or a backend object. Its
         parameters and their optimizer state move along; every layer must run there (a layer
         that cannot is named in the error)."""
@@ -291,7 +303,7 @@ class Network:
         self._invalidate()
         return self
 
-    def astype(self, dtype):
+    def astype(self, dtype: Any) -> Network:
         """Convert every parameter to dtype (float64 for gradient checks); inputs follow."""
         with self._lock.write():
             self.dtype = np.dtype(dtype)
@@ -301,7 +313,7 @@ class Network:
         return self
 
     # ------------------------------------------------------------------ validation
-    def validate(self):
+    def validate(self) -> list[Node]:
         """Resolve names, order the nodes topologically and infer every shape; returns the order."""
         if not self.output_values:
             raise GraphError("network has no outputs: call net.outputs(...)")
@@ -366,7 +378,7 @@ class Network:
                 scheduler = self._scheduler
         return scheduler
 
-    def run(self, feeds, outputs=None, consume=None):
+    def run(self, feeds: Any, outputs: Any = None, consume: Optional[Callable[[dict], Any]] = None) -> Any:
         """Inference: returns {output name: numpy array} (arrays of their own, safe to keep:
         on the CPU the buffers the layers wrote, the next run writing elsewhere). Safe to call
         from several threads at once on one network. With `consume`, the outputs are not
@@ -389,7 +401,7 @@ class Network:
     def _first_input(self):
         return self.input_names[0] if self.input_names else "x"
 
-    def __call__(self, *arrays, **named):
+    def __call__(self, *arrays: Feed, **named: Feed) -> Any:
         """PyTorch's habit, model(x): the arrays fed to the inputs in their order (and by name);
         returns the one output computed, or a dict of them. net.run is the full form."""
         if len(arrays) > len(self.input_names):
@@ -402,12 +414,12 @@ class Network:
         out = self.run({**feeds, **named})
         return next(iter(out.values())) if len(out) == 1 else out
 
-    def eval(self):
+    def eval(self) -> Network:
         """PyTorch's model.eval(): lamina's `run` is always inference (dropout off, batch
         statistics fixed) and `train_step` always training, so there is no mode to set."""
         return self
 
-    def train(self, mode=True):
+    def train(self, mode: bool = True) -> Network:
         """PyTorch's model.train() sets a mode; lamina has none to set (see `eval`). Training is
         net.train_step(feeds, optimizer)."""
         if mode:
@@ -415,16 +427,17 @@ class Network:
                              "net.train_step(feeds, optimizer) (lamina.optim), and run inference with net.run")
         return self
 
-    def get_inputs(self):
+    def get_inputs(self) -> list[_NodeArg]:
         """ONNX Runtime's session.get_inputs(): each input's name, shape (the batch axis first, as
         'N'; a sequence's steps as 'T') and type."""
         return [_NodeArg(name, self.values[name].spec) for name in self.input_names]
 
-    def get_outputs(self):
+    def get_outputs(self) -> list[_NodeArg]:
         """ONNX Runtime's session.get_outputs() (see get_inputs)."""
         return [_NodeArg(o, self.values[v].spec) for o, v in self.output_values.items()]
 
-    def forward(self, feeds, training=True, grad_outputs=(), outputs=None):
+    def forward(self, feeds: Feeds, training: bool = True, grad_outputs: Sequence[str] = (),
+                outputs: Optional[Sequence[str]] = None) -> dict[str, Any]:
         """Forward pass keeping every activation for `backward`; returns {output: array view}
         (valid until the next forward) for `outputs` (default: all). `grad_outputs` names
         outputs whose gradients the caller will pass to backward instead of starting from the
@@ -432,7 +445,8 @@ class Network:
         with self._lock.write():
             return self.scheduler.forward(feeds, training, grad_outputs, outputs)
 
-    def backward(self, on_ready=None, grad_outputs=None):
+    def backward(self, on_ready: Optional[Callable[[Parameter], None]] = None,
+                 grad_outputs: Optional[Mapping[str, np.ndarray]] = None) -> Optional[float]:
         """Backward from every cost output (each averaged over its rows), or from the gradients
         in `grad_outputs` ({output: array}) when forward declared them. Parameter gradients
         accumulate until an optimizer consumes them; `on_ready(param)` fires once per parameter
@@ -440,7 +454,7 @@ class Network:
         with self._lock.write():
             return self.scheduler.backward(on_ready, grad_outputs)
 
-    def train_step(self, feeds, optimizer):
+    def train_step(self, feeds: Feeds, optimizer: Any) -> float:
         """forward + backward with per-parameter updates as gradients complete; returns the loss
         (of the weights before the update). Only the costs are computed (and what they need).
         A non-finite loss or gradient skips the step or raises, as the optimizer's `nonfinite`
@@ -453,7 +467,7 @@ class Network:
             optimizer.end_step()
         return loss
 
-    def idle_step(self, optimizer):
+    def idle_step(self, optimizer: Any) -> float:
         """The training step of a data-parallel rank whose share of the global batch is empty:
         it joins the sum of the losses and every gradient exchange with nothing (zero
         gradients, in the order backward would complete them) and applies the same updates as
@@ -466,24 +480,24 @@ class Network:
             optimizer.end_step()
         return loss
 
-    def cost_outputs(self):
+    def cost_outputs(self) -> list[str]:
         """The names of the outputs that cost layers produce (what training minimises)."""
         producer = {out: n for n in self.scheduler.order for out in n.outputs}
         return [o for o, v in self.output_values.items() if v in producer and producer[v].layer.is_cost]
 
-    def grad(self, name):
+    def grad(self, name: str) -> Any:
         """The gradient of a value (an input with requires_grad, or a node output) after backward."""
         return self.scheduler.grad(name)
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         """Drop unconsumed parameter gradients, so the next backward overwrites them."""
         for p in self.parameters():
             p.drop_grad()
 
-    def summary(self):
+    def summary(self) -> str:
         order = self.validate()
         rows = [(v, "input", str(self.values[v].spec), "0") for v in self.input_names]
-        counted = set()  # a shared parameter counts at its first layer; later ones name it
+        counted: set[int] = set()  # a shared parameter counts at its first layer; later ones name it
         for n in order:
             own = [p for p in n.layer.params.values() if id(p) not in counted]
             shared = [p.name for p in n.layer.params.values() if id(p) in counted]

@@ -17,7 +17,10 @@ whole step. A gradient is checked just before its own update: when one is non-fi
 the loss was finite, the updates still to come in that step are skipped, while those already
 made (from finite gradients) stay; with clip_norm every gradient is checked before any update.
 """
+from __future__ import annotations
+
 import math
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -45,7 +48,7 @@ class Constant:
 class StepDecay:
     """factor(step) = gamma ** (step // step_size)."""
 
-    def __init__(self, step_size, gamma=0.1):
+    def __init__(self, step_size: int, gamma: float = 0.1) -> None:
         if step_size < 1:
             raise ValueError(f"StepDecay: step_size must be at least 1, found {step_size}")
         self.step_size, self.gamma = int(step_size), float(gamma)
@@ -57,7 +60,7 @@ class StepDecay:
 class CosineWarmup:
     """Linear warm-up from 0 over `warmup` steps, then cosine decay to `min_factor` at `total`."""
 
-    def __init__(self, warmup, total, min_factor=0.0):
+    def __init__(self, warmup: int, total: int, min_factor: float = 0.0) -> None:
         if not 0 <= warmup < total:
             raise ValueError(f"CosineWarmup: expected 0 <= warmup < total, found warmup={warmup}, total={total}")
         self.warmup, self.total, self.min_factor = int(warmup), int(total), float(min_factor)
@@ -94,8 +97,8 @@ class Optimizer:
     (`param.lr_mult`, `param.decay_mult`), global-norm clipping, the step counter, and what a
     non-finite loss or gradient does (`nonfinite`, see the module docstring)."""
 
-    def __init__(self, params, lr, weight_decay=0.0, clip_norm=None, schedule=None, backend=None,
-                 nonfinite="skip"):
+    def __init__(self, params: Any, lr: float, weight_decay: float = 0.0, clip_norm: Optional[float] = None,
+                 schedule: Optional[Callable[[int], float]] = None, backend: Any = None, nonfinite: str = "skip") -> None:
         where = type(self).__name__
         params = params.parameters() if hasattr(params, "parameters") else list(params)
         if not params:
@@ -118,7 +121,7 @@ class Optimizer:
         self.step_count = 0  # completed steps
         self.current_lr = self.lr * self.schedule(0)
         self.last_grad_norm = None
-        self._deferred = []
+        self._deferred: list = []
         # lamina.distributed.data_parallel installs one: gradients are summed over the
         # processes before their updates
         self.reducer = None
@@ -209,7 +212,7 @@ class Optimizer:
             self._deferred = []
         self.step_count += 1
 
-    def step(self):
+    def step(self) -> None:
         """Update every parameter holding a gradient (for use after a plain net.backward())."""
         self.begin_step()
         for p in self.params:
@@ -256,7 +259,8 @@ class SGD(Optimizer):
     dense unless lazy=True: then only rows with a gradient update their velocity and move
     (lazy momentum: a row's velocity decays only on the steps that touch it)."""
 
-    def __init__(self, params, lr, momentum=0.0, dampening=0.0, nesterov=False, lazy=False, **kw):
+    def __init__(self, params: Any, lr: float, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
+                 lazy: bool = False, **kw: Any) -> None:
         super().__init__(params, lr, **kw)
         momentum = hyper("SGD", "momentum", momentum, 0, 1)
         dampening = hyper("SGD", "dampening", dampening, 0, 1, high_open=False)
@@ -289,7 +293,8 @@ class Adam(Optimizer):
 
     decoupled = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, lazy=False, **kw):
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 lazy: bool = False, **kw: Any) -> None:
         super().__init__(params, lr, **kw)
         where = type(self).__name__
         self.beta1, self.beta2 = (hyper(where, f"betas[{i}]", b, 0, 1) for i, b in enumerate(betas))
@@ -314,14 +319,15 @@ class AdamW(Adam):
 
     decoupled = True
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kw):
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, **kw: Any) -> None:
         super().__init__(params, lr, betas, eps, weight_decay=weight_decay, **kw)
 
 
 class AdaGrad(Optimizer):
     """AdaGrad: s += g²; p -= lr g / (sqrt(s) + eps)."""
 
-    def __init__(self, params, lr=1e-2, eps=1e-10, **kw):
+    def __init__(self, params: Any, lr: float = 1e-2, eps: float = 1e-10, **kw: Any) -> None:
         super().__init__(params, lr, **kw)
         self.eps = hyper("AdaGrad", "eps", eps, 0, low_open=True)
 
@@ -338,7 +344,8 @@ class AdaGrad(Optimizer):
 class RMSProp(Optimizer):
     """RMSProp (torch.optim.RMSprop, not centered): s = alpha s + (1-alpha) g²."""
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, momentum=0.0, **kw):
+    def __init__(self, params: Any, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8, momentum: float = 0.0,
+                 **kw: Any) -> None:
         super().__init__(params, lr, **kw)
         self.alpha = hyper("RMSProp", "alpha", alpha, 0, 1)
         self.eps = hyper("RMSProp", "eps", eps, 0, low_open=True)

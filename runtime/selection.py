@@ -18,6 +18,10 @@ A Selection is immutable: it is checked once per layer width and its per-column 
 cached, and kernels index weights with its ids, so its arrays are frozen copies (read-only views
 of bytes objects, which numpy cannot make writeable again) and the attributes have no setters.
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
 import numpy as np
 
 from . import _selective
@@ -68,17 +72,17 @@ class Selection:
         return self._logq
 
     @classmethod
-    def shared(cls, columns, logq=None):
+    def shared(cls, columns: Any, logq: Any = None) -> Selection:
         """Every row scores the same columns."""
         return cls(columns, None, logq)
 
     @classmethod
-    def per_row(cls, starts, columns, logq=None):
+    def per_row(cls, starts: Any, columns: Any, logq: Any = None) -> Selection:
         """CSR: row i scores columns[starts[i]:starts[i + 1]]."""
         return cls(columns, starts, logq)
 
     @classmethod
-    def from_lists(cls, lists, logq=None):
+    def from_lists(cls, lists: Sequence[Any], logq: Optional[Sequence[Any]] = None) -> Selection:
         """One array of column ids per row."""
         if not len(lists):
             raise InputError("Selection.from_lists: expected at least one row, found none")
@@ -189,8 +193,9 @@ def _log_uniform(num_classes):
     return np.log((c + 2) / (c + 1)) / np.log(num_classes + 1)
 
 
-def sampled_selection(labels, num_classes, num_sampled, distribution="uniform", shared_negatives=False,
-                      rng=None, row_generators=None):
+def sampled_selection(labels: np.ndarray, num_classes: int, num_sampled: int, distribution: str = "uniform",
+                      shared_negatives: bool = False, rng: Optional[np.random.Generator] = None,
+                      row_generators: Optional[Sequence[tuple[int, np.random.Generator]]] = None) -> Selection:
     """A per-row selection for sampled-softmax training: row i selects its label, then
     `num_sampled` negatives drawn with replacement from `distribution` ('uniform' or
     'log_uniform', the Zipf law of class ids sorted by frequency), per row or, with
@@ -237,7 +242,7 @@ def sampled_selection(labels, num_classes, num_sampled, distribution="uniform", 
     return Selection.per_row(starts, columns.reshape(-1), logq.reshape(-1))
 
 
-def top_k(scores, k, selection=None):
+def top_k(scores: Any, k: int, selection: Optional[Selection] = None) -> tuple[np.ndarray, np.ndarray]:
     """The k best columns of each row: (ids int32 [rows, k], scores [rows, k]), best first.
     `scores` is a selective layer's output for `selection` ([rows, width] for a shared one, a
     Sequences for a per-row one), or a full [rows, classes] output without a selection. A row

@@ -12,6 +12,10 @@ longest first, ties in input order; step t holds the rows of every sequence long
 sorted order. So step t is one contiguous block, and its rows' previous states are the first rows
 of step t-1.
 """
+from __future__ import annotations
+
+from typing import Any, Sequence
+
 import numpy as np
 
 
@@ -46,7 +50,7 @@ class Sequences:
     """A batch of variable-length sequences: `values` [total_steps, *features] and int32
     `starts` [num_sequences + 1]."""
 
-    def __init__(self, values, starts):
+    def __init__(self, values: np.ndarray, starts: Any) -> None:
         if not isinstance(values, np.ndarray):
             raise SequenceError(f"Sequences: values must be a numpy array, found {type(values).__name__}")
         if values.ndim < 1:
@@ -63,7 +67,7 @@ class Sequences:
         return seqs
 
     @classmethod
-    def from_list(cls, arrays, dtype=None):
+    def from_list(cls, arrays: Sequence[np.ndarray], dtype: Any = None) -> Sequences:
         """From a list of per-sequence arrays [length_i, *features]."""
         if not len(arrays):
             raise SequenceError("Sequences.from_list: expected at least one sequence, found none")
@@ -77,7 +81,7 @@ class Sequences:
         return cls(np.ascontiguousarray(np.concatenate(arrays)), starts)
 
     @classmethod
-    def from_padded(cls, padded, lengths):
+    def from_padded(cls, padded: np.ndarray, lengths: Any) -> Sequences:
         """From a padded array [num_sequences, max_length, *features] and the true lengths."""
         padded = np.asarray(padded)
         lengths = np.asarray(lengths)
@@ -96,15 +100,15 @@ class Sequences:
         return cls.from_list([padded[i, :n] for i, n in enumerate(lengths)])
 
     @property
-    def lengths(self):
+    def lengths(self) -> np.ndarray:
         return np.diff(self.starts)
 
     @property
-    def num_sequences(self):
+    def num_sequences(self) -> int:
         return len(self.starts) - 1
 
     @property
-    def total_steps(self):
+    def total_steps(self) -> int:
         return int(self.starts[-1])
 
     def __len__(self):
@@ -117,10 +121,10 @@ class Sequences:
         return (f"Sequences({self.num_sequences} sequences, {self.total_steps} steps, "
                 f"features {self.values.shape[1:]}, {self.values.dtype})")
 
-    def to_list(self):
+    def to_list(self) -> list[np.ndarray]:
         return [self[i] for i in range(self.num_sequences)]
 
-    def to_padded(self, pad_value=0):
+    def to_padded(self, pad_value: float = 0) -> tuple[np.ndarray, np.ndarray]:
         """(padded [num_sequences, max_length, *features], lengths)."""
         lengths = self.lengths
         out = np.full((self.num_sequences, int(lengths.max())) + self.values.shape[1:], pad_value, self.values.dtype)

@@ -127,7 +127,7 @@ class _Worker:
                 self.cpu = None
 
 
-_workers = []
+_workers: list = []
 _cpus = None  # the CPUs this process may use, sorted
 _split_lock = threading.Lock()
 
@@ -190,7 +190,7 @@ def split_work(count, work, threads=None):
         _set_mkl_threads(1)
         _kernels.team_rest()  # (the compiled team's workers would spin on the helpers' CPUs)
         mine = _kernels.get_num_threads()
-        errors = [None]
+        errors: list = [None]
         finished = np.zeros(1, np.int64)
         try:
             futures = [w.submit(lambda t=t: run(t), finished) for t, w in enumerate(helpers, 1)]
@@ -203,9 +203,9 @@ def split_work(count, work, threads=None):
         finally:
             _kernels.set_num_threads(mine)
             _set_mkl_threads(_current)
-        for e in errors:
-            if e is not None:
-                raise e
+        for error in errors:
+            if error is not None:
+                raise error
     return threads
 
 

@@ -17,7 +17,7 @@ import os
 PROVIDERS = {"mkl": "lamina._mkl", "openblas": "lamina._openblas"}
 # provider name -> (the distribution that ships its shared library, the library's file name prefix)
 LIBRARIES = {"mkl": ("mkl", "libmkl_rt.so"), "openblas": ("scipy-openblas32", "libscipy_openblas")}
-_loaded = set()
+_loaded: set[str] = set()
 
 
 def load_library(name):

@@ -22,7 +22,7 @@ import numpy as np
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
-KERNEL_DIR = Path(importlib.resources.files("lamina.opencl"))
+KERNEL_DIR = Path(str(importlib.resources.files("lamina.opencl")))
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
 # device runs the panel kernels instead (below); its entry only builds the tiled kernel.
 TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}

@@ -7,6 +7,8 @@ overrides the Backend methods that call these.
 """
 from dataclasses import dataclass
 
+from typing import Optional
+
 import numpy as np
 
 
@@ -18,17 +20,17 @@ class Direction:
     d: int  # the direction
     g: np.ndarray  # [rows, gates·H]: x W_ihᵀ in, the activated gates out
     hs: np.ndarray  # [rows, H]: every step's hidden state
-    cs: np.ndarray = None  # [rows, H]: every step's cell state (LSTM)
-    init_h: np.ndarray = None  # [sequences, H]: initial states in sorted order, or None for zeros
-    init_c: np.ndarray = None
-    bias: np.ndarray = None  # forward: b_ih (+ b_hh where it joins it), added to g
-    output: tuple = None  # forward: (out, rows, col): the states also go to out[rows[r], col:col + H]
-    dhs: np.ndarray = None  # backward: gradients reaching each step's states from outside
-    dcs: np.ndarray = None
-    dg: np.ndarray = None  # backward: the gates' pre-activation gradients
-    dgh: np.ndarray = None  # backward: those of the recurrent product (dg unless b_hh is apart)
-    dh0: np.ndarray = None  # backward: the initial states' gradients, or None
-    dc0: np.ndarray = None
+    cs: Optional[np.ndarray] = None  # [rows, H]: every step's cell state (LSTM)
+    init_h: Optional[np.ndarray] = None  # [sequences, H]: initial states in sorted order, or None for zeros
+    init_c: Optional[np.ndarray] = None
+    bias: Optional[np.ndarray] = None  # forward: b_ih (+ b_hh where it joins it), added to g
+    output: Optional[tuple] = None  # forward: (out, rows, col): the states also go to out[rows[r], col:col + H]
+    dhs: Optional[np.ndarray] = None  # backward: gradients reaching each step's states from outside
+    dcs: Optional[np.ndarray] = None
+    dg: Optional[np.ndarray] = None  # backward: the gates' pre-activation gradients
+    dgh: Optional[np.ndarray] = None  # backward: those of the recurrent product (dg unless b_hh is apart)
+    dh0: Optional[np.ndarray] = None  # backward: the initial states' gradients, or None
+    dc0: Optional[np.ndarray] = None
 
 
 def _rows(a, rows):

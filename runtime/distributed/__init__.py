@@ -28,10 +28,13 @@ abort the whole job with a message naming what they waited for; an uncaught exce
 rank prints its traceback and aborts the job (MPI_Abort), instead of leaving the other ranks
 waiting in a collective forever. A killed rank is cleaned up by the launcher.
 """
+from __future__ import annotations
+
 import os
 import sys
 import time
 import traceback
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -48,7 +51,7 @@ _LAUNCHER_VARIABLES = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RAN
 _world = None
 
 
-def launched():
+def launched() -> bool:
     """Whether this process was started by an MPI launcher (mpiexec, mpirun, srun)."""
     return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
@@ -57,7 +60,7 @@ class World:
     """The ranks of one job: `rank`, `size`, and the few collectives lamina needs, each waited
     for at most `timeout` seconds."""
 
-    def __init__(self, comm, timeout=DEFAULT_TIMEOUT):
+    def __init__(self, comm: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
         from mpi4py import MPI
         self.MPI, self.comm = MPI, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
@@ -66,7 +69,7 @@ class World:
     def __repr__(self):
         return f"World(rank={self.rank}, size={self.size})"
 
-    def abort(self, message, code=1):
+    def abort(self, message: str, code: int = 1) -> None:
         """Print `message` (naming this rank) and end every rank of the job."""
         print(f"lamina rank {self.rank}/{self.size}: {message}", file=sys.stderr, flush=True)
         # the launcher forwards a rank's output from a pipe, and tears the job down as soon as
@@ -85,18 +88,18 @@ class World:
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
-    def sum(self, values, what="a sum over the ranks"):
+    def sum(self, values: Any, what: str = "a sum over the ranks") -> np.ndarray:
         """Elementwise sum over the ranks of a float64 vector (every rank gets it)."""
         values = np.array(values, np.float64)
         out = np.empty_like(values)
         self.wait([self.comm.Iallreduce(values, out, op=self.MPI.SUM)], what)
         return out
 
-    def any(self, flag, what="a flag from the ranks"):
+    def any(self, flag: bool, what: str = "a flag from the ranks") -> bool:
         """Whether `flag` is true on any rank."""
         return bool(self.sum([1.0 if flag else 0.0], what)[0] > 0)
 
-    def broadcast(self, obj, what="rank 0's settings"):
+    def broadcast(self, obj: Any, what: str = "rank 0's settings") -> Any:
         """rank 0's `obj` (small, JSON-like data) on every rank."""
         data = np.frombuffer(repr(obj).encode() if self.rank == 0 else b"", np.uint8)
         size = np.array([len(data)], np.int64)
@@ -108,15 +111,15 @@ class World:
         import ast
         return ast.literal_eval(buf.tobytes().decode())
 
-    def broadcast_array(self, a, what):
+    def broadcast_array(self, a: np.ndarray, what: str) -> np.ndarray:
         """rank 0's array `a` (this rank's array of the same shape and dtype is overwritten)."""
         self.wait([self.comm.Ibcast(a, root=0)], what)
         return a
 
-    def barrier(self, what="the other ranks"):
+    def barrier(self, what: str = "the other ranks") -> None:
         self.wait([self.comm.Ibarrier()], what)
 
-    def agree(self, facts):
+    def agree(self, facts: Mapping[str, float]) -> None:
         """Check that every rank has the same `facts` ({what: number}, e.g. the data set's size);
         an InputError on every rank names the first that differs and each rank's value."""
         from ..errors import InputError
@@ -130,7 +133,7 @@ class World:
                 raise InputError(f"the ranks differ in {name} ({each}); every rank must see the same")
 
 
-def init(timeout=DEFAULT_TIMEOUT, comm=None):
+def init(timeout: float = DEFAULT_TIMEOUT, comm: Any = None) -> World:
     """The job's World (MPI.COMM_WORLD unless `comm`), started once per process. With more than
     one rank an uncaught exception aborts the whole job (see the module docstring)."""
     global _world
@@ -143,12 +146,12 @@ def init(timeout=DEFAULT_TIMEOUT, comm=None):
     return _world
 
 
-def rank():
+def rank() -> int:
     """This process's rank (0 outside MPI)."""
     return init().rank if launched() or _world is not None else 0
 
 
-def size():
+def size() -> int:
     """The number of ranks (1 outside MPI)."""
     return init().size if launched() or _world is not None else 1
 
@@ -175,41 +178,42 @@ class ShardedSampler:
             index = sampler.indices(epoch, b)        # this rank's samples of global batch b
     """
 
-    def __init__(self, count, batch_size, world=None, seed=0):
+    def __init__(self, count: int, batch_size: int, world: Optional[World] = None, seed: int = 0) -> None:
         if batch_size < 1 or count < 1:
             raise ValueError(f"ShardedSampler: expected at least one sample and a batch size of at least 1, "
                              f"found {count} sample(s), batch size {batch_size}")
         self.count, self.batch_size, self.world, self.seed = int(count), int(batch_size), world, seed
-        self._order = None
+        self._order: Optional[tuple[int, np.ndarray]] = None  # (epoch, its permutation)
 
     def __len__(self):
         """Batches per epoch."""
         return -(-self.count // self.batch_size)
 
-    def global_batch(self, epoch, b):
+    def global_batch(self, epoch: int, b: int) -> np.ndarray:
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.count))
         return self._order[1][b * self.batch_size:(b + 1) * self.batch_size]
 
-    def indices(self, epoch, b):
+    def indices(self, epoch: int, b: int) -> np.ndarray:
         index = self.global_batch(epoch, b)
         return index if self.world is None else shard(index, self.world)
 
-    def positions(self, epoch, b):
+    def positions(self, epoch: int, b: int) -> np.ndarray:
         """The places within global batch b of this rank's samples (`indices`): what keys a
         sample's own randomness, so it does not depend on how many ranks share the batch."""
         places = np.arange(len(self.global_batch(epoch, b)))
         return places if self.world is None else shard(places, self.world)
 
 
-def shard(index, world):
+def shard(index: Any, world: World) -> np.ndarray:
     """This rank's part of a global batch's sample indices: contiguous, sizes differing by at
     most one. Empty when the batch has fewer samples than there are ranks (an epoch's short
     last batch): such a rank calls `net.idle_step(optimizer)` instead of `train_step`."""
     return np.array_split(np.asarray(index), world.size)[world.rank]
 
 
-def data_parallel(net, optimizer, world=None, bucket_mb=DEFAULT_BUCKET_MB, seed=0, overlap=True):
+def data_parallel(net: Any, optimizer: Any, world: Optional[World] = None, bucket_mb: float = DEFAULT_BUCKET_MB,
+                  seed: int = 0, overlap: bool = True) -> Any:
     """Make `optimizer` sum every gradient over the ranks before its update, after copying rank
     0's parameters, non-trainable state and optimizer state (moments, step counts) to every
     rank, so no rank starts apart. Dropout masks are drawn per rank (seeded by (seed, rank)).

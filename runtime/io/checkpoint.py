@@ -7,16 +7,21 @@ initialisation generator, and whatever JSON-able fields the caller adds (epoch, 
 data, the data generator's state). Resuming with the same data order and thread count repeats
 the uninterrupted run exactly.
 """
+from __future__ import annotations
+
 import json
+from typing import Any
 
 import numpy as np
 
 from .. import random as lm_random
+from ..graph import Network
 from ..parameter import host
+from ..types import PathLike
 from .model import OPTIM, ModelFileError, _load, _pack, describe, write_atomic
 
 
-def save_checkpoint(path, net, optimizer, **fields):
+def save_checkpoint(path: PathLike, net: Network, optimizer: Any, **fields: Any) -> None:
     """Write net, optimizer state and `fields` (JSON-able) to `path` atomically."""
     names = {id(p): n for n, p in net.named_parameters()}
     tensors = {}
@@ -73,7 +78,7 @@ class Checkpoint:
         self.fields = info.get("fields", {})
         self.step_count = int(info.get("step_count", 0))
 
-    def restore(self, optimizer):
+    def restore(self, optimizer: Any) -> None:
         """Put the saved optimizer state and step counter into `optimizer` (built over this
         checkpoint's network, of the same type as the one saved)."""
         saved = self._info.get("optimizer")
@@ -93,7 +98,7 @@ class Checkpoint:
         return optimizer
 
 
-    def load_into(self, net):
+    def load_into(self, net: Network) -> Network:
         """Copy the checkpoint's parameter values into `net`, which must have the checkpoint's
         graph; a checkpoint of another network is a ModelFileError that says what differs.
         Returns net."""
@@ -107,7 +112,7 @@ class Checkpoint:
         return net
 
 
-def load_checkpoint(path):
+def load_checkpoint(path: PathLike) -> Checkpoint:
     """Read a checkpoint written by save_checkpoint; the generators' states are restored."""
     net, metadata, tensors = _load(path)
     if "checkpoint" not in metadata:

@@ -23,6 +23,8 @@ that produces NaN silently is worse than one that does not load. Saving writes a
 in the same folder, fsyncs it, renames it over the target and fsyncs the folder, so a crash
 leaves either the old file or the new one.
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import math
@@ -37,6 +39,7 @@ from safetensors.numpy import save as st_save
 
 from ..graph import Network
 from ..layers.base import REGISTRY, parameters_from_file
+from ..types import PathLike
 
 FORMAT = "lamina"
 VERSION = 2
@@ -208,7 +211,7 @@ def write_atomic(path, blob):
         os.close(dir_fd)
 
 
-def save(net, path, half=False):
+def save(net: Network, path: PathLike, half: bool = False) -> None:
     """Write `net` (graph, parameters, assets) to `path` atomically; half=True stores the
     parameters as float16 (half the size; loading widens them to float32)."""
     write_atomic(path, _pack(net, half))
@@ -420,7 +423,7 @@ def _load(path):
 ONNX_SUFFIXES = (".onnx",)
 
 
-def load(path):
+def load(path: PathLike) -> Network:
     """Read a model file: lamina's own (written by `save`, or a checkpoint), or an ONNX model
     (by its .onnx suffix, or, under another name, its content); returns a validated Network. A
     file of neither kind is a ModelFileError that names what the file looks like."""
@@ -461,14 +464,14 @@ def sniff(path):
         return "binary data of an unknown kind"
 
 
-def save_description(net, path):
+def save_description(net: Network, path: PathLike) -> None:
     """Write the network's graph (no parameters) as JSON: `load_description` builds it again
     with freshly initialised parameters (`lamina train` accepts such a file as its MODEL)."""
     graph, _ = describe(net)
     write_atomic(path, (json.dumps({"format": FORMAT, "version": VERSION, "graph": graph}, indent=1) + "\n").encode())
 
 
-def load_description(path):
+def load_description(path: PathLike) -> Network:
     """A Network from a JSON description written by save_description, parameters initialised
     afresh (lamina.manual_seed makes them repeatable)."""
     try:

@@ -6,8 +6,11 @@ backward(ctx): read ctx.grad_output; for each input slot, ctx.input_grad(slot) i
                (array, beta) or None; for each parameter, ctx.param_grad(name) likewise.
                Write every target "with beta" (out = new + beta * out).
 """
+from __future__ import annotations
+
 import contextvars
 from contextlib import contextmanager
+from typing import Optional
 
 import numpy as np
 
@@ -15,8 +18,9 @@ from ..errors import InputError
 from ..graph import Spec, Value
 from ..packing import PackedWeight
 from ..parameter import Parameter
+from ..types import Shape
 
-REGISTRY = {}
+REGISTRY: dict[str, type] = {}
 
 # While a model file is read, parameters are not initialised: their configured shapes are checked
 # against the file's tensors first (a config claiming 2e7 channels must not allocate gigabytes
@@ -55,18 +59,18 @@ class Layer:
     kind = "layer"
     is_cost = False
     arity = (1, 1)  # (fewest, most) inputs
-    output_labels = ("",)  # one per output; "" is the node's own name, others '<node>.<label>'
+    output_labels: tuple[str, ...] = ("",)  # one per output; "" is the node's own name, others '<node>.<label>'
     # the backends whose kernels it calls exist on (Backend.name); a layer written against the
     # backend interface alone runs on every one, a layer calling numpy on its arrays on the CPU
-    backends = ("cpu",)
+    backends: tuple[str, ...] = ("cpu",)
     # input slots that take an initial state, zeros when a caller has none (recurrent layers'
     # h0 and c0, as PyTorch's): a server lets requests leave such inputs out
-    initial_state_slots = ()
+    initial_state_slots: tuple[int, ...] = ()
 
-    def __init__(self, name=None):
+    def __init__(self, name: Optional[str] = None) -> None:
         self.name = name
-        self.params = {}
-        self._packs = {}  # (id(param), transposed) -> PackedWeight (packed_weight)
+        self.params: dict[str, Parameter] = {}
+        self._packs: dict = {}  # (id(param), transposed) -> PackedWeight (packed_weight)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"

@@ -7,7 +7,10 @@ depth 1, stride 1, padding 0).
 Output sizes follow PyTorch's formulas; an empty output or channels that groups do not divide
 are errors naming the layer.
 """
+from __future__ import annotations
+
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -15,6 +18,7 @@ from ..backends.base import ACTIVATIONS
 from ..graph import Spec
 from ..random import generator
 from .base import Layer, int_tuple, padding_pairs, register, require_volume, uniform
+from ..types import Size
 
 
 class _ConvNd(Layer):
@@ -22,8 +26,9 @@ class _ConvNd(Layer):
     transposed = False
     backends = ("cpu", "opencl")
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, output_padding=0, name=None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1, padding: Size = 0,
+                 dilation: Size = 1, groups: int = 1, bias: bool = True, output_padding: Size = 0,
+                 name: Optional[str] = None) -> None:
         super().__init__(name)
         where = type(self).__name__
         nd = self.nd
@@ -148,8 +153,8 @@ class Conv3d(_Conv):
     kind = "conv3d"
     nd = 3
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, name=None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1, padding: Size = 0,
+                 dilation: Size = 1, groups: int = 1, bias: bool = True, name: Optional[str] = None) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, name=name)
 
 
@@ -164,8 +169,9 @@ class ConvTranspose3d(_ConvTranspose):
     kind = "conv_transpose3d"
     nd = 3
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0,
-                 groups=1, bias=True, dilation=1, name=None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1, padding: Size = 0,
+                 output_padding: Size = 0, groups: int = 1, bias: bool = True, dilation: Size = 1,
+                 name: Optional[str] = None) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          output_padding, name=name)
 

@@ -5,6 +5,10 @@ labels and weights receive no gradient.
 A cost built with objective=False is a score instead: the same per-row values, computed when an
 output asks for them (a language model's per-token negative log-likelihood for scoring), never
 part of the loss that training minimises, and served and exported like any prediction."""
+from __future__ import annotations
+
+from typing import Optional
+
 from ..graph import Spec
 from .base import Layer, check_ids, common_rows, register, require_float
 
@@ -15,7 +19,7 @@ class _Cost(Layer):
     arity = (2, 3)
     target_kind = "float"
 
-    def __init__(self, name=None, objective=True):
+    def __init__(self, name: Optional[str] = None, objective: bool = True) -> None:
         super().__init__(name)
         self.is_cost = bool(objective)
 

@@ -1,11 +1,15 @@
 """Dense layers: fully connected, element-wise sum and product, concatenation, activations
 (PReLU too), dropout, scale, bias."""
+from __future__ import annotations
+
 import math
+from typing import Optional, Sequence, Union
 
 from ..backends.base import ACTIVATIONS, INPUT_GRAD_ACTIVATIONS, check_activation
 from ..graph import Spec
 from ..random import generator
 from .base import Layer, common_rows, constant, register, require_features, require_float, same_specs, uniform
+from ..types import Shape
 
 
 class _Activated(Layer):
@@ -14,7 +18,7 @@ class _Activated(Layer):
 
     fused = True  # act is applied in place on the output: its derivative must follow from y
 
-    def __init__(self, activation, slope, name):
+    def __init__(self, activation: str, slope: float, name: Optional[str]) -> None:
         super().__init__(name)
         self.activation = check_activation(activation or "linear", type(self).__name__)
         if self.fused and self.activation in INPUT_GRAD_ACTIVATIONS:
@@ -50,10 +54,12 @@ class Linear(_Activated):
     kind = "linear"
     backends = ("cpu", "opencl")
 
-    def __init__(self, in_features, out_features, bias=True, activation="linear", slope=0.01, name=None):
+    def __init__(self, in_features: Union[int, Sequence[int]], out_features: int, bias: bool = True,
+                 activation: str = "linear", slope: float = 0.01, name: Optional[str] = None) -> None:
         super().__init__(activation, slope, name)
         multi = isinstance(in_features, (list, tuple))
-        self.in_features = [int(i) for i in in_features] if multi else [int(in_features)]
+        self.in_features = [int(i) for i in in_features] if isinstance(in_features, (list, tuple)) else \
+            [int(in_features)]  # type: ignore[arg-type]
         self.out_features = int(out_features)
         self.multi, self.has_bias = multi, bool(bias)
         if min(self.in_features) < 1 or self.out_features < 1:
@@ -130,7 +136,7 @@ class Add(_Activated):
     backends = ("cpu", "opencl")
     arity = (1, 64)
 
-    def __init__(self, activation="linear", slope=0.01, name=None):
+    def __init__(self, activation: str = "linear", slope: float = 0.01, name: Optional[str] = None) -> None:
         super().__init__(activation, slope, name)
 
     def output_spec(self, specs):
@@ -190,7 +196,7 @@ class Activation(_Activated):
     backends = ("cpu", "opencl")
     fused = False
 
-    def __init__(self, activation, slope=0.01, name=None):
+    def __init__(self, activation: str, slope: float = 0.01, name: Optional[str] = None) -> None:
         super().__init__(activation, slope, name)
 
     def output_spec(self, specs):
@@ -222,7 +228,7 @@ class PReLU(Layer):
     kind = "prelu"
     backends = ("cpu", "opencl")
 
-    def __init__(self, num_parameters=1, init=0.25, name=None):
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.num_parameters = int(num_parameters)
         if self.num_parameters < 1:
@@ -290,7 +296,7 @@ class Dropout(Layer):
     kind = "dropout"
     backends = ("cpu", "opencl")
 
-    def __init__(self, p=0.5, name=None):
+    def __init__(self, p: float = 0.5, name: Optional[str] = None) -> None:
         super().__init__(name)
         if not 0 <= p < 1:
             raise ValueError(f"Dropout: p must be in [0, 1), found {p}")
@@ -328,7 +334,7 @@ class Scale(Layer):
     kind = "scale"
     backends = ("cpu", "opencl")
 
-    def __init__(self, factor, name=None):
+    def __init__(self, factor: float, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.factor = float(factor)
 
@@ -355,7 +361,7 @@ class Bias(Layer):
     kind = "bias"
     backends = ("cpu", "opencl")
 
-    def __init__(self, shape, name=None):
+    def __init__(self, shape: Shape, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
         self.add_param("bias", constant(0.0, self.shape))

@@ -23,7 +23,10 @@ sample-major (PyTorch's are [L·D, N, H]). Outputs: every step's hidden state (s
 for LSTM, '<node>.cell'. A reversed direction's last state is its state after the sequence's
 first row, as in PyTorch.
 """
+from __future__ import annotations
+
 import math
+from typing import Optional
 
 from ..graph import Spec
 from ..backends.recurrence import Direction
@@ -44,8 +47,9 @@ class _Recurrent(Layer):
     backends = ("cpu", "opencl")
     initial_state_slots = (1, 2)  # h0 and c0
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False,
-                 reverse=False, packed=None, name=None):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 bidirectional: bool = False, reverse: bool = False, packed: Optional[bool] = None,
+                 name: Optional[str] = None) -> None:
         super().__init__(name)
         self.input_size, self.hidden_size = int(input_size), int(hidden_size)
         self.num_layers, self.has_bias = int(num_layers), bool(bias)
@@ -294,8 +298,9 @@ class RNN(_Recurrent):
     def cell_name(self):
         return "rnn_" + self.nonlinearity
 
-    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
-                 bidirectional=False, reverse=False, packed=None, name=None):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, bidirectional: bool = False, reverse: bool = False,
+                 packed: Optional[bool] = None, name: Optional[str] = None) -> None:
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', found {nonlinearity!r}")
         self.nonlinearity = nonlinearity
@@ -346,8 +351,9 @@ class GRU(_Recurrent):
     gates = 3
     separate_recurrent_bias = True  # b_hh sits inside r * (...), so it cannot join b_ih
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False, reverse=False,
-                 packed=None, linear_before_reset=True, name=None):
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 bidirectional: bool = False, reverse: bool = False, packed: Optional[bool] = None,
+                 linear_before_reset: bool = True, name: Optional[str] = None) -> None:
         self.linear_before_reset = bool(linear_before_reset)
         super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, reverse, packed, name)
 

@@ -10,6 +10,10 @@ Three ways to compute the selected scores, all giving the same numbers:
 - dense: the full GEMM [rows, out], then gather the entries; when the selection is dense enough
   that the GEMM's speed beats the work saved.
 """
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
 from ..backends.base import check_activation
 from ..errors import InputError
 from ..graph import Spec
@@ -41,8 +45,9 @@ class SelectiveLinear(Linear):
 
     kind = "selective_linear"
 
-    def __init__(self, in_features, out_features, bias=True, activation="linear", path="auto",
-                 dense_ratio=None, slope=0.01, name=None):
+    def __init__(self, in_features: Union[int, Sequence[int]], out_features: int, bias: bool = True,
+                 activation: str = "linear", path: str = "auto", dense_ratio: Optional[float] = None,
+                 slope: float = 0.01, name: Optional[str] = None) -> None:
         if check_activation(activation, "SelectiveLinear") not in SELECTED_ACTIVATIONS:
             raise ValueError(f"SelectiveLinear: activation must be one of {', '.join(SELECTED_ACTIVATIONS)}, "
                              f"found {activation!r}")
@@ -277,7 +282,7 @@ class SelfNormalizedCost(_SelectedCost):
 
     kind = "self_normalized_cost"
 
-    def __init__(self, alpha=0.1, name=None):
+    def __init__(self, alpha: float = 0.1, name: Optional[str] = None) -> None:
         super().__init__(name)
         if alpha < 0:
             raise ValueError(f"SelfNormalizedCost: alpha must be at least 0, found {alpha}")

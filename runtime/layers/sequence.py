@@ -1,5 +1,9 @@
 """Layers for sequence batches: embedding lookup, pooling to one row per sequence, and softmax
 over each sequence's steps."""
+from __future__ import annotations
+
+from typing import Optional
+
 import numpy as np
 
 from ..backends.base import POOL_MODES
@@ -18,7 +22,7 @@ class Embedding(Layer):
     kind = "embedding"
     backends = ("cpu", "opencl")
 
-    def __init__(self, num_embeddings, embedding_dim, name=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         if min(self.num_embeddings, self.embedding_dim) < 1:
@@ -61,7 +65,7 @@ class SequencePool(Layer):
     kind = "sequence_pool"
     backends = ("cpu", "opencl")
 
-    def __init__(self, mode="last", name=None):
+    def __init__(self, mode: str = "last", name: Optional[str] = None) -> None:
         super().__init__(name)
         if mode not in POOL_MODES:
             raise ValueError(f"SequencePool: mode must be one of {', '.join(POOL_MODES)}, found {mode!r}")

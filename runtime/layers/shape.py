@@ -1,12 +1,16 @@
 """Layers that move each sample's values without computing on them: reshape, transpose, slice
 of the first axis, broadcast over axes of size 1. Each is one pass over the values forward and
 its adjoint backward (a gradient is added to, with beta, like every layer's)."""
+from __future__ import annotations
+
 import math
+from typing import Optional, Sequence
 
 import numpy as np
 
 from ..graph import Spec
 from .base import Layer, register, require_float
+from ..types import Shape
 
 
 @register
@@ -18,7 +22,7 @@ class Reshape(Layer):
     kind = "reshape"
     backends = ("cpu", "opencl")
 
-    def __init__(self, shape, name=None):
+    def __init__(self, shape: Shape, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
         if not self.shape or min(self.shape) < 1:
@@ -57,7 +61,7 @@ class Slice(Layer):
     kind = "slice"
     backends = ("cpu", "opencl")
 
-    def __init__(self, start, stop, squeeze=False, name=None):
+    def __init__(self, start: int, stop: int, squeeze: bool = False, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.start, self.stop, self.squeeze = int(start), int(stop), bool(squeeze)
         if not 0 <= self.start < self.stop:
@@ -109,7 +113,7 @@ class Broadcast(Layer):
     kind = "broadcast"
     backends = ("cpu", "opencl")
 
-    def __init__(self, shape, name=None):
+    def __init__(self, shape: Shape, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
         if not self.shape or min(self.shape) < 1:
@@ -176,12 +180,12 @@ class Transpose(Layer):
     kind = "transpose"
     backends = ("cpu", "opencl")
 
-    def __init__(self, perm, name=None):
+    def __init__(self, perm: Sequence[int], name: Optional[str] = None) -> None:
         super().__init__(name)
         self.perm = tuple(int(p) for p in perm)
         if sorted(self.perm) != list(range(len(self.perm))):
             raise ValueError(f"Transpose: perm must order the axes 0..{len(self.perm) - 1}, found {list(perm)}")
-        self._index = {}  # rows -> the element index for that batch size
+        self._index: dict = {}  # rows -> the element index for that batch size
 
     def output_spec(self, specs):
         x = specs[0]

@@ -1,10 +1,15 @@
 """Companions of the convolutions for volumes (NCDHW) and images (NCHW): max and average
 pooling, batch normalisation, and concatenation along channels."""
+from __future__ import annotations
+
+from typing import Optional
+
 import numpy as np
 
 from ..backends.base import ACTIVATIONS
 from ..graph import Spec
 from .base import Layer, constant, int_tuple, padding_pairs, register, require_float, require_volume
+from ..types import Size
 
 
 class _Pool(Layer):
@@ -15,7 +20,8 @@ class _Pool(Layer):
     backends = ("cpu", "opencl")
     nd = 3
 
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, name=None):
+    def __init__(self, kernel_size: Size, stride: Optional[Size] = None, padding: Size = 0,
+                 ceil_mode: bool = False, name: Optional[str] = None) -> None:
         super().__init__(name)
         where = type(self).__name__
         self.kernel_size = int_tuple(kernel_size, self.nd, f"{where}: kernel_size")
@@ -82,7 +88,8 @@ class _MaxPool(_Pool):
 class _AvgPool(_Pool):
     """y = the mean of each window; count_include_pad says whether padded positions count."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad=True, ceil_mode=False, name=None):
+    def __init__(self, kernel_size: Size, stride: Optional[Size] = None, padding: Size = 0,
+                 count_include_pad: bool = True, ceil_mode: bool = False, name: Optional[str] = None) -> None:
         super().__init__(kernel_size, stride, padding, ceil_mode, name)
         self.count_include_pad = bool(count_include_pad)
 
@@ -145,7 +152,8 @@ class _BatchNorm(Layer):
     nd = 3
     backends = ("cpu", "opencl")
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, frozen_statistics=False, name=None):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 frozen_statistics: bool = False, name: Optional[str] = None) -> None:
         super().__init__(name)
         self.num_features, self.eps, self.momentum, self.affine = int(num_features), float(eps), float(momentum), bool(affine)
         self.frozen_statistics = bool(frozen_statistics)

@@ -6,19 +6,26 @@ Starlette and Uvicorn (the optional extra `lamina[serve]`). `Client` talks to it
     client = Client("http://127.0.0.1:8000")
     out = client.infer("python_lm", {"ids": ids, "h0": h0, "c0": c0}, outputs=["last"])
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ..types import PathLike
+
 from .client import Client, ServerError
 
 __all__ = ["Client", "ServerError", "serve", "load_models", "model_name"]
 
 
-def model_name(path):
+def model_name(path: PathLike) -> str:
     """A model's name from its file: the stem, or the folder's name for .../model.lamina."""
     from pathlib import Path
     p = Path(path)
     return p.parent.name if p.name == "model.lamina" and p.parent.name else p.stem
 
 
-def load_models(specs, max_batch_size=32, max_delay=0.0, max_queue=1024, limits=None, max_batch_bytes=512 << 20):
+def load_models(specs: Sequence[str], max_batch_size: int = 32, max_delay: float = 0.0, max_queue: int = 1024,
+                limits: Any = None, max_batch_bytes: int = 512 << 20) -> dict[str, Any]:
     """{name: ServedModel} from "[NAME=]PATH" strings (lamina model files or .onnx); `limits`
     (protocol.Limits) bound each request's work, `max_batch_bytes` each batch's buffers."""
     import lamina as lm
@@ -41,8 +48,9 @@ def load_models(specs, max_batch_size=32, max_delay=0.0, max_queue=1024, limits=
     return models
 
 
-def serve(models, host="127.0.0.1", port=8000, timeout=10.0, max_body=64 * 2 ** 20, on_ready=None,
-          max_connections=1000, request_timeout=30.0, keep_alive=5.0):
+def serve(models: Mapping[str, Any], host: str = "127.0.0.1", port: int = 8000, timeout: float = 10.0,
+          max_body: int = 64 * 2 ** 20, on_ready: Optional[Callable[[Any], None]] = None, max_connections: int = 1000,
+          request_timeout: float = 30.0, keep_alive: float = 5.0) -> None:
     """Serve `models` ({name: ServedModel}) until SIGTERM or Ctrl-C; requests in flight finish
     first, then the process exits normally. At most `max_connections` connections are served at
     once (503 past that); each must deliver a whole request within `request_timeout` seconds of
@@ -64,5 +72,5 @@ def serve(models, host="127.0.0.1", port=8000, timeout=10.0, max_body=64 * 2 ** 
         async def startup(sockets=None):
             await original(sockets)
             on_ready(server)
-        server.startup = startup
+        server.startup = startup  # type: ignore[method-assign]
     server.run()

@@ -1,5 +1,9 @@
 """A small client of the Open Inference Protocol over httpx: numpy arrays in, numpy arrays out,
 binary tensors both ways by default (JSON with binary=False)."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
 import numpy as np
 
 from ..sequence import Sequences
@@ -20,14 +24,14 @@ class Client:
     lamina.Sequences of several sequences (sent padded, with their lengths); the answer's
     sequence outputs then come padded, [n, T, ...], zeros past each sequence's end."""
 
-    def __init__(self, url="http://127.0.0.1:8000", timeout=60.0, http=None):
+    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 60.0, http: Any = None) -> None:
         """`http`: an httpx.Client to send through instead (a Starlette TestClient of the app,
         say); `url` and `timeout` are then its own."""
         import httpx
         self.url = url.rstrip("/") if http is None else str(http.base_url)
         self.http = http if http is not None else httpx.Client(base_url=self.url, timeout=timeout)
 
-    def close(self):
+    def close(self) -> None:
         self.http.close()
 
     def __enter__(self):
@@ -42,16 +46,17 @@ class Client:
             raise ServerError(r.status_code, _message(r))
         return r.json()
 
-    def live(self):
+    def live(self) -> bool:
         return self.http.get("/v2/health/live").status_code == 200
 
-    def ready(self):
+    def ready(self) -> bool:
         return self.http.get("/v2/health/ready").status_code == 200
 
-    def metadata(self, model):
+    def metadata(self, model: str) -> dict[str, Any]:
         return self._get(f"/v2/models/{model}")
 
-    def infer(self, model, inputs, outputs=None, binary=True, request_id=None):
+    def infer(self, model: str, inputs: Mapping[str, Any], outputs: Optional[Sequence[str]] = None, binary: bool = True,
+              request_id: Optional[str] = None) -> dict[str, np.ndarray]:
         body, headers = encode_request(inputs, outputs, binary, request_id)
         r = self.http.post(f"/v2/models/{model}/infer", content=body, headers=headers)
         if r.status_code != 200:
@@ -59,7 +64,8 @@ class Client:
         return decode_response(r.content, r.headers)
 
 
-def encode_request(inputs, outputs=None, binary=True, request_id=None):
+def encode_request(inputs: Mapping[str, Any], outputs: Optional[Sequence[str]] = None, binary: bool = True,
+                   request_id: Optional[str] = None) -> tuple[bytes, dict[str, str]]:
     """(body, headers) of an /infer request."""
     arrays, lengths = {}, None
     for name, a in inputs.items():
@@ -71,7 +77,7 @@ def encode_request(inputs, outputs=None, binary=True, request_id=None):
             lengths = a.lengths
             a = a.to_padded()[0]
         arrays[name] = np.asarray(a)
-    request = {"inputs": [tensor_entry(name, a, binary) for name, a in arrays.items()]}
+    request: dict[str, Any] = {"inputs": [tensor_entry(name, a, binary) for name, a in arrays.items()]}
     if lengths is not None:
         request["parameters"] = {"sequence_lengths": [int(n) for n in lengths]}
     if outputs is not None:

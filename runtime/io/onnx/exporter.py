@@ -9,13 +9,19 @@ nodes, its parameters initializers. Costs (and the outputs that need them) are t
 left out; a score (a cost layer built with objective=False) is exported like any prediction. A
 layer kind without an exporter is refused by name.
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
 import numpy as np
 
 from ...errors import GraphError
+from ...graph import Network
+from ...types import PathLike
 from .importer import _onnx
 
 OPSET = 18
-EXPORTERS = {}
+EXPORTERS: dict = {}
 LENGTHS = "lengths"  # the extra input of a model with sequence inputs
 
 
@@ -55,7 +61,7 @@ class Graph:
         return output
 
 
-def save(net, path=None, outputs=None):
+def save(net: Network, path: Optional[PathLike] = None, outputs: Optional[Sequence[str]] = None) -> Any:
     """Write `net` as ONNX to `path` (atomically) and return the ModelProto; the model passes
     onnx.checker's full check. `outputs` names the outputs to export (default: every output
     inference computes); the model's inputs are what those need (ONNX Runtime asks for every

@@ -11,9 +11,12 @@ A model is read whole before anything is refused: every (node, operator, attribu
 run is collected, and one UnsupportedModelError lists them all. A file that is not ONNX, or fails
 onnx.checker, is a ModelFileError naming the file.
 """
+from __future__ import annotations
+
 import math
 import os
 from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -95,7 +98,7 @@ def _load_external_data(model, where, folder):
                                  f"cannot be read: {e}") from None
 
 
-def load(source, dtype="float32", sequences=None):
+def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, str]] = None) -> Network:
     """A Network from an ONNX model: a path, the file's bytes, or an onnx.ModelProto.
 
     `sequences` names the inputs that are padded sequence batches and the order of their first
@@ -126,7 +129,7 @@ def default_axes(spec):
     return ("N",) + (("T",) if spec.sequence else ()) + tuple(range(len(spec.shape)))
 
 
-def to_onnx_layout(value, axes):
+def to_onnx_layout(value: Any, axes: Sequence[Any]) -> np.ndarray:
     """A network output (array, or Sequences of equal lengths padded with zeros) as the ONNX
     tensor of the given axes."""
     from ...sequence import Sequences
@@ -139,7 +142,7 @@ def to_onnx_layout(value, axes):
     return np.transpose(array, [have.index(a) for a in axes])
 
 
-def feeds(net, arrays):
+def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     """Feeds for an imported network from arrays as the ONNX model takes them: a sequence input
     may be a padded array in the model's layout (`net.onnx_axes`), with its lengths in the
     model's sequence_lens input (`net.onnx_lengths`; without it, every sequence is full length);

@@ -11,10 +11,10 @@ from ...graph import Value
 from . import shapes
 from .importer import Refused, default_axes
 
-CONVERTERS = {}
-ATTRIBUTES = {}  # operator -> the attributes its converter reads (any other is refused)
+CONVERTERS: dict = {}
+ATTRIBUTES: dict[str, tuple] = {}  # operator -> the attributes its converter reads (any other is refused)
 # operators converted even when every input is a constant (none yet: every listed one folds)
-NEVER_FOLD = frozenset()
+NEVER_FOLD: frozenset[str] = frozenset()
 
 
 def converter(*op_types, attributes=()):
