@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.lamina-installed
 SOURCES := $(wildcard pyx/*.pyx pyx/*.pxi pyx/*.h) setup.py pyproject.toml
 
-.PHONY: demo test test-all bench build clean wheel-check
+.PHONY: demo test test-all bench build clean wheel-check grpc-stubs
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -28,6 +28,13 @@ wheel-check:
 	$(PYTHON) -m venv $(WHEELS)/venv
 	$(WHEELS)/venv/bin/python -m pip install -q "$$(ls $(WHEELS)/lamina-*.whl)[serve]"
 	cd $(WHEELS) && venv/bin/python $(CURDIR)/tests/smoke_installed.py $(CURDIR)/models
+
+# The gRPC service's Python modules, generated from runtime/serve/grpc/inference.proto (committed;
+# regenerate after editing the .proto)
+grpc-stubs:
+	$(PY) -m grpc_tools.protoc -I runtime/serve/grpc --python_out=runtime/serve/grpc \
+		--grpc_python_out=runtime/serve/grpc runtime/serve/grpc/inference.proto
+	sed -i 's/^import inference_pb2 as/from . import inference_pb2 as/' runtime/serve/grpc/inference_pb2_grpc.py
 
 bench: $(STAMP)
 	$(PIP) install -q --no-build-isolation -e ".[test,bench]"

@@ -112,10 +112,11 @@ if mkl is not None:
 
 setup(
     packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx",
-              "lamina.zoo", "lamina.distributed", "lamina.serve", "lamina.opencl", "lamina.models"],
+              "lamina.zoo", "lamina.distributed", "lamina.serve", "lamina.serve.grpc", "lamina.opencl",
+              "lamina.models"],
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl", "lamina.models": "models"},
     package_data={"lamina.opencl": ["*.cl", "*.h"], "lamina.models": ["*/model.lamina", "*/README.md"],
-                  "lamina": ["py.typed"]},
+                  "lamina": ["py.typed"], "lamina.serve.grpc": ["inference.proto"]},
     ext_modules=cythonize(
         extensions,
         compiler_directives={

@@ -313,11 +313,13 @@ def cmd_serve(args):
 
     def ready(server):
         host, port = server.servers[0].sockets[0].getsockname()[:2]
-        print(f"serving at http://{host}:{port}: " + "; ".join(
+        grpc = f" and grpc://{host}:{server.grpc_port}" if server.grpc_port else ""
+        print(f"serving at http://{host}:{port}{grpc}: " + "; ".join(
             f"{name} (batches of up to {m.max_batch_size}"
             + (f", {m.max_delay * 1e3:g} ms" if m.max_delay else "") + ")" for name, m in models.items()), flush=True)
     serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready,
-          max_connections=args.max_connections, request_timeout=args.request_timeout_s, keep_alive=args.keep_alive_s)
+          max_connections=args.max_connections, request_timeout=args.request_timeout_s, keep_alive=args.keep_alive_s,
+          grpc_port=args.grpc_port)
     return 0
 
 
@@ -527,6 +529,8 @@ def parser():
                    help="connections served at once (503 past it)")
     s.add_argument("--request-timeout-s", type=POSITIVE, default=30.0,
                    help="seconds a connection has to send a whole request (headers and body) before it is closed")
+    s.add_argument("--grpc-port", type=_number(int, 0, 65535, what="a port in [0, 65535]"), default=None,
+                   help="serve the protocol's gRPC service on this port too (0: any free port, printed)")
     s.add_argument("--keep-alive-s", type=POSITIVE, default=5.0,
                    help="seconds an idle keep-alive connection stays open")
     s.set_defaults(run=cmd_serve)

@@ -6,6 +6,7 @@ import importlib
 EXTRAS = {
     "onnx": "importing and exporting ONNX models (lamina.onnx, lamina import/export)",
     "serve": "the inference server and its client (lamina serve, lamina.serve)",
+    "grpc": "the inference server's gRPC service (lamina serve --grpc-port)",
     "mpi": "data-parallel training over MPI (lamina.distributed, mpiexec ... lamina train)",
     "opencl": "OpenCL devices (device='opencl', lamina devices)",
     "bench": "the benchmarks' peers and load generator (python -m bench)",

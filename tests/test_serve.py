@@ -42,6 +42,8 @@ class Server:
             self.proc.kill()
             raise AssertionError(f"the server did not start: {line}{self.proc.stderr.read()}")
         self.url = match.group(0)
+        grpc = re.search(r"grpc://([\d.]+:\d+)", line)
+        self.grpc = grpc.group(1) if grpc else None  # host:port of the gRPC service (--grpc-port)
         self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def stop(self):

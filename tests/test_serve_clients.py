@@ -3,6 +3,7 @@ HTTP client (sync and asyncio). Every call a client makes first (health, metadat
 configuration, repository index, statistics), inference in JSON and binary, compressed request
 bodies, classification, and errors read as the protocol's JSON; every value equals net.run."""
 import asyncio
+import importlib.util
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ def served(tmp_path_factory):
     from test_cli import classifier
     folder = tmp_path_factory.mktemp("models")
     classifier(folder / "clf.lamina")
-    s = Server(f"clf={folder / 'clf.lamina'}", str(LM), "--max-delay-ms", "2")
+    s = Server(f"clf={folder / 'clf.lamina'}", str(LM), "--max-delay-ms", "2", "--grpc-port", "0")
     yield s, lm.load(folder / "clf.lamina")
     assert s.stop()
 
@@ -167,3 +168,103 @@ def test_kserves_rest_client(served):
             await client.close()
     for got in asyncio.run(ask()):
         assert_close(got.reshape(3, 3), clf.run({"x": x})["logits"], 1e-6, "logits")
+
+
+# ---------------------------------------------------------------------------- gRPC
+
+
+TRITON_GRPC = """
+import sys
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+c = grpcclient.InferenceServerClient(sys.argv[1])
+assert c.is_server_live() and c.is_server_ready()
+assert c.is_model_ready("clf") and c.is_model_ready("clf", "1") and not c.is_model_ready("clf", "2")
+assert [t.name for t in c.get_model_metadata("python_lm").inputs] == ["ids", "h0", "c0", "next"]
+assert list(c.get_server_metadata().extensions) == ["classification"]
+x = np.load(sys.argv[2])
+inputs = [grpcclient.InferInput("x", list(x.shape), "FP32")]
+inputs[0].set_data_from_numpy(x)
+result = c.infer("clf", inputs, model_version="1", request_id="r7")
+assert result.get_response().id == "r7"
+best = c.infer("clf", inputs, outputs=[grpcclient.InferRequestedOutput("logits", class_count=1)]).as_numpy("logits")
+padded = np.load(sys.argv[3])
+ids = [grpcclient.InferInput("ids", list(padded.shape), "INT32")]
+ids[0].set_data_from_numpy(padded)
+last = c.infer("python_lm", ids, outputs=[grpcclient.InferRequestedOutput("last")], parameters={"sequence_lengths": sys.argv[4]})
+bad = [grpcclient.InferInput("x", [1, 3], "FP32")]
+bad[0].set_data_from_numpy(np.zeros((1, 3), np.float32))
+with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*expected shape \\[n, 4\\], found \\[1, 3\\]"):
+    c.infer("clf", bad)
+with pytest.raises(InferenceServerException, match="NOT_FOUND.*unknown model 'nope'"):
+    c.get_model_metadata("nope")
+np.savez(sys.argv[5], logits=result.as_numpy("logits"), best=np.array([int(e.decode().split(":")[1]) for e in best[:, 0]]),
+         last=last.as_numpy("last"))
+c.close()
+"""
+
+
+def run_client(script_text, tmp_path, *args):
+    """A protocol client's script run in a process of its own: Triton's and KServe's generated
+    gRPC modules declare the same protobuf names, so one process can import only one of them."""
+    import subprocess
+    import sys
+    script = tmp_path / "client.py"
+    script.write_text(script_text)
+    proc = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_tritons_grpc_client(served, tmp_path):
+    """tritonclient's gRPC client against --grpc-port: health, readiness by version, metadata,
+    inference with raw tensors (with a request id), several sequences padded with their lengths
+    in a string parameter, classification, and errors as gRPC status codes with the message;
+    values equal net.run."""
+    assert importlib.util.find_spec("tritonclient.grpc"), "make test installs tritonclient[grpc]"
+    server, clf = served
+    x = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    seqs = [np.random.default_rng(i).integers(0, 4096, n).astype(np.int32) for i, n in enumerate((6, 2, 4))]
+    padded, lengths = lm.Sequences.from_list(seqs).to_padded()
+    np.save(tmp_path / "ids.npy", padded)
+    run_client(TRITON_GRPC, tmp_path, server.grpc, tmp_path / "x.npy", tmp_path / "ids.npy",
+               ",".join(map(str, lengths)), tmp_path / "out.npz")
+    out = np.load(tmp_path / "out.npz")
+    logits = clf.run({"x": x})["logits"]
+    assert_close(out["logits"], logits, 1e-6, "logits")
+    assert list(out["best"]) == list(logits.argmax(1))
+    net = lm.load(LM)
+    for i, steps in enumerate(seqs):
+        assert_close(out["last"][i], lm_reference(net, steps)["last"][0], 1e-5, "last")
+
+
+KSERVE_GRPC = """
+import asyncio, sys
+import numpy as np
+from kserve import InferenceGRPCClient
+from kserve.protocol.infer_type import InferInput, InferRequest
+
+async def main(url):
+    client = InferenceGRPCClient(url)
+    assert await client.is_server_ready() and await client.is_model_ready("clf")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    tensor = InferInput("x", [2, 4], "FP32")
+    tensor.set_data_from_numpy(x, binary_data=False)
+    response = await client.infer(InferRequest("clf", [tensor]))
+    np.save(sys.argv[2], response.outputs[0].as_numpy())
+    await client.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_kserves_grpc_client(served, tmp_path):
+    """KServe's InferenceGRPCClient: readiness and inference with its own tensor form."""
+    assert importlib.util.find_spec("kserve"), "make test installs kserve"
+    server, clf = served
+    run_client(KSERVE_GRPC, tmp_path, server.grpc, tmp_path / "logits.npy")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    assert_close(np.load(tmp_path / "logits.npy").reshape(2, 3), clf.run({"x": x})["logits"], 1e-6, "logits")

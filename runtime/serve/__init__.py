@@ -50,27 +50,35 @@ def load_models(specs: Sequence[str], max_batch_size: int = 32, max_delay: float
 
 def serve(models: Mapping[str, Any], host: str = "127.0.0.1", port: int = 8000, timeout: float = 10.0,
           max_body: int = 64 * 2 ** 20, on_ready: Optional[Callable[[Any], None]] = None, max_connections: int = 1000,
-          request_timeout: float = 30.0, keep_alive: float = 5.0) -> None:
+          request_timeout: float = 30.0, keep_alive: float = 5.0, grpc_port: Optional[int] = None) -> None:
     """Serve `models` ({name: ServedModel}) until SIGTERM or Ctrl-C; requests in flight finish
     first, then the process exits normally. At most `max_connections` connections are served at
     once (503 past that); each must deliver a whole request within `request_timeout` seconds of
-    its start, and an idle keep-alive connection is closed after `keep_alive` seconds."""
+    its start, and an idle keep-alive connection is closed after `keep_alive` seconds. With
+    `grpc_port` (0: any free port), the protocol's gRPC service listens there too (the extra
+    `grpc`); `server.grpc_port` is the port it took."""
     from ..extras import require
     uvicorn = require("uvicorn", "serve")
     require("starlette", "serve")
     require("httptools", "serve")
     from .app import build_app
     from .connections import GracefulServer, deadline_protocol
-    app = build_app(models, timeout, max_body)
+    if grpc_port is not None:
+        require("grpc", "grpc")
+    bound: dict[str, int] = {}
+    app = build_app(models, timeout, max_body, grpc_port=grpc_port, grpc_host=host,
+                    on_grpc=lambda port: bound.update(port=port))
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=max(timeout, 1.0) + 5, http=deadline_protocol(request_timeout),
                             limit_concurrency=max_connections, timeout_keep_alive=keep_alive)
     server = GracefulServer(config)
+    server.grpc_port = None
     if on_ready is not None:
         original = server.startup
 
         async def startup(sockets=None):
             await original(sockets)
+            server.grpc_port = bound.get("port")
             on_ready(server)
         server.startup = startup  # type: ignore[method-assign]
     server.run()

@@ -71,20 +71,99 @@ def error(message, status):
     return JSONResponse({"error": message}, status_code=status)
 
 
-def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
+class InferenceService:
+    """What the HTTP and the gRPC front doors share: the models, whether the server is ready or
+    stopping, its metrics, and one inference request's way through its model's batcher (a
+    deadline, the client's hang-up, statistics)."""
+
+    def __init__(self, models, timeout=10.0, metrics=None):
+        self.models, self.timeout = models, timeout
+        self.metrics = metrics or Metrics()
+        for name, m in models.items():
+            m.metrics = self.metrics
+            self.metrics.queued.labels(name).set_function(lambda m=m: m.queued)
+        self.ready, self.stopping = False, False
+
+    def model(self, name, version="1"):
+        """(name, ServedModel), or a 404 naming what the server has."""
+        if name not in self.models:
+            raise ProtocolError(f"unknown model '{name}'; this server has {', '.join(sorted(self.models))}", 404)
+        if version not in ("1", ""):
+            raise ProtocolError(f"model '{name}' has no version {version!r}; its one version is \"1\"", 404)
+        return name, self.models[name]
+
+    async def infer(self, name, version, decode, gone=None):
+        """(body, headers) of the answer to one request: `decode(model)` (awaited) gives the
+        request's (payload, arrays, outputs, binary, classes); `gone()` returns, when given, once
+        the client has hung up (the request then leaves the queue). ProtocolError for a refusal,
+        ClientDisconnect when the client went first."""
+        started = time.perf_counter()
+        metrics = self.metrics
+        try:
+            name, model = self.model(name, version)
+            if self.stopping:
+                raise ProtocolError("the server is shutting down", 503)
+            payload, arrays, outputs, binary, classes = await decode(model)
+            pending = model.submit(arrays, outputs, binary or set(), payload.get("id"), classes)
+            left = self.timeout - (time.perf_counter() - started)
+            hang_up = asyncio.ensure_future(gone()) if gone is not None else None
+            waits = (pending.future,) + ((hang_up,) if hang_up is not None else ())
+            try:
+                done, _ = await asyncio.wait(waits, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the caller's task was cancelled (a gRPC client went)
+                model.abandon(pending)
+                raise
+            finally:
+                if hang_up is not None:
+                    hang_up.cancel()
+            if pending.future not in done:
+                model.abandon(pending)
+                if hang_up is not None and hang_up in done:
+                    raise ClientDisconnect()
+                raise ProtocolError(f"no answer within the deadline of {self.timeout:g} s (the model's queue holds "
+                                    f"{model.queued} requests)", 504)
+            answer = pending.future.result()
+            metrics.requests.labels(name, "200").inc()
+            model.stats.add("success", time.perf_counter() - started)
+            return answer
+        except ProtocolError as e:
+            metrics.requests.labels(name if name in self.models else "-", str(e.status)).inc()
+            if name in self.models:
+                self.models[name].stats.add("fail", time.perf_counter() - started)
+            raise
+        except ClientDisconnect:
+            metrics.requests.labels(name if name in self.models else "-", "499").inc()
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            metrics.requests.labels(name if name in self.models else "-", "500").inc()
+            raise
+
+    async def start(self):
+        for m in self.models.values():
+            m.start()
+        self.ready = True
+
+    async def stop(self):
+        self.stopping = True
+        await asyncio.gather(*(m.stop() for m in self.models.values()))
+
+
+def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None, grpc_port=None, grpc_host="127.0.0.1",
+              on_grpc=None):
     """The ASGI app over `models` ({name: ServedModel}); `timeout`: seconds a request may wait
-    for its answer; `max_body`: bytes an /infer body may hold."""
-    metrics = metrics or Metrics()
-    for name, m in models.items():
-        m.metrics = metrics
-        metrics.queued.labels(name).set_function(lambda m=m: m.queued)
-    state = {"ready": False, "stopping": False}
+    for its answer; `max_body`: bytes an /infer body may hold. With `grpc_port`, the protocol's
+    gRPC service is served beside it (on the same batchers), from the app's start to its stop;
+    on_grpc(port) is told the port it listens on."""
+    service = InferenceService(models, timeout, metrics)
+    metrics = service.metrics
 
     async def live(request):
         return JSONResponse({"live": True})
 
     async def ready(request):
-        ok = state["ready"] and not state["stopping"]
+        ok = service.ready and not service.stopping
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     async def server_metadata(request):
@@ -92,13 +171,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
                              "models": sorted(models)})
 
     def model_of(request):
-        name = request.path_params["name"]
-        if name not in models:
-            raise ProtocolError(f"unknown model '{name}'; this server has {', '.join(sorted(models))}", 404)
-        version = request.path_params.get("version", "1")
-        if version != "1":
-            raise ProtocolError(f"model '{name}' has no version {version!r}; its one version is \"1\"", 404)
-        return name, models[name]
+        return service.model(request.path_params["name"], request.path_params.get("version", "1"))
 
     async def config(request):
         try:
@@ -115,7 +188,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
         return JSONResponse({"model_stats": [model.stats.document(name) for name, model in chosen]})
 
     async def index(request):
-        return JSONResponse(repository_index(models, state["ready"] and not state["stopping"]))
+        return JSONResponse(repository_index(models, service.ready and not service.stopping))
 
     async def metadata(request):
         try:
@@ -129,49 +202,23 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
             model_of(request)
         except ProtocolError as e:
             return error(str(e), e.status)
-        return JSONResponse({"ready": state["ready"]}, status_code=200 if state["ready"] else 503)
+        return JSONResponse({"ready": service.ready}, status_code=200 if service.ready else 503)
 
     async def infer(request):
-        name = request.path_params["name"]
-        started = time.perf_counter()
-        try:
-            name, model = model_of(request)
-            if state["stopping"]:
-                raise ProtocolError("the server is shutting down", 503)
+        async def decode_body(model):
             body = await read_body(request, max_body)
             if len(body) > DECODE_INLINE or request.headers.get("content-encoding"):
-                payload, arrays, outputs, binary, classes = await run_in_threadpool(decode, body, request.headers,
-                                                                                    model, max_body)
-            else:
-                payload, arrays, outputs, binary, classes = decode(body, request.headers, model)
-            pending = model.submit(arrays, outputs, binary or set(), payload.get("id"), classes)
-            left = timeout - (time.perf_counter() - started)
-            hang_up = asyncio.ensure_future(disconnected(request))
-            try:
-                done, _ = await asyncio.wait((pending.future, hang_up), timeout=max(left, 0.0),
-                                             return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                hang_up.cancel()
-            if pending.future not in done:
-                model.abandon(pending)
-                if hang_up in done:
-                    raise ClientDisconnect()
-                raise ProtocolError(f"no answer within the deadline of {timeout:g} s (the model's queue holds "
-                                    f"{model.queued} requests)", 504)
-            body, headers = pending.future.result()
-            metrics.requests.labels(name, "200").inc()
-            model.stats.add("success", time.perf_counter() - started)
+                return await run_in_threadpool(decode, body, request.headers, model, max_body)
+            return decode(body, request.headers, model)
+        try:
+            body, headers = await service.infer(request.path_params["name"], request.path_params.get("version", "1"),
+                                                decode_body, gone=lambda: disconnected(request))
             return Response(body, headers=headers)
         except ProtocolError as e:
-            metrics.requests.labels(name if name in models else "-", str(e.status)).inc()
-            if name in models:
-                models[name].stats.add("fail", time.perf_counter() - started)
             return error(str(e), e.status)
         except ClientDisconnect:
-            metrics.requests.labels(name if name in models else "-", "499").inc()
             return Response(status_code=499)
         except Exception as e:  # a fault of lamina's: the request fails, the server goes on
-            metrics.requests.labels(name if name in models else "-", "500").inc()
             return error(f"internal error: {type(e).__name__}: {e}", 500)
 
     async def metrics_route(request):
@@ -179,12 +226,17 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        for m in models.values():
-            m.start()
-        state["ready"] = True
+        await service.start()
+        grpc_server = None
+        if grpc_port is not None:
+            from .grpc import start_grpc
+            grpc_server, port = await start_grpc(service, grpc_host, grpc_port)
+            if on_grpc is not None:
+                on_grpc(port)
         yield
-        state["stopping"] = True
-        await asyncio.gather(*(m.stop() for m in models.values()))
+        await service.stop()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1.0)
 
     routes = [Route("/v2/health/live", live), Route("/v2/health/ready", ready), Route("/v2", server_metadata),
               Route("/v2/models/stats", stats), Route("/v2/repository/index", index, methods=["POST"]),
@@ -198,6 +250,7 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None):
         return error(what.get(e.status_code, e.detail), e.status_code)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.metrics = metrics
+    app.state.service = service
     return app
 
 

@@ -56,7 +56,10 @@ def deadline_protocol(request_timeout):
 class GracefulServer(uvicorn.Server):
     """A Uvicorn server that exits normally (status 0) after a graceful stop on SIGTERM or
     SIGINT, where Uvicorn raises the signal again once it has stopped (status 143 or 130). A
-    second SIGINT still forces the stop."""
+    second SIGINT still forces the stop. `grpc_port`: the port of the gRPC service beside it
+    (None without one)."""
+
+    grpc_port = None
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)

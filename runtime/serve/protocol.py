@@ -5,7 +5,8 @@ A request carries one sample per row of each input, stacked on the first axis ([
 A model with sequence inputs takes one sequence per request, or several: each sequence input is
 that sequence's steps ([steps, *shape]) and every other input one row ([1, *shape]); or each
 sequence input is a padded batch ([n, T, *shape]) whose lengths the request's parameters give
-("sequence_lengths": [l1, ..., ln], each in 1..T; absent: every sequence T steps), and every
+("sequence_lengths": [l1, ..., ln], each in 1..T, or over gRPC the string "l1,...,ln"; absent:
+every sequence T steps), and every
 other input n rows. Responses carry each output for this request's rows alone, in the same
 layout: a sequence output of a padded request padded to [n, T, *shape] with zeros past each
 length (as ONNX Runtime pads).
@@ -242,6 +243,12 @@ def sequences_of(request, arrays, model):
     if len(set(shapes.values())) > 1 or len(set(forms.values())) > 1:
         raise ProtocolError(f"the sequence inputs differ in their sequences: {shapes}")
     lengths = parameters(request, "the request").get("sequence_lengths")
+    if isinstance(lengths, str):  # "6,2,4": gRPC's parameters carry no lists
+        try:
+            lengths = [int(n) for n in lengths.split(",")]
+        except ValueError:
+            raise ProtocolError(f"parameters.sequence_lengths must be whole numbers separated by commas, found "
+                                f"{lengths!r:.80}") from None
     if not any(forms.values()):
         if lengths is not None:
             raise ProtocolError("parameters.sequence_lengths is for padded sequence inputs ([n, T, ...]); these "
