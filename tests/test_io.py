@@ -426,21 +426,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 40, 2 ** 40) | st.floats(allow_nan=False)
-                    | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
-
-
-def paths_of(value, prefix=()):
-    """Every place in a parsed JSON value, as a tuple of keys and indices."""
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from paths_of(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from paths_of(v, prefix + (i,))
+from helpers import json_places, json_values, replace_at  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -451,13 +437,9 @@ def test_any_edit_of_a_graph_with_a_valid_digest_loads_or_is_refused_cleanly(tmp
     builds a valid network or raises ModelFileError naming the file; never another exception."""
     from lamina.io.model import FORMAT, VERSION, digest
     graph, tensors = graph_of(small_net())
-    places = list(paths_of(graph))
-    place = data.draw(st.sampled_from(places[1:]))
+    place = data.draw(st.sampled_from(list(json_places(graph))[1:]))
     edited = json.loads(json.dumps(graph))
-    target = edited
-    for key in place[:-1]:
-        target = target[key]
-    target[place[-1]] = data.draw(JSON)
+    replace_at(edited, place, data.draw(json_values()))
     metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(edited), "assets": "{}"}
     metadata["digest"] = digest(tensors, metadata)
     path = tmp_path / "edited.lamina"

@@ -356,19 +356,7 @@ def test_any_mix_of_requests_gets_what_each_would_get_alone(networks, data):
             assert_close(got[o], want[o], 1e-5, o)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=6),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                    max_leaves=10)
-
-
-def places(value, prefix=()):
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from places(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from places(v, prefix + (i,))
+from helpers import json_places, json_values, replace_at  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None)
@@ -391,11 +379,8 @@ def test_any_mutated_request_is_decoded_or_refused_with_a_4xx(networks, data):
                                    binary=binary)
     size = int(headers.get("inference-header-content-length", len(body)))
     request = json.loads(body[:size])
-    where = data.draw(st.sampled_from(list(places(request))[1:]))
-    target = request
-    for key in where[:-1]:
-        target = target[key]
-    target[where[-1]] = data.draw(JSON)
+    where = data.draw(st.sampled_from(list(json_places(request))[1:]))
+    replace_at(request, where, data.draw(json_values(max_leaves=10, int_bits=70, nan=True)))
     head = json.dumps(request, allow_nan=True).encode()
     tail = body[size:]
     if binary and data.draw(st.booleans()):

@@ -71,6 +71,16 @@ def error(message, status):
     return JSONResponse({"error": message}, status_code=status)
 
 
+def refusals_as_errors(handler):
+    """A route whose ProtocolError is answered as the protocol's error body."""
+    async def route(request):
+        try:
+            return await handler(request)
+        except ProtocolError as e:
+            return error(str(e), e.status)
+    return route
+
+
 class InferenceService:
     """What the HTTP and the gRPC front doors share: the models, whether the server is ready or
     stopping, its metrics, and one inference request's way through its model's batcher (a
@@ -173,35 +183,25 @@ def build_app(models, timeout=10.0, max_body=64 * 2 ** 20, metrics=None, grpc_po
     def model_of(request):
         return service.model(request.path_params["name"], request.path_params.get("version", "1"))
 
+    @refusals_as_errors
     async def config(request):
-        try:
-            name, model = model_of(request)
-        except ProtocolError as e:
-            return error(str(e), e.status)
-        return JSONResponse(model_config(name, model))
+        return JSONResponse(model_config(*model_of(request)))
 
+    @refusals_as_errors
     async def stats(request):
-        try:
-            chosen = [model_of(request)] if "name" in request.path_params else sorted(models.items())
-        except ProtocolError as e:
-            return error(str(e), e.status)
+        chosen = [model_of(request)] if "name" in request.path_params else sorted(models.items())
         return JSONResponse({"model_stats": [model.stats.document(name) for name, model in chosen]})
 
     async def index(request):
         return JSONResponse(repository_index(models, service.ready and not service.stopping))
 
+    @refusals_as_errors
     async def metadata(request):
-        try:
-            name, model = model_of(request)
-        except ProtocolError as e:
-            return error(str(e), e.status)
-        return JSONResponse(model_metadata(name, model))
+        return JSONResponse(model_metadata(*model_of(request)))
 
+    @refusals_as_errors
     async def model_ready(request):
-        try:
-            model_of(request)
-        except ProtocolError as e:
-            return error(str(e), e.status)
+        model_of(request)
         return JSONResponse({"ready": service.ready}, status_code=200 if service.ready else 503)
 
     async def infer(request):
