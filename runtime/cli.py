@@ -12,7 +12,6 @@ Every command takes --device cpu|opencl[:N] and --threads N.
 """
 import argparse
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -394,16 +393,6 @@ def cmd_inspect(args):
     return 0
 
 
-def _cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cmd_devices(args):
     lm = _setup(args)
     from importlib.metadata import PackageNotFoundError, version
@@ -414,8 +403,10 @@ def cmd_devices(args):
             return version(pkg)
         except PackageNotFoundError:
             return "not installed"
-    print(f"cpu: {_cpu_name()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
+    from . import cpu
+    print(f"cpu: {cpu.model_name()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
           f"{lm.get_num_threads()} threads")
+    print(f"     instruction sets: {' '.join(cpu.instruction_sets()) or 'unknown'}")
     mkl = f"MKL {ver('mkl')}" if "mkl" in available() else "built without MKL"
     print(f"     BLAS {default_provider()} ({mkl}, OpenBLAS {ver('scipy-openblas32')}; "
           f"LAMINA_BLAS={'|'.join(available())} to choose)")

@@ -85,3 +85,23 @@ def test_shipped_models_by_name():
     assert lm.models.path("python_lm").name == "model.lamina" and lm.models.path("python_lm").exists()
     with pytest.raises(KeyError, match="no shipped model named 'gpt'; lamina ships python_lm, denoise3d"):
         lm.models.path("gpt")
+
+
+def test_the_cpu_is_described_from_proc_cpuinfo_and_recorded_by_the_bench(tmp_path):
+    import json
+    from pathlib import Path
+
+    from lamina import cpu
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    found = cpu.instruction_sets()
+    assert found == [name for name in cpu.INSTRUCTION_SETS if name in flags]  # in the module's order
+    assert cpu.model_name() and cpu.vendor() != ""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.harness import write_json
+    write_json(tmp_path / "r.json", [], {2: 123.0})
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["cpu"] == json.loads(json.dumps(cpu.describe())) and written["peak_gflops"] == {"2": 123.0}

@@ -55,14 +55,8 @@ def available():
 
 
 def cpu_vendor():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    from ..cpu import vendor
+    return vendor()
 
 
 def default_provider():
