@@ -24,7 +24,7 @@ if _provider == "openblas":
     _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 from . import layers, models, optim
 from .backends.cpu import CPUBackend
-from .backends.cpu.convolution import get_conv_algorithm, set_conv_algorithm
+from .backends.cpu.conv_algorithms import get_conv_algorithm, set_conv_algorithm
 from .errors import GraphError, InputError
 from .graph import Network, Spec, Value
 from .io import ModelFileError, load, load_checkpoint, save, save_checkpoint

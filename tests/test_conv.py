@@ -201,7 +201,7 @@ BLOCKED = [CASES[1], CASES[2], CASES[6], CASES[7], CASES[8], CASES[9], CASES[14]
 def test_blocked_column_matrix_gives_the_same_result(case, monkeypatch):
     """vol2col works on blocks of window rows; with tiny blocks (many per sample) the forward
     output and every gradient equal the single-block result."""
-    import lamina.backends.convolution as columns
+    import lamina.backends.columns as columns
     results = []
     for block in (1 << 18, 7):
         monkeypatch.setattr(columns, "COL_BLOCK", block)

@@ -1,4 +1,4 @@
-"""The CPU backend's convolution algorithms (lamina.backends.cpu.convolution): every algorithm that
+"""The CPU backend's convolution algorithms (lamina.backends.cpu.conv_algorithms): every algorithm that
 applies to a layer, forced with lm.set_conv_algorithm, against the direct-loop numpy reference
 and in the float64 gradient checks; Winograd's float32 error; the 'measure' mode; the compiled
 kernels' own refusals of sizes that would read or write outside their arrays."""
@@ -7,7 +7,7 @@ import pytest
 
 import lamina as lm
 from lamina import _kernels
-from lamina.backends.cpu import convolution as cpu_conv
+from lamina.backends.cpu import conv_algorithms as cpu_conv
 from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 from lamina.threads import SettingError

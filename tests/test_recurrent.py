@@ -199,7 +199,7 @@ def spy_fused(monkeypatch, by_rows=None):
     """Force the fused recurrence onto every thread, sharing by rows or by units (by_rows None:
     as the backend decides); returns (forward|backward, threads, by_rows) per call (the kernels
     take threads, by_rows last)."""
-    import lamina.backends.cpu.recurrence as recurrence
+    import lamina.backends.cpu.fused_recurrence as recurrence
     calls, kernels = [], recurrence._kernels
 
     class Spy:
@@ -228,7 +228,7 @@ def test_a_lone_sequence_splits_a_large_recurrent_weight(hidden, steps, threads,
     """One sequence is few multiply-adds, so one thread, unless W_hh is too large for one core's
     cache (hidden 256: 1 MB): then the threads share its units, given at least
     UNITS_MIN_STEPS steps (fewer do not repay waking the other thread)."""
-    from lamina.backends.cpu.recurrence import UNITS_MIN_STEPS
+    from lamina.backends.cpu.fused_recurrence import UNITS_MIN_STEPS
     assert 3 < UNITS_MIN_STEPS <= 20
     calls = spy_fused(monkeypatch)
     net = lm.Network()

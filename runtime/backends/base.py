@@ -12,7 +12,7 @@ Two rules hold for every kernel:
 import numpy as np
 from abc import ABC, abstractmethod
 
-from . import convolution, recurrence
+from . import columns, stepwise
 
 # position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
 # slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
@@ -235,7 +235,7 @@ class Backend(ABC):
         """The adjoint of vol2col: ACCUMULATES every column entry into x."""
 
     # -- convolutions as whole algorithms; `conv` is the layer (lamina.layers.conv). Here vol2col
-    #    + GEMM from the kernels above (lamina.backends.convolution); a backend with faster
+    #    + GEMM from the kernels above (lamina.backends.columns); a backend with faster
     #    algorithms overrides these and picks per shape.
     def conv_algorithms(self, conv):
         """{'forward', 'input grad', 'weight grad'}: the algorithm each step of `conv` runs with."""
@@ -251,29 +251,29 @@ class Backend(ABC):
         workspace of its own shape (ctx.unpooled_shape()) and is pooled from there."""
         if pool is not None:
             full = ctx.workspace("unpooled", ctx.unpooled_shape())
-            self.conv_forward(conv, convolution.WithOutput(ctx, full), bias, activation)
+            self.conv_forward(conv, columns.WithOutput(ctx, full), bias, activation)
             self.max_pool(full, ctx.output, None, pool)
             return
-        convolution.any_forward(conv, ctx, bias, activation)
+        columns.any_forward(conv, ctx, bias, activation)
 
     def conv_backward(self, conv, ctx):
         """The weight gradient (ctx.param_grad) and the input gradient (ctx.input_grad)."""
         if conv.transposed:
-            convolution.transposed_backward(conv, ctx)
+            columns.transposed_backward(conv, ctx)
         else:
-            convolution.backward(conv, ctx, ctx.input_grad(0))
+            columns.backward(conv, ctx, ctx.input_grad(0))
 
-    # -- the recurrence of one layer direction over a batch order (lamina.backends.recurrence):
+    # -- the recurrence of one layer direction over a batch order (lamina.backends.stepwise):
     #    `cell` is the layer, `run` its Direction; here step by step with the layer's cell
     packs_recurrent_weights = False  # whether recurrent layers pack W_hh by default (Backend.pack)
 
     def recurrence_forward(self, cell, ctx, run):
         """Every step's gates and states, and the states into run.output."""
-        recurrence.forward(cell, ctx, run)
+        stepwise.forward(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
         """Every step's dg and dgh, and the initial states' gradients."""
-        recurrence.backward(cell, ctx, run)
+        stepwise.backward(cell, ctx, run)
 
     def sample_threads(self, batch):
         """How many host threads share the samples of a batch in the generic convolution (each

@@ -1,8 +1,8 @@
 """Convolution and transposed convolution over 3-D volumes (NCDHW) and 2-D images (NCHW), with
 PyTorch's arguments and weight layouts. The layer holds the geometry and the parameters; the
 backend runs it (Backend.conv_forward / conv_backward) with the algorithm it picks for the
-shape: vol2col + GEMM everywhere (lamina.backends.convolution), faster kernels where a backend
-has them (lamina.backends.cpu.convolution). A 2-D layer is the 3-D one with depth 1 (kernel
+shape: vol2col + GEMM everywhere (lamina.backends.columns), faster kernels where a backend
+has them (lamina.backends.cpu.conv_algorithms). A 2-D layer is the 3-D one with depth 1 (kernel
 depth 1, stride 1, padding 0).
 Output sizes follow PyTorch's formulas; an empty output or channels that groups do not divide
 are errors naming the layer.

@@ -29,7 +29,7 @@ import math
 from typing import Optional
 
 from ..graph import Spec
-from ..backends.recurrence import Direction
+from ..backends.stepwise import Direction
 from ..scheduler import GradTarget
 from ..random import generator
 from .base import Layer, register, require_float, uniform

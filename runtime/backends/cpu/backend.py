@@ -12,7 +12,7 @@ from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStati
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from ..blas import default_provider, provider
 from ...threads import free_threads, get_num_threads, split_work
-from . import convolution, recurrence
+from . import conv_algorithms, fused_recurrence
 from .aligned import aligned_empty
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
@@ -534,30 +534,30 @@ class CPUBackend(HostStatistics, Backend):
     def col2vol(self, col, x, geometry, rows=None):
         K.col2vol(col, x, *self._volume("col2vol", x, col, geometry, rows))
 
-    # -- convolutions: the direct and depth-tap kernels where they apply (cpu/convolution.py)
+    # -- convolutions: the direct and depth-tap kernels where they apply (cpu/conv_algorithms.py)
     def conv_algorithms(self, conv):
-        return convolution.algorithms(conv)
+        return conv_algorithms.algorithms(conv)
 
     def conv_forward(self, conv, ctx, bias=None, activation=None, pool=None):
         if pool is None:
-            convolution.forward(conv, ctx, bias, activation)
-        elif not convolution.forward_pooled(conv, ctx, bias, activation, pool):
+            conv_algorithms.forward(conv, ctx, bias, activation)
+        elif not conv_algorithms.forward_pooled(conv, ctx, bias, activation, pool):
             super().conv_forward(conv, ctx, bias, activation, pool)
 
     def conv_backward(self, conv, ctx):
         if conv.transposed:
             super().conv_backward(conv, ctx)
         else:
-            convolution.backward(conv, ctx)
+            conv_algorithms.backward(conv, ctx)
 
-    # -- the recurrence: the fused kernel where it applies (cpu/recurrence.py)
+    # -- the recurrence: the fused kernel where it applies (cpu/fused_recurrence.py)
     packs_recurrent_weights = True
 
     def recurrence_forward(self, cell, ctx, run):
-        (recurrence.forward if recurrence.fuses(cell, self) else super().recurrence_forward)(cell, ctx, run)
+        (fused_recurrence.forward if fused_recurrence.fuses(cell, self) else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
-        (recurrence.backward if recurrence.fuses(cell, self) else super().recurrence_backward)(cell, ctx, run)
+        (fused_recurrence.backward if fused_recurrence.fuses(cell, self) else super().recurrence_backward)(cell, ctx, run)
 
     def sample_threads(self, batch):
         return min(get_num_threads(), batch)

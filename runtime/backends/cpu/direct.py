@@ -8,8 +8,8 @@ convolutions, one per width phase of the input (width phases)."""
 import numpy as np
 
 from ... import _kernels
-from .. import convolution as columns
-from ..convolution import as_volume
+from .. import columns
+from ..columns import as_volume
 from .aligned import aligned_copy
 from ...threads import split_work
 

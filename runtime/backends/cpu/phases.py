@@ -16,8 +16,8 @@ import numpy as np
 
 from ... import _kernels
 from ...threads import split_work
-from .. import convolution as columns
-from ..convolution import as_volume
+from .. import columns
+from ..columns import as_volume
 from .direct import ROW_SLACK, _layout
 
 

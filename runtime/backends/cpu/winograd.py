@@ -5,8 +5,8 @@ version."""
 import numpy as np
 
 from ... import _kernels
-from .. import convolution as columns
-from ..convolution import as_volume
+from .. import columns
+from ..columns import as_volume
 from .aligned import aligned_copy
 
 # Tiles per block of winograd.h: its transformed input and products, XI · block · (Cp + COp)

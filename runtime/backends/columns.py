@@ -1,6 +1,6 @@
 """Convolution by vol2col/col2vol and one GEMM per group: the algorithm every backend has, built
 from its vol2col, col2vol and gemm. A backend with faster algorithms for some shapes (the CPU's
-direct and depth-tap kernels, backends/cpu/convolution.py) overrides the Backend methods that
+direct and depth-tap kernels, backends/cpu/conv_algorithms.py) overrides the Backend methods that
 call these and falls back to them elsewhere.
 
 Conv:       W [out, in/groups, *k]; per sample, col = vol2col(x) [in·K, P] and, per group,

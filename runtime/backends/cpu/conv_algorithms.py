@@ -10,7 +10,7 @@
   output once from its column matrix instead of adding it into a zeroed output;
 - sub-pixel (cpu/phases.py): a strided transposed convolution as one stride-1 direct
   convolution per output phase, forward;
-- columns: vol2col + GEMM (lamina.backends.convolution), everything else; for a pointwise
+- columns: vol2col + GEMM (lamina.backends.columns), everything else; for a pointwise
   convolution (kernel 1, stride 1, no padding) the GEMMs read the input itself, and the rule
   takes it there (the direct kernel would copy the input and compute its channels by 4).
 
@@ -22,7 +22,7 @@ import math
 import time
 
 from ... import _kernels
-from .. import convolution as columns
+from .. import columns
 from ...threads import SettingError, get_num_threads
 from . import depth_taps, direct, phases, winograd
 

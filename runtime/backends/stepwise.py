@@ -2,11 +2,10 @@
 backend has. Each step is the layer's cell (lamina.layers.recurrent: a recurrent GEMM over the
 running sequences and a cell kernel); the rows of step t are the sequences longer than t and the
 first rows of step t-1 hold their previous states (lamina.sequence.BatchOrder). A backend with a
-faster whole-recurrence kernel (the CPU's fused recurrence, backends/cpu/recurrence.py)
+faster whole-recurrence kernel (the CPU's fused recurrence, backends/cpu/fused_recurrence.py)
 overrides the Backend methods that call these.
 """
 from dataclasses import dataclass
-
 from typing import Optional
 
 import numpy as np
