@@ -3,6 +3,8 @@ when the package is missing, which extra installs it (`pip install 'lamina[serve
 ending in a bare ModuleNotFoundError."""
 import importlib
 
+from .errors import MissingExtra
+
 EXTRAS = {
     "onnx": "importing and exporting ONNX models (lamina.onnx, lamina import/export)",
     "serve": "the inference server and its client (lamina serve, lamina.serve)",
@@ -11,10 +13,6 @@ EXTRAS = {
     "opencl": "OpenCL devices (device='opencl', lamina devices)",
     "bench": "the benchmarks' peers and load generator (python -m bench)",
 }
-
-
-class MissingExtra(ImportError):
-    """A package of an optional extra is not installed; the message names the extra."""
 
 
 def require(module, extra):

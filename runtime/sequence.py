@@ -18,9 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-
-class SequenceError(ValueError):
-    pass
+from .errors import SequenceError
 
 
 def _check_starts(starts, total, where="Sequences"):

@@ -16,12 +16,9 @@ import copy
 
 import numpy as np
 
+from .errors import GradientCheckError
 from .layers.costs import SquareError
 from .sequence import Sequences
-
-
-class GradientCheckError(AssertionError):
-    pass
 
 
 def add_probe_cost(net, value, seed=0):

@@ -20,17 +20,13 @@ import numpy as np
 
 from . import _kernels
 from .backends.blas import mkl, provider
+from .errors import SettingError
 
 _openblas = provider("openblas")
 _mkl = mkl()  # None where lamina was built without MKL
 
 _current = None
 _local = threading.local()  # .in_split: this thread is running a piece of split_work
-
-
-class SettingError(ValueError):
-    """A setting that is not valid: a thread count that is not a positive integer (LAMINA_THREADS,
-    set_num_threads), or an unknown LAMINA_BLAS."""
 
 
 def _default_threads():

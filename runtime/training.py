@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, TrainingStopped
 from .io.arrays import load_feeds
 from .io.checkpoint import load_checkpoint, save_checkpoint
 from .io.model import remove_stale_temporaries, write_atomic
@@ -185,7 +185,8 @@ def fit(net, data, optimizer, epochs=1, batch_size=32, folder=None, resume=False
         if world is not None:
             world.barrier("rank 0 to write the checkpoint")  # no rank leaves before it is written
         if folder and lead:
-            by = f" by {signal.Signals(e.signum).name}" if isinstance(e, Stopped) and e.signum != signal.SIGINT else ""
+            signum = e.signum if isinstance(e, TrainingStopped) else signal.SIGINT
+            by = f" by {signal.Signals(signum).name}" if signum != signal.SIGINT else ""
             log(f"interrupted{by}: checkpoint written to {folder / CHECKPOINT} (resume with --resume)")
         raise
     finally:
@@ -256,20 +257,11 @@ def plot_losses(log_path, png_path):
     os.replace(tmp, png_path)
 
 
-class Stopped(KeyboardInterrupt):
-    """Training stopped by a signal between steps, after its checkpoint: `signum` is SIGINT
-    (Ctrl-C) or SIGTERM (what `kill` and job schedulers send)."""
-
-    def __init__(self, signum=signal.SIGINT):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 class _DeferredInterrupt:
     """Ctrl-C or SIGTERM during training takes effect between steps: the first signal is
-    remembered and raised as Stopped (a KeyboardInterrupt) at the next check, so a step is never
-    cut between its parameter update and the position the checkpoint records (a checkpoint
-    written then would repeat that step on resume). A second one interrupts at once. Only in the
+    remembered and raised as TrainingStopped (a KeyboardInterrupt) at the next check, so a step
+    is never cut between its parameter update and the position the checkpoint records (a
+    checkpoint written then would repeat that step on resume). A second one interrupts at once. Only in the
     main thread (where Python delivers signals); elsewhere the signals behave as usual."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -282,14 +274,14 @@ class _DeferredInterrupt:
 
     def _remember(self, signum, frame):
         if self.requested is not None:
-            raise Stopped(signum)
+            raise TrainingStopped(signum)
         self.requested = signum
 
     def check(self, world=None):
-        """Raise Stopped if a signal came (on any rank of `world`)."""
+        """Raise TrainingStopped if a signal came (on any rank of `world`)."""
         requested = self.requested is not None
         if world.any(requested, "the other ranks between steps") if world is not None else requested:
-            raise Stopped(self.requested or signal.SIGINT)
+            raise TrainingStopped(self.requested or signal.SIGINT)
 
     def restore(self):
         for sig, handler in self.previous.items():

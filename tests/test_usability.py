@@ -105,3 +105,29 @@ def test_the_cpu_is_described_from_proc_cpuinfo_and_recorded_by_the_bench(tmp_pa
     write_json(tmp_path / "r.json", [], {2: 123.0})
     written = json.loads((tmp_path / "r.json").read_text())
     assert written["cpu"] == json.loads(json.dumps(cpu.describe())) and written["peak_gflops"] == {"2": 123.0}
+
+
+def test_the_public_exceptions_live_in_lamina_errors_and_at_the_top_level():
+    """One module holds every exception lamina raises to its users; each is also lamina.<Name>,
+    and subclasses what it always did (a ModelFileError is a ValueError, and so on)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from lamina import errors
+    internal = {"lamina.cli.CommandError", "lamina.io.onnx.importer.Refused"}  # caught inside lamina
+    stray = []
+    for info in pkgutil.walk_packages(lm.__path__, "lamina."):
+        if info.name.startswith(("lamina.serve.grpc.inference_pb2", "lamina.backends.opencl")):
+            continue  # generated code; the OpenCL backend needs pyopencl (checked below)
+        module = importlib.import_module(info.name)
+        for name, cls in vars(module).items():
+            if (inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == info.name
+                    and f"{info.name}.{name}" not in internal and info.name != "lamina.errors"):
+                stray.append(f"{info.name}.{name}")
+    assert not stray, stray
+    for name in errors.PUBLIC:
+        assert getattr(lm, name) is getattr(errors, name)
+    assert issubclass(lm.UnsupportedModelError, lm.ModelFileError) and issubclass(lm.ModelFileError, ValueError)
+    assert issubclass(lm.OpenCLError, RuntimeError) and issubclass(lm.MissingExtra, ImportError)
+    assert lm.OpenCLBackend.__name__ == "OpenCLBackend" and "OpenCLBackend" in lm.__all__

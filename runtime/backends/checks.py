@@ -9,10 +9,7 @@ value found and where.
 import numpy as np
 
 from .. import _kernels
-
-
-class IndexRangeError(ValueError):
-    """An index argument of a kernel lies outside the array it indexes."""
+from ..errors import IndexRangeError
 
 
 def check_index(where, name, ids, bound, low=0):

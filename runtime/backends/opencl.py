@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import OpenCLError
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
@@ -31,10 +32,6 @@ TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32,
 # 31-37; 8 x 1 x 8 24-32; 12 x 2 x 8 22-35)
 RPW, VW, CV = 8, 8, 2
 LOCAL = 256  # work-group size of 1-D kernels
-
-
-class OpenCLError(RuntimeError):
-    pass
 
 
 def _cl():

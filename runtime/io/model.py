@@ -37,6 +37,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from ..errors import ModelFileError, NonFiniteModelError
 from ..graph import Network
 from ..layers.base import REGISTRY, parameters_from_file
 from ..types import PathLike
@@ -49,10 +50,6 @@ TENSOR_TYPES = ("F64", "F32", "F16", "I64", "I32", "I16", "I8", "U64", "U32", "U
 MAX_HEADER = 64 << 20  # bytes of JSON header a model file may have
 MAX_DEPTH = 32  # nesting of the graph JSON (a real graph nests about 6 levels)
 ASSET, OPTIM = "asset/", "optim/"
-
-
-class ModelFileError(ValueError):
-    """A model file that cannot be loaded; the message names the file and the problem."""
 
 
 # ---------------------------------------------------------------------------- writing
@@ -82,11 +79,6 @@ def describe_graph(net):
         "outputs": dict(net.output_values),
     }
     return graph
-
-
-class NonFiniteModelError(ValueError):
-    """A model with NaN or infinity among its parameters: it is not written (it could not be
-    loaded back, and it must never replace a good file)."""
 
 
 def digest(tensors, metadata=None):

@@ -6,16 +6,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ServerError
 from ..sequence import Sequences
 from .protocol import decode_response, encode_body, tensor_entry
-
-
-class ServerError(Exception):
-    """The server refused a request: `status` and the error body's message."""
-
-    def __init__(self, status, message):
-        super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
 
 
 class Client:

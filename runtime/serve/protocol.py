@@ -23,21 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ProtocolError
+
 HEADER_LENGTH = "inference-header-content-length"
 
 DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
              "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
              "FP32": np.float32, "FP64": np.float64}
 NAMES = {np.dtype(v): k for k, v in DATATYPES.items()}
-
-
-class ProtocolError(Exception):
-    """A request the protocol refuses: `status` (400 unless said) and a message for the
-    error body."""
-
-    def __init__(self, message, status=400):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

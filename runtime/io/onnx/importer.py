@@ -21,21 +21,11 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from ...graph import Network, Value
-from ..model import ModelFileError
+from ...errors import ModelFileError, UnsupportedModelError
 
 
 FOLD_LIMIT = 256 << 20  # bytes one folded node's outputs may take
 FOLD_BUDGET = 1 << 30  # bytes all of a model's folded constants may take
-
-
-class UnsupportedModelError(ModelFileError):
-    """An ONNX model using operators or attributes lamina cannot run; `problems` lists every
-    (node name, operator, what) found."""
-
-    def __init__(self, where, problems):
-        self.problems = problems
-        lines = "\n".join(f"  - node '{n}' ({op}): {what}" for n, op, what in problems)
-        super().__init__(f"{where}: lamina cannot run {len(problems)} part(s) of this model:\n{lines}")
 
 
 class Refused(Exception):
