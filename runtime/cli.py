@@ -372,7 +372,8 @@ def cmd_inspect(args):
         from .io.model import FORMAT, _read
         metadata, tensors = _read(args.model)
         dtypes = sorted({str(t.dtype) for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))})
-        print(f"{args.model}: format {FORMAT} version {metadata['version']}, {os.path.getsize(args.model) / 1e6:.2f} MB, "
+        print(f"{args.model}: format {FORMAT} version {metadata['version']}, "
+              f"{os.path.getsize(args.model) / 1e6:.2f} MB, "
               f"parameters stored as {', '.join(dtypes) or '-'}{', checkpoint' if 'checkpoint' in metadata else ''}")
     print("inputs: " + ", ".join(f"{n} {net.values[n].spec}" for n in net.input_names))
     print("outputs: " + ", ".join(f"{o} ({v})" for o, v in net.output_values.items()))
@@ -510,7 +511,8 @@ def parser():
     s.add_argument("--max-body-mb", type=POSITIVE, default=64.0, help="largest request body accepted")
     s.add_argument("--max-sequence-length", type=POSITIVE_INT, default=4096,
                    help="steps one request's sequence may hold (413 past it)")
-    s.add_argument("--max-rows", type=POSITIVE_INT, default=1024, help="rows one request's inputs may hold (413 past it)")
+    s.add_argument("--max-rows", type=POSITIVE_INT, default=1024,
+                   help="rows (or sequences) one request's inputs may hold (413 past it)")
     s.add_argument("--max-elements", type=POSITIVE_INT, default=1 << 22,
                    help="values all of one request's inputs may hold together (413 past it)")
     s.add_argument("--max-batch-mb", type=POSITIVE, default=512.0,

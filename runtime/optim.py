@@ -98,7 +98,8 @@ class Optimizer:
     non-finite loss or gradient does (`nonfinite`, see the module docstring)."""
 
     def __init__(self, params: Any, lr: float, weight_decay: float = 0.0, clip_norm: Optional[float] = None,
-                 schedule: Optional[Callable[[int], float]] = None, backend: Any = None, nonfinite: str = "skip") -> None:
+                 schedule: Optional[Callable[[int], float]] = None, backend: Any = None,
+                 nonfinite: str = "skip") -> None:
         where = type(self).__name__
         params = params.parameters() if hasattr(params, "parameters") else list(params)
         if not params:
