@@ -257,8 +257,7 @@ def cmd_train(args):
         raise CommandError(str(e)) from None
     if ck:
         ck.restore(opt)
-        if net.backend.name != "cpu":  # the restored state is host arrays: move it along
-            net.to(net.backend)
+        net.to(net.backend)  # the restored state is host arrays: onto the network's device
         print(f"resuming from {folder / training.CHECKPOINT}: epoch {ck.fields['epoch']}, "
               f"batch {ck.fields['batch']}, step {ck.step_count}")
     resume = ck.fields if ck else None

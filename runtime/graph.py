@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 
 import numpy as np
 
-from .backends.cpu import CPUBackend
 from .errors import GraphError, InputError
 from .rwlock import ReadWriteLock
 from .types import Feed, Feeds, Shape
@@ -128,7 +127,10 @@ class Network:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"Network: dtype must be float32 or float64, found {self.dtype}")
-        self.backend = backend or CPUBackend()
+        if backend is None:  # the CPU's, resolved here: the graph module imports no backend
+            from .backends import get_backend
+            backend = get_backend("cpu")
+        self.backend = backend
         self.values: dict[str, Value] = {}  # name -> Value (inputs and node outputs)
         self.input_names: list[str] = []
         self.nodes: list[Node] = []

@@ -24,15 +24,16 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .backends.cpu import CPUBackend
 
 _default_backend = None
 
 
 def _cpu():
+    """The backend of parameters that hold host arrays (the CPU's), made when first needed."""
     global _default_backend
     if _default_backend is None:
-        _default_backend = CPUBackend()
+        from .backends import get_backend
+        _default_backend = get_backend("cpu")
     return _default_backend
 
 
