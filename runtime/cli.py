@@ -315,6 +315,11 @@ def cmd_serve(args):
         print(f"serving at http://{host}:{port}{grpc}: " + "; ".join(
             f"{name} (batches of up to {m.max_batch_size}"
             + (f", {m.max_delay * 1e3:g} ms" if m.max_delay else "") + ")" for name, m in models.items()), flush=True)
+    # The server catches SIGTERM and SIGINT while it runs (a graceful stop) and puts back the
+    # handlers it found when it ends. Ignored ones are found: a second SIGTERM arriving while the
+    # stopped process exits then leaves it to exit 0, where the default action killed it (143).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(models, args.host, args.port, args.timeout_ms / 1e3, int(args.max_body_mb * 2 ** 20), on_ready=ready,
           max_connections=args.max_connections, request_timeout=args.request_timeout_s, keep_alive=args.keep_alive_s,
           grpc_port=args.grpc_port)

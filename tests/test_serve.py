@@ -54,6 +54,8 @@ class Server:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(30)
         err = self.proc.stderr.read()
+        if self.proc.returncode != 0 or "Traceback" in err:
+            print(f"server exit status {self.proc.returncode}; stderr:\n{err[-3000:]}")
         return self.proc.returncode == 0 and "Traceback" not in err
 
 

@@ -240,6 +240,18 @@ def test_sigterm_stops_an_idle_server_with_status_0(models):
     assert s.stop()
 
 
+def test_sigterm_sent_again_while_the_server_stops_still_exits_0(models):
+    """A process manager may repeat its SIGTERM: one arriving after the graceful stop, while the
+    process exits, must not turn exit 0 into death by signal (143)."""
+    s = Server(f"clf={models['clf']}")
+    s.proc.send_signal(signal.SIGTERM)
+    while s.proc.poll() is None:
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    assert s.proc.returncode == 0
+    assert s.stop()
+
+
 def rss_kb(pid):
     return psutil.Process(pid).memory_info().rss >> 10
 
