@@ -32,10 +32,11 @@ DENOISER = ROOT / "models" / "denoise3d" / "model.lamina"
 class Server:
     """A `lamina serve` process; `url` once it listens."""
 
-    def __init__(self, *args, **popen):
+    def __init__(self, *args, blas=None, **popen):
+        env = {**os.environ, "LAMINA_THREADS": "1", **({"LAMINA_BLAS": blas} if blas else {})}
         self.proc = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", *args, "--port", "0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, "LAMINA_THREADS": "1"}, **popen)
+                                     stdin=subprocess.DEVNULL, env=env, **popen)
         line = self.proc.stdout.readline()
         match = re.search(r"http://[\d.]+:\d+", line)
         if not match:

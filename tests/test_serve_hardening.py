@@ -261,9 +261,10 @@ def test_the_language_model_under_a_memory_limit_refuses_outliers_and_gives_memo
     the limit named) without growing the server; an allowed but large request (20,000 steps)
     runs, and after normal requests the server's resident size is back near where it was;
     the normal answers equal net.run."""
+    from test_memory import BLAS_ALLOWANCE, MEMORY_BLAS
     limit = 2 << 30
-    s = Server(str(LM), "--max-sequence-length", "20000", "--max-batch-mb", "1024",
-               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    s = Server(f"warm={LM}", str(LM), "--max-sequence-length", "20000", "--max-batch-mb", "1024",
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)), blas=MEMORY_BLAS)
     try:
         net = lm.load(LM)
         rng = np.random.default_rng(7)
@@ -271,6 +272,9 @@ def test_the_language_model_under_a_memory_limit_refuses_outliers_and_gives_memo
         with Client(s.url) as c:
             for ids in normal[:3]:
                 c.infer("python_lm", {"ids": ids}, outputs=["last"])
+            # an outlier through another copy of the model first warms what is not a network's to
+            # give back (the BLAS's own work buffers)
+            c.infer("warm", {"ids": rng.integers(0, 4096, 20_000).astype(np.int32)}, outputs=["last"])
             before = rss_kb(s.proc.pid)
             huge = np.ones(500_000, np.int32)
             body, headers = encode_request({"ids": huge})
@@ -283,8 +287,11 @@ def test_the_language_model_under_a_memory_limit_refuses_outliers_and_gives_memo
             answers = [c.infer("python_lm", {"ids": ids}, outputs=["last"]) for ids in normal]
             after = rss_kb(s.proc.pid)
         for ids, out in zip(normal, answers):
-            assert_close(out["last"], lm_reference(net, ids)["last"], 1e-6, "last")
-        assert after - before < 60_000, (before, after)  # kB: the outlier's buffers (about 150 MB) were given back
+            # the server's GEMMs may be another provider's than this process's (MEMORY_BLAS):
+            # float32 sums in another order, over 50 steps
+            assert_close(out["last"], lm_reference(net, ids)["last"], 1e-5, "last")
+        # kB: the outlier's buffers (about 150 MB) were given back (the server runs 1 thread)
+        assert after - before < 60_000 + (BLAS_ALLOWANCE >> 10), (before, after)
     finally:
         assert s.stop()
 
