@@ -14,10 +14,11 @@ value's buffer goes back to a pool after its last consumer and is reused by late
 same shape, so peak memory is the widest cut of the graph rather than the sum of activations.
 An inference binding that grew for an outlier (a batch far larger than the plan's recent ones)
 is dropped after it, and the freed heap handed back to the system, so a long-running process's
-memory follows its usual batches, not its largest one. In inference, too, an element-wise activation whose input nothing else reads runs inside the
-layer that writes that input, when the layer can apply it as it stores its output (a
-convolution's kernels add the bias and apply a ReLU in the same pass): the activation's output
-is the producer's buffer, and the activation node does not run.
+memory follows its usual batches, not its largest one. In inference, too, an element-wise
+activation whose input nothing else reads runs inside the layer that writes that input, when
+the layer can apply it as it stores its output (a convolution's kernels add the bias and apply
+a ReLU in the same pass): the activation's output is the producer's buffer, and the activation
+node does not run.
 """
 import collections
 import ctypes

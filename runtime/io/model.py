@@ -234,9 +234,9 @@ def _read(path):
                 raise ModelFileError(f"{path}: tensor '{key}' has type {entry.get('dtype')!r}; a lamina model file "
                                      f"holds {', '.join(TENSOR_TYPES)} tensors (parameters: F32 or F16)")
         tensors = st_load(blob)
+    except ModelFileError:
+        raise
     except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError, RecursionError, KeyError) as e:
-        if isinstance(e, ModelFileError):
-            raise
         raise ModelFileError(f"{path}: not a safetensors file ({type(e).__name__}: {e})") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         found = metadata.get("format") if isinstance(metadata, dict) else metadata

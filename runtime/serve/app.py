@@ -261,7 +261,14 @@ def decode(body, headers, model, max_body=64 * 2 ** 20):
     """(request JSON, {input: array}, output names, which go binary, {output: classes asked})
     of an /infer body, inflated first where Content-Encoding says gzip or deflate."""
     body = inflate(body, headers.get("content-encoding"), max_body)
-    payload, tail = parse_request(body, headers)
+    return decode_payload(*parse_request(body, headers), model)
+
+
+def decode_payload(payload, tail, model):
+    """decode's answer for a parsed request (its JSON and the binary bytes after it): the
+    inputs checked against the model, the outputs asked (else every one the inputs compute), a
+    request of several sequences as each sequence input's list of steps. The gRPC service
+    decodes through here too."""
     arrays = decode_inputs(payload, tail, model)
     outputs, binary, classes = requested_outputs(payload, model)
     padded = sequences_of(payload, arrays, model)

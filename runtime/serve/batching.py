@@ -36,14 +36,14 @@ class Pending:
     """One request waiting for its batch: its inputs, the outputs it wants (and which of them
     in binary), its id, and the future of its encoded response."""
 
-    __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "steps", "nbytes", "future", "arrived",
+    __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "steps", "future", "arrived",
                  "abandoned", "classes", "padded_to")
 
-    def __init__(self, arrays, outputs, binary, request_id, rows, steps, nbytes, future, classes=None):
+    def __init__(self, arrays, outputs, binary, request_id, rows, steps, future, classes=None, padded_to=None):
         self.classes = classes or {}  # output -> k: answered as its k best classes
-        self.padded_to = None  # a request of padded sequences: their T, to pad its sequence outputs to
+        self.padded_to = padded_to  # a request of padded sequences: their T, to pad its sequence outputs to
         self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
-        self.steps, self.nbytes = steps, nbytes  # its sequence's steps (None: no sequences); buffer bytes alone
+        self.steps = steps  # its sequences' steps in all (None: no sequences)
         self.binary, self.request_id = binary, request_id
         self.key = (tuple(sorted(arrays)), tuple(outputs))
         self.arrived = time.perf_counter()
@@ -147,9 +147,8 @@ class ServedModel:
             raise ProtocolError(f"this request alone needs {nbytes / 2 ** 20:.1f} MiB of buffers in model "
                                 f"'{self.name}'; a batch may take {self.max_batch_bytes / 2 ** 20:g} MiB "
                                 f"(--max-batch-mb)", 413)
-        pending = Pending({**arrays, **sequences}, outputs, binary, request_id, rows, steps, nbytes,
-                          asyncio.get_running_loop().create_future(), classes)
-        pending.padded_to = padded_to
+        pending = Pending({**arrays, **sequences}, outputs, binary, request_id, rows, steps,
+                          asyncio.get_running_loop().create_future(), classes, padded_to)
         self._waiting.append(pending)
         self._arrived.set()
         return pending

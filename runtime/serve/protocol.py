@@ -6,10 +6,9 @@ A model with sequence inputs takes one sequence per request, or several: each se
 that sequence's steps ([steps, *shape]) and every other input one row ([1, *shape]); or each
 sequence input is a padded batch ([n, T, *shape]) whose lengths the request's parameters give
 ("sequence_lengths": [l1, ..., ln], each in 1..T, or over gRPC the string "l1,...,ln"; absent:
-every sequence T steps), and every
-other input n rows. Responses carry each output for this request's rows alone, in the same
-layout: a sequence output of a padded request padded to [n, T, *shape] with zeros past each
-length (as ONNX Runtime pads).
+every sequence T steps), and every other input n rows. Responses carry each output for this
+request's rows alone, in the same layout: a sequence output of a padded request padded to
+[n, T, *shape] with zeros past each length (as ONNX Runtime pads).
 
 Binary extension: the header `Inference-Header-Content-Length: N` says the body's first N bytes
 are the JSON; an input with `"parameters": {"binary_data_size": k}` takes the next k bytes

@@ -11,7 +11,7 @@ that cancels its call (or lets its deadline pass) takes its request out of the q
 import numpy as np
 
 from ... import __version__
-from ..protocol import DATATYPES, ProtocolError, decode_inputs, decode_response, requested_outputs, sequences_of
+from ..protocol import DATATYPES, ProtocolError, decode_response
 
 # the field of InferTensorContents that carries each datatype
 CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -77,15 +77,12 @@ def as_http_request(request):
 def decode_grpc(request, model):
     """What app.decode gives for an HTTP body: (payload, arrays, outputs, binary, classes), every
     output answered as raw bytes."""
+    from ..app import decode_payload
     payload, tail = as_http_request(request)
     if not payload["inputs"]:
         raise ProtocolError("the request must hold at least one input")
-    arrays = decode_inputs(payload, tail, model)
-    outputs, _, classes = requested_outputs(payload, model)
-    padded = sequences_of(payload, arrays, model)
-    if padded:
-        arrays = {**arrays, **padded}
-    return payload, arrays, outputs or model.default_outputs(arrays), True, classes
+    payload, arrays, outputs, _, classes = decode_payload(payload, tail, model)
+    return payload, arrays, outputs, True, classes
 
 
 def servicer(service, pb, base):
