@@ -419,11 +419,19 @@ def test_a_killed_runs_temporaries_and_extra_log_lines_are_cleaned_up_on_resume(
     """kill -9 after the last checkpoint: the log holds steps the checkpoint does not, and a
     save cut short leaves its temporary file. The resumed run removes the temporary and logs
     each step once: its log reads as one run of consecutive steps."""
+    import shutil
     proc, run = start_training(tmp_path, "--checkpoint-every", "50")
-    while len((run / "log.jsonl").read_text().splitlines()) < 120:
-        time.sleep(0.05)
+    # the kill must come after steps past the last checkpoint (not at one): keep a checkpoint as
+    # it was written, kill once the log is 20 steps past it, and leave that checkpoint as the last
+    while not (run / "checkpoint.lamina").exists():
+        time.sleep(0.01)
+    shutil.copy(run / "checkpoint.lamina", tmp_path / "kept.lamina")
+    kept = lm.load_checkpoint(tmp_path / "kept.lamina").step_count
+    while len((run / "log.jsonl").read_text().splitlines()) < kept + 20:
+        time.sleep(0.01)
     proc.kill()
     proc.communicate(timeout=60)
+    shutil.copy(tmp_path / "kept.lamina", run / "checkpoint.lamina")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = [run / f".tmp-{dead.stdout.strip()}-abc123.lamina", run / ".tmp-old9xyz.lamina"]
     for path in stale:
