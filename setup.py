@@ -2,10 +2,11 @@
 
 Everything is found inside the Python environment that runs the build: no system MKL and no
 LD_LIBRARY_PATH. Each extension gets two rpaths: the folder that held its library at build time
-(an editable install), and the place the library's wheel installs it relative to lamina's own
-folder in site-packages ($ORIGIN/../scipy_openblas32/lib; MKL's runtime in PREFIX/lib, that is
-$ORIGIN/../../..), so a wheel built in pip's isolated environment, whose folders are gone after
-the build, loads in the environment it is installed in. lamina.backends.blas also loads each
+(an editable install), and the place the library's wheel installs it relative to the extension's
+folder, site-packages/lamina/backends/cpu: OpenBLAS's library in
+$ORIGIN/../../../scipy_openblas32/lib, MKL's runtime in PREFIX/lib, that is $ORIGIN/../../../../..
+So a wheel built in pip's isolated environment, whose folders are gone after the build, loads in
+the environment it is installed in. lamina.backends.cpu.blas also loads each
 library from its installed distribution before the module that needs it.
 
 MKL is optional: where the environment has no mkl-devel (MKL has no wheel for Arm hosts), or
@@ -69,17 +70,17 @@ np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 
 extensions = [
     Extension(
-        "lamina._openblas",
+        "lamina.backends.cpu._openblas",
         ["pyx/_openblas.pyx"],
         include_dirs=[openblas_inc, numpy.get_include()],
         extra_link_args=common_link
         + [f"-L{openblas_lib}", f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{openblas_lib}",
-           "-Wl,-rpath,$ORIGIN/../scipy_openblas32/lib"],
+           "-Wl,-rpath,$ORIGIN/../../../scipy_openblas32/lib"],
         extra_compile_args=common_compile,
         define_macros=np_macros,
     ),
     Extension(
-        "lamina._kernels",
+        "lamina.backends.cpu._kernels",
         ["pyx/_kernels.pyx"],
         include_dirs=["pyx", numpy.get_include()],
         depends=["pyx/cells.h", "pyx/cells_impl.h", "pyx/clones.h", "pyx/panels.h", "pyx/panels_impl.h", "pyx/recurrence.h", "pyx/recurrence_impl.h", "pyx/volumes.h", "pyx/volumes_impl.h", "pyx/direct_conv.h", "pyx/direct_conv_impl.h", "pyx/winograd.h", "pyx/winograd_impl.h", "pyx/pools.h", "pyx/pools_impl.h", "pyx/softmax.h", "pyx/softmax_impl.h", "pyx/epilogue.h", "pyx/epilogue_impl.h", "pyx/instantiate.h", "pyx/team.h"],
@@ -88,7 +89,7 @@ extensions = [
         define_macros=np_macros,
     ),
     Extension(
-        "lamina._selective",
+        "lamina.backends.cpu._selective",
         ["pyx/_selective.pyx"],
         include_dirs=["pyx", numpy.get_include()],
         depends=["pyx/rows.h", "pyx/clones.h"],
@@ -100,12 +101,12 @@ extensions = [
 if mkl is not None:
     mkl_root, mkl_runtime = mkl
     extensions.append(Extension(
-        "lamina._mkl",
+        "lamina.backends.cpu._mkl",
         ["pyx/_mkl.pyx"],
         include_dirs=[str(mkl_root / "include"), numpy.get_include()],
         # link the versioned runtime by file name: the wheel ships no unversioned libmkl_rt.so
         extra_link_args=common_link + [f"-L{mkl_root / 'lib'}", f"-l:{mkl_runtime}", f"-Wl,-rpath,{mkl_root / 'lib'}",
-                                       "-Wl,-rpath,$ORIGIN/../../.."],
+                                       "-Wl,-rpath,$ORIGIN/../../../../.."],
         extra_compile_args=common_compile,
         define_macros=np_macros,
     ))
@@ -116,7 +117,7 @@ setup(
               "lamina.models"],
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl", "lamina.models": "models"},
     package_data={"lamina.opencl": ["*.cl", "*.h"], "lamina.models": ["*/model.lamina", "*/README.md"],
-                  "lamina": ["py.typed"], "lamina.serve.grpc": ["inference.proto"]},
+                  "lamina": ["py.typed"], "lamina.backends.cpu": ["*.pyi"], "lamina.serve.grpc": ["inference.proto"]},
     ext_modules=cythonize(
         extensions,
         compiler_directives={

@@ -189,7 +189,7 @@ def set_threads(n):
 
 
 def raw_provider(name):
-    from lamina.backends.blas import provider
+    from lamina.backends.cpu.blas import provider
     p = provider(name)
     _raw_providers.append(p)
     return p
@@ -250,7 +250,7 @@ def print_table(rows, peaks, file=None):
 def write_json(path, rows, peaks, extra=None):
     """The rows and peaks, and the results of suites with their own tables (`extra`), with the
     CPU they ran on (model, instruction sets, cores): a ratio is a fact of its machine."""
-    from lamina.cpu import describe
+    from lamina.processor import describe
     with open(path, "w") as f:
         json.dump({"cpu": describe(), "peak_gflops": {str(t): p for t, p in peaks.items()},
                    "rows": [asdict(r) for r in rows], **(extra or {})}, f, indent=1)

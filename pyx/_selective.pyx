@@ -127,45 +127,6 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1
                 dx[i, j] = <real>(acc if dx_beta == 0 else acc + dx_beta * dx[i, j])
 
 
-def by_column(const int[::1] starts, const int[::1] cols, Py_ssize_t n_out):
-    """The entries grouped by column (a stable counting sort, CSR to CSC): returns
-    (columns, bucket_starts, entries, entry_rows): the distinct selected columns in increasing
-    order; column columns[u] holds the entries entries[bucket_starts[u]:bucket_starts[u + 1]]
-    (in increasing order), and entry_rows gives each of those entries' row."""
-    cdef Py_ssize_t i, e, c, u, rows = starts.shape[0] - 1, nnz = cols.shape[0]
-    count_arr = np.zeros(n_out + 1, np.int32)
-    cdef int[::1] count = count_arr
-    entries_arr = np.empty(nnz, np.int32)
-    entry_rows_arr = np.empty(nnz, np.int32)
-    cdef int[::1] entries = entries_arr, entry_rows = entry_rows_arr
-    cdef Py_ssize_t distinct = 0
-    with nogil:
-        for e in range(nnz):
-            count[cols[e] + 1] += 1
-        for c in range(n_out):
-            if count[c + 1]:
-                distinct += 1
-            count[c + 1] += count[c]
-    columns_arr = np.empty(distinct, np.int32)
-    bucket_arr = np.empty(distinct + 1, np.int32)
-    cdef int[::1] columns = columns_arr, bucket = bucket_arr
-    with nogil:
-        u = 0
-        for c in range(n_out):
-            if count[c + 1] > count[c]:
-                columns[u] = <int>c
-                bucket[u] = count[c]
-                u += 1
-        bucket[distinct] = <int>nnz
-        for i in range(rows):
-            for e in range(starts[i], starts[i + 1]):
-                c = cols[e]
-                entries[count[c]] = <int>e
-                entry_rows[count[c]] = <int>i
-                count[c] += 1
-    return columns_arr, bucket_arr, entries_arr, entry_rows_arr
-
-
 def selected_bias_grad(real[::1] g, const int[::1] columns, const int[::1] bucket, const int[::1] entries,
                        real[::1] db, double beta):
     """db[c] = Σ_e g[e] over the entries of column c, for each selected column c (with beta)."""
@@ -185,30 +146,6 @@ def gather_add(real[::1] b, const int[::1] cols, real[::1] out):
     with nogil:
         for e in range(nnz):
             out[e] += b[cols[e]]
-
-
-def label_entries(const int[::1] starts, const int[::1] cols, bint shared, const int[::1] labels, int[::1] pos):
-    """pos[i] = the entry of row i whose column is labels[i] (the first, if the row selects it
-    twice); for a shared selection every row's columns are cols. Returns the first row whose
-    label is not selected, or -1."""
-    cdef Py_ssize_t i, e, j, k = cols.shape[0], rows = labels.shape[0]
-    cdef Py_ssize_t missing = -1
-    with nogil:
-        for i in range(rows):
-            pos[i] = -1
-            if shared:
-                for j in range(k):
-                    if cols[j] == labels[i]:
-                        pos[i] = <int>(i * k + j)
-                        break
-            else:
-                for e in range(starts[i], starts[i + 1]):
-                    if cols[e] == labels[i]:
-                        pos[i] = <int>e
-                        break
-            if pos[i] < 0 and missing < 0:
-                missing = i
-    return missing
 
 
 cdef inline double _weight(const real[::1] w, bint weighted, Py_ssize_t i) noexcept nogil:

@@ -1,29 +1,9 @@
 """lamina: a compact deep-learning runtime for CPU servers (Cython kernels over MKL/OpenBLAS)
 and OpenCL devices."""
-import os as _os
-
-from .backends.blas import default_provider as _default_provider
-
-# Decided before libgomp loads (it reads the environment once): lamina's own workers
-# (lamina.threads) are pthreads of their own, and libgomp workers that spin-wait after each of our
-# OpenMP kernels steal their cores (with OpenBLAS's pool in that place, fc forward+backward at 2
-# threads measured 5x slower). MKL threads through libgomp itself and
-# gains from spinning, so the default stays where MKL is the provider. Set OMP_WAIT_POLICY to
-# override.
-#
-# OpenBLAS's pool workers spin for 2^28 cycles (about 0.1 s) after each call before sleeping, on
-# the cores lamina's next kernel wants. lamina's OpenBLAS runs on one thread (lamina.threads), but
-# numpy's own OpenBLAS reads the same setting: a spin of 2^12 cycles is set here (read once, when
-# each library loads; set OPENBLAS_THREAD_TIMEOUT to override).
-try:
-    _provider = _default_provider()
-except ValueError:  # a bad LAMINA_BLAS: raised again, clearly, by the first CPU backend made
-    _provider = None
-if _provider == "openblas":
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
-from . import layers, models, optim
+# the CPU backend first: it sets the OpenMP and OpenBLAS environment before numpy and the compiled
+# kernels load their threading libraries
 from .backends.cpu import CPUBackend
+from . import layers, models, optim
 from .backends.cpu.conv_algorithms import get_conv_algorithm, set_conv_algorithm
 from . import errors as _errors
 from .errors import (GradientCheckError, GraphError, IndexRangeError, InputError, MissingExtra, ModelFileError,

@@ -401,14 +401,14 @@ def cmd_inspect(args):
 def cmd_devices(args):
     lm = _setup(args)
     from importlib.metadata import PackageNotFoundError, version
-    from .backends.blas import available, default_provider
+    from .backends.cpu.blas import available, default_provider
 
     def ver(pkg):
         try:
             return version(pkg)
         except PackageNotFoundError:
             return "not installed"
-    from . import cpu
+    from . import processor as cpu
     print(f"cpu: {cpu.model_name()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
           f"{lm.get_num_threads()} threads")
     print(f"     instruction sets: {' '.join(cpu.instruction_sets()) or 'unknown'}")

@@ -24,7 +24,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import _selective
 from .errors import InputError
 from .sequence import SequenceError, Sequences, _check_starts
 
@@ -33,6 +32,31 @@ def frozen(a):
     """A read-only copy of `a` that cannot be made writeable again (its memory is a bytes object)."""
     a = np.ascontiguousarray(a)
     return np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
+
+
+def group_by_column(starts, cols):
+    """A per-row selection's entries grouped by column (CSR to CSC by a stable sort): (columns,
+    bucket_starts, entries, entry_rows) as Selection.by_column describes them."""
+    entries = np.argsort(cols, kind="stable").astype(np.int32)
+    entry_rows = np.repeat(np.arange(len(starts) - 1, dtype=np.int32), np.diff(starts))[entries]
+    columns, first = np.unique(cols[entries], return_index=True)
+    bucket_starts = np.append(first, len(cols)).astype(np.int32)
+    return columns.astype(np.int32), bucket_starts, entries, entry_rows
+
+
+def first_label_entries(starts, cols, shared, labels):
+    """pos[i] = the first entry of row i whose column is labels[i], or -1 where row i does not
+    select it; a shared selection's rows all select cols."""
+    rows, k = len(labels), len(cols)
+    if shared:
+        hit = cols[None, :] == labels[:, None]
+        first = np.argmax(hit, axis=1)
+        return np.where(hit.any(axis=1), np.arange(rows) * k + first, -1).astype(np.int32)
+    entry_rows = np.repeat(np.arange(rows), np.diff(starts))
+    hits = np.flatnonzero(cols == labels[entry_rows])
+    first = np.full(rows, len(cols))
+    np.minimum.at(first, entry_rows[hits], hits)
+    return np.where(first < len(cols), first, -1).astype(np.int32)
 
 
 class Selection:
@@ -137,10 +161,12 @@ class Selection:
 
     def by_column(self, out_features):
         """The entries of a per-row selection grouped by column (CSC), computed once:
-        (columns, bucket_starts, entries, entry_rows); see lamina._selective.by_column."""
+        (columns, bucket_starts, entries, entry_rows): the distinct selected columns in increasing
+        order; column columns[u] holds the entries entries[bucket_starts[u]:bucket_starts[u + 1]]
+        (in increasing order), and entry_rows gives each of those entries' row."""
         key = ("by_column", out_features)
         if key not in self._cache:
-            self._cache[key] = tuple(frozen(a) for a in _selective.by_column(self._starts, self.columns, out_features))
+            self._cache[key] = tuple(frozen(a) for a in group_by_column(self._starts, self.columns))
         return self._cache[key]
 
     def distinct(self):
@@ -167,9 +193,8 @@ class Selection:
         key = ("labels", labels.tobytes())
         if key in self._cache:
             return self._cache[key]
-        pos = np.empty(rows, np.int32)
-        missing = _selective.label_entries(self.starts(rows), self.columns, self.is_shared,
-                                           np.ascontiguousarray(labels, np.int32), pos)
+        pos = first_label_entries(self.starts(rows), self.columns, self.is_shared, np.asarray(labels, np.int32))
+        missing = int(np.argmax(pos < 0)) if (pos < 0).any() else -1
         if missing >= 0:
             raise InputError(f"row {missing}: its label {labels[missing]} is not among the row's selected "
                              f"columns; a selection must include every row's label")

@@ -1,15 +1,12 @@
-"""The one place that sets how many threads lamina uses: OpenMP (the Cython kernels and MKL's GNU
-threading layer share gcc's libgomp) and the pieces of `split_work`.
+"""The one place that sets how many threads lamina uses, and the pieces of `split_work`.
 
 `LAMINA_THREADS` sets the starting value; `set_num_threads` changes it at run time.
 `split_work` runs independent pieces of one layer (the samples of a convolution, the column blocks
-of an OpenBLAS GEMM) on the threads instead, each with single-threaded kernels and BLAS.
+of a GEMM) on the threads instead, each with single-threaded kernels and BLAS.
 
-OpenBLAS always runs on one thread: its own pool is never used. Its calling thread waits for the
-pool's workers by spinning, and when the scheduler put a woken worker on the caller's core (it did,
-after an idle spell, on this project's 2-core virtual machine), the worker waited for a whole time
-slice: the CNN bench's 64 x 3136 x 128 GEMM took 9-12 ms instead of 0.5 in most calls after 0.4 s
-idle. split_work's waits sleep, so a shared core passes to the other thread at once.
+This module knows no backend: a backend whose compiled kernels run on this process's threads
+(the CPU backend: OpenMP kernels, MKL, OpenBLAS) registers its controls with `register_hooks`,
+and every change of the thread count reaches them.
 """
 import os
 import queue
@@ -18,12 +15,51 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from . import _kernels
-from .backends.blas import mkl, provider
 from .errors import SettingError
 
-_openblas = provider("openblas")
-_mkl = mkl()  # None where lamina was built without MKL
+
+class ThreadHooks:
+    """The thread controls of a backend whose kernels run on this process's threads. These
+    defaults do nothing: with no hooks registered, split_work's pieces are plain Python threads
+    and its caller waits on their futures."""
+
+    def set_num_threads(self, n):
+        """Every kernel team and BLAS call of the backend uses n threads from now on."""
+
+    def enter_split(self):
+        """Before split_work's pieces start: their kernels and BLAS must run single-threaded and
+        the backend's idle team must not spin on the pieces' CPUs. Returns what leave_split
+        needs to restore."""
+
+    def enter_piece(self):
+        """On each piece's own thread, before it runs (a team's size may be per calling thread)."""
+
+    def leave_split(self, saved, n):
+        """After every piece has finished: back to n threads (saved: enter_split's value)."""
+
+    def current_cpu(self):
+        """The CPU the calling thread runs on, or -1 where unknown."""
+        return -1
+
+    def count_up(self, counter):
+        """counter[0] += 1, atomically (counter: an int64 numpy array of one element)."""
+
+    def wait_for(self, counter, n, spin_seconds):
+        """Return once counter[0] >= n, spinning up to spin_seconds first; the default returns
+        at once (split_work then waits on the pieces' futures)."""
+
+
+_hooks = ThreadHooks()
+
+
+def register_hooks(hooks):
+    """Make `hooks` (a ThreadHooks) the controls every thread count change reaches; it is given
+    the current count at once."""
+    global _hooks
+    _hooks = hooks
+    if _current is not None:
+        hooks.set_num_threads(_current)
+
 
 _current = None
 _local = threading.local()  # .in_split: this thread is running a piece of split_work
@@ -48,19 +84,12 @@ def set_num_threads(n):
     n = int(n)
     if n < 1:
         raise SettingError(f"set_num_threads: expected a positive integer, found {n}")
-    _kernels.set_num_threads(n)
-    _set_mkl_threads(n)
-    _openblas.set_num_threads(1)  # (see above: GEMMs are split by split_work instead)
     _current = n
+    _hooks.set_num_threads(n)
 
 
 def get_num_threads():
     return _current
-
-
-def _set_mkl_threads(n):
-    if _mkl is not None:
-        _mkl.set_num_threads(n)
 
 
 def _in_split():
@@ -110,7 +139,7 @@ class _Worker:
             else:
                 done.set_result(None)
             finally:
-                _kernels.count_up(finished)
+                _hooks.count_up(finished)
         self.jobs.put(job)
         return done
 
@@ -147,7 +176,7 @@ def _place(workers):
         _cpus = sorted(os.sched_getaffinity(os.getpid()))
     if len(_cpus) <= len(workers):
         return
-    here = _kernels.current_cpu()
+    here = _hooks.current_cpu()
     start = _cpus.index(here) if here in _cpus else 0
     for i, w in enumerate(workers, 1):
         w.pin(_cpus[(start + i) % len(_cpus)])
@@ -176,16 +205,14 @@ def split_work(count, work, threads=None):
         _place(helpers)
 
         def run(t):
-            _kernels.set_num_threads(1)  # OpenMP's thread count is per calling thread
+            _hooks.enter_piece()
             _local.in_split = True
             try:
                 work(t, range(t * count // threads, (t + 1) * count // threads))
             finally:
                 _local.in_split = False
 
-        _set_mkl_threads(1)
-        _kernels.team_rest()  # (the compiled team's workers would spin on the helpers' CPUs)
-        mine = _kernels.get_num_threads()
+        saved = _hooks.enter_split()
         errors: list = [None]
         finished = np.zeros(1, np.int64)
         try:
@@ -194,11 +221,10 @@ def split_work(count, work, threads=None):
                 run(0)
             except BaseException as e:  # kept until the other runs have finished
                 errors[0] = e
-            _kernels.spin_until(finished, len(futures), CALLER_SPIN)
+            _hooks.wait_for(finished, len(futures), CALLER_SPIN)
             errors += [f.exception() for f in futures]
         finally:
-            _kernels.set_num_threads(mine)
-            _set_mkl_threads(_current)
+            _hooks.leave_split(saved, _current)
         for error in errors:
             if error is not None:
                 raise error
@@ -220,8 +246,15 @@ def check_environment():
     """Raise the error of a bad LAMINA_THREADS or LAMINA_BLAS, if there is one."""
     if ENV_ERROR is not None:
         raise ENV_ERROR
-    from .backends.blas import default_provider
-    try:
-        default_provider()
-    except ValueError as e:
-        raise SettingError(str(e)) from None
+    for check in _environment_checks:
+        try:
+            check()
+        except ValueError as e:
+            raise SettingError(str(e)) from None
+
+
+_environment_checks: list = []  # a backend's checks of its own settings (LAMINA_BLAS), raising ValueError
+
+
+def register_environment_check(check):
+    _environment_checks.append(check)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lamina as lm
-from lamina.backends.blas import available, built
+from lamina.backends.cpu.blas import available, built
 from lamina.backends.cpu import CPUBackend
 
 # Property-based tests (hypothesis) draw new examples on every run here; in CI (CI set) they draw

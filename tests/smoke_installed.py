@@ -23,7 +23,7 @@ def main(models):
     noisy = np.random.default_rng(0).standard_normal((2, 1, 24, 24, 24)).astype(np.float32)
     want = net.run({"noisy": noisy})["denoised"]
     assert want.shape == noisy.shape and np.isfinite(want).all()
-    for provider in lm.backends.blas.available():  # each GEMM provider's library loads from its wheel
+    for provider in lm.backends.cpu.blas.available():  # each GEMM provider's library loads from its wheel
         out = subprocess.run([sys.executable, "-c", "import lamina as lm, numpy as np, sys; "
                               f"print(float(lm.load({str(denoiser)!r})(np.ones((1, 1, 24, 24, 24), np.float32)).sum()))"],
                              capture_output=True, text=True, env={**os.environ, "LAMINA_BLAS": provider})

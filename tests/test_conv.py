@@ -246,7 +246,7 @@ def test_samples_split_between_threads_give_the_one_thread_result(case):
 
 def test_split_work_covers_the_items_and_restores_kernel_threads():
     import threading
-    from lamina import _kernels, _openblas
+    from lamina.backends.cpu import _kernels, _openblas
     from lamina.threads import split_work
     before = lm.get_num_threads()
     try:

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 import lamina as lm
-from lamina import _kernels, _openblas
-from lamina.backends.blas import mkl
+from lamina.backends.cpu import _kernels, _openblas
+from lamina.backends.cpu.blas import mkl
 
 from conftest import needs_mkl
 
@@ -36,7 +36,7 @@ def test_set_num_threads_reaches_every_runtime():
 
 
 def test_lamina_threads_environment_variable():
-    code = ("import lamina, lamina._kernels as k; from lamina.backends.blas import mkl; "
+    code = ("import lamina, lamina._kernels as k; from lamina.backends.cpu.blas import mkl; "
             "print(lamina.get_num_threads(), k.get_num_threads(), (mkl() or k).get_num_threads())")
     assert run_python(code, LAMINA_THREADS="1")[1] == "1 1 1"
     # a bad value does not break `import lamina` (the command reports it in one line); the first
@@ -66,10 +66,10 @@ def test_mkl_uses_the_gnu_openmp_layer():
 def test_a_build_without_mkl_runs_on_openblas():
     """Where lamina was built without MKL (no mkl-devel: an Arm host), it runs on OpenBLAS, and asking
     for MKL says it is not in this installation. The module's absence is simulated here."""
-    absent = "import sys; sys.modules['lamina._mkl'] = None; "
+    absent = "import sys; sys.modules['lamina.backends.cpu._mkl'] = None; "
     code = absent + """
 import numpy as np, lamina as lm
-from lamina.backends.blas import available
+from lamina.backends.cpu.blas import available
 lm.manual_seed(0)
 net = lm.Network()
 x = net.input("x", 4)

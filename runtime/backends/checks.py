@@ -8,8 +8,21 @@ value found and where.
 """
 import numpy as np
 
-from .. import _kernels
 from ..errors import IndexRangeError
+
+
+def _numpy_range(ids):
+    return ids.min(), ids.max()
+
+
+_index_range = _numpy_range  # (smallest, largest) of a C-contiguous 1-D int32 array
+
+
+def register_index_range(fn):
+    """Use fn(ids) -> (smallest, largest), one pass over a C-contiguous 1-D int32 array, in
+    check_index (a compiled backend gives its own; numpy's min and max read the array twice)."""
+    global _index_range
+    _index_range = fn
 
 
 def check_index(where, name, ids, bound, low=0):
@@ -20,7 +33,7 @@ def check_index(where, name, ids, bound, low=0):
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{where}: {name} must hold integers, found {ids.dtype}")
     if ids.dtype == np.int32 and ids.ndim == 1 and ids.flags.c_contiguous:
-        smallest, largest = _kernels.index_range(ids)
+        smallest, largest = _index_range(ids)
     else:
         smallest, largest = ids.min(), ids.max()
     if smallest < low or largest >= bound:

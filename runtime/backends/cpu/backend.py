@@ -1,4 +1,4 @@
-"""The CPU backend: numpy arrays, Cython kernels (lamina._kernels) and GEMM from MKL or OpenBLAS.
+"""The CPU backend: numpy arrays, Cython kernels (lamina.backends.cpu._kernels) and GEMM from MKL or OpenBLAS.
 
 Every public method checks shapes, dtypes and contiguity here, at the Python boundary, and says
 which kernel and which argument is wrong; the compiled kernels then run without bounds checks and
@@ -6,11 +6,11 @@ with the GIL released.
 """
 import numpy as np
 
-from ... import _kernels as K
-from ... import _selective
+from . import _kernels as K
+from . import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
-from ..blas import default_provider, provider
+from .blas import default_provider, provider
 from ...threads import free_threads, get_num_threads, split_work
 from . import conv_algorithms, fused_recurrence
 from .aligned import aligned_empty

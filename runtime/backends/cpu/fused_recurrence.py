@@ -13,7 +13,7 @@ GRU classifier 23.5 -> 21.5 (9 of 12), LSTM 256 inference on 512 sequences 103.8
 training 299.5 -> 282.8, LSTM 512 on 64 sequences 57.7 -> 52.5; even on 8 sequences.
 """
 
-from ... import _kernels
+from . import _kernels
 from ...threads import free_threads
 
 # the compiled kernels' cell codes, by the layers' cell names

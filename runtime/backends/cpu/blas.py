@@ -14,7 +14,7 @@ import importlib.util
 import os
 
 # provider name -> compiled module; imported lazily, so choosing one loads no OpenMP runtime
-PROVIDERS = {"mkl": "lamina._mkl", "openblas": "lamina._openblas"}
+PROVIDERS = {"mkl": "lamina.backends.cpu._mkl", "openblas": "lamina.backends.cpu._openblas"}
 # provider name -> (the distribution that ships its shared library, the library's file name prefix)
 LIBRARIES = {"mkl": ("mkl", "libmkl_rt.so"), "openblas": ("scipy-openblas32", "libscipy_openblas")}
 _loaded: set[str] = set()
@@ -55,7 +55,7 @@ def available():
 
 
 def cpu_vendor():
-    from ..cpu import vendor
+    from ...processor import vendor
     return vendor()
 
 
