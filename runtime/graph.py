@@ -294,11 +294,12 @@ class Network:
             return self._to(backend)
 
     def _to(self, backend):
-        if backend.name != "cpu":
-            cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if backend.name not in l.backends]
+        if not backend.host_arrays:
+            cannot = [f"'{l.name}' ({type(l).__name__})" for l in self.layers if l.needs_host_arrays]
             if cannot:
-                which = f"layer {cannot[0]} has" if len(cannot) == 1 else f"layers {', '.join(cannot)} have"
-                raise GraphError(f"cannot place the network on {backend}: {which} no {backend.name} kernels yet")
+                which = f"layer {cannot[0]} calls" if len(cannot) == 1 else f"layers {', '.join(cannot)} call"
+                raise GraphError(f"cannot place the network on {backend}: {which} numpy on its arrays "
+                                 f"(needs_host_arrays), and this backend's arrays are not numpy arrays")
         for p in self.parameters():
             p.move(backend)
         self.backend = backend

@@ -27,7 +27,7 @@ class Parameter:
         self.lr_mult = float(lr_mult)
         self.decay_mult = float(decay_mult)
         self.state = {}
-        self.backend = None  # where buffer lives: None for the CPU (numpy), else the backend
+        self.backend = None  # the backend that holds buffer; None: not placed yet (a numpy array)
         self.version = 0
         self._grad_pending = False  # see grad_pending
         self._grad_rows = None  # see grad_rows
@@ -177,19 +177,22 @@ class Parameter:
 
     def move(self, backend):
         """Put the values and optimizer state on `backend` (the gradient is dropped)."""
-        values = np.ascontiguousarray(host(self.buffer))
-        self.buffer = values if backend.name == "cpu" else backend.from_host(values)
-        self.state = {k: v if v.ndim == 0 else (host(v) if backend.name == "cpu" else backend.from_host(host(v)))
-                      for k, v in self.state.items()}
-        self.backend = None if backend.name == "cpu" else backend
+        self.backend = backend
+        self.buffer = self.placed(np.ascontiguousarray(host(self.buffer)))
+        self.state = {k: v if v.ndim == 0 else self.placed(host(v)) for k, v in self.state.items()}
         self.grad = None
         self.drop_grad()
         self.changed()
 
+    def placed(self, values):
+        """A host array as this parameter's backend holds it: itself where the backend's arrays
+        are numpy arrays, else a copy on the device."""
+        backend = self.backend
+        return values if backend is None or backend.host_arrays else backend.from_host(values)
+
     def astype(self, dtype):
         """Convert values to dtype; the gradient and optimizer state are dropped."""
-        values = np.ascontiguousarray(host(self.buffer), dtype=dtype)
-        self.buffer = values if self.backend is None else self.backend.from_host(values)
+        self.buffer = self.placed(np.ascontiguousarray(host(self.buffer), dtype=dtype))
         self.grad = None
         self.state = {}
         self.drop_grad()

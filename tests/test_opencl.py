@@ -340,19 +340,28 @@ def test_memory_pool_stays_flat(cl):
     assert held[1] <= held[0]
 
 
-def test_layers_without_kernels_are_named(cl):
-    class Custom(lm.layers.Scale):  # a user's layer that does not declare OpenCL support
-        backends = ("cpu",)
+def test_layers_that_need_host_arrays_are_named(cl):
+    class Custom(lm.layers.Scale):  # a user's layer that calls numpy on its arrays
+        needs_host_arrays = True
     net = lm.Network()
     x = net.input("x", 3)
     net.outputs(y=Custom(2.0, name="mine")(x))
-    with pytest.raises(GraphError, match=r"layer 'mine' \(Custom\) has no opencl kernels yet"):
+    with pytest.raises(GraphError, match=r"layer 'mine' \(Custom\) calls numpy on its arrays"):
         net.to(cl)
 
 
-def test_every_layer_kind_has_opencl_kernels():
-    missing = [kind for kind, cls in lm.layers.REGISTRY.items() if "opencl" not in cls.backends]
-    assert missing == []
+def test_a_users_layer_written_against_the_interface_runs_on_opencl(cl):
+    class Custom(lm.layers.Scale):
+        pass
+    net = lm.Network()
+    x = net.input("x", 3)
+    net.outputs(y=Custom(2.0, name="mine")(x))
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    np.testing.assert_allclose(net.to(cl).run(feeds)["y"], 2 * feeds["x"])
+
+
+def test_no_layer_kind_needs_host_arrays():
+    assert [kind for kind, cls in lm.layers.REGISTRY.items() if cls.needs_host_arrays] == []
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["batch-statistics", "frozen-statistics"])

@@ -8,8 +8,7 @@ Programs are built with -D options (element type, GEMM tile sizes chosen per dev
 kept with their Kernel objects; a build error shows the build log and the file.
 
 Every kernel of the interface runs here, so every layer of lamina does; `Network.to('opencl')`
-still refuses, by name, a layer that does not declare OpenCL support (Layer.backends: a
-user's own layer that calls something else).
+refuses, by name, a layer that calls numpy on its arrays (Layer.needs_host_arrays).
 """
 import importlib.resources
 import os

@@ -268,7 +268,7 @@ def broadcast_state(world, net, optimizer):
             a = np.array(host(p.state[key]), copy=True) if world.rank == 0 else np.empty(shape, dtype)
             world.broadcast_array(a, f"rank 0's optimizer state '{name}/{key}'")
             if world.rank:
-                p.state[key] = a if a.ndim == 0 or p.backend is None else p.backend.from_host(a)
+                p.state[key] = a if a.ndim == 0 else p.placed(a)
     if world.rank:
         optimizer.step_count = int(step_count)
         optimizer.current_lr = optimizer.lr * optimizer.schedule(optimizer.step_count)

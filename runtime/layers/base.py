@@ -60,9 +60,9 @@ class Layer:
     is_cost = False
     arity = (1, 1)  # (fewest, most) inputs
     output_labels: tuple[str, ...] = ("",)  # one per output; "" is the node's own name, others '<node>.<label>'
-    # the backends whose kernels it calls exist on (Backend.name); a layer written against the
-    # backend interface alone runs on every one, a layer calling numpy on its arrays on the CPU
-    backends: tuple[str, ...] = ("cpu",)
+    # a layer written against the backend interface alone runs on every backend; one that calls
+    # numpy on its arrays runs only where they are numpy arrays (Backend.host_arrays)
+    needs_host_arrays = False
     # input slots that take an initial state, zeros when a caller has none (recurrent layers'
     # h0 and c0, as PyTorch's): a server lets requests leave such inputs out
     initial_state_slots: tuple[int, ...] = ()

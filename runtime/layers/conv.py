@@ -24,7 +24,6 @@ from ..types import Size
 class _ConvNd(Layer):
     nd = 3
     transposed = False
-    backends = ("cpu", "opencl")
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1, padding: Size = 0,
                  dilation: Size = 1, groups: int = 1, bias: bool = True, output_padding: Size = 0,

@@ -15,7 +15,6 @@ from .base import Layer, check_ids, common_rows, register, require_float
 
 class _Cost(Layer):
     is_cost = True
-    backends = ("cpu", "opencl")
     arity = (2, 3)
     target_kind = "float"
 

@@ -52,7 +52,6 @@ class Linear(_Activated):
     b [out]. Several inputs (in_features a list) each get their own weight: weight_0, weight_1…"""
 
     kind = "linear"
-    backends = ("cpu", "opencl")
 
     def __init__(self, in_features: Union[int, Sequence[int]], out_features: int, bias: bool = True,
                  activation: str = "linear", slope: float = 0.01, name: Optional[str] = None) -> None:
@@ -133,7 +132,6 @@ class Add(_Activated):
     """y = act(x_0 + x_1 + …), inputs of one shape (Paddle's addto)."""
 
     kind = "add"
-    backends = ("cpu", "opencl")
     arity = (1, 64)
 
     def __init__(self, activation: str = "linear", slope: float = 0.01, name: Optional[str] = None) -> None:
@@ -164,7 +162,6 @@ class Concat(Layer):
     """y = [x_0, x_1, …] along the feature axis; x_i [N, f_i] → y [N, Σ f_i]."""
 
     kind = "concat"
-    backends = ("cpu", "opencl")
     arity = (1, 64)
 
     def output_spec(self, specs):
@@ -193,7 +190,6 @@ class Activation(_Activated):
     """y = act(x), element-wise (softmax: along the last axis)."""
 
     kind = "activation"
-    backends = ("cpu", "opencl")
     fused = False
 
     def __init__(self, activation: str, slope: float = 0.01, name: Optional[str] = None) -> None:
@@ -226,7 +222,6 @@ class PReLU(Layer):
     as torch.nn.PReLU; `weight` [num_parameters]."""
 
     kind = "prelu"
-    backends = ("cpu", "opencl")
 
     def __init__(self, num_parameters: int = 1, init: float = 0.25, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -294,7 +289,6 @@ class Dropout(Layer):
     expected value is unchanged); inference: y = x."""
 
     kind = "dropout"
-    backends = ("cpu", "opencl")
 
     def __init__(self, p: float = 0.5, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -332,7 +326,6 @@ class Scale(Layer):
     """y = factor * x."""
 
     kind = "scale"
-    backends = ("cpu", "opencl")
 
     def __init__(self, factor: float, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -359,7 +352,6 @@ class Bias(Layer):
     constant; b [*shape])."""
 
     kind = "bias"
-    backends = ("cpu", "opencl")
 
     def __init__(self, shape: Shape, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -401,7 +393,6 @@ class Multiply(Layer):
     """y = x_0 * x_1, element-wise, inputs of one shape (an ONNX Mul of two values)."""
 
     kind = "multiply"
-    backends = ("cpu", "opencl")
     arity = (2, 2)
 
     def output_spec(self, specs):

@@ -44,7 +44,6 @@ PACKED_INPUT_ROWS = 256
 class _Recurrent(Layer):
     gates = 1
     cell_state = False
-    backends = ("cpu", "opencl")
     initial_state_slots = (1, 2)  # h0 and c0
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,

@@ -217,7 +217,6 @@ class _SelectedCost(Layer):
     row does not select is an error naming the row); output one cost per row."""
 
     is_cost = True
-    backends = ("cpu", "opencl")
     arity = (3, 4)
 
     def output_spec(self, specs):

@@ -20,7 +20,6 @@ class Embedding(Layer):
     are written, and SGD and AdaGrad update only those rows (where that is exact)."""
 
     kind = "embedding"
-    backends = ("cpu", "opencl")
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -63,7 +62,6 @@ class SequencePool(Layer):
     """One row per sequence: the last, first, average, sum or max of its rows."""
 
     kind = "sequence_pool"
-    backends = ("cpu", "opencl")
 
     def __init__(self, mode: str = "last", name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -99,7 +97,6 @@ class SequenceSoftmax(Layer):
     """Softmax over the steps of each sequence, for one value per step ([] or [1] per row)."""
 
     kind = "sequence_softmax"
-    backends = ("cpu", "opencl")
 
     def output_spec(self, specs):
         x = specs[0]

@@ -20,7 +20,6 @@ class Reshape(Layer):
     the output is the input's buffer when nothing else reads the input); backward copies back."""
 
     kind = "reshape"
-    backends = ("cpu", "opencl")
 
     def __init__(self, shape: Shape, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -59,7 +58,6 @@ class Slice(Layer):
     with squeeze=True for a single index (an ONNX Gather of a constant index, or a Slice)."""
 
     kind = "slice"
-    backends = ("cpu", "opencl")
 
     def __init__(self, start: int, stop: int, squeeze: bool = False, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -111,7 +109,6 @@ class Broadcast(Layer):
     and backward are products with a vector of ones; otherwise a copy per position of Q."""
 
     kind = "broadcast"
-    backends = ("cpu", "opencl")
 
     def __init__(self, shape: Shape, name: Optional[str] = None) -> None:
         super().__init__(name)
@@ -178,7 +175,6 @@ class Transpose(Layer):
     backward scatters the gradient back: a permutation moves each value once."""
 
     kind = "transpose"
-    backends = ("cpu", "opencl")
 
     def __init__(self, perm: Sequence[int], name: Optional[str] = None) -> None:
         super().__init__(name)

@@ -17,7 +17,6 @@ class _Pool(Layer):
     inside the input (or the padding before it) but end past the padding after it still count,
     as PyTorch's and ONNX's ceil_mode (the output size rounds up)."""
 
-    backends = ("cpu", "opencl")
     nd = 3
 
     def __init__(self, kernel_size: Size, stride: Optional[Size] = None, padding: Size = 0,
@@ -150,7 +149,6 @@ class _BatchNorm(Layer):
     backward is that map's gradient."""
 
     nd = 3
-    backends = ("cpu", "opencl")
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
                  frozen_statistics: bool = False, name: Optional[str] = None) -> None:
@@ -232,7 +230,6 @@ class ConcatChannels(Layer):
     """y = [x_0, x_1, …] along the channel axis; inputs [C_i, *spatial] of one spatial size."""
 
     kind = "concat_channels"
-    backends = ("cpu", "opencl")
     arity = (1, 64)
 
     def output_spec(self, specs):
