@@ -118,7 +118,7 @@ def test_inspect_and_devices(tmp_path, capsys):
     assert main(["devices", "--threads", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("cpu: ") and out[0].endswith(", 1 threads")
-    from lamina import cpu
+    from lamina import processor as cpu
     assert out[1] == f"     instruction sets: {' '.join(cpu.instruction_sets()) or 'unknown'}"
     from lamina.backends.opencl import devices
     listed = [line for line in out if line.startswith("opencl:")]

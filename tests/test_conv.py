@@ -289,9 +289,9 @@ def test_direct_input_gradient_adds_to_another_consumers(monkeypatch):
     calls = []
     real = direct.run
 
-    def spy(conv, ctx, which, *args, **kw):
+    def spy(geom, weight, ctx, which, *args, **kw):
         calls.append(which)
-        return real(conv, ctx, which, *args, **kw)
+        return real(geom, weight, ctx, which, *args, **kw)
     monkeypatch.setattr(direct, "run", spy)
     net = lm.Network()
     x = net.input("x", (3, 5, 6, 7))

@@ -91,7 +91,7 @@ def test_the_cpu_is_described_from_proc_cpuinfo_and_recorded_by_the_bench(tmp_pa
     import json
     from pathlib import Path
 
-    from lamina import cpu
+    from lamina import processor as cpu
     flags = set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):

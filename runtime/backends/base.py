@@ -234,14 +234,16 @@ class Backend(ABC):
     def col2vol(self, col, x, geometry, rows=None):
         """The adjoint of vol2col: ACCUMULATES every column entry into x."""
 
-    # -- convolutions as whole algorithms; `conv` is the layer (lamina.layers.conv). Here vol2col
-    #    + GEMM from the kernels above (lamina.backends.columns); a backend with faster
-    #    algorithms overrides these and picks per shape.
-    def conv_algorithms(self, conv):
-        """{'forward', 'input grad', 'weight grad'}: the algorithm each step of `conv` runs with."""
+    # -- convolutions as whole algorithms: `geom` is the convolution's ConvGeometry
+    #    (lamina.backends.geometry), `weight` its weight Parameter (its buffer, and the derived
+    #    layouts an algorithm caches on it). Here vol2col + GEMM from the kernels above
+    #    (lamina.backends.columns); a backend with faster algorithms overrides these and picks by
+    #    the geometry.
+    def conv_algorithms(self, geom):
+        """{'forward', 'input grad', 'weight grad'}: the algorithm each step runs with."""
         return dict.fromkeys(("forward", "input grad", "weight grad"), "columns")
 
-    def conv_forward(self, conv, ctx, bias=None, activation=None, pool=None):
+    def conv_forward(self, geom, weight, ctx, bias=None, activation=None, pool=None):
         """ctx.output = act(conv(ctx.inputs[0]) + bias), transposed or not: bias [out_channels] or
         None; activation (kind, slope) of an element-wise activation, or None. Here the activation,
         and a plain convolution's bias, are passes of their own after the convolution (a
@@ -251,17 +253,17 @@ class Backend(ABC):
         workspace of its own shape (ctx.unpooled_shape()) and is pooled from there."""
         if pool is not None:
             full = ctx.workspace("unpooled", ctx.unpooled_shape())
-            self.conv_forward(conv, columns.WithOutput(ctx, full), bias, activation)
+            self.conv_forward(geom, weight, columns.WithOutput(ctx, full), bias, activation)
             self.max_pool(full, ctx.output, None, pool)
             return
-        columns.any_forward(conv, ctx, bias, activation)
+        columns.any_forward(geom, weight, ctx, bias, activation)
 
-    def conv_backward(self, conv, ctx):
+    def conv_backward(self, geom, weight, ctx):
         """The weight gradient (ctx.param_grad) and the input gradient (ctx.input_grad)."""
-        if conv.transposed:
-            columns.transposed_backward(conv, ctx)
+        if geom.transposed:
+            columns.transposed_backward(geom, weight, ctx)
         else:
-            columns.backward(conv, ctx, ctx.input_grad(0))
+            columns.backward(geom, weight, ctx, ctx.input_grad(0))
 
     # -- the recurrence of one layer direction over a batch order (lamina.backends.stepwise):
     #    `cell` is the layer, `run` its Direction; here step by step with the layer's cell

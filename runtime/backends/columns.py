@@ -7,8 +7,8 @@ Conv:       W [out, in/groups, *k]; per sample, col = vol2col(x) [in·K, P] and,
             y_g = W_g col_g. Backward recomputes col: dW_g += dy_g col_gᵀ; dx = col2vol(W_gᵀ dy_g).
 Transposed: W [in, out/groups, *k]; the mirror image: y = col2vol(W_gᵀ x_g); backward
             dcol = vol2col(dy), dx_g = W_g dcol_g, dW_g += x_g dcol_gᵀ.
-A 2-D convolution is the 3-D one with depth 1. `conv` is the layer (lamina.layers.conv): its
-sizes, its geometry(grid) and its weight; the bias is the layer's own step.
+A 2-D convolution is the 3-D one with depth 1. `geom` is its ConvGeometry
+(lamina.backends.geometry), `weight` its weight Parameter; the bias is the layer's own step.
 
 The samples of a batch are independent convolutions, each a chain of small GEMMs and copies;
 `backend.sample_threads` says how many threads share them (lamina.threads.split_work), each with
@@ -111,15 +111,15 @@ def _thread_start(ctx, t, col_rows, grid, parts, groups):
     return Blocks(ctx, col_rows, grid, ("col", t)), (by_groups(part, groups) if part is not None else None), beta
 
 
-def any_forward(conv, ctx, bias=None, activation=None):
+def any_forward(geom, weight, ctx, bias=None, activation=None):
     """The forward of a plain or a transposed convolution, y = act(conv(x) + bias) (bias None:
     none; activation (kind, slope) or None): a transposed convolution's outputs start from the
     bias, which col2vol adds into; the rest are passes of their own over y."""
-    if conv.transposed:
-        transposed_forward(conv, ctx, bias=bias)
+    if geom.transposed:
+        transposed_forward(geom, weight, ctx, bias=bias)
         bias = None
     else:
-        forward(conv, ctx)
+        forward(geom, weight, ctx)
     finish(ctx.be, ctx.output, bias, activation)
 
 
@@ -131,54 +131,47 @@ def finish(be, y, bias, activation):
     be.activate_in_place(activation, y)
 
 
-def pointwise(conv):
-    """A plain convolution whose column matrix is its input: kernel 1, stride 1, no padding on
-    every axis (vol2col would be a copy)."""
-    return (not conv.transposed and max(conv.kernel_size + conv.stride) == 1
-            and max(conv.padding + conv.padding_end) == 0)
-
-
-def forward(conv, ctx):
+def forward(geom, weight, ctx):
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
-    geometry = conv.geometry(y.shape[2:])
-    w = by_groups(conv.weight.buffer, conv.groups)
-    k_rows, out_g = w.shape[2], conv.out_channels // conv.groups
-    col_rows = conv.in_channels * int(np.prod(conv.kernel_size))
-    if pointwise(conv):  # y_g = W_g x_g, one GEMM per sample and group on the input itself
+    geometry = geom.windows
+    w = by_groups(weight.buffer, geom.groups)
+    k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
+    col_rows = geom.in_channels * int(np.prod(geom.kernel_size))
+    if geom.pointwise:  # y_g = W_g x_g, one GEMM per sample and group on the input itself
         for n in range(x.shape[0]):
-            xn, yn = x[n].reshape(conv.in_channels, -1), y[n].reshape(conv.out_channels, -1)
-            for g in range(conv.groups):
+            xn, yn = x[n].reshape(geom.in_channels, -1), y[n].reshape(geom.out_channels, -1)
+            for g in range(geom.groups):
                 be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
         return
 
     def work(t, samples):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
         for n in samples:
-            xn, yn = as_volume(x[n]), y[n].reshape(conv.out_channels, -1)
+            xn, yn = as_volume(x[n]), y[n].reshape(geom.out_channels, -1)
             for rows, cols, col in blocks:
                 be.vol2col(xn, col, geometry, rows)
-                for g in range(conv.groups):
+                for g in range(geom.groups):
                     be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
     split_work(x.shape[0], work, threads(ctx))
 
 
-def backward(conv, ctx, dx):
+def backward(geom, weight, ctx, dx):
     """The weight gradient (when not frozen) and the input gradient into dx (a GradTarget, or
     None when it is not wanted or was computed already)."""
     be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-    geometry = conv.geometry(dy.shape[2:])
-    w = by_groups(conv.weight.buffer, conv.groups)
-    k_rows, out_g = w.shape[2], conv.out_channels // conv.groups
-    col_rows = conv.in_channels * int(np.prod(conv.kernel_size))
+    geometry = geom.windows
+    w = by_groups(weight.buffer, geom.groups)
+    k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
+    col_rows = geom.in_channels * int(np.prod(geom.kernel_size))
     dw, count = ctx.param_grad("weight"), threads(ctx)
-    if pointwise(conv):
-        return _pointwise_backward(conv, ctx, dx, dw)
+    if geom.pointwise:
+        return _pointwise_backward(geom, weight, ctx, dx, dw)
     parts = weight_grad_parts(ctx, dw, count)
 
     def work(t, samples):
-        blocks, dwg, beta = _thread_start(ctx, t, col_rows, geometry[4], parts, conv.groups)
+        blocks, dwg, beta = _thread_start(ctx, t, col_rows, geometry[4], parts, geom.groups)
         for n in samples:
-            dyn, xn = dy[n].reshape(conv.out_channels, -1), as_volume(x[n])
+            dyn, xn = dy[n].reshape(geom.out_channels, -1), as_volume(x[n])
             if dx is not None:
                 dxn = as_volume(dx.array[n])
                 if dx.beta == 0:
@@ -186,12 +179,12 @@ def backward(conv, ctx, dx):
             for rows, cols, col in blocks:
                 if dwg is not None:  # dW_g += dy_g col_gᵀ
                     be.vol2col(xn, col, geometry, rows)
-                    for g in range(conv.groups):
+                    for g in range(geom.groups):
                         be.gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
                                 trans_b=True, beta=beta)
                     beta = 1.0
                 if dx is not None:  # dx += col2vol(W_gᵀ dy_g)
-                    for g in range(conv.groups):
+                    for g in range(geom.groups):
                         be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
                                 trans_a=True)
                     be.col2vol(col, dxn, geometry, rows)
@@ -200,69 +193,69 @@ def backward(conv, ctx, dx):
         sum_weight_grad_parts(ctx, parts)
 
 
-def _pointwise_backward(conv, ctx, dx, dw):
+def _pointwise_backward(geom, weight, ctx, dx, dw):
     """dW_g += dy_g x_gᵀ and dx_g = W_gᵀ dy_g (with their betas), sample by sample, on the
     input itself (pointwise: the input is the column matrix)."""
     be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-    w = by_groups(conv.weight.buffer, conv.groups)
-    in_g, out_g = w.shape[2], conv.out_channels // conv.groups
-    dwg, beta = (by_groups(dw.array, conv.groups), dw.beta) if dw is not None else (None, 0.0)
+    w = by_groups(weight.buffer, geom.groups)
+    in_g, out_g = w.shape[2], geom.out_channels // geom.groups
+    dwg, beta = (by_groups(dw.array, geom.groups), dw.beta) if dw is not None else (None, 0.0)
     for n in range(x.shape[0]):
-        xn, dyn = x[n].reshape(conv.in_channels, -1), dy[n].reshape(conv.out_channels, -1)
-        for g in range(conv.groups):
+        xn, dyn = x[n].reshape(geom.in_channels, -1), dy[n].reshape(geom.out_channels, -1)
+        for g in range(geom.groups):
             dyg = dyn[g * out_g:(g + 1) * out_g]
             if dwg is not None:
                 be.gemm(dyg, xn[g * in_g:(g + 1) * in_g], dwg[g], trans_b=True, beta=beta)
             if dx is not None:
-                be.gemm(w[g], dyg, dx.array[n].reshape(conv.in_channels, -1)[g * in_g:(g + 1) * in_g],
+                be.gemm(w[g], dyg, dx.array[n].reshape(geom.in_channels, -1)[g * in_g:(g + 1) * in_g],
                         trans_a=True, beta=dx.beta)
         beta = 1.0
 
 
-def transposed_forward(conv, ctx, place=None, bias=None):
+def transposed_forward(geom, weight, ctx, place=None, bias=None):
     """place(col, y_n, geometry, rows), where given, writes a block's columns into the sample's
     output without its being zeroed first (every output written once: the CPU's depth-to-space
     when the kernel equals the stride); else col2vol adds them into an output zeroed, or set to
     its channel's bias where one is given."""
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
-    geometry = conv.geometry(x.shape[2:])
-    w = by_groups(conv.weight.buffer, conv.groups)  # [groups, in_g, out_g·K]
+    geometry = geom.windows
+    w = by_groups(weight.buffer, geom.groups)  # [groups, in_g, out_g·K]
     in_g, k_rows = w.shape[1], w.shape[2]
-    col_rows = conv.out_channels * int(np.prod(conv.kernel_size))
+    col_rows = geom.out_channels * int(np.prod(geom.kernel_size))
 
     def work(t, samples):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
         for n in samples:
-            xn, yn = x[n].reshape(conv.in_channels, -1), as_volume(y[n])
+            xn, yn = x[n].reshape(geom.in_channels, -1), as_volume(y[n])
             if place is None and bias is None:
                 be.fill(yn, 0)
             elif place is None:
                 be.channel_bias(y[n:n + 1], bias, beta=0.0)
             for rows, cols, col in blocks:
-                for g in range(conv.groups):
+                for g in range(geom.groups):
                     be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],
                             trans_a=True)
                 (place or be.col2vol)(col, yn, geometry, rows)
     split_work(x.shape[0], work, threads(ctx))
 
 
-def transposed_backward(conv, ctx):
+def transposed_backward(geom, weight, ctx):
     be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-    geometry = conv.geometry(x.shape[2:])
-    w = by_groups(conv.weight.buffer, conv.groups)
+    geometry = geom.windows
+    w = by_groups(weight.buffer, geom.groups)
     in_g, k_rows = w.shape[1], w.shape[2]
-    col_rows = conv.out_channels * int(np.prod(conv.kernel_size))
+    col_rows = geom.out_channels * int(np.prod(geom.kernel_size))
     dw, dx, count = ctx.param_grad("weight"), ctx.input_grad(0), threads(ctx)
     parts = weight_grad_parts(ctx, dw, count)
 
     def work(t, samples):
-        blocks, dwg, beta = _thread_start(ctx, t, col_rows, geometry[4], parts, conv.groups)
+        blocks, dwg, beta = _thread_start(ctx, t, col_rows, geometry[4], parts, geom.groups)
         for n in samples:
-            xn, dyn = x[n].reshape(conv.in_channels, -1), as_volume(dy[n])
-            dxn = dx.array[n].reshape(conv.in_channels, -1) if dx is not None else None
+            xn, dyn = x[n].reshape(geom.in_channels, -1), as_volume(dy[n])
+            dxn = dx.array[n].reshape(geom.in_channels, -1) if dx is not None else None
             for rows, cols, col in blocks:
                 be.vol2col(dyn, col, geometry, rows)
-                for g in range(conv.groups):
+                for g in range(geom.groups):
                     colg = col[g * k_rows:(g + 1) * k_rows]
                     if dxn is not None:  # dx_g = W_g dcol_g (blocks of columns are disjoint)
                         be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)

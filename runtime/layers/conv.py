@@ -1,7 +1,7 @@
 """Convolution and transposed convolution over 3-D volumes (NCDHW) and 2-D images (NCHW), with
 PyTorch's arguments and weight layouts. The layer holds the geometry and the parameters; the
-backend runs it (Backend.conv_forward / conv_backward) with the algorithm it picks for the
-shape: vol2col + GEMM everywhere (lamina.backends.columns), faster kernels where a backend
+backend runs it (Backend.conv_forward / conv_backward), handed the layer's ConvGeometry and
+weight, with the algorithm it picks by the geometry: vol2col + GEMM everywhere (lamina.backends.columns), faster kernels where a backend
 has them (lamina.backends.cpu.conv_algorithms). A 2-D layer is the 3-D one with depth 1 (kernel
 depth 1, stride 1, padding 0).
 Output sizes follow PyTorch's formulas; an empty output or channels that groups do not divide
@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from ..backends.base import ACTIVATIONS
+from ..backends.geometry import ConvGeometry, output_sizes
 from ..graph import Spec
 from ..random import generator
 from .base import Layer, int_tuple, padding_pairs, register, require_volume, uniform
@@ -85,17 +86,24 @@ class _ConvNd(Layer):
 
     @property
     def symmetric(self):
-        """Whether every axis is padded alike on both sides (the direct and depth-tap kernels
-        take one padding per axis; vol2col and col2vol read the grid they are given)."""
+        """Whether every axis is padded alike on both sides."""
         return self.padding == self.padding_end
 
     def _out_sizes(self, sizes):
-        if self.transposed:
-            return tuple((n - 1) * s - p - q + d * (k - 1) + op + 1 for n, k, s, p, q, d, op in
-                         zip(sizes, self.kernel_size, self.stride, self.padding, self.padding_end, self.dilation,
-                             self.output_padding))
-        return tuple((n + p + q - d * (k - 1) - 1) // s + 1 for n, k, s, p, q, d in
-                     zip(sizes, self.kernel_size, self.stride, self.padding, self.padding_end, self.dilation))
+        return output_sizes(self.transposed, sizes, self.kernel_size, self.stride, self.padding, self.padding_end,
+                            self.dilation, self.output_padding)
+
+    def geometry(self, in_size=None):
+        """The ConvGeometry for an input grid (the one last validated when None), built once per
+        input grid."""
+        in_size = self._in_size if in_size is None else tuple(int(n) for n in in_size)
+        cached = self.__dict__.get("_geometry")
+        if cached is None or cached.in_size != in_size:
+            cached = self._geometry = ConvGeometry(
+                self.nd, self.transposed, self.in_channels, self.out_channels, self.groups, self.kernel_size,
+                self.stride, self.padding, self.padding_end, self.dilation, self.output_padding, in_size,
+                self._out_sizes(in_size))
+        return cached
 
     def output_spec(self, specs):
         x = require_volume(specs[0], self.nd)
@@ -106,21 +114,20 @@ class _ConvNd(Layer):
             raise ValueError(f"the output would be empty: input size {x.shape[1:]} gives {out} with kernel "
                              f"{self.kernel_size}, stride {self.stride}, padding {self.padding}, "
                              f"dilation {self.dilation}")
+        self._in_size = tuple(x.shape[1:])
         return Spec((self.out_channels,) + out)
 
-    def geometry(self, grid):
-        """The vol2col geometry for a window grid, as 3-D tuples (a 2-D layer has depth 1)."""
-        pad = (1,) * (3 - self.nd)
-        z = (0,) * (3 - self.nd)
-        return (pad + self.kernel_size, pad + self.stride, z + self.padding, pad + self.dilation,
-                pad + tuple(grid))
-
-    def algorithms(self, backend):
-        """{'forward', 'input grad', 'weight grad'}: the algorithm `backend` runs each with."""
-        return backend.conv_algorithms(self)
+    def algorithms(self, backend, in_size=None):
+        """{'forward', 'input grad', 'weight grad'}: the algorithm `backend` runs each with, for an
+        input grid (the one last validated; where there is none, the kernel's own extent: the
+        choice reads only the kernel's shape then)."""
+        if in_size is None and "_in_size" not in self.__dict__:
+            in_size = tuple(d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation))
+        return backend.conv_algorithms(self.geometry(in_size))
 
     def forward(self, ctx):
-        ctx.be.conv_forward(self, ctx, self.bias.buffer if self.has_bias else None, ctx.activation, ctx.pool)
+        ctx.be.conv_forward(self.geometry(ctx.inputs[0].shape[2:]), self.weight, ctx,
+                            self.bias.buffer if self.has_bias else None, ctx.activation, ctx.pool)
 
     def fuses_activation(self, kind):
         return kind in ACTIVATIONS
@@ -129,7 +136,7 @@ class _ConvNd(Layer):
         return not self.transposed
 
     def backward(self, ctx):
-        ctx.be.conv_backward(self, ctx)
+        ctx.be.conv_backward(self.geometry(ctx.inputs[0].shape[2:]), self.weight, ctx)
         if self.has_bias:
             db = ctx.param_grad("bias")
             if db is not None:

@@ -535,20 +535,20 @@ class CPUBackend(HostStatistics, Backend):
         K.col2vol(col, x, *self._volume("col2vol", x, col, geometry, rows))
 
     # -- convolutions: the direct and depth-tap kernels where they apply (cpu/conv_algorithms.py)
-    def conv_algorithms(self, conv):
-        return conv_algorithms.algorithms(conv)
+    def conv_algorithms(self, geom):
+        return conv_algorithms.algorithms(geom)
 
-    def conv_forward(self, conv, ctx, bias=None, activation=None, pool=None):
+    def conv_forward(self, geom, weight, ctx, bias=None, activation=None, pool=None):
         if pool is None:
-            conv_algorithms.forward(conv, ctx, bias, activation)
-        elif not conv_algorithms.forward_pooled(conv, ctx, bias, activation, pool):
-            super().conv_forward(conv, ctx, bias, activation, pool)
+            conv_algorithms.forward(geom, weight, ctx, bias, activation)
+        elif not conv_algorithms.forward_pooled(geom, weight, ctx, bias, activation, pool):
+            super().conv_forward(geom, weight, ctx, bias, activation, pool)
 
-    def conv_backward(self, conv, ctx):
-        if conv.transposed:
-            super().conv_backward(conv, ctx)
+    def conv_backward(self, geom, weight, ctx):
+        if geom.transposed:
+            super().conv_backward(geom, weight, ctx)
         else:
-            conv_algorithms.backward(conv, ctx)
+            conv_algorithms.backward(geom, weight, ctx)
 
     # -- the recurrence: the fused kernel where it applies (cpu/fused_recurrence.py)
     packs_recurrent_weights = True

@@ -30,7 +30,7 @@ _log = logging.getLogger("lamina.conv")
 
 ALGORITHMS = ("winograd", "direct", "direct, width phases", "depth taps", "depth to space", "sub-pixel", "columns")
 _setting = {"mode": "rule"}
-_measured: dict = {}  # (layer geometry, input shape, dtype, threads) -> the fastest forward measured
+_measured: dict = {}  # (geometry, batch, dtype, threads) -> the fastest forward measured
 
 
 def set_conv_algorithm(mode):
@@ -50,14 +50,14 @@ def get_conv_algorithm():
     return _setting["mode"]
 
 
-def candidates(conv):
+def candidates(geom):
     """The forward algorithms that apply to a convolution."""
-    if conv.transposed:
-        return (["depth to space"] if _no_overlap(conv) else []) + (["sub-pixel"] if phases.applies(conv) else []) \
+    if geom.transposed:
+        return (["depth to space"] if _no_overlap(geom) else []) + (["sub-pixel"] if phases.applies(geom) else []) \
             + ["columns"]
     found = [name for name, applies in (("winograd", winograd.applies), ("direct", direct.applies),
                                         ("direct, width phases", direct.width_phases_apply),
-                                        ("depth taps", depth_taps.applies)) if applies(conv)]
+                                        ("depth taps", depth_taps.applies)) if applies(geom)]
     return found + ["columns"]
 
 
@@ -75,69 +75,69 @@ WINOGRAD_MIN_CHANNELS = 8
 _RULE = ("winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
 
-def _pick(conv, found):
+def _pick(geom, found):
     """Of the algorithms that apply, the one forced, else the rule's first."""
     if _setting["mode"] in found:
         return _setting["mode"]
-    if columns.pointwise(conv) and "columns" in found:
+    if geom.pointwise and "columns" in found:
         return "columns"
     skip = set()
-    if min(conv.in_channels, conv.out_channels) < WINOGRAD_MIN_CHANNELS:
+    if min(geom.in_channels, geom.out_channels) < WINOGRAD_MIN_CHANNELS:
         skip.add("winograd")
-    if conv.groups == 1:
+    if geom.groups == 1:
         skip.add("sub-pixel")
     return next((name for name in _RULE if name in found and name not in skip), None)
 
 
-def forward_algorithm(conv):
+def forward_algorithm(geom):
     """The algorithm the rule (or a forced setting) runs a convolution's forward with."""
-    return _pick(conv, candidates(conv))
+    return _pick(geom, candidates(geom))
 
 
-def _input_grad_algorithm(conv):
+def _input_grad_algorithm(geom):
     """'winograd' or 'direct' where the input gradient runs as a stride-1 convolution of dy with
     the flipped kernel, else None (the backward's column or depth-tap path computes it)."""
-    return _pick(conv, [name for name, applies in (("winograd", winograd.applies(conv)),
-                                                   ("direct", direct.flipped_padding(conv) is not None)) if applies])
+    return _pick(geom, [name for name, applies in (("winograd", winograd.applies(geom)),
+                                                   ("direct", direct.flipped_padding(geom) is not None)) if applies])
 
 
-def algorithms(conv):
+def algorithms(geom):
     """{'forward', 'input grad', 'weight grad'}: the algorithm of each (the input gradient
     assumed wanted); 'measured' where the forward is timed per shape."""
-    forward_name = "measured" if _setting["mode"] == "measure" else forward_algorithm(conv)
-    if columns.pointwise(conv):  # backward always runs as the GEMMs on the input (backward below)
+    forward_name = "measured" if _setting["mode"] == "measure" else forward_algorithm(geom)
+    if geom.pointwise:  # backward always runs as the GEMMs on the input (backward below)
         return {"forward": forward_name, "input grad": "columns", "weight grad": "columns"}
-    taps = "depth taps" if depth_taps.applies(conv) else "columns"
-    return {"forward": forward_name, "input grad": _input_grad_algorithm(conv) or taps,
-            "weight grad": "direct" if direct.weight_grad_applies(conv) else taps}
+    taps = "depth taps" if depth_taps.applies(geom) else "columns"
+    return {"forward": forward_name, "input grad": _input_grad_algorithm(geom) or taps,
+            "weight grad": "direct" if direct.weight_grad_applies(geom) else taps}
 
 
-def forward(conv, ctx, bias=None, activation=None):
+def forward(geom, weight, ctx, bias=None, activation=None):
     """A convolution's forward, plain or transposed: y = act(conv(x) + bias) (as
     Backend.conv_forward)."""
-    name = _choose_forward(conv, ctx)
+    name = _choose_forward(geom, weight, ctx)
     relu = activation is not None and activation[0] == "relu"
     if name in _STORES_EPILOGUE and (activation is None or relu or activation[0] == "linear"):
-        return _FORWARD[name](conv, ctx, bias, relu)
+        return _FORWARD[name](geom, weight, ctx, bias, relu)
     if name == "columns":
-        return columns.any_forward(conv, ctx, bias, activation)
-    _FORWARD[name](conv, ctx)
+        return columns.any_forward(geom, weight, ctx, bias, activation)
+    _FORWARD[name](geom, weight, ctx)
     columns.finish(ctx.be, ctx.output, bias, activation)
 
 
-def forward_pooled(conv, ctx, bias, activation, pool):
+def forward_pooled(geom, weight, ctx, bias, activation, pool):
     """A convolution's forward followed by a max pool (Backend.conv_forward's pool) in one kernel,
     where the rule runs Winograd or the direct kernel and the pool has kernel = stride 2 along
     height and width, and along depth 1 or 2 (Winograd: 2 exactly where its tiles are 3-D), no
     padding, sizes rounded down: the kernel stores each window's maximum and nothing else (the
     pool's input is never written). True if it ran; else the caller runs the convolution and the
     pool."""
-    algorithm = forward_algorithm(conv)
+    algorithm = forward_algorithm(geom)
     if (_setting["mode"] == "measure" or algorithm not in ("winograd", "direct")
             or (activation is not None and activation[0] not in ("relu", "linear"))):
         return False
     window, stride, padding = pool
-    depths = ((2,) if winograd.volumetric(conv) else (1,)) if algorithm == "winograd" else (1, 2)
+    depths = ((2,) if winograd.volumetric(geom) else (1,)) if algorithm == "winograd" else (1, 2)
     if window != stride or window[1:] != (2, 2) or window[0] not in depths or max(padding) > 0:
         return False
     full = ctx.unpooled_shape()[2:]
@@ -146,76 +146,76 @@ def forward_pooled(conv, ctx, bias, activation, pool):
         return False
     relu = activation is not None and activation[0] == "relu"
     if algorithm == "winograd":
-        winograd.forward(conv, ctx, bias, relu, pool=True)
+        winograd.forward(geom, weight, ctx, bias, relu, pool=True)
     else:
-        direct.forward(conv, ctx, bias, relu, pool_depth=window[0])
+        direct.forward(geom, weight, ctx, bias, relu, pool_depth=window[0])
     return True
 
 
-def _choose_forward(conv, ctx):
+def _choose_forward(geom, weight, ctx):
     if _setting["mode"] != "measure":
-        return forward_algorithm(conv)
+        return forward_algorithm(geom)
     x = ctx.inputs[0]
-    key = (type(conv).__name__, repr(conv.config()), x.shape, x.dtype.str, get_num_threads())
+    key = (geom, x.shape[0], x.dtype.str, get_num_threads())
     choice = _measured.get(key)
     if choice is None:
         times = {}
-        for name in candidates(conv):
+        for name in candidates(geom):
             best = math.inf
             for _ in range(2):  # the first call also sizes the workspaces
                 start = time.perf_counter()
-                _FORWARD[name](conv, ctx)
+                _FORWARD[name](geom, weight, ctx)
                 best = min(best, time.perf_counter() - start)
             times[name] = best
         choice = _measured[key] = min(times, key=times.get)
-        _log.debug("%s %s on %s: %s (%s)", type(conv).__name__, conv.config(), x.shape, choice,
+        _log.debug("%s on %s: %s (%s)", geom, x.shape, choice,
                    ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in times.items()))
     return choice
 
 
-def backward(conv, ctx):
+def backward(geom, weight, ctx):
     """A plain convolution's weight and input gradients."""
-    if columns.pointwise(conv):
-        return columns.backward(conv, ctx, ctx.input_grad(0))
-    if direct.weight_grad_runs(conv, ctx):
-        return direct.backward(conv, ctx, _input_grad)
-    if depth_taps.applies(conv):
-        return depth_taps.backward(conv, ctx, _input_grad)
-    columns.backward(conv, ctx, _input_grad(conv, ctx))
+    if geom.pointwise:
+        return columns.backward(geom, weight, ctx, ctx.input_grad(0))
+    if direct.weight_grad_runs(geom, weight, ctx):
+        return direct.backward(geom, weight, ctx, _input_grad)
+    if depth_taps.applies(geom):
+        return depth_taps.backward(geom, weight, ctx, _input_grad)
+    columns.backward(geom, weight, ctx, _input_grad(geom, weight, ctx))
 
 
-def _input_grad(conv, ctx):
+def _input_grad(geom, weight, ctx):
     """The input-gradient target the column paths should fill: None when the gradient is not
     wanted or was computed here (Winograd or the direct kernel on dy, flipped kernel)."""
-    dx, algorithm = ctx.input_grad(0), _input_grad_algorithm(conv)
+    dx, algorithm = ctx.input_grad(0), _input_grad_algorithm(geom)
     if dx is None or algorithm is None:
         return dx
-    flipped = direct.flipped_padding(conv)
+    flipped = direct.flipped_padding(geom)
     if algorithm == "winograd":
-        winograd.run(conv, ctx, "input grad", ctx.grad_output, dx.array, flipped, dx.beta)
+        winograd.run(geom, weight, ctx, "input grad", ctx.grad_output, dx.array, flipped, dx.beta)
     else:
-        dilation = conv.geometry(ctx.grad_output.shape[2:])[3]
-        direct.run(conv, ctx, "input grad", ctx.grad_output, dx.array, flipped, (1, 1, 1), dilation, dx.beta)
+        dilation = geom.windows[3]
+        direct.run(geom, weight, ctx, "input grad", ctx.grad_output, dx.array, flipped, (1, 1, 1), dilation, dx.beta)
     return None
 
 
-def _no_overlap(conv):
+def _no_overlap(geom):
     """A transposed convolution whose windows do not overlap: kernel = stride on every axis, no
     padding, dilation or output padding (a U-Net's up-convolution, kernel 2, stride 2)."""
-    return (conv.transposed and conv.kernel_size == conv.stride and max(conv.padding + conv.padding_end) == 0
-            and max(conv.dilation) == 1 and max(conv.output_padding) == 0)
+    return (geom.transposed and geom.kernel_size == geom.stride and max(geom.padding + geom.padding_end) == 0
+            and max(geom.dilation) == 1 and max(geom.output_padding) == 0)
 
 
-def _forward_depth_to_space(conv, ctx, bias=None, relu=False):
+def _forward_depth_to_space(geom, weight, ctx, bias=None, relu=False):
     """One GEMM per block of input positions into the column matrix, whose rows then land in the
     output once each (depth_to_space) with the bias and ReLU, instead of being added into a zeroed
     output that a bias pass then reads and writes again (F forward: the bias pass was 0.8 of 5.0
     ms)."""
-    columns.transposed_forward(conv, ctx, place=lambda col, y, geometry, rows: _kernels.depth_to_space(
+    columns.transposed_forward(geom, weight, ctx, place=lambda col, y, geometry, rows: _kernels.depth_to_space(
         col, y, *geometry[1], *rows, bias, relu))
 
 
-# the algorithms whose kernels add the bias and apply a ReLU as they store: forward(conv, ctx, bias, relu)
+# the algorithms whose kernels add the bias and apply a ReLU as they store: forward(geom, weight, ctx, bias, relu)
 _STORES_EPILOGUE = ("winograd", "direct", "depth to space")
 _FORWARD = {"winograd": winograd.forward, "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,

@@ -9,20 +9,20 @@ from .. import columns
 from ...threads import split_work
 
 
-def applies(conv):
+def applies(geom):
     """A 3-D convolution with depth stride 1 and a kernel deeper than 1."""
-    return (conv.nd == 3 and not conv.transposed and conv.stride[0] == 1 and conv.kernel_size[0] > 1
-            and conv.symmetric)
+    return (geom.nd == 3 and not geom.transposed and geom.stride[0] == 1 and geom.kernel_size[0] > 1
+            and geom.symmetric)
 
 
-def _slabs(conv, ctx, key="col2d"):
+def _slabs(geom, ctx, key="col2d"):
     """Blocks of output depth slices [o0, o1), each with the input slices [i_lo, i_hi) it
     reads (its own plus a halo of (kd - 1)·dd), a column-matrix view for those input slices,
     and the taps (a, od0, od1, first column slice) that land in the block. Blocks keep the
     column matrix in cache; the halo is rebuilt per block, so blocks span several slices."""
     depth, out_depth = ctx.inputs[0].shape[2], ctx.output.shape[2]
-    kd, pd, dd = conv.kernel_size[0], conv.padding[0], conv.dilation[0]
-    col_rows = conv.in_channels * conv.kernel_size[1] * conv.kernel_size[2]
+    kd, pd, dd = geom.kernel_size[0], geom.padding[0], geom.dilation[0]
+    col_rows = geom.in_channels * geom.kernel_size[1] * geom.kernel_size[2]
     plane = int(np.prod(ctx.output.shape[3:]))
     halo = (kd - 1) * dd
     slab = max(columns.COL_BLOCK // (col_rows * plane), 4 * halo, 1)
@@ -42,49 +42,48 @@ def _slabs(conv, ctx, key="col2d"):
         yield (i_lo, i_hi), col, taps
 
 
-def _tap_weights(conv):
+def _tap_weights(geom, weight):
     """The weight as [kd, groups, out_g, in_g·kh·kw] (a layout copy, rebuilt when it changes)."""
-    kd, k2 = conv.kernel_size[0], conv.kernel_size[1] * conv.kernel_size[2]
-    out_g, in_g = conv.out_channels // conv.groups, conv.in_channels // conv.groups
+    kd, k2 = geom.kernel_size[0], geom.kernel_size[1] * geom.kernel_size[2]
+    out_g, in_g = geom.out_channels // geom.groups, geom.in_channels // geom.groups
 
     def build(buffer):
-        taps = buffer.reshape(conv.groups, out_g, in_g, kd, k2).transpose(3, 0, 1, 2, 4)
-        return np.ascontiguousarray(taps).reshape(kd, conv.groups, out_g, in_g * k2)
-    return conv.weight.derived("depth taps", build)
+        taps = buffer.reshape(geom.groups, out_g, in_g, kd, k2).transpose(3, 0, 1, 2, 4)
+        return np.ascontiguousarray(taps).reshape(kd, geom.groups, out_g, in_g * k2)
+    return weight.derived("depth taps", build)
 
 
-def _plane_geometry(conv, ctx):
+def _plane_geometry(geom):
     """vol2col over input depth slices with the kh·kw taps only."""
-    depth, grid = ctx.inputs[0].shape[2], ctx.output.shape[3:]
-    return ((1,) + conv.kernel_size[1:], (1,) + conv.stride[1:], (0,) + conv.padding[1:],
-            (1,) + conv.dilation[1:], (depth,) + tuple(grid))
+    return ((1,) + geom.kernel_size[1:], (1,) + geom.stride[1:], (0,) + geom.padding[1:],
+            (1,) + geom.dilation[1:], (geom.in_size[0],) + geom.out_size[1:])
 
 
-def forward(conv, ctx):
+def forward(geom, weight, ctx):
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
-    geometry, out_h = _plane_geometry(conv, ctx), y.shape[3]
-    wt = _tap_weights(conv)
-    rows, out_g = wt.shape[3], conv.out_channels // conv.groups
+    geometry, out_h = _plane_geometry(geom), y.shape[3]
+    wt = _tap_weights(geom, weight)
+    rows, out_g = wt.shape[3], geom.out_channels // geom.groups
 
     def work(t, samples):
         for n in samples:
-            yn = y[n].reshape(conv.out_channels, -1)
+            yn = y[n].reshape(geom.out_channels, -1)
             be.fill(yn, 0)
-            for (i_lo, i_hi), col, taps in _slabs(conv, ctx, ("col2d", t)):
+            for (i_lo, i_hi), col, taps in _slabs(geom, ctx, ("col2d", t)):
                 be.vol2col(x[n], col, geometry, (i_lo * out_h, i_hi * out_h))
                 for a, out_cols, col_cols in taps:
-                    for g in range(conv.groups):
+                    for g in range(geom.groups):
                         be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
                                 yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
     split_work(x.shape[0], work, columns.threads(ctx))
 
 
-def backward(conv, ctx, input_grad):
+def backward(geom, weight, ctx, input_grad):
     be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
-    geometry, out_h = _plane_geometry(conv, ctx), dy.shape[3]
-    wt = _tap_weights(conv)
-    rows, out_g = wt.shape[3], conv.out_channels // conv.groups
-    dw, dx = ctx.param_grad("weight"), input_grad(conv, ctx)
+    geometry, out_h = _plane_geometry(geom), dy.shape[3]
+    wt = _tap_weights(geom, weight)
+    rows, out_g = wt.shape[3], geom.out_channels // geom.groups
+    dw, dx = ctx.param_grad("weight"), input_grad(geom, weight, ctx)
     count = columns.threads(ctx)
     # tap-major weight gradients, one per thread, all starting from zero
     dwts = [ctx.workspace(("dweight_taps", t), wt.shape) for t in range(count)] if dw is not None else None
@@ -94,21 +93,21 @@ def backward(conv, ctx, input_grad):
         if dwt is not None:
             be.fill(dwt, 0)
         for n in samples:
-            dyn = dy[n].reshape(conv.out_channels, -1)
+            dyn = dy[n].reshape(geom.out_channels, -1)
             if dx is not None and dx.beta == 0:
                 be.fill(dx.array[n], 0)
-            for (i_lo, i_hi), col, taps in _slabs(conv, ctx, ("col2d", t)):
+            for (i_lo, i_hi), col, taps in _slabs(geom, ctx, ("col2d", t)):
                 window = (i_lo * out_h, i_hi * out_h)
                 if dwt is not None:  # dW_a,g += dy_g[output slices] col_g[their input slices]ᵀ
                     be.vol2col(x[n], col, geometry, window)
                     for a, out_cols, col_cols in taps:
-                        for g in range(conv.groups):
+                        for g in range(geom.groups):
                             be.gemm(dyn[g * out_g:(g + 1) * out_g, out_cols],
                                     col[g * rows:(g + 1) * rows, col_cols], dwt[a, g], trans_b=True, beta=1.0)
                 if dx is not None:  # dcol[input slices] += W_a,gᵀ dy_g[output slices]; dx += col2vol(dcol)
                     be.fill(col, 0)
                     for a, out_cols, col_cols in taps:
-                        for g in range(conv.groups):
+                        for g in range(geom.groups):
                             be.gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, out_cols],
                                     col[g * rows:(g + 1) * rows, col_cols], trans_a=True, beta=1.0)
                     be.col2vol(col, dx.array[n], geometry, window)
@@ -117,9 +116,9 @@ def backward(conv, ctx, input_grad):
         dwt = dwts[0]
         for other in dwts[1:]:
             be.axpby(1.0, other, 1.0, dwt)
-        kd, k2 = conv.kernel_size[0], conv.kernel_size[1] * conv.kernel_size[2]
-        in_g = conv.in_channels // conv.groups
-        back = dwt.reshape(kd, conv.groups, out_g, in_g, k2).transpose(1, 2, 3, 0, 4).reshape(dw.array.shape)
+        kd, k2 = geom.kernel_size[0], geom.kernel_size[1] * geom.kernel_size[2]
+        in_g = geom.in_channels // geom.groups
+        back = dwt.reshape(kd, geom.groups, out_g, in_g, k2).transpose(1, 2, 3, 0, 4).reshape(dw.array.shape)
         if dw.beta == 0:
             dw.array[...] = back
         else:

@@ -21,15 +21,15 @@ from ..columns import as_volume
 from .direct import ROW_SLACK, _layout
 
 
-def applies(conv):
+def applies(geom):
     """A transposed convolution with a stride above 1, no dilation, the same padding on both
     sides of every axis."""
-    return (conv.transposed and max(conv.stride) > 1 and max(conv.dilation) == 1 and conv.symmetric)
+    return (geom.transposed and max(geom.stride) > 1 and max(geom.dilation) == 1 and geom.symmetric)
 
 
-def _geometry(conv):
+def _geometry(geom):
     """The 3-D (kernel, stride, padding) of the layer (a 2-D one has depth 1)."""
-    kernel, stride, padding, _, _ = conv.geometry((1,) * conv.nd)
+    kernel, stride, padding, _, _ = geom.windows
     return kernel, stride, padding
 
 
@@ -38,24 +38,24 @@ def _phase_taps(k, s, r):
     return list(range(r, k, s))[::-1]
 
 
-def _pack_phase(conv, phase):
+def _pack_phase(geom, weight, phase):
     """The weight's taps of one phase (r_d, r_h, r_w) as a convolution weight [groups, out_g,
     in_g, taps] packed for direct_conv.h (cached per weight version)."""
-    kernel, stride, _ = _geometry(conv)
-    out_g, in_g = conv.out_channels // conv.groups, conv.in_channels // conv.groups
+    kernel, stride, _ = _geometry(geom)
+    out_g, in_g = geom.out_channels // geom.groups, geom.in_channels // geom.groups
     taps = [_phase_taps(k, s, r) for k, s, r in zip(kernel, stride, phase)]
 
     def build(buffer):
-        w = buffer.reshape((conv.groups, in_g, out_g) + kernel)  # transposed: [in, out_g, *k]
+        w = buffer.reshape((geom.groups, in_g, out_g) + kernel)  # transposed: [in, out_g, *k]
         w = w[:, :, :, taps[0]][:, :, :, :, taps[1]][..., taps[2]]
-        return _layout(np.ascontiguousarray(w.transpose(0, 2, 1, 3, 4, 5)).reshape(conv.groups, out_g, in_g, -1))
-    return conv.weight.derived(("phase", phase), build)
+        return _layout(np.ascontiguousarray(w.transpose(0, 2, 1, 3, 4, 5)).reshape(geom.groups, out_g, in_g, -1))
+    return weight.derived(("phase", phase), build)
 
 
-def _phase_plan(conv, out_sizes):
+def _phase_plan(geom, out_sizes):
     """Per phase with outputs and taps: (phase, tap counts, first m, counts of m, first output),
     all per axis."""
-    kernel, stride, padding = _geometry(conv)
+    kernel, stride, padding = _geometry(geom)
     plans = []
     for phase in itertools.product(*(range(s) for s in stride)):
         counts, m_lo, m_n, o_lo = [], [], [], []
@@ -72,23 +72,23 @@ def _phase_plan(conv, out_sizes):
     return plans
 
 
-def forward(conv, ctx):
+def forward(geom, weight, ctx):
     """y = the transposed convolution of x, phase by phase (without the bias)."""
     x, y = ctx.inputs[0], ctx.output
-    kernel, step, _ = _geometry(conv)
+    kernel, step, _ = _geometry(geom)
     c, d, h, w = as_volume(x[0]).shape
-    plans = _phase_plan(conv, as_volume(y[0]).shape[1:])
+    plans = _phase_plan(geom, as_volume(y[0]).shape[1:])
     # one zero padding serves every phase, the most taps any phase has (J) on both sides: a
     # phase's first window starts up to J - 1 before its first input, its last may end one past
     # the input
     pad = tuple(max(-(-k // s), 1) for k, s in zip(kernel, step))
     padded = (c, d + 2 * pad[0], h + 2 * pad[1], w + 2 * pad[2] + ROW_SLACK)
-    packs = {plan[0]: _pack_phase(conv, plan[0]) for plan in plans if min(plan[1]) > 0}
+    packs = {plan[0]: _pack_phase(geom, weight, plan[0]) for plan in plans if min(plan[1]) > 0}
     largest = max((math.prod(plan[3]) for plan in plans), default=0)
 
     def work(t, samples):
         xp = ctx.workspace(("phase input", t), padded)
-        scratch = ctx.workspace(("phase output", t), (conv.out_channels * largest,))
+        scratch = ctx.workspace(("phase output", t), (geom.out_channels * largest,))
         for n in samples:
             yn = as_volume(y[n])
             _kernels.padded_copy(as_volume(x[n]), xp, *pad)
@@ -97,8 +97,8 @@ def forward(conv, ctx):
                 if min(counts) == 0:  # no tap reaches these outputs
                     target[...] = 0
                     continue
-                out = scratch[:conv.out_channels * math.prod(m_n)].reshape((conv.out_channels,) + m_n)
+                out = scratch[:geom.out_channels * math.prod(m_n)].reshape((geom.out_channels,) + m_n)
                 origin = [lo - j + 1 + p for lo, j, p in zip(m_lo, counts, pad)]
-                _kernels.direct_conv_padded(xp, packs[phase], out, conv.groups, *counts, 1, 1, 1, 1, 1, *origin)
+                _kernels.direct_conv_padded(xp, packs[phase], out, geom.groups, *counts, 1, 1, 1, 1, 1, *origin)
                 target[...] = out
     split_work(x.shape[0], work, columns.threads(ctx))

@@ -16,29 +16,29 @@ BLOCK_VALUES = 1 << 16
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
-def applies(conv):
+def applies(geom):
     """A kernel of 3 along height and width (and depth, or depth 1 without depth padding), stride
     and dilation 1, one group, the same padding on both sides, at most 2 (the input gradient's
     is 2 - padding)."""
-    k = conv.kernel_size
-    return (not conv.transposed and conv.groups == 1 and max(conv.stride + conv.dilation) == 1 and conv.symmetric
-            and k[-2:] == (3, 3) and (conv.nd == 2 or k[0] == 3 or (k[0] == 1 and conv.padding[0] == 0))
-            and max(conv.padding) <= 2)
+    k = geom.kernel_size
+    return (not geom.transposed and geom.groups == 1 and max(geom.stride + geom.dilation) == 1 and geom.symmetric
+            and k[-2:] == (3, 3) and (geom.nd == 2 or k[0] == 3 or (k[0] == 1 and geom.padding[0] == 0))
+            and max(geom.padding) <= 2)
 
 
-def volumetric(conv):
+def volumetric(geom):
     """Whether the 3-D transform runs (a kernel of 3 along depth too), its tiles 2x2x2; else the
     2-D one, tiles 2x2 along height and width at every depth."""
-    return conv.nd == 3 and conv.kernel_size[0] == 3
+    return geom.nd == 3 and geom.kernel_size[0] == 3
 
 
-def _weights(conv, which):
+def _weights(geom, weight, which):
     """U_ξ = G g Gᵀ along each axis, [XI][Cin][Cout] zero-padded to whole vectors of channels and
     panel-packed per ξ: 'forward', or 'input grad' (flipped taps, in/out channels swapped)."""
-    depth3 = volumetric(conv)
+    depth3 = volumetric(geom)
 
     def build(buffer):
-        w = buffer.astype(np.float64).reshape((conv.out_channels, conv.in_channels) + conv.kernel_size[-3:])
+        w = buffer.astype(np.float64).reshape((geom.out_channels, geom.in_channels) + geom.kernel_size[-3:])
         if which == "input grad":
             w = w[:, :, ::-1, ::-1, ::-1].transpose(1, 0, 2, 3, 4) if w.ndim == 5 else \
                 w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
@@ -55,14 +55,14 @@ def _weights(conv, which):
         padded[:, :cin, :cout] = u
         packed = padded.reshape(u.shape[0], cp, panels, nr).transpose(0, 2, 1, 3)
         return aligned_copy(packed, buffer.dtype).reshape(-1)
-    return conv.weight.derived(("winograd", which), build)
+    return weight.derived(("winograd", which), build)
 
 
-def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False, pool=False):
+def run(geom, weight, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False, pool=False):
     """dst[n] = (beta·dst[n] +) the Winograd convolution of src[n], split between threads; with
     beta 0, plus bias (None: none) and through a ReLU where relu is set, as the kernel stores;
     with pool, dst is the max pool of that over the tiles (winograd_conv's pool)."""
-    packed, depth3 = _weights(conv, which), volumetric(conv)
+    packed, depth3 = _weights(geom, weight, which), volumetric(geom)
     c, d, h, w = as_volume(src[0]).shape
     cout = dst.shape[1]
     lanes = _kernels.winograd_lanes(src.dtype == np.float32)
@@ -81,5 +81,5 @@ def run(conv, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=False, po
     columns.over_samples(ctx, src, dst, beta, call)
 
 
-def forward(conv, ctx, bias=None, relu=False, pool=False):
-    run(conv, ctx, "forward", ctx.inputs[0], ctx.output, conv.geometry((1,) * conv.nd)[2], 0.0, bias, relu, pool)
+def forward(geom, weight, ctx, bias=None, relu=False, pool=False):
+    run(geom, weight, ctx, "forward", ctx.inputs[0], ctx.output, geom.windows[2], 0.0, bias, relu, pool)
