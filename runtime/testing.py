@@ -130,3 +130,24 @@ def _check(net, feeds, inputs, explicit, eps, rtol, floor, max_points, seed):
         raise GradientCheckError(f"{label} at {tuple(int(j) for j in index)}: analytic {a:.8g}, numeric {n:.8g}, "
                                  f"relative error {worst[0]:.3g} > {rtol}")
     return checked
+
+
+def core_only(backend_class, name=None):
+    """`backend_class` stripped to the core kernels (lamina.backends.base.CORE_KERNELS): a
+    subclass of Backend with that class's core methods and its private helpers, every other
+    operation Backend's composed one. A backend author runs the conformance tests and every
+    layer on it to see that the core set is all a backend needs."""
+    from .backends.base import CORE_KERNELS, Backend
+    namespace = {}
+    for klass in reversed(backend_class.__mro__):
+        if klass is object or issubclass(Backend, klass):
+            continue
+        for attr, value in vars(klass).items():
+            private = attr.startswith("_") and not attr.startswith("__") and attr not in vars(Backend)
+            if attr in CORE_KERNELS or private:
+                namespace[attr] = value
+    namespace.update(name=name or f"{backend_class.name}-core", host_arrays=backend_class.host_arrays,
+                     __module__=__name__)
+    if "__init__" in vars(backend_class):
+        namespace["__init__"] = backend_class.__init__
+    return type(f"CoreOnly{backend_class.__name__}", (Backend,), namespace)

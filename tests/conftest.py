@@ -8,6 +8,8 @@ import pytest
 import lamina as lm
 from lamina.backends.cpu.blas import available, built
 from lamina.backends.cpu import CPUBackend
+from lamina.backends.reference import ReferenceBackend
+from lamina.testing import core_only
 
 # Property-based tests (hypothesis) draw new examples on every run here; in CI (CI set) they draw
 # the same ones every run, so a submission's result does not depend on the draw.
@@ -87,6 +89,8 @@ if OPENCL_DEVICES:
 
 # Every backend the conformance tests hold to the numpy reference.
 BACKENDS = {f"cpu-{blas}": lambda blas=blas: CPUBackend(blas=blas) for blas in BLAS_PROVIDERS}
+# the reference stripped to the core kernels: every composed operation runs as Backend composes it
+BACKENDS["reference-core"] = lambda: core_only(ReferenceBackend)()
 if _OPENCL is not None:
     BACKENDS["opencl"] = lambda: OnDevice(_OPENCL)
 

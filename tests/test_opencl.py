@@ -9,6 +9,7 @@ import pytest
 import lamina as lm
 from lamina.backends.reference import ReferenceBackend
 from lamina.errors import GraphError
+from lamina.parameter import host
 from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Linear, Scale,
                            SoftmaxCrossEntropy, SquareError)
 
@@ -285,9 +286,9 @@ def test_layers_agree_with_the_cpu(cl):
     for net in (cpu, dev):
         net.forward(feeds)
         net.backward()
-    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(host(dev.grad("x")), cpu.grad("x"), rtol=1e-4, atol=1e-6)
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
-        np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(host(q.grad), p.grad, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_training_from_one_start(cl):
@@ -389,11 +390,11 @@ def test_batch_norm_agrees_with_the_cpu(cl, kind, affine, frozen):
         for _ in range(2):
             net.forward(feeds, grad_outputs=["y"])
             net.backward(grad_outputs=g)
-    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(host(dev.grad("x")), cpu.grad("x"), rtol=1e-4, atol=1e-5)
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
         np.testing.assert_allclose(q.value, p.value, rtol=1e-5, atol=1e-6, err_msg=name)  # running statistics
         if p.grad_pending:
-            np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-4, err_msg=name)
+            np.testing.assert_allclose(host(q.grad), p.grad, rtol=1e-4, atol=1e-4, err_msg=name)
     np.testing.assert_allclose(dev.run(feeds)["y"], cpu.run(feeds)["y"], rtol=1e-4, atol=1e-5)
 
 
@@ -435,9 +436,9 @@ def test_recurrent_layers_agree_with_the_cpu(cl, kind, options):
     np.testing.assert_allclose(got["out"].values, want["out"].values, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["last"], want["last"], rtol=1e-4, atol=1e-5)
     for name in feeds:
-        np.testing.assert_allclose(dev.grad(name).get(), cpu.grad(name), rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(host(dev.grad(name)), cpu.grad(name), rtol=1e-4, atol=1e-5, err_msg=name)
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
-        np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(host(q.grad), p.grad, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_cell_kernels(cl):
@@ -453,31 +454,31 @@ def test_cell_kernels(cl):
                 cl.lstm_step(gd, dev_prev, c, h)
                 REF.lstm_step(g_ref, prev, c_ref, h_ref)
                 for a, b in ((gd, g_ref), (c, c_ref), (h, h_ref)):
-                    close(a.get(), b, dtype)
+                    close(host(a), b, dtype)
                 dh, dc = rng.standard_normal((2, rows, H)).astype(dtype)
                 dg, dg_ref = cl.empty((rows, 4 * H), dtype), np.empty((rows, 4 * H), dtype)
                 dcp, dcp_ref = (cl.from_host(dc), dc.copy()) if has_prev else (None, None)
                 cl.lstm_step_backward(gd, dev_prev, c, cl.from_host(dh), cl.from_host(dc), dg, dcp)
                 REF.lstm_step_backward(g_ref, prev, c_ref, dh, dc, dg_ref, dcp_ref)
-                close(dg.get(), dg_ref, dtype)
+                close(host(dg), dg_ref, dtype)
                 if has_prev:
-                    close(dcp.get(), dcp_ref, dtype)
+                    close(host(dcp), dcp_ref, dtype)
                 g3 = rng.standard_normal((rows, 3 * H)).astype(dtype)
                 hh = rng.standard_normal((rows, 3 * H)).astype(dtype)
                 g3d, h, g3_ref, h_ref = cl.from_host(g3), cl.empty((rows, H), dtype), g3.copy(), np.empty((rows, H), dtype)
                 cl.gru_step(g3d, cl.from_host(hh), dev_prev, h)
                 REF.gru_step(g3_ref, hh, prev, h_ref)
-                close(g3d.get(), g3_ref, dtype)
-                close(h.get(), h_ref, dtype)
+                close(host(g3d), g3_ref, dtype)
+                close(host(h), h_ref, dtype)
                 dgx, dgh = cl.empty((rows, 3 * H), dtype), cl.empty((rows, 3 * H), dtype)
                 dgx_ref, dgh_ref = np.empty((rows, 3 * H), dtype), np.empty((rows, 3 * H), dtype)
                 dhp, dhp_ref = (cl.from_host(dc), dc.copy()) if has_prev else (None, None)
                 cl.gru_step_backward(g3d, cl.from_host(hh), dev_prev, cl.from_host(dh), dgx, dgh, dhp)
                 REF.gru_step_backward(g3_ref, hh, prev, dh, dgx_ref, dgh_ref, dhp_ref)
-                close(dgx.get(), dgx_ref, dtype)
-                close(dgh.get(), dgh_ref, dtype)
+                close(host(dgx), dgx_ref, dtype)
+                close(host(dgh), dgh_ref, dtype)
                 if has_prev:
-                    close(dhp.get(), dhp_ref, dtype)
+                    close(host(dhp), dhp_ref, dtype)
 
 
 @pytest.mark.parametrize("mode", ["last", "first", "average", "sum", "max"])
@@ -508,7 +509,7 @@ def test_sequence_layers_agree_with_the_cpu(cl, mode):
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
         assert p.grad_pending == q.grad_pending, name
         if p.grad_pending:  # the attention branch feeds no cost: no gradient there
-            np.testing.assert_allclose(q.dense_grad(dev.backend).get(), p.dense_grad(cpu.backend), rtol=1e-4,
+            np.testing.assert_allclose(host(q.dense_grad(dev.backend)), p.dense_grad(cpu.backend), rtol=1e-4,
                                        atol=1e-6, err_msg=name)
             checked += 1
     assert checked == 7
@@ -572,10 +573,10 @@ def test_selective_layer_agrees_with_the_cpu(cl, path, shared, activation, cost)
     for net in (cpu, dev):
         net.forward(feeds)
         net.backward()
-    np.testing.assert_allclose(dev.grad("x0").get(), cpu.grad("x0"), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(host(dev.grad("x0")), cpu.grad("x0"), rtol=1e-4, atol=1e-6)
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
         assert (p.grad_rows is None) == (q.grad_rows is None)
-        np.testing.assert_allclose(q.dense_grad(dev.backend).get(), p.dense_grad(cpu.backend), rtol=1e-4,
+        np.testing.assert_allclose(host(q.dense_grad(dev.backend)), p.dense_grad(cpu.backend), rtol=1e-4,
                                    atol=1e-6, err_msg=name)
 
 
@@ -591,7 +592,7 @@ def same_training_step(cpu, dev, feeds):
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
         if p.grad_pending:
             want = p.dense_grad(cpu.backend)
-            np.testing.assert_allclose(q.dense_grad(dev.backend).get(), want, rtol=2e-3,
+            np.testing.assert_allclose(host(q.dense_grad(dev.backend)), want, rtol=2e-3,
                                        atol=2e-4 * max(1.0, float(np.abs(want).max())), err_msg=name)
     for net in (cpu, dev):
         lm.optim.SGD(net, lr=0.1).step()  # the gradients of the pass above
@@ -647,9 +648,9 @@ def test_convolutions_agree_with_the_cpu(cl, kind, options):
     for net in (cpu, dev):
         net.forward(feeds, grad_outputs=["y"])
         net.backward(grad_outputs=g)
-    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(host(dev.grad("x")), cpu.grad("x"), rtol=1e-4, atol=1e-5)
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
-        np.testing.assert_allclose(q.grad.get(), p.grad, rtol=1e-4, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(host(q.grad), p.grad, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_a_convolution_with_its_activation_fused_agrees_with_the_cpu(cl):
@@ -715,7 +716,7 @@ def test_pooling_agrees_with_the_cpu(cl, kind, options):
     for net in (cpu, dev):
         net.forward(feeds, grad_outputs=["y"])
         net.backward(grad_outputs=g)
-    np.testing.assert_allclose(dev.grad("x").get(), cpu.grad("x"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(host(dev.grad("x")), cpu.grad("x"), rtol=1e-5, atol=1e-6)
 
 
 

@@ -8,9 +8,25 @@ Two rules hold for every kernel:
   garbage), as BLAS treats C. The scheduler passes 0 to the first writer of a gradient and 1 to
   every later one, so gradients add up without zero-fill passes.
 - kernels write into outputs the caller allocated; none allocates in the hot path.
+
+Two kinds of method:
+- the **core kernels** (`@abstractmethod`, listed in CORE_KERNELS): arrays, GEMM, element-wise
+  kernels and reductions, gathers and scatters, sequence pooling, vol2col/col2vol, the fused
+  recurrent cells and the optimizer updates. A backend must implement these and nothing else;
+- the **composed operations**: every other method, written here from the core kernels (packed
+  GEMM as a snapshot and a GEMM, biases as channel biases, column copies and row updates from
+  gathers and scatters, the dense costs from activations, gathers and GEMMs against a vector of
+  ones, the convolutions from vol2col and GEMM, the recurrence from GEMMs and cells). A backend
+  overrides one only where its own kernel measures faster (bench/overrides.py times each
+  override against the composed form on the same backend).
+
+Composed operations take their temporary arrays from `Backend.scratch`: one buffer per name and
+thread, grown to the largest size asked for, so they allocate only while sizes grow.
 """
-import numpy as np
+import threading
 from abc import ABC, abstractmethod
+
+import numpy as np
 
 from . import columns, stepwise
 
@@ -74,13 +90,20 @@ class Backend(ABC):
         self.gemm(a, b, c, trans_a, trans_b)
         self.add_bias(c, bias)
 
-    @abstractmethod
     def pack(self, b, trans=False, alpha=1.0, max_rows=1):
-        """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values."""
+        """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values. Here a copy
+        of b with alpha and trans beside it, and packed_gemm is one GEMM."""
+        if b.ndim != 2 or 0 in b.shape:
+            raise ValueError(f"pack: b must be a non-empty 2-D array, found shape {b.shape}")
+        snapshot = self.empty(b.shape, b.dtype)
+        self.copy(b, snapshot)
+        return Snapshot(snapshot, trans, alpha)
 
-    @abstractmethod
     def packed_gemm(self, a, packed, c, beta=0.0):
         """c = a @ packed + beta * c."""
+        if a.ndim != 2 or a.shape[1] != packed.k:
+            raise ValueError(f"packed_gemm: a must have {packed.k} columns, found shape {a.shape}")
+        self.gemm(a, packed.b, c, trans_b=packed.trans, alpha=packed.alpha, beta=beta)
 
     def packed_gemm_bias(self, a, packed, c, bias):
         """c = a @ packed + bias (added to every row of c)."""
@@ -93,13 +116,13 @@ class Backend(ABC):
         return False
 
     # -- bias, element-wise, rows
-    @abstractmethod
     def add_bias(self, y, b):
-        """y[i, :] += b."""
+        """y[i, :] += b (b along y's last axis): a channel bias over y's rows."""
+        self.channel_bias(y.reshape(y.size // b.shape[0], b.shape[0]), b, 1.0)
 
-    @abstractmethod
     def bias_grad(self, dy, db, beta=0.0):
-        """db = column sums of dy (with beta)."""
+        """db = column sums of dy viewed as [rows, features] (with beta)."""
+        self.channel_bias_grad(dy.reshape(dy.shape[0], -1), db, beta)
 
     @abstractmethod
     def activation(self, kind, x, y, slope=0.01):
@@ -122,13 +145,18 @@ class Backend(ABC):
     def sum_squares(self, x, rows=None):
         """sum of x**2 as a host float; with rows (int32), of those rows of x only."""
 
-    @abstractmethod
     def copy_to_columns(self, src, dst, col, beta=0.0):
-        """dst[:, col:col + src.shape[1]] = src (with beta)."""
+        """dst[:, col:col + src.shape[1]] = src (with beta): a scatter of every row."""
+        self.scatter_rows(src, self.arange(src.shape[0]), dst, beta, col)
 
-    @abstractmethod
     def copy_from_columns(self, src, col, dst, beta=0.0):
-        """dst = src[:, col:col + dst.shape[1]] (with beta)."""
+        """dst = src[:, col:col + dst.shape[1]] (with beta): a gather of every row."""
+        if beta == 0:
+            self.gather_rows(src, self.arange(dst.shape[0]), dst, col)
+            return
+        block = self.scratch("copy_from_columns", dst.shape, dst.dtype)
+        self.gather_rows(src, self.arange(dst.shape[0]), block, col)
+        self.axpby(1.0, block, beta, dst)
 
     @abstractmethod
     def gather_rows(self, src, index, dst, col=0):
@@ -142,23 +170,32 @@ class Backend(ABC):
     def scatter_add_rows(self, src, ids, dst):
         """dst[ids[i]] += src[i]; ids may repeat (embedding gradients)."""
 
-    @abstractmethod
     def fill_rows(self, dst, rows, value):
-        """dst[rows] = value."""
+        """dst[rows] = value: a filled block scattered to the rows."""
+        if len(rows) == 0:
+            return
+        block = self.scratch("fill_rows", (len(rows),) + tuple(dst.shape[1:]), dst.dtype)
+        self.fill(block, value)
+        self.scatter_rows(block, rows, dst)
 
-    @abstractmethod
     def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
         """sgd_update (no weight decay) on the listed rows only: exact for a gradient that is zero
-        elsewhere without momentum; with momentum the lazy form (other rows keep v and p)."""
+        elsewhere without momentum; with momentum the lazy form (other rows keep v and p).
+        Here the rows are gathered, updated by sgd_update and scattered back."""
+        with self._rows_of(rows, p=p, g=g, **({"v": v} if momentum else {})) as part:
+            self.sgd_update(part["p"], part["g"], part.get("v"), lr, momentum, dampening, nesterov, 0.0)
 
-    @abstractmethod
     def adam_update_rows(self, p, g, m, v, rows, lr, beta1, beta2, eps, step):
         """adam_update (no weight decay) on the listed rows only, the lazy form: other rows keep
-        their moments and values."""
+        their moments and values (gathered, updated by adam_update, scattered back)."""
+        with self._rows_of(rows, p=p, g=g, m=m, v=v) as part:
+            self.adam_update(part["p"], part["g"], part["m"], part["v"], lr, beta1, beta2, eps, 0.0, False, step)
 
-    @abstractmethod
     def adagrad_update_rows(self, p, g, s, rows, lr, eps):
-        """AdaGrad on the listed rows only (exact without weight decay)."""
+        """AdaGrad on the listed rows only (exact without weight decay; gathered, updated by
+        adagrad_update, scattered back)."""
+        with self._rows_of(rows, p=p, g=g, s=s) as part:
+            self.adagrad_update(part["p"], part["g"], part["s"], lr, eps, 0.0)
 
     # -- sequences: starts are the int32 offsets of the batch
     @abstractmethod
@@ -194,9 +231,11 @@ class Backend(ABC):
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
         """db[c] = Σ_e g[e] over the entries of each selected column c (with beta)."""
 
-    @abstractmethod
     def add_selected_bias(self, out, b, cols):
-        """out[e] += b[cols[e]]."""
+        """out[e] += b[cols[e]]: the bias gathered per entry, then added."""
+        picked = self.scratch("add_selected_bias", (len(cols), 1), out.dtype)
+        self.gather_rows(b.reshape(b.shape[0], 1), cols, picked)
+        self.axpby(1.0, picked.reshape(out.shape), 1.0, out)
 
     @abstractmethod
     def gather_entries(self, full, starts, cols, shared, out, beta=0.0):
@@ -367,31 +406,126 @@ class Backend(ABC):
     def bernoulli_mask(self, mask, keep, rng):
         """mask = 1/keep with probability keep, else 0 (inverted dropout)."""
 
-    # -- costs: one value per row, optional per-row weights w (None = 1)
-    @abstractmethod
+    # -- costs: one value per row, optional per-row weights w (None = 1). Here from activations,
+    #    gathers and GEMMs against a vector of ones (row sums, and a vector spread over columns)
     def softmax_cross_entropy(self, x, labels, w, probs, cost):
         """probs = softmax(x) (probs None: the costs alone, as inference needs); cost[i] =
         -w[i] log probs[i, labels[i]]."""
+        x2 = x.reshape(x.shape[0], -1)
+        logp = self.scratch("softmax_cross_entropy", x2.shape, x.dtype)
+        self.activation("log_softmax", x2, logp)
+        self.gather_entries(logp, self.arange(len(x2) + 1), labels, False, cost)
+        self._weigh_rows(-1.0, cost, w, cost)
+        if probs is not None:
+            self.activation("softmax", x2, probs.reshape(x2.shape))
 
-    @abstractmethod
     def softmax_cross_entropy_backward(self, probs, labels, w, dcost, dx, beta=0.0):
         """dx[i] = dcost[i] w[i] (probs[i] - onehot(labels[i])) (with beta)."""
+        p2 = probs.reshape(probs.shape[0], -1)
+        diff = self.scratch("softmax_cross_entropy_backward", p2.shape, probs.dtype)
+        self.scatter_entries(self.ones(len(p2), probs.dtype), self.arange(len(p2) + 1), labels, False, diff)
+        self.axpby(1.0, p2, -1.0, diff)
+        self._spread_rows(self._row_factor(1.0, dcost, w), diff, dx.reshape(p2.shape), beta)
 
-    @abstractmethod
     def square_error(self, x, t, w, cost):
         """cost[i] = w[i] sum_j (x - t)^2."""
+        d = self._difference(x, t)
+        self.multiply(d, d, d)
+        self._row_sums(d, cost)
+        self._weigh_rows(1.0, cost, w, cost)
 
-    @abstractmethod
     def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
         """d/dx = 2 dcost w (x - t); d/dt = -d/dx (with beta)."""
+        d = self._difference(x, t)
+        factor = self._row_factor(-2.0 if wrt_target else 2.0, dcost, w)
+        self._spread_rows(factor, d, dout.reshape(d.shape), beta)
 
-    @abstractmethod
     def bce_with_logits(self, x, t, w, cost):
-        """cost[i] = w[i] sum_j max(x,0) - x t + log(1 + exp(-|x|))."""
+        """cost[i] = w[i] sum_j max(x,0) - x t + log(1 + exp(-|x|)) (softrelu(x) - x t)."""
+        x2, t2 = x.reshape(x.shape[0], -1), t.reshape(x.shape[0], -1)
+        per = self.scratch("bce_with_logits", x2.shape, x.dtype)
+        self.activation("softrelu", x2, per)
+        xt = self.scratch("bce_with_logits xt", x2.shape, x.dtype)
+        self.multiply(x2, t2, xt)
+        self.axpby(-1.0, xt, 1.0, per)
+        self._row_sums(per, cost)
+        self._weigh_rows(1.0, cost, w, cost)
 
-    @abstractmethod
     def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
         """d/dx = dcost w (sigmoid(x) - t); d/dt = -dcost w x (with beta)."""
+        x2, t2 = x.reshape(x.shape[0], -1), t.reshape(x.shape[0], -1)
+        if wrt_target:
+            self._spread_rows(self._row_factor(-1.0, dcost, w), x2, dout.reshape(x2.shape), beta)
+            return
+        d = self.scratch("bce_with_logits_backward", x2.shape, x.dtype)
+        self.activation("sigmoid", x2, d)
+        self.axpby(-1.0, t2, 1.0, d)
+        self._spread_rows(self._row_factor(1.0, dcost, w), d, dout.reshape(x2.shape), beta)
+
+    # -- the pieces composed operations share
+    def scratch(self, name, shape, dtype):
+        """A temporary array of `shape` for a composed operation: a view of this thread's buffer
+        `name`, grown (never shrunk) to the largest size asked for. Its values are garbage."""
+        buffers = self.__dict__.get("_scratch")
+        if buffers is None:
+            buffers = self.__dict__.setdefault("_scratch", threading.local())
+        size, dtype = int(np.prod(shape)), np.dtype(dtype)
+        held = buffers.__dict__.get((name, dtype))
+        if held is None or held.shape[0] < size:
+            held = buffers.__dict__[(name, dtype)] = self.empty((max(size, 1),), dtype)
+        return held[:size].reshape(shape)
+
+    def _constant(self, key, build):
+        """A small device array built once per key (from a host array) and kept."""
+        kept = self.__dict__.setdefault("_constants", {})
+        if key not in kept:
+            kept[key] = self.from_host(build())
+        return kept[key]
+
+    def arange(self, n):
+        """0, 1, .., n - 1 (int32) as this backend's array: the row index of every row."""
+        return self._constant(("arange", n), lambda: np.arange(n, dtype=np.int32))
+
+    def ones(self, n, dtype):
+        return self._constant(("ones", n, np.dtype(dtype)), lambda: np.ones(n, dtype))
+
+    def _row_sums(self, x2, out):
+        """out[i] = Σ_j x2[i, j]: a GEMM with a column of ones."""
+        self.gemm(x2, self.ones(x2.shape[1], x2.dtype).reshape(x2.shape[1], 1), out.reshape(len(out), 1))
+
+    def _spread_rows(self, factor, x2, out, beta):
+        """out[i, j] = factor[i] x2[i, j] (with beta): factor spread over the columns by a GEMM
+        with a row of ones, then multiplied in."""
+        spread = self.scratch("spread rows", x2.shape, x2.dtype)
+        self.gemm(factor.reshape(len(factor), 1), self.ones(x2.shape[1], x2.dtype).reshape(1, x2.shape[1]), spread)
+        self.multiply(spread, x2, out, beta)
+
+    def _row_factor(self, alpha, dcost, w):
+        """alpha dcost[i] w[i] (w None: 1)."""
+        factor = self.scratch("row factor", dcost.shape, dcost.dtype)
+        self.axpby(alpha, dcost, 0.0, factor)
+        if w is not None:
+            self.multiply(factor, w, factor)
+        return factor
+
+    def _weigh_rows(self, alpha, cost, w, out):
+        """out = alpha cost w (w None: 1); out may be cost itself."""
+        self.axpby(alpha, cost, 0.0, out)
+        if w is not None:
+            self.multiply(out, w, out)
+
+    def _difference(self, x, t):
+        """x - t as [rows, features], in a scratch buffer."""
+        x2 = x.reshape(x.shape[0], -1)
+        d = self.scratch("difference", x2.shape, x.dtype)
+        self.axpby(1.0, x2, 0.0, d)
+        self.axpby(-1.0, t.reshape(x2.shape), 1.0, d)
+        return d
+
+    def _rows_of(self, rows, **arrays):
+        """A context whose value maps each name to a scratch copy of arrays[name][rows]; on exit
+        every array but the gradient 'g' gets its rows back."""
+        return _GatheredRows(self, rows, arrays)
 
     # -- optimizer updates, fused, in place on the parameter and its state
     @abstractmethod
@@ -426,3 +560,36 @@ class HostStatistics:
 
     def add_cast(self, src, dst, beta=0.0):
         dst[...] = src if beta == 0 else src + beta * dst
+
+
+class Snapshot:
+    """The composed pack (Backend.pack): a copy of b, and alpha and trans to multiply it with."""
+
+    def __init__(self, b, trans, alpha):
+        self.b, self.trans, self.alpha = b, trans, alpha
+        self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
+
+
+class _GatheredRows:
+    def __init__(self, backend, rows, arrays):
+        self.be, self.rows, self.arrays = backend, rows, arrays
+
+    def __enter__(self):
+        be, rows = self.be, self.rows
+        self.parts = {}
+        for name, a in self.arrays.items():
+            part = be.scratch(("rows of", name), (len(rows),) + tuple(a.shape[1:]), a.dtype)
+            be.gather_rows(a, rows, part)
+            self.parts[name] = part
+        return self.parts
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            for name, a in self.arrays.items():
+                if name != "g":
+                    self.be.scatter_rows(self.parts[name], self.rows, a)
+        return False
+
+
+# the kernels every backend implements; everything else in Backend is composed from them
+CORE_KERNELS = frozenset(Backend.__abstractmethods__)

@@ -383,8 +383,9 @@ class ReferenceBackend(HostStatistics, Backend):
 
     def batch_norm_stats(self, x, mean, var):
         axes = tuple(i for i in range(x.ndim) if i != 1)
-        mean[...] = x.mean(axes)
-        var[...] = x.var(axes)
+        x64 = x.astype(np.float64)
+        mean[...] = x64.mean(axes)
+        var[...] = x64.var(axes)
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta, y, activation=None):
         shape = (1, -1) + (1,) * (x.ndim - 2)
