@@ -37,7 +37,7 @@ def _built(impls):
     spec = importlib.util.find_spec("lamina")
     folders = list(spec.submodule_search_locations or []) if spec else []
     return {impl: name for impl, name in impls.items()
-            if any(glob.glob(os.path.join(folder, f"_{name}.*")) for folder in folders)}
+            if any(glob.glob(os.path.join(folder, "backends", "cpu", f"_{name}.*")) for folder in folders)}
 
 
 RAW_GEMM = _built({"mkl-sgemm": "mkl", "openblas-sgemm": "openblas"})

@@ -333,27 +333,6 @@ __kernel void fill_rows(ARG(REAL, dst), ARG(const int, rows_), const REAL value,
     if (i < n && j < cols && rows_[i] >= 0 && rows_[i] < dst_rows) dst[rows_[i] * cols + j] = value;
 }
 
-__kernel void copy_to_columns(ARG(const REAL, src), ARG(REAL, dst), const int dst_cols, const int col,
-                              const REAL beta, const int rows, const int cols)
-{
-    AT(const REAL, src);
-    AT(REAL, dst);
-    const int j = get_global_id(0), i = get_global_id(1);
-    if (i >= rows || j >= cols) return;
-    const int o = i * dst_cols + col + j;
-    dst[o] = WITH_BETA(dst[o], src[i * cols + j], beta);
-}
-
-__kernel void copy_from_columns(ARG(const REAL, src), const int src_cols, const int col, ARG(REAL, dst),
-                                const REAL beta, const int rows, const int cols)
-{
-    AT(const REAL, src);
-    AT(REAL, dst);
-    const int j = get_global_id(0), i = get_global_id(1);
-    if (i >= rows || j >= cols) return;
-    dst[i * cols + j] = WITH_BETA(dst[i * cols + j], src[i * src_cols + col + j], beta);
-}
-
 /* dropout mask: 1/keep with probability keep, else 0, from a counter-based hash of
  * (seed, i), so no generator state lives on the device */
 inline uint hash32(uint x)

@@ -22,14 +22,14 @@ ctypedef fused real:
 cdef enum:
     PARALLEL_MIN = 262144
 
-# recurrent cells: below this many elements one thread is faster (measured: waking the second
-# thread for each step of a 64 x 512 LSTM cost more than it saved)
+# recurrent cells: below this many elements one thread is faster (waking the second thread for
+# each step costs more than it saves)
 cdef enum:
     CELL_PARALLEL_MIN = 65536
 
 # vol2col / col2vol: blocks of the column matrix are sized to stay in cache (about 2^18 values,
-# lamina.layers.conv.COL_BLOCK), so they go parallel well below PARALLEL_MIN (at PARALLEL_MIN
-# every block ran on one thread: 27 of the 66 ms of a training step of bench conv's case A)
+# lamina.backends.columns.COL_BLOCK), so they go parallel well below PARALLEL_MIN (at
+# PARALLEL_MIN every block ran on one thread)
 cdef enum:
     VOLUME_PARALLEL_MIN = 16384
 
@@ -448,30 +448,6 @@ def sum_squares(real[::1] x):
     return s
 
 
-def copy_to_columns(real[:, ::1] src, real[:, ::1] dst, Py_ssize_t col, double beta):
-    """dst[:, col:col+k] = src + beta * dst[:, col:col+k], k = src columns."""
-    cdef Py_ssize_t i, j, rows = src.shape[0], k = src.shape[1]
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * k > PARALLEL_MIN):
-        if beta == 0:
-            for j in range(k):
-                dst[i, col + j] = src[i, j]
-        else:
-            for j in range(k):
-                dst[i, col + j] = <real>(src[i, j] + beta * dst[i, col + j])
-
-
-def copy_from_columns(real[:, ::1] src, Py_ssize_t col, real[:, ::1] dst, double beta):
-    """dst = src[:, col:col+k] + beta * dst, k = dst columns."""
-    cdef Py_ssize_t i, j, rows = dst.shape[0], k = dst.shape[1]
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * k > PARALLEL_MIN):
-        if beta == 0:
-            for j in range(k):
-                dst[i, j] = src[i, col + j]
-        else:
-            for j in range(k):
-                dst[i, j] = <real>(src[i, col + j] + beta * dst[i, j])
-
-
 # ---------------------------------------------------------------- costs (one value per row)
 
 cdef inline double _weight(real[::1] w, bint weighted, Py_ssize_t i) noexcept nogil:
@@ -510,45 +486,27 @@ def softmax_cross_entropy_backward(real[:, ::1] probs, const int[::1] labels, re
         dx[i, labels[i]] = <real>(dx[i, labels[i]] - g)
 
 
-# pair costs: a prediction x against a float target t of the same shape
-cdef enum:
-    SQUARE_ERROR = 0
-    BCE_WITH_LOGITS = 1
-
-
-cdef inline double _pair_term(int kind, double x, double t) noexcept nogil:
-    if kind == SQUARE_ERROR:
-        return (x - t) * (x - t)
-    # binary cross-entropy of sigmoid(x), overflow-free: max(x,0) - x t + log(1 + e^{-|x|})
-    return (x if x > 0 else 0.0) - x * t + log1p(exp(-fabs(x)))
-
-
-cdef inline double _pair_grad(int kind, double x, double t, bint wrt_target) noexcept nogil:
-    if kind == SQUARE_ERROR:
-        return -2 * (x - t) if wrt_target else 2 * (x - t)
-    return -x if wrt_target else _sigmoid(x) - t
-
-
-def pair_cost(int kind, real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
-    """cost[i] = w[i] * sum_j term(x[i, j], t[i, j]); term: (x-t)^2 or BCE with logits."""
+def square_error(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted, real[::1] cost):
+    """cost[i] = w[i] * sum_j (x[i, j] - t[i, j])^2."""
     cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
-    cdef double s
+    cdef double s, d
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
         s = 0
         for j in range(cols):
-            s = s + _pair_term(kind, x[i, j], t[i, j])
+            d = <double>x[i, j] - t[i, j]
+            s = s + d * d
         cost[i] = <real>(_weight(w, weighted, i) * s)
 
 
-def pair_cost_backward(int kind, real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
-                       real[::1] dcost, real[:, ::1] dout, bint wrt_target, double beta):
-    """dout = dcost[i] w[i] d term / d x (or d t) + beta * dout."""
+def square_error_backward(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weighted,
+                          real[::1] dcost, real[:, ::1] dout, bint wrt_target, double beta):
+    """dout = ±2 dcost[i] w[i] (x - t) + beta * dout (minus: the gradient of the target)."""
     cdef Py_ssize_t i, j, rows = x.shape[0], cols = x.shape[1]
     cdef double g, d
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * cols > PARALLEL_MIN):
-        g = dcost[i] * _weight(w, weighted, i)
+        g = (-2.0 if wrt_target else 2.0) * dcost[i] * _weight(w, weighted, i)
         for j in range(cols):
-            d = g * _pair_grad(kind, x[i, j], t[i, j], wrt_target)
+            d = g * (<double>x[i, j] - t[i, j])
             if beta == 0:
                 dout[i, j] = <real>d
             else:

@@ -4,8 +4,7 @@
  * channel and tap passes over it: per tap two loads of the input row, four broadcast weights,
  * eight fused multiply-adds (eight independent sums cover the FMA latency); the weights come
  * pre-packed in the order they are read [channel block][ci][kd][kh][kw][4]. Blocks of 4 channels
- * measured faster than 6 on 16 -> 32 channels (no empty lanes for the usual channel counts):
- * D forward 49.8 -> 41.5 ms. The caller pads the input (zeros around it, and a vector's
+ * leave no empty lanes for the usual channel counts (6 were slower). The caller pads the input (zeros around it, and a vector's
  * worth past each row end so the last tile's loads stay inside the row). Compiled for AVX2 + FMA
  * and the baseline (clones.h). */
 #ifndef LAMINA_DIRECT_CONV_H

@@ -26,13 +26,11 @@
 #define PANEL_MR 6
 /* Rows of a are taken in blocks of about this many bytes, every panel passing over one block
  * before the next: a block stays in the L2 cache while the panels stream through, where the
- * whole of a (512 rows of 256 floats: 512 KB, the size of this machine's L2) was read again
- * from L3 for every panel. */
+ * whole of a large a was read again from L3 for every panel. */
 #define PANEL_ROW_BYTES (128 * 1024)
 /* ...and the panels in runs of about this many bytes, every row block passing over one run
  * before the next: a run stays in the L2 cache with the row block, where a pack larger than the
- * cache was read again from L3 for every block of rows (2 threads: 64 x 8192 x 1024 14.9 ->
- * 5.8 ms, 1878 x 256 x 1024 6.5 -> 4.8 ms). */
+ * cache was read again from L3 for every block of rows. */
 #define PANEL_RUN_BYTES (256 * 1024)
 
 #define LAMINA_IMPL "panels_impl.h"

@@ -27,8 +27,8 @@ static void SUFFIXED(panel_pack)(const REAL *restrict b, long ldb, int trans, lo
 /* Start fetching a tile row of c (NR values: one 64-byte line) while its sums run. c is often
  * far out of cache: a recurrent step's gates were written by the input projection over all
  * steps long before, and a step's rows are visited a panel at a time. Waiting for those lines
- * at the store cost 15-18% (256 x 256 x 1024 into one of 64 MB of outputs in turn, one thread:
- * 77-79 against 92-94 GFLOP/s into a cached output). Write intent: the line is stored to. */
+ * at the store cost a sixth of the product's speed against a cached output. Write intent: the
+ * line is stored to. */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_prefetch)(const REAL *c) {
     __builtin_prefetch(c, 1, 3);
 }

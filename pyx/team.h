@@ -3,11 +3,10 @@
  * worker threads of this pool, and returns when every member has returned.
  *
  * Why not lamina.threads.split_work (Python workers) or an OpenMP parallel region: on a virtual
- * machine, waking a sleeping thread costs 50-70 us (its virtual CPU halts, and the host must start
- * it again), and a Python worker also waits for the GIL, which costs another wake. A split of two
- * 50 us kernel calls took 81-145 us through split_work, 101-125 us through an OpenMP region whose
- * workers sleep at once (OMP_WAIT_POLICY=PASSIVE, which lamina sets for OpenBLAS's sake), and
- * 51.3 us through workers that spin. So the workers here never touch the GIL, and after each job
+ * machine, waking a sleeping thread costs tens of microseconds (its virtual CPU halts, and the
+ * host must start it again), and a Python worker also waits for the GIL, which costs another
+ * wake; an OpenMP region whose workers sleep at once (OMP_WAIT_POLICY=PASSIVE, which lamina sets
+ * for OpenBLAS's sake) pays the wake too, where workers that spin do not. So the workers here never touch the GIL, and after each job
  * they watch for the next one for LAMINA_TEAM_SPIN seconds (lamina_team_set_spin) before they
  * sleep; while they watch they yield their CPU to any other thread that is ready to run on it, so
  * the spin costs the machine only idle time. lamina_team_rest() sends them to sleep at once (a
@@ -177,9 +176,8 @@ static void lamina_team_run(int threads, lamina_member member, void *job) {
 
 /* The next run of items [start, *end) of a batch of n shared by a team of nt: each member takes
  * runs from the counter `next` (start 0), each run 1 / (2·nt) of what is left, so a member that
- * starts late or runs slower takes fewer, and each takes neighbouring items (the ONNX CNN's
- * Winograd convolution, 64 samples on 2 threads: 1.79-1.86 ms with the threads alternating
- * samples, 1.52-1.57 ms in halves). start >= n: nothing is left. */
+ * starts late or runs slower takes fewer, and each takes neighbouring items (faster than
+ * alternating items: each thread's samples share cache lines). start >= n: nothing is left. */
 static inline long lamina_claim_run(long *next, long n, int nt, long *end) {
     long start = __atomic_load_n(next, __ATOMIC_RELAXED);
     while (start < n) {

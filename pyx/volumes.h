@@ -5,10 +5,9 @@
  * for stride 1, every other value for stride 2 (a transposed convolution's usual stride, whose
  * backward gathers the output gradient this way and whose forward scatters into its output).
  * Both are compiled for AVX2 + FMA (clones.h), and stride 2 moves two vectors at a time through a
- * shuffle instead of one value at a time (measured: these loops were 40% of a transposed
- * convolution's training step). A scatter with width stride 2 adds all the kw taps of a window
- * row in one read-add-write of the row (bench A forward, 1 thread: col2vol 7.2-7.7 ms before,
- * 4.8-5.6 ms after, against 10.3-10.7 ms in its GEMMs). */
+ * shuffle instead of one value at a time (one at a time, these loops were a large share of a
+ * transposed convolution's training step). A scatter with width stride 2 adds all the kw taps of
+ * a window row in one read-add-write of the row. */
 #ifndef LAMINA_VOLUMES_H
 #define LAMINA_VOLUMES_H
 

@@ -411,8 +411,8 @@ class Bindings:
 
     def release_buffer(self, vname):
         """Give up the buffer behind value `vname` (its holder keeps it; the next batch writes to
-        a new one): an output handed to the caller without a copy (copying the language model's
-        1878 x 4096 logits took 2.2-2.6 ms of a 47 ms run). False where the value has no buffer
+        a new one): an output handed to the caller without a copy (copying large logits is a
+        visible share of a run). False where the value has no buffer
         of this binding's (a fed input, a selected value: neither has a slot)."""
         slot = self._slot_of.get(("value", vname))
         if slot is None:

@@ -103,9 +103,9 @@ def free_threads():
 
 
 # A caller that has done its own run spins up to this long for its workers to finish before it
-# sleeps: waking a thread whose virtual CPU had halted took tens of microseconds on this project's
-# 2-core virtual machine (a 64 x 3136 x 128 GEMM split in two: 0.435 -> 0.336 ms; OpenBLAS's
-# own pool 0.33). The spin yields the CPU to any thread ready to run.
+# sleeps: on a virtual machine, waking a thread whose virtual CPU has halted costs tens of
+# microseconds, as much as a small piece of work. The spin yields the CPU to any thread ready to
+# run.
 CALLER_SPIN = 2e-3
 
 
@@ -167,10 +167,9 @@ os.register_at_fork(after_in_child=_forget_workers)
 
 def _place(workers):
     """Pin worker i to the i-th CPU after the caller's, when the process has a CPU for each thread.
-    A woken thread otherwise went where the kernel chose, and on this project's 2-core virtual
-    machine it chose the caller's own core after an idle spell (a vCPU whose host thread slept
-    counts as busy): the caller and the worker took turns on one core, and the CNN bench's
-    convolutions ran 2x slower (1.95 -> 3.96 ms) in the calls after each idle spell."""
+    A woken thread otherwise goes where the OS chooses, and on a small virtual machine that is
+    the caller's own core after an idle spell (a vCPU whose host thread slept counts as busy):
+    the caller and the worker then take turns on one core."""
     global _cpus
     if _cpus is None:
         _cpus = sorted(os.sched_getaffinity(os.getpid()))

@@ -308,7 +308,7 @@ def test_direct_input_gradient_adds_to_another_consumers(monkeypatch):
 
 def test_spin_until_sees_a_count_made_by_another_thread():
     import threading
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     counter = np.zeros(1, np.int64)
     assert not _kernels.spin_until(counter, 1, 1e-4)  # nothing counts: gives up after the time
     worker = threading.Thread(target=lambda: [_kernels.count_up(counter) for _ in range(3)])

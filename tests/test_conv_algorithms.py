@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lamina as lm
-from lamina import _kernels
+from lamina.backends.cpu import _kernels
 from lamina.backends.cpu import conv_algorithms as cpu_conv
 from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from lamina.testing import add_probe_cost, check_gradients, probe_feed

@@ -128,7 +128,7 @@ def test_panel_gemm_over_runs_of_panels_and_blocks_of_rows(dtype):
     """A deep product: panels.h takes rows in blocks (16 floats' or 8 doubles' rows of 2048) and
     panels in runs (2 of them), every block over one run before the next; 40 rows x 7 panels are
     several of each, the last of each partial; panels 1 .. 6 only touch their own columns."""
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     rng = rng_for("panel runs", dtype)
     m, k, n = 40, 2048, 100
     a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
@@ -153,7 +153,7 @@ def test_panel_gemm_on_a_team(dtype, threads, by_rows):
     """A team of threads shares the product by runs of panels or by blocks of 6-row tiles (members
     without a share included: 3 threads, 8 rows); the result is the one-thread product, with or
     without a bias, and columns outside panels p0 .. p1 stay untouched."""
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     rng = rng_for("panel team", dtype, threads, by_rows)
     k, n = 37, 70
     b = rng.standard_normal((k, n)).astype(dtype)
@@ -176,7 +176,7 @@ def test_panel_gemm_on_a_team(dtype, threads, by_rows):
 
 
 def test_panel_gemm_checks_its_arguments():
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     a, c = np.ones((4, 3), np.float32), np.zeros((4, 20), np.float32)
     packed = np.ones(_kernels.panel_count(20, 4) * 3 * 16, np.float32)
     _kernels.panel_gemm(a, packed, 20, c, 0.0)
@@ -591,7 +591,7 @@ def test_row_updates(backend, dtype, shape):
 
 def test_fast_tanh_accuracy():
     """The float32 tanh of the recurrent cells stays within 5e-7 of the true tanh everywhere."""
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     x = np.linspace(-20, 20, 400001).astype(np.float32)
     y = np.empty_like(x)
     _kernels.fast_tanh(x, y)
@@ -725,7 +725,7 @@ def test_a_compiled_team_runs_all_its_members_at_once():
     distinct CPUs where the process has one for each member, and again after its workers were
     sent to sleep; members beyond the CPUs still run (the system shares the CPUs)."""
     import os
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     cpus = len(os.sched_getaffinity(0))
     for threads in (1, 2, 3, 5):
         size, met, where = _kernels.team_roll_call(threads)
@@ -741,7 +741,7 @@ def test_a_compiled_team_runs_all_its_members_at_once():
 def test_the_fused_recurrence_takes_no_more_threads_than_its_batch_has_shares():
     """Asked for more threads than the batch has sequences (by rows), the fused recurrence runs on
     as many as it has, with the one-thread result: none waits for a member that has no share."""
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     rng = rng_for("team size")
     starts, H = np.array([0, 2, 3], np.int64), 32
     g0 = rng.standard_normal((3, 4 * H)).astype(np.float32)

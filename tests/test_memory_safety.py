@@ -298,7 +298,7 @@ def test_fuzzed_index_arguments(be):
 def test_index_ranges_are_found_in_one_pass():
     """check_index takes an int32 array's smallest and largest entries from one compiled pass
     (others go through numpy): both agree with numpy, and a bad entry is named either way."""
-    from lamina import _kernels
+    from lamina.backends.cpu import _kernels
     from lamina.backends.checks import check_index
     rng = np.random.default_rng(5)
     for n in (1, 2, 7, 1000):

@@ -5,6 +5,7 @@ need the source folder or are shown, not run (make, pip install .): CI runs thos
 documentation site builds with every link and API reference resolved (mkdocs --strict)."""
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,21 @@ def test_code_block_runs_from_an_empty_folder(index, tmp_path):
     command = [sys.executable, str(script)] if lang == "python" else ["bash", "-e", "-o", "pipefail", str(script)]
     env = {**os.environ, "LAMINA_THREADS": "2", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"{page.relative_to(ROOT)}, block {index}:\n{code}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    # its own process group: a block's background process (a server) ends with it, whatever happens
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += "\n(timed out after 300 s)"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, f"{page.relative_to(ROOT)}, block {index}:\n{code}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 def test_the_documentation_site_builds_strictly(tmp_path):

@@ -566,7 +566,7 @@ class Snapshot:
     """The composed pack (Backend.pack): a copy of b, and alpha and trans to multiply it with."""
 
     def __init__(self, b, trans, alpha):
-        self.b, self.trans, self.alpha = b, trans, alpha
+        self.b, self.trans, self.alpha, self.dtype = b, trans, alpha, b.dtype
         self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
 
 

@@ -21,9 +21,8 @@ import numpy as np
 from ..threads import free_threads, split_work
 
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
-# values) stays in cache between being written and being read by the GEMM. Measured on the bench's
-# transposed cases (2 threads, min of 18 calls, ms fwd+bwd): 2^18 A 27.3 C 13.6; 2^19 A 25.7 C 13.0;
-# 2^20 A 27.7 C 13.0; 2^21 A 34.1 C 13.9 (fewer, larger blocks until the block leaves the cache).
+# values) stays in cache between being written and being read by the GEMM: fewer, larger blocks
+# pay until a block leaves the cache.
 COL_BLOCK = 1 << 19
 
 
@@ -81,8 +80,7 @@ def over_samples(ctx, src, dst, beta, run):
     """run(x, y, accumulate, threads) for kernels that take a batch in one compiled call on a team
     of threads (the CPU's direct and Winograd), x and y volumes [n, C, D, H, W]; the members take
     runs of samples from a shared counter, so one that starts late or runs slower does fewer
-    (halves fixed in advance left the caller waiting for a woken worker: CNN bench conv 2.2 ms
-    busy, 4.4 ms after an idle spell). With beta 0 the kernel overwrites dst, with 1 it adds
+    (halves fixed in advance left the caller waiting for a worker woken late). With beta 0 the kernel overwrites dst, with 1 it adds
     to it; any other beta goes by way of a scratch output, then dst = beta·dst + scratch."""
     count = min(threads(ctx), free_threads())
     if beta in (0, 1):

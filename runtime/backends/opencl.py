@@ -26,9 +26,9 @@ KERNEL_DIR = Path(str(importlib.resources.files("lamina.opencl")))
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
 # device runs the panel kernels instead (below); its entry only builds the tiled kernel.
 TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}
-# CPU devices: RPW rows x (CV vectors of VW) columns of C per work-item over panels of op(B)
-# (measured on PoCL, 2 cores, n = 1024: 8 x 2 x 8 with panels 47-63 GFLOP/s; without panels
-# 31-37; 8 x 1 x 8 24-32; 12 x 2 x 8 22-35)
+# CPU devices: RPW rows x (CV vectors of VW) columns of C per work-item over panels of op(B),
+# the fastest of the shapes tried on PoCL (with panels against without, other row and vector
+# counts)
 RPW, VW, CV = 8, 8, 2
 LOCAL = 256  # work-group size of 1-D kernels
 
@@ -185,18 +185,6 @@ class OpenCLBackend(Backend):
                                  src_offset=src.offset, dst_offset=dst.offset)
 
     # -- products
-    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
-        """No packed format here: the 'pack' keeps op(B) and alpha, and packed_gemm is a GEMM."""
-        if b.ndim != 2 or 0 in b.shape:
-            raise ValueError(f"pack: b must be a non-empty 2-D array, found shape {b.shape}")
-        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
-        return _Packed(b, trans, alpha, k, n)
-
-    def packed_gemm(self, a, packed, c, beta=0.0):
-        if a.ndim != 2 or a.shape[1] != packed.k:
-            raise ValueError(f"packed_gemm: a must have {packed.k} columns, found shape {a.shape}")
-        self.gemm(a, packed.b, c, trans_b=packed.trans, alpha=packed.alpha, beta=beta)
-
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         for name, x in (("a", a), ("b", b), ("c", c)):
             if x.ndim != 2 or x.dtype != c.dtype:
@@ -289,16 +277,6 @@ class OpenCLBackend(Backend):
                   np.int32(width), np.int32(x.shape[0] if x.ndim else 1), partial, np.int32(n), self.cl.LocalMemory(LOCAL * x.dtype.itemsize),
                   local=(LOCAL,))
         return float(self.to_host(partial).astype(np.float64).sum())
-
-    def copy_to_columns(self, src, dst, col, beta=0.0):
-        self._run("elementwise", "copy_to_columns", dst.dtype, self._grid(*src.shape), src, dst,
-                  np.int32(dst.shape[1]), np.int32(col), dst.dtype.type(beta), np.int32(src.shape[0]),
-                  np.int32(src.shape[1]), local=(16, 16))
-
-    def copy_from_columns(self, src, col, dst, beta=0.0):
-        self._run("elementwise", "copy_from_columns", dst.dtype, self._grid(*dst.shape), src,
-                  np.int32(src.shape[1]), np.int32(col), dst, dst.dtype.type(beta),
-                  np.int32(dst.shape[0]), np.int32(dst.shape[1]), local=(16, 16))
 
     def gather_rows(self, src, index, dst, col=0):
         s2, d2 = _rows(src), _rows(dst)
@@ -730,13 +708,6 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), p, g,
                   s, buf if momentum else p, r(lr), r(alpha), r(eps), r(weight_decay),
                   r(momentum), np.int32(p.size))
-
-
-class _Packed:
-    """alpha · op(B) for packed_gemm (OpenCL keeps B as it is)."""
-
-    def __init__(self, b, trans, alpha, k, n):
-        self.b, self.trans, self.alpha, self.k, self.n, self.dtype = b, trans, alpha, k, n, b.dtype
 
 
 def _rows(a):

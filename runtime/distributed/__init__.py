@@ -73,8 +73,7 @@ class World:
         """Print `message` (naming this rank) and end every rank of the job."""
         print(f"lamina rank {self.rank}/{self.size}: {message}", file=sys.stderr, flush=True)
         # the launcher forwards a rank's output from a pipe, and tears the job down as soon as
-        # the abort reaches it: measured with mpich's hydra, the message was lost 1 time in 3
-        # without this pause
+        # the abort reaches it (MPICH's hydra does): without this pause the message can be lost
         time.sleep(ABORT_GRACE)
         self.comm.Abort(code)
 

@@ -36,8 +36,8 @@ from .base import Layer, register, require_float, uniform
 
 # input projections of at most this many rows (a lone request's steps) use the packed W_ih, as
 # the recurrent products use W_hh: a general GEMM copies (packs) its whole right-hand operand at
-# every call, which for one row of a 256-wide LSTM cost 4x the product (measured: packed faster
-# up to 256 rows, slower from 512)
+# every call, which for a few rows costs more than the product itself; from a few hundred rows
+# the general GEMM is faster again
 PACKED_INPUT_ROWS = 256
 
 

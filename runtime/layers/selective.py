@@ -21,10 +21,10 @@ from .base import Layer, common_rows, register
 from .dense import Linear
 
 # A per-row selection with more entries than this fraction of the full product (rows x out)
-# runs on the dense path. Measured on this machine (`python -m bench selective --only crossover`,
-# 2 threads, batch 128, 512 -> 50 000): fwd+bwd sparse/dense time 0.085 at density 0.005, 0.28
-# at 0.04, 0.59 at 0.08, 1.2 at 0.16; the sparse path streams the selected rows of W at memory
-# speed, so it stays ahead up to about 0.14 (Paddle's legacy layer switched at 0.02).
+# runs on the dense path: the sparse path streams the selected rows of W at memory speed, the
+# dense one runs the full GEMM at the compute peak, and they cross near this density
+# (`python -m bench selective --only crossover` measures it; Paddle's legacy layer switched at
+# 0.02).
 DENSE_RATIO = 0.14
 # a shared selection runs as a GEMM over gathered rows of W; the full GEMM only pays when nearly
 # every column is selected

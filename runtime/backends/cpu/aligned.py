@@ -1,9 +1,8 @@
 """Arrays that start on a cache line, for the CPU kernels' operands and scratch.
 
 numpy aligns its allocations to 16 bytes only, so a 32-byte vector of the kernels crossed a cache
-line at every other load or store, as chance had it: bench conv D's forward (Winograd) took
-24-26 ms or 30-40 ms in the same process by what had been allocated before it, from one run of
-the bench to the next. Every array the CPU backend allocates for its kernels, and every packed
+line at every other load or store, as chance had it: a convolution's time then depended on what
+had been allocated before it. Every array the CPU backend allocates for its kernels, and every packed
 weight they stream, is made here.
 """
 import math

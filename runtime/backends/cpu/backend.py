@@ -16,9 +16,6 @@ from . import conv_algorithms, fused_recurrence
 from .aligned import aligned_empty
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
-# pair-cost codes of the compiled kernels, and the names errors use
-SQUARE_ERROR, BCE_WITH_LOGITS = 0, 1
-_PAIR_COSTS = {SQUARE_ERROR: "square_error", BCE_WITH_LOGITS: "bce_with_logits"}
 
 
 def check_array(where, name, a, dtype=None, shape=None, ndim=None):
@@ -94,11 +91,10 @@ class PackedMatrix:
 # An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in waking the
 # other thread than it saves)
 GEMM_SPLIT_MIN = 1 << 21
-# A panel-packed product of fewer multiply-adds runs on one thread (64 x 256 x 64: 0.028 ms
-# unsplit); a larger one is split by runs of panels (each thread reads its part of the pack:
-# 64 x 3136 x 128, whose pack outgrows a core's L2, 0.27 ms against 0.30 by rows), or by blocks
-# of rows when each thread gets at least PANEL_ROW_SPLIT rows (1878 x 128 x 1024: 2.40-2.51 ms
-# against 2.64-2.68 by panels).
+# A panel-packed product of fewer multiply-adds runs on one thread (waking another costs more
+# than it saves); a larger one is split by runs of panels (each thread reads only its part of a
+# pack that outgrows a core's L2), or by blocks of rows when each thread gets at least
+# PANEL_ROW_SPLIT rows (then each reads the whole pack once for many rows).
 PANEL_SPLIT_MIN = 1 << 21
 PANEL_ROW_SPLIT = 256
 # At inference a Linear's product runs from its weight's panels, against OpenBLAS on the weight
@@ -162,8 +158,7 @@ class CPUBackend(HostStatistics, Backend):
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not
-        in a pass over all of c afterwards (the language model's 1878 x 4096 logits: 1.5-1.9 ms ->
-        0.6 ms over the product)."""
+        in a pass over all of c afterwards, which reads and writes c once more from memory."""
         self._gemm(a, b, c, trans_a, trans_b, 1.0, 0.0, bias)
 
     def _gemm(self, a, b, c, trans_a, trans_b, alpha, beta, bias):
@@ -308,22 +303,6 @@ class CPUBackend(HostStatistics, Backend):
         check_array("sum_squares", "rows", rows, dtype=np.int32, ndim=1)
         check_index("sum_squares", "rows", rows, x.shape[0])
         return float(K.sum_squares_rows(_rows(x), rows))
-
-    def copy_to_columns(self, src, dst, col, beta=0.0):
-        _float("copy_to_columns", "src", src, ndim=2)
-        check_array("copy_to_columns", "dst", dst, dtype=src.dtype, ndim=2)
-        if dst.shape[0] != src.shape[0] or not 0 <= col <= dst.shape[1] - src.shape[1]:
-            raise ValueError(f"copy_to_columns: src {src.shape} does not fit into dst {dst.shape} "
-                             f"at column {col}")
-        K.copy_to_columns(src, dst, col, beta)
-
-    def copy_from_columns(self, src, col, dst, beta=0.0):
-        _float("copy_from_columns", "src", src, ndim=2)
-        check_array("copy_from_columns", "dst", dst, dtype=src.dtype, ndim=2)
-        if dst.shape[0] != src.shape[0] or not 0 <= col <= src.shape[1] - dst.shape[1]:
-            raise ValueError(f"copy_from_columns: dst {dst.shape} does not fit into src {src.shape} "
-                             f"at column {col}")
-        K.copy_from_columns(src, col, dst, beta)
 
     def gather_rows(self, src, index, dst, col=0):
         src2 = _rows(_float("gather_rows", "src", src))
@@ -688,29 +667,15 @@ class CPUBackend(HostStatistics, Backend):
         _same("softmax_cross_entropy_backward", "probs", probs, dx=dx)
         K.softmax_cross_entropy_backward(p2, labels, w, weighted, dcost, _rows(dx), beta)
 
-    def _pair_cost(self, kind, x, t, w, cost):
-        where = _PAIR_COSTS[kind]
-        x2, w, weighted = self._cost_args(where, x, w, cost)
-        _same(where, "x", x, t=t)
-        K.pair_cost(kind, x2, _rows(t), w, weighted, cost)
-
-    def _pair_cost_backward(self, kind, x, t, w, dcost, dout, wrt_target, beta):
-        where = _PAIR_COSTS[kind] + "_backward"
-        x2, w, weighted = self._cost_args(where, x, w, dcost)
-        _same(where, "x", x, t=t, dout=dout)
-        K.pair_cost_backward(kind, x2, _rows(t), w, weighted, dcost, _rows(dout), wrt_target, beta)
-
     def square_error(self, x, t, w, cost):
-        self._pair_cost(SQUARE_ERROR, x, t, w, cost)
+        x2, w, weighted = self._cost_args("square_error", x, w, cost)
+        _same("square_error", "x", x, t=t)
+        K.square_error(x2, _rows(t), w, weighted, cost)
 
     def square_error_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
-        self._pair_cost_backward(SQUARE_ERROR, x, t, w, dcost, dout, wrt_target, beta)
-
-    def bce_with_logits(self, x, t, w, cost):
-        self._pair_cost(BCE_WITH_LOGITS, x, t, w, cost)
-
-    def bce_with_logits_backward(self, x, t, w, dcost, dout, wrt_target=False, beta=0.0):
-        self._pair_cost_backward(BCE_WITH_LOGITS, x, t, w, dcost, dout, wrt_target, beta)
+        x2, w, weighted = self._cost_args("square_error_backward", x, w, dcost)
+        _same("square_error_backward", "x", x, t=t, dout=dout)
+        K.square_error_backward(x2, _rows(t), w, weighted, dcost, _rows(dout), wrt_target, beta)
 
     # -- optimizer updates
     def sgd_update(self, p, g, v, lr, momentum, dampening, nesterov, weight_decay):

@@ -1,8 +1,7 @@
 """The GEMM providers behind the CPU backend: MKL and OpenBLAS (scipy-openblas32).
 
-MKL is not the fastest BLAS everywhere: on AMD EPYC its sgemm runs at 0.5-0.95 of OpenBLAS's at
-2 threads (measured on this project's AMD EPYC development machine). The provider is chosen from the CPU vendor (MKL on Intel, OpenBLAS
-elsewhere) and forced with LAMINA_BLAS=mkl|openblas. Packed GEMM is MKL's alone and is available
+MKL is not the fastest BLAS everywhere: on AMD processors its sgemm runs behind OpenBLAS's. The
+provider is chosen from the CPU vendor (MKL on Intel, OpenBLAS elsewhere) and forced with LAMINA_BLAS=mkl|openblas. Packed GEMM is MKL's alone and is available
 whichever provider does plain GEMM.
 
 OpenBLAS is always built. MKL is built where the build environment has mkl-devel (MKL has no

@@ -61,16 +61,13 @@ def candidates(geom):
     return found + ["columns"]
 
 
-# The rule, from measurements on the bench's shapes (2 threads, ms, one run each; the machine's
-# speed drifts, the ratios hold): Winograd wherever it applies with at least WINOGRAD_MIN_CHANNELS
-# channels in and out (D forward: Winograd 72.9, direct 120.3, depth taps 106.3, columns 125.9;
-# the 2-D CNN's 32 -> 64 at 14x14: 6.2, 11.0, -, 9.1; but 1 -> 32 at 28x28: 7.6, 4.3, -, 6.5, a
-# single input channel padded to a vector of eight); then the direct kernel, depth taps, depth to
-# space, columns. A width stride runs as columns (E forward: width phases 70.6, columns 53.0); a
-# transposed kernel equal to its stride as depth to space (F forward: 6.8 against 7.6-9.1). A
-# strided transposed convolution runs as sub-pixel phases when it has groups, whose GEMMs are
-# small (B forward, 4 groups: sub-pixel 7.9, columns 12.4), else as columns, whose one GEMM runs
-# at the sgemm peak where the direct kernel does not (A: 21.7 against 17.6; C: 11.6 against 8.6).
+# The rule, from `python -m bench conv` on the bench's shapes: Winograd wherever it applies with
+# at least WINOGRAD_MIN_CHANNELS channels in and out (fewer, and its vectors of channels are
+# mostly padding: a single input channel is padded to a vector of eight); then the direct kernel,
+# depth taps, depth to space, columns. A width stride runs as columns (the width phases lose to
+# one large GEMM); a transposed kernel equal to its stride as depth to space. A strided
+# transposed convolution runs as sub-pixel phases when it has groups, whose GEMMs are small, else
+# as columns, whose one GEMM runs at the sgemm peak where the direct kernel does not.
 WINOGRAD_MIN_CHANNELS = 8
 _RULE = ("winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
@@ -209,8 +206,7 @@ def _no_overlap(geom):
 def _forward_depth_to_space(geom, weight, ctx, bias=None, relu=False):
     """One GEMM per block of input positions into the column matrix, whose rows then land in the
     output once each (depth_to_space) with the bias and ReLU, instead of being added into a zeroed
-    output that a bias pass then reads and writes again (F forward: the bias pass was 0.8 of 5.0
-    ms)."""
+    output that a bias pass then reads and writes again."""
     columns.transposed_forward(geom, weight, ctx, place=lambda col, y, geometry, rows: _kernels.depth_to_space(
         col, y, *geometry[1], *rows, bias, relu))
 

@@ -2,7 +2,7 @@
 a 2-D column matrix. With stride 1 the depth taps only shift which input depth slices an output
 slice reads, and each slice's columns are one contiguous block, so the column matrix needs only
 the kh·kw taps of every input slice: kd times less data to build than the full 3-D column
-matrix (measured 2.4x faster forward on 16->32 channels, 32^3, kernel 3)."""
+matrix."""
 import numpy as np
 
 from .. import columns

@@ -6,11 +6,9 @@ step's GEMM and a cell pass on one thread.
 The threads share the batch by sequences (each runs its own sequences start to end, never
 waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
 share it by blocks of hidden units, a barrier per step, where the hidden size is whole panels of
-64 bytes and the batch has at least UNITS_MIN_STEPS steps; else it runs on one thread. FUSED_SHARE forces one way. By sequences was faster
-wherever both apply (2 threads, sequences of 10..50 steps, medians, both ways in turn in one
-process): the ONNX bench's LSTM language model 54.3 -> 52.5 ms (faster in 10 of 12 pairs), its
-GRU classifier 23.5 -> 21.5 (9 of 12), LSTM 256 inference on 512 sequences 103.8 -> 101.3,
-training 299.5 -> 282.8, LSTM 512 on 64 sequences 57.7 -> 52.5; even on 8 sequences.
+64 bytes and the batch has at least UNITS_MIN_STEPS steps; else it runs on one thread.
+FUSED_SHARE forces one way. By sequences needs no barrier and was faster wherever both apply,
+even on 8 sequences.
 """
 
 from . import _kernels
@@ -22,17 +20,13 @@ FUSED_CELLS = {"rnn_tanh": 0, "rnn_relu": 1, "lstm": 2, "gru": 3}
 # one thread (a barrier per step costs more than it saves on small layers)...
 FUSED_PARALLEL_MIN = 1 << 24
 # ...unless W_hh takes at least this many bytes: then every step streams it from L3 on one
-# thread, and split by units each thread's share stays in its core's L2 from step to step.
-# Measured on lone LSTM sequences of 10..50 steps, 2 threads against 1: hidden 256 (1 MB)
-# 78 -> 58 ms, 512 (4 MB) 146 -> 138, 128 (256 KB) even, 64 (64 KB) 22 -> 25 (the barriers)
+# thread, and split by units each thread's share stays in its core's L2 from step to step
+# (smaller weights stay in one core's L2 anyway, and the barriers make the split slower)
 FUSED_PARALLEL_WEIGHT = 512 * 1024
 ROWS_PER_THREAD = 4
-# Shared by units, a batch of fewer steps than this runs on one thread: each step saves about
-# 6 us, and starting the team costs about 1 us while its worker still watches for work (team.h),
-# about 50 us once it sleeps (requests more than 1 ms apart). A lone LSTM 256 sequence, 2 threads
-# against 1, alternating in one process, us: back to back, 4 steps 175 / 191, 6 211 / 235,
-# 8 252 / 284, 10 357 / 392; each team started asleep, 4 steps 268 / 243, 6 270 / 258,
-# 8 244 / 281, 10 223 / 280, 12 236 / 308
+# Shared by units, a batch of fewer steps than this runs on one thread: each step saves a few
+# microseconds, and starting a team whose workers have gone to sleep (team.h) costs as much as
+# several steps save
 UNITS_MIN_STEPS = 8
 FUSED_SHARE = "auto"  # or "rows", "units"
 
