@@ -36,7 +36,7 @@ def test_set_num_threads_reaches_every_runtime():
 
 
 def test_lamina_threads_environment_variable():
-    code = ("import lamina, lamina._kernels as k; from lamina.backends.cpu.blas import mkl; "
+    code = ("import lamina, lamina.backends.cpu._kernels as k; from lamina.backends.cpu.blas import mkl; "
             "print(lamina.get_num_threads(), k.get_num_threads(), (mkl() or k).get_num_threads())")
     assert run_python(code, LAMINA_THREADS="1")[1] == "1 1 1"
     # a bad value does not break `import lamina` (the command reports it in one line); the first

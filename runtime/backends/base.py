@@ -23,8 +23,11 @@ Two kinds of method:
 Composed operations take their temporary arrays from `Backend.scratch`: one buffer per name and
 thread, grown to the largest size asked for, so they allocate only while sizes grow.
 """
+from __future__ import annotations
+
 import threading
 from abc import ABC, abstractmethod
+from typing import Any, Callable
 
 import numpy as np
 
@@ -463,7 +466,7 @@ class Backend(ABC):
         self._spread_rows(self._row_factor(1.0, dcost, w), d, dout.reshape(x2.shape), beta)
 
     # -- the pieces composed operations share
-    def scratch(self, name, shape, dtype):
+    def scratch(self, name: object, shape: tuple, dtype: Any) -> Any:
         """A temporary array of `shape` for a composed operation: a view of this thread's buffer
         `name`, grown (never shrunk) to the largest size asked for. Its values are garbage."""
         buffers = self.__dict__.get("_scratch")
@@ -475,18 +478,18 @@ class Backend(ABC):
             held = buffers.__dict__[(name, dtype)] = self.empty((max(size, 1),), dtype)
         return held[:size].reshape(shape)
 
-    def _constant(self, key, build):
+    def _constant(self, key: tuple, build: Callable[[], np.ndarray]) -> Any:
         """A small device array built once per key (from a host array) and kept."""
         kept = self.__dict__.setdefault("_constants", {})
         if key not in kept:
             kept[key] = self.from_host(build())
         return kept[key]
 
-    def arange(self, n):
+    def arange(self, n: int) -> Any:
         """0, 1, .., n - 1 (int32) as this backend's array: the row index of every row."""
         return self._constant(("arange", n), lambda: np.arange(n, dtype=np.int32))
 
-    def ones(self, n, dtype):
+    def ones(self, n: int, dtype: Any) -> Any:
         return self._constant(("ones", n, np.dtype(dtype)), lambda: np.ones(n, dtype))
 
     def _row_sums(self, x2, out):
@@ -522,7 +525,7 @@ class Backend(ABC):
         self.axpby(-1.0, t.reshape(x2.shape), 1.0, d)
         return d
 
-    def _rows_of(self, rows, **arrays):
+    def _rows_of(self, rows: Any, **arrays: Any) -> _GatheredRows:
         """A context whose value maps each name to a scratch copy of arrays[name][rows]; on exit
         every array but the gradient 'g' gets its rows back."""
         return _GatheredRows(self, rows, arrays)
@@ -565,7 +568,7 @@ class HostStatistics:
 class Snapshot:
     """The composed pack (Backend.pack): a copy of b, and alpha and trans to multiply it with."""
 
-    def __init__(self, b, trans, alpha):
+    def __init__(self, b: Any, trans: bool, alpha: float) -> None:
         self.b, self.trans, self.alpha, self.dtype = b, trans, alpha, b.dtype
         self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
 
