@@ -57,6 +57,17 @@ __kernel void multiply(ARG(const REAL, a), ARG(const REAL, b), ARG(REAL, out), c
     if (i < n) out[i] = WITH_BETA(out[i], a[i] * b[i], beta);
 }
 
+/* y = x rounded to the nearest bfloat16 value (ties to even), float32 only; NaN stays NaN */
+__kernel void round_to_bfloat16(__global const uint *x, const int x_offset, __global uint *y, const int y_offset,
+                                const int n)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const uint u = x[x_offset + i];
+    y[y_offset + i] = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u
+                                                      : ((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
 __kernel void add_bias(ARG(REAL, y), ARG(const REAL, b), const int rows, const int cols)
 {
     AT(REAL, y);

@@ -439,6 +439,30 @@ def multiply(real[::1] a, real[::1] b, real[::1] out, double beta):
             out[i] = <real>(a[i] * b[i] + beta * out[i])
 
 
+cdef inline unsigned int _bf16_bits(float x) noexcept nogil:
+    """The bfloat16 nearest to x (ties to even) as its 16 bits; a NaN stays a (quiet) NaN."""
+    cdef unsigned int u = (<unsigned int*>&x)[0]
+    if (u & 0x7fffffff) > 0x7f800000:
+        return (u >> 16) | 0x40
+    return (u + 0x7fff + ((u >> 16) & 1)) >> 16
+
+
+def to_bfloat16(const float[::1] x, unsigned short[::1] out):
+    """out = the bfloat16 bits of x, rounded to nearest (ties to even)."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        out[i] = <unsigned short>_bf16_bits(x[i])
+
+
+def round_bfloat16(const float[::1] x, float[::1] out):
+    """out = x rounded to the nearest bfloat16 value (ties to even), as float32."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    cdef unsigned int bits
+    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        bits = _bf16_bits(x[i]) << 16
+        out[i] = (<float*>&bits)[0]
+
+
 def sum_squares(real[::1] x):
     """sum(x * x), accumulated in double."""
     cdef Py_ssize_t i, n = x.shape[0]

@@ -45,6 +45,13 @@ cdef extern from "mkl.h" nogil:
     void cblas_dgemm_compute(CBLAS_LAYOUT, int transa, int transb, int m, int n, int k,
                              const double* a, int lda, const double* b, int ldb,
                              double beta, double* c, int ldc)
+    # bfloat16 operands (MKL_BF16: the upper 16 bits of a float32), float32 accumulation
+    size_t cblas_gemm_bf16bf16f32_pack_get_size(CBLAS_IDENTIFIER, int m, int n, int k)
+    void cblas_gemm_bf16bf16f32_pack(CBLAS_LAYOUT, CBLAS_IDENTIFIER, CBLAS_TRANSPOSE, int m, int n, int k,
+                                     const unsigned short* src, int ld, unsigned short* dest)
+    void cblas_gemm_bf16bf16f32_compute(CBLAS_LAYOUT, int transa, int transb, int m, int n, int k,
+                                        float alpha, const unsigned short* a, int lda, const unsigned short* b,
+                                        int ldb, float beta, float* c, int ldc)
 
 # Must run before the first MKL call: MKL then threads with gcc's libgomp, the same OpenMP
 # runtime as the Cython kernels, so the two never oversubscribe the cores.
@@ -87,6 +94,8 @@ cdef class PackedB:
 
     @property
     def nbytes(self):
+        if self.itemsize == 2:
+            return cblas_gemm_bf16bf16f32_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
         if self.itemsize == 4:
             return cblas_sgemm_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
         return cblas_dgemm_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
@@ -129,3 +138,31 @@ def packed_gemm(real[:, ::1] a, PackedB p, real[:, ::1] c, double beta):
         else:
             cblas_dgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k,
                                 &a[0, 0], a.shape[1], <double*>p.buf, p.n, beta, &c[0, 0], p.n)
+
+
+def pack_b_bf16(const unsigned short[:, ::1] b, bint trans, double alpha, int max_m):
+    """Pack op(b) (bfloat16 bits, shape k×n) for bfloat16 products with up to max_m rows on the
+    left; alpha multiplies at compute time (MKL's bfloat16 pack takes none)."""
+    cdef PackedB p = PackedB()
+    cdef int k = b.shape[1] if trans else b.shape[0]
+    cdef int n = b.shape[0] if trans else b.shape[1]
+    cdef size_t size
+    p.k, p.n, p.trans, p.alpha, p.max_m, p.itemsize = k, n, trans, alpha, max(max_m, 1), 2
+    size = cblas_gemm_bf16bf16f32_pack_get_size(CblasBMatrix, p.max_m, n, k)
+    p.buf = mkl_malloc(size, 64)
+    if p.buf == NULL:
+        raise MemoryError(f"mkl_malloc could not allocate {size} bytes for a packed matrix")
+    with nogil:
+        cblas_gemm_bf16bf16f32_pack(CblasRowMajor, CblasBMatrix, <CBLAS_TRANSPOSE>_t(trans), p.max_m, n, k,
+                                    &b[0, 0], b.shape[1], <unsigned short*>p.buf)
+    return p
+
+
+def packed_gemm_bf16(const unsigned short[:, ::1] a, PackedB p, float[:, ::1] c, float beta):
+    """c = alpha · a @ op(B) + beta · c, a and B bfloat16 (B packed by pack_b_bf16), c float32."""
+    cdef int m = a.shape[0]
+    if m == 0:
+        return
+    with nogil:
+        cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k, <float>p.alpha,
+                                       &a[0, 0], a.shape[1], <unsigned short*>p.buf, p.n, beta, &c[0, 0], p.n)

@@ -127,6 +127,8 @@ class Network:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"Network: dtype must be float32 or float64, found {self.dtype}")
+        # how inference multiplies by the weights (lamina.precision); training multiplies in dtype
+        self.precision = "float32"
         if backend is None:  # the CPU's, resolved here: the graph module imports no backend
             from .backends import get_backend
             backend = get_backend("cpu")
@@ -307,9 +309,20 @@ class Network:
         return self
 
     def astype(self, dtype: Any) -> Network:
-        """Convert every parameter to dtype (float64 for gradient checks); inputs follow."""
+        """Convert every parameter to dtype (float64 for gradient checks; inputs follow), or, with
+        'bfloat16', make inference multiply by the weights in bfloat16 (lamina.precision): the
+        weights stay float32 (training still multiplies in float32), their bfloat16 packs are
+        made when first used."""
+        if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
+            with self._lock.write():
+                if self.dtype != np.float32:
+                    raise ValueError(f"astype('bfloat16'): the network must be float32, found {self.dtype}")
+                self.precision = "bfloat16"
+                self._invalidate()
+            return self
         with self._lock.write():
             self.dtype = np.dtype(dtype)
+            self.precision = "float32"
             for p in self.parameters():
                 p.astype(self.dtype)
             self._invalidate()

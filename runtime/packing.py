@@ -15,8 +15,8 @@ from .threads import get_num_threads
 class PackedWeight:
     """alpha * op(param) packed for `backend.packed_gemm`, rebuilt whenever it would be stale."""
 
-    def __init__(self, param, trans=False, alpha=1.0):
-        self.param, self.trans, self.alpha = param, trans, alpha
+    def __init__(self, param, trans=False, alpha=1.0, precision="float32"):
+        self.param, self.trans, self.alpha, self.precision = param, trans, alpha, precision
         self._packed = None
         self._key = None
         self._lock = threading.Lock()
@@ -31,7 +31,7 @@ class PackedWeight:
             packed = self._packed
             if packed is None or key != self._key or rows > packed.max_rows:
                 max_rows = max(rows, packed.max_rows if packed is not None and key == self._key else 0)
-                packed = backend.pack(buffer, self.trans, self.alpha, max_rows)
+                packed = backend.pack(buffer, self.trans, self.alpha, max_rows, self.precision)
                 self._packed, self._key = packed, key
                 self.repacks += 1
         return packed

@@ -62,12 +62,15 @@ class GradTarget:
 class Context:
     """What a layer's forward and backward see for one node: arrays, gradients, workspaces."""
 
-    __slots__ = ("node", "layer", "be", "bindings", "training", "activation", "pool", "_in", "_out", "_in_grads")
+    __slots__ = ("node", "layer", "be", "bindings", "training", "precision", "activation", "pool", "_in", "_out",
+                 "_in_grads")
 
     def __init__(self, node, bindings, in_grads):
         self.node, self.layer, self.bindings = node, node.layer, bindings
         self.be = bindings.backend
         self.training = bindings.plan.training
+        # how this run multiplies by the weights (lamina.precision): the network's at inference
+        self.precision = "float32" if self.training else bindings.network.precision
         # (kind, slope) of an activation this node's forward applies to its output (fused from
         # the Activation node that follows it), or None
         self.activation = bindings.plan.fused.get(node.name)

@@ -9,8 +9,8 @@ function-level ones too), so a change that makes the core depend on a backend fa
         |              their only way to a backend, asked at run time
     contract      backends/base, geometry, columns, stepwise, checks
         |
-    foundation    errors, types, extras, random, rwlock, processor, sequence, selection, threads,
-                  packing, parameter
+    foundation    errors, types, extras, random, rwlock, processor, precision, sequence, selection,
+                  threads, packing, parameter
 
 A module imports from its own level and the levels below it; nothing below the backends imports
 a backend or a compiled module."""
@@ -20,8 +20,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "runtime"
-FOUNDATION = {"errors", "types", "extras", "random", "rwlock", "processor", "sequence", "selection", "threads",
-              "packing", "parameter"}
+FOUNDATION = {"errors", "types", "extras", "random", "rwlock", "processor", "precision", "sequence", "selection",
+              "threads", "packing", "parameter"}
 CONTRACT = {"backends.base", "backends.geometry", "backends.columns", "backends.stepwise", "backends.checks"}
 MODEL = {"graph", "scheduler", "optim", "layers"}
 BACKENDS = {"backends.cpu", "backends.opencl", "backends.opencl_array", "backends.reference"}

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import columns, stepwise
+from ..precision import check_precision
 
 # position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
 # slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
@@ -93,19 +94,28 @@ class Backend(ABC):
         self.gemm(a, b, c, trans_a, trans_b)
         self.add_bias(c, bias)
 
-    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
-        """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values. Here a copy
-        of b with alpha and trans beside it, and packed_gemm is one GEMM."""
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
+        """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values. With
+        precision 'bfloat16' the products from it multiply in bfloat16 (lamina.precision). Here a
+        copy of b (rounded to bfloat16 for that precision) with alpha and trans beside it, and
+        packed_gemm is one GEMM (of a rounded to bfloat16 for that precision)."""
+        check_precision(precision, "pack")
         if b.ndim != 2 or 0 in b.shape:
             raise ValueError(f"pack: b must be a non-empty 2-D array, found shape {b.shape}")
         snapshot = self.empty(b.shape, b.dtype)
         self.copy(b, snapshot)
-        return Snapshot(snapshot, trans, alpha)
+        if precision == "bfloat16":
+            self.round_to_bfloat16(snapshot, snapshot)
+        return Snapshot(snapshot, trans, alpha, precision)
 
     def packed_gemm(self, a, packed, c, beta=0.0):
         """c = a @ packed + beta * c."""
         if a.ndim != 2 or a.shape[1] != packed.k:
             raise ValueError(f"packed_gemm: a must have {packed.k} columns, found shape {a.shape}")
+        if packed.precision == "bfloat16":
+            rounded = self.scratch("packed_gemm bfloat16", a.shape, a.dtype)
+            self.round_to_bfloat16(a, rounded)
+            a = rounded
         self.gemm(a, packed.b, c, trans_b=packed.trans, alpha=packed.alpha, beta=beta)
 
     def packed_gemm_bias(self, a, packed, c, bias):
@@ -143,6 +153,11 @@ class Backend(ABC):
     @abstractmethod
     def multiply(self, a, b, out, beta=0.0):
         """out = a * b (with beta), element-wise."""
+
+    @abstractmethod
+    def round_to_bfloat16(self, x, y):
+        """y = x rounded to the nearest bfloat16 value (ties to even; NaN stays NaN), in x's
+        float32 type (y may be x)."""
 
     @abstractmethod
     def sum_squares(self, x, rows=None):
@@ -568,8 +583,8 @@ class HostStatistics:
 class Snapshot:
     """The composed pack (Backend.pack): a copy of b, and alpha and trans to multiply it with."""
 
-    def __init__(self, b: Any, trans: bool, alpha: float) -> None:
-        self.b, self.trans, self.alpha, self.dtype = b, trans, alpha, b.dtype
+    def __init__(self, b: Any, trans: bool, alpha: float, precision: str = "float32") -> None:
+        self.b, self.trans, self.alpha, self.dtype, self.precision = b, trans, alpha, b.dtype, precision
         self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
 
 

@@ -267,6 +267,13 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "multiply", out.dtype, self._global(out.size), a, b,
                   out, out.dtype.type(beta), np.int32(out.size))
 
+    def round_to_bfloat16(self, x, y):
+        if x.dtype != np.float32 or y.dtype != np.float32 or x.shape != y.shape:
+            raise TypeError(f"round_to_bfloat16: x and y must be float32 of one shape, found {x.dtype} {x.shape} "
+                            f"and {y.dtype} {y.shape}")
+        self._run("elementwise", "round_to_bfloat16", x.dtype, self._global(x.size), x.base_data,
+                  np.int32(x.offset // 4), y.base_data, np.int32(y.offset // 4), np.int32(x.size))
+
     def sum_squares(self, x, rows=None):
         width = x.size // x.shape[0] if x.ndim else 1
         n = x.size if rows is None else len(rows) * width

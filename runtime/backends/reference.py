@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from .base import Backend, check_activation, HostStatistics
+from ..precision import check_precision, round_bfloat16
 from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
 
@@ -78,6 +79,13 @@ def _w(w, rows, dtype):
     return np.ones(rows, dtype) if w is None else w
 
 
+class _BFloat16Pack:
+    """op(b) rounded to bfloat16 (float32 values) and alpha: products from it round a too."""
+
+    def __init__(self, b, alpha):
+        self.b, self.alpha, self.precision = b.astype(np.float64), alpha, "bfloat16"
+
+
 class ReferenceBackend(HostStatistics, Backend):
     name = "reference"
     host_arrays = True
@@ -100,11 +108,22 @@ class ReferenceBackend(HostStatistics, Backend):
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         _with_beta(c, alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b)), beta)
 
-    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
-        return alpha * (b.T if trans else b).copy()
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
+        op = (b.T if trans else b).copy()
+        if check_precision(precision, "pack") == "bfloat16":
+            return _BFloat16Pack(round_bfloat16(op), alpha)
+        return alpha * op
 
     def packed_gemm(self, a, packed, c, beta=0.0):
+        if isinstance(packed, _BFloat16Pack):
+            _with_beta(c, packed.alpha * (round_bfloat16(a).astype(np.float64) @ packed.b), beta)
+            return
         _with_beta(c, a @ packed, beta)
+
+    def round_to_bfloat16(self, x, y):
+        if x.dtype != np.float32:
+            raise TypeError(f"round_to_bfloat16: x must be float32, found {x.dtype}")
+        y[...] = round_bfloat16(x)
 
     def add_bias(self, y, b):
         y += b

@@ -40,6 +40,7 @@ from safetensors.numpy import save as st_save
 from ..errors import ModelFileError, NonFiniteModelError
 from ..graph import Network
 from ..layers.base import REGISTRY, parameters_from_file
+from ..precision import PRECISIONS
 from ..types import PathLike
 
 FORMAT = "lamina"
@@ -78,6 +79,8 @@ def describe_graph(net):
         "nodes": [{"name": n.name, "layer": n.layer.name, "inputs": list(n.input_names)} for n in net.nodes],
         "outputs": dict(net.output_values),
     }
+    if net.precision != "float32":  # (how inference multiplies; files of float32 networks stay as they were)
+        graph["precision"] = net.precision
     return graph
 
 
@@ -344,6 +347,10 @@ def _check_graph(path, graph, tensors):
 
 def _build(path, graph, tensors):
     net = Network()
+    precision = graph.get("precision", "float32")
+    if precision not in PRECISIONS:
+        raise ModelFileError(f"{path}: precision must be one of {', '.join(PRECISIONS)}, found {precision!r}")
+    net.precision = precision
     for spec in graph["inputs"]:
         net.input(spec["name"], spec["shape"], spec.get("dtype", "float"), spec.get("sequence", False))
     layers, shared = {}, {}

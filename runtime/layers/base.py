@@ -95,13 +95,14 @@ class Layer:
         self.params[name] = p
         return p
 
-    def packed_weight(self, be, param, transpose, rows):
-        """op(param) packed for backend `be` (Backend.pack), for products of up to `rows` rows,
-        rebuilt whenever the parameter's values or the backend change (lamina.packing)."""
-        key = (id(param), transpose)
+    def packed_weight(self, be, param, transpose, rows, precision="float32"):
+        """op(param) packed for backend `be` (Backend.pack) and products in `precision`, for
+        products of up to `rows` rows, rebuilt whenever the parameter's values or the backend
+        change (lamina.packing)."""
+        key = (id(param), transpose, precision)
         pack = self._packs.get(key)
         if pack is None or pack.param is not param:
-            pack = self._packs[key] = PackedWeight(param, trans=transpose)
+            pack = self._packs[key] = PackedWeight(param, trans=transpose, precision=precision)
         return pack.get(be, rows)
 
     def bind_parameters(self):

@@ -90,13 +90,14 @@ class Linear(_Activated):
 
     def forward(self, ctx):
         """At inference, from the weights' packs where the backend computes faster from them
-        (Backend.packs_fixed_weights)."""
+        (Backend.packs_fixed_weights), or where the network multiplies in another precision."""
         be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
             w, beta = self.params[wname], 0.0 if i == 0 else 1.0
             bias = self.params["bias"].buffer if i == 0 and self.has_bias else None
-            if not ctx.training and be.packs_fixed_weights(x.shape[0], *reversed(w.shape)):
-                packed = self.packed_weight(be, w, True, x.shape[0])
+            if not ctx.training and (ctx.precision != "float32" or be.packs_fixed_weights(x.shape[0],
+                                                                                            *reversed(w.shape))):
+                packed = self.packed_weight(be, w, True, x.shape[0], ctx.precision)
                 if bias is not None:
                     be.packed_gemm_bias(x, packed, y, bias)
                 else:

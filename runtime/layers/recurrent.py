@@ -115,7 +115,7 @@ class _Recurrent(Layer):
         W_ih for few rows); packed when enabled, for products of up to `rows` rows (default: the
         batch's sequences, a step's most)."""
         be, w = ctx.be, self.params[name]
-        if self.uses_packed(be):
+        if self.uses_packed(be) or ctx.precision != "float32":
             be.packed_gemm(a, self._pack(ctx, w, transpose, rows), out, beta)
         else:
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
@@ -123,7 +123,7 @@ class _Recurrent(Layer):
     def _pack(self, ctx, w, transpose, rows=None):
         """op(w) packed for the backend (Layer.packed_weight), for up to `rows` rows (default:
         the batch's sequences)."""
-        return self.packed_weight(ctx.be, w, transpose, rows or ctx.order.num_sequences)
+        return self.packed_weight(ctx.be, w, transpose, rows or ctx.order.num_sequences, ctx.precision)
 
     def recurrent_pack(self, ctx, sfx, transpose):
         """W_hh of one direction packed (transposed for the forward's h W_hhᵀ)."""
@@ -159,7 +159,9 @@ class _Recurrent(Layer):
         xs = self.workspace(ctx, "x", l, d, layer_in.shape[1])
         be.gather_rows(layer_in, index, xs)
         g = self.workspace(ctx, "g", l, d, self.gates * H)
-        if xs.shape[0] <= PACKED_INPUT_ROWS:  # a general GEMM would copy all of W_ih for these few rows
+        # from W_ih's pack for few rows (a general GEMM would copy all of W_ih for them), and in
+        # another precision
+        if xs.shape[0] <= PACKED_INPUT_ROWS or ctx.precision != "float32":
             self._weight_product(ctx, xs, "weight_ih" + sfx, g, 0.0, True, rows=xs.shape[0])
         else:
             be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)

@@ -8,9 +8,10 @@ import numpy as np
 
 from . import _kernels as K
 from . import _selective
-from ..base import ACTIVATIONS, POOL_MODES, Backend, check_activation, HostStatistics
+from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
+from ...precision import check_precision
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
-from .blas import default_provider, provider
+from .blas import default_provider, mkl, provider
 from ...threads import free_threads, get_num_threads, split_work
 from . import conv_algorithms, fused_recurrence
 from .aligned import aligned_empty
@@ -131,6 +132,7 @@ class CPUBackend(HostStatistics, Backend):
     def __init__(self, blas=None):
         self.blas_name = blas or default_provider()
         self.blas = provider(self.blas_name)
+        self._mkl = mkl()  # MKL's bfloat16 GEMM serves whichever provider does float32 (None: not built)
 
     def __repr__(self):
         return f"CPUBackend(blas={self.blas_name!r})"
@@ -207,11 +209,20 @@ class CPUBackend(HostStatistics, Backend):
         if self.blas_name == "mkl" and free_threads() > 1:
             K.team_rest()
 
-    def pack(self, b, trans=False, alpha=1.0, max_rows=1):
+    def pack(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
         _float("pack", "b", b, ndim=2)
         k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         if k == 0 or n == 0:
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
+        if check_precision(precision, "pack") == "bfloat16":
+            if b.dtype != np.float32:
+                raise TypeError(f"pack: bfloat16 products take float32 weights, found {b.dtype}")
+            if self._mkl is None:  # (no bfloat16 GEMM in this build: the composed form)
+                return super().pack(b, trans, alpha, max_rows, precision)
+            bits = np.empty(b.shape, np.uint16)
+            K.to_bfloat16(_flat(b), _flat(bits))
+            return PackedMatrix("mkl-bfloat16", k, n, b.dtype, max(max_rows, 1),
+                                handle=self._mkl.pack_b_bf16(bits, trans, alpha, max_rows))
         if self.blas_name == "mkl":
             return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=self.blas.pack_b(b, trans, alpha, max_rows))
         panels = aligned_empty(K.panel_size(b, trans), b.dtype)
@@ -230,10 +241,13 @@ class CPUBackend(HostStatistics, Backend):
         self._packed_product(a, packed, c, 0.0, bias)
 
     def _packed_product(self, a, packed, c, beta, bias):
-        expected = "mkl" if self.blas_name == "mkl" else "panels"
-        if not isinstance(packed, PackedMatrix) or packed.provider != expected:
-            raise ValueError(f"packed_gemm: {self} computes with {expected!r} packs, found "
-                             f"{getattr(packed, 'provider', type(packed).__name__)!r} (pack with this backend)")
+        if isinstance(packed, Snapshot) and isinstance(packed.b, np.ndarray):  # the composed form (no MKL)
+            return super().packed_gemm(a, packed, c, beta) if bias is None else super().packed_gemm_bias(a, packed, c, bias)
+        expected = ("mkl-bfloat16",) + (("mkl",) if self.blas_name == "mkl" else ("panels",))
+        if not isinstance(packed, PackedMatrix) or packed.provider not in expected:
+            raise ValueError(f"packed_gemm: {self} computes with {expected[-1]!r} packs, found "
+                             f"{getattr(packed, 'provider', type(packed).__name__)!r} (pack with this backend; "
+                             f"its bfloat16 packs are {expected[0]!r})")
         check_array("packed_gemm", "a", a, dtype=packed.dtype, ndim=2)
         check_array("packed_gemm", "c", c, dtype=packed.dtype, shape=(a.shape[0], packed.n))
         if bias is not None:
@@ -245,6 +259,15 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"packed_gemm: a has {a.shape[0]} rows, the pack was made for at most "
                              f"{packed.max_rows}")
         m, n = c.shape
+        if packed.provider == "mkl-bfloat16":
+            bits = self.scratch("packed_gemm bfloat16", a.shape, np.uint16)
+            K.to_bfloat16(_flat(a), _flat(bits))
+            if bias is not None:
+                np.copyto(c, bias)  # (the product adds to it)
+            if free_threads() > 1:
+                K.team_rest()
+            self._mkl.packed_gemm_bf16(bits, packed.handle, c, beta if bias is None else 1.0)
+            return
         if packed.handle is not None:
             if bias is not None:
                 np.copyto(c, bias)  # (the product adds to it)
@@ -295,6 +318,11 @@ class CPUBackend(HostStatistics, Backend):
         _float("multiply", "a", a)
         _same("multiply", "a", a, b=b, out=out)
         K.multiply(_flat(a), _flat(b), _flat(out), beta)
+
+    def round_to_bfloat16(self, x, y):
+        check_array("round_to_bfloat16", "x", x, dtype=np.float32)
+        _same("round_to_bfloat16", "x", x, y=y)
+        K.round_bfloat16(_flat(x), _flat(y))
 
     def sum_squares(self, x, rows=None):
         _float("sum_squares", "x", x)
@@ -533,7 +561,8 @@ class CPUBackend(HostStatistics, Backend):
     packs_recurrent_weights = True
 
     def recurrence_forward(self, cell, ctx, run):
-        (fused_recurrence.forward if fused_recurrence.fuses(cell, self) else super().recurrence_forward)(cell, ctx, run)
+        fused = fused_recurrence.fuses(cell, self) and ctx.precision == "float32"  # (its panels are float32)
+        (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
         (fused_recurrence.backward if fused_recurrence.fuses(cell, self) else super().recurrence_backward)(cell, ctx, run)
