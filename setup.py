@@ -83,7 +83,7 @@ extensions = [
         "lamina.backends.cpu._kernels",
         ["pyx/_kernels.pyx"],
         include_dirs=["pyx", numpy.get_include()],
-        depends=["pyx/cells.h", "pyx/cells_impl.h", "pyx/clones.h", "pyx/panels.h", "pyx/panels_impl.h", "pyx/recurrence.h", "pyx/recurrence_impl.h", "pyx/volumes.h", "pyx/volumes_impl.h", "pyx/direct_conv.h", "pyx/direct_conv_impl.h", "pyx/winograd.h", "pyx/winograd_impl.h", "pyx/pools.h", "pyx/pools_impl.h", "pyx/softmax.h", "pyx/softmax_impl.h", "pyx/epilogue.h", "pyx/epilogue_impl.h", "pyx/instantiate.h", "pyx/team.h"],
+        depends=["pyx/cells.h", "pyx/cells_impl.h", "pyx/clones.h", "pyx/panels.h", "pyx/panels_impl.h", "pyx/recurrence.h", "pyx/recurrence_impl.h", "pyx/volumes.h", "pyx/volumes_impl.h", "pyx/direct_conv.h", "pyx/direct_conv_impl.h", "pyx/winograd.h", "pyx/winograd_impl.h", "pyx/pools.h", "pyx/pools_impl.h", "pyx/softmax.h", "pyx/softmax_impl.h", "pyx/epilogue.h", "pyx/epilogue_impl.h", "pyx/instantiate.h", "pyx/team.h", "pyx/convert.h"],
         extra_link_args=common_link,
         extra_compile_args=common_compile,
         define_macros=np_macros,

@@ -7,11 +7,11 @@ import argparse
 import importlib.util
 import sys
 
-from . import conv, distributed, fc, onnx, opencl, overrides, rnn, selective, serve
+from . import conv, distributed, fc, onnx, opencl, overrides, precision, rnn, selective, serve
 from .harness import Bench, print_table, write_json
 
 SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run, "selective": selective.run, "opencl": opencl.run,
-          "onnx": onnx.run}
+          "onnx": onnx.run, "precision": precision.run}
 # suites with their own processes and table (`--threads` does not apply)
 OWN_TABLE = {"distributed": distributed.run, "serve": serve.run, "overrides": overrides.run}
 

@@ -447,11 +447,22 @@ cdef inline unsigned int _bf16_bits(float x) noexcept nogil:
     return (u + 0x7fff + ((u >> 16) & 1)) >> 16
 
 
+cdef extern from "convert.h" nogil:
+    void lamina_to_bfloat16(const float *x, unsigned short *out, long n)
+
+
 def to_bfloat16(const float[::1] x, unsigned short[::1] out):
-    """out = the bfloat16 bits of x, rounded to nearest (ties to even)."""
-    cdef Py_ssize_t i, n = x.shape[0]
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
-        out[i] = <unsigned short>_bf16_bits(x[i])
+    """out = the bfloat16 bits of x, rounded to nearest (ties to even); the threads share it
+    from PARALLEL_MIN values."""
+    cdef Py_ssize_t n = x.shape[0], t, nt = 1, lo, hi
+    if n == 0:
+        return
+    if n > PARALLEL_MIN:
+        nt = openmp.omp_get_max_threads()
+    for t in prange(nt, nogil=True, schedule="static", num_threads=nt):
+        lo = n * t // nt
+        hi = n * (t + 1) // nt
+        lamina_to_bfloat16(&x[0] + lo, &out[0] + lo, hi - lo)
 
 
 def round_bfloat16(const float[::1] x, float[::1] out):
