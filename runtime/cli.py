@@ -87,7 +87,14 @@ def _setup(args):
 
 
 def _place(net, args):
-    """Put a loaded network on the --device (OpenCL errors become one clear line)."""
+    """Put a loaded network on the --device (OpenCL errors become one clear line), multiplying
+    in the --dtype where the command has one."""
+    dtype = getattr(args, "dtype", None)
+    if dtype is not None:
+        try:
+            net.astype(dtype)
+        except ValueError as e:
+            raise CommandError(f"--dtype {dtype}: {e}") from None
     if (args.device or "cpu") == "cpu":
         return net
     from .backends import get_backend
@@ -462,6 +469,9 @@ def parser():
     s.add_argument("--text", help="text models: the prompt to score and continue")
     s.add_argument("--tokens", type=POSITIVE_INT, default=40, help="text models: tokens to generate")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    s.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="how inference multiplies by the weights (default: as the model file says; "
+                        "bfloat16: float32 accumulation)")
     s.set_defaults(run=cmd_infer)
 
     s = sub.add_parser("train", parents=[common], help="fine-tune a model")
@@ -499,6 +509,9 @@ def parser():
     s.add_argument("models", nargs="+", metavar="[NAME=]MODEL",
                    help="model files (.lamina or .onnx); NAME defaults to the file's stem (the folder's name for "
                         "model.lamina)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="how inference multiplies by the weights (default: as the model file says; "
+                        "bfloat16: float32 accumulation)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=_number(int, 0, 65535, what="a port in [0, 65535]"), default=8000,
                    help="port to listen on (0: any free port, printed)")
