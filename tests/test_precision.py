@@ -140,3 +140,22 @@ def test_the_language_model_perplexity_in_bfloat16_is_within_one_percent():
     chunks = language.chunk(ids, 48)
     p32, p16 = language.perplexity(f32, chunks), language.perplexity(b16, chunks)
     assert abs(p16 / p32 - 1) < 0.01, (p32, p16)
+
+
+def test_bfloat16_layers_agree_on_every_backend():
+    """A bfloat16 LSTM and Linear on each device backend (and the core-only reference) against
+    the CPU's, one step from a zero state: the rounded operands are the same everywhere and their
+    products exact in float32, so only the order of the float32 sums differs."""
+    from conftest import OPENCL_DEVICES
+    from lamina.testing import core_only
+    backends = [core_only(ReferenceBackend)()]
+    if OPENCL_DEVICES:
+        from lamina.backends.opencl import OpenCLBackend
+        backends += [OpenCLBackend(i) for i in range(len(OPENCL_DEVICES))]
+    width, hidden = 64, 48
+    seqs = one_step_sequences(24, width, 3)
+    for make in (lambda: lm.layers.LSTM(width, hidden), lambda: lm.layers.Linear(width, hidden)):
+        want = build(make, width).astype("bfloat16").run({"x": seqs})["y"].values
+        for be in backends:
+            got = build(make, width).to(be).astype("bfloat16").run({"x": seqs})["y"].values
+            np.testing.assert_allclose(got, want, rtol=0, atol=width * 2.0 ** -22, err_msg=str(be))
