@@ -68,6 +68,13 @@ common_compile = ["-O3", "-fno-trapping-math", "-fopenmp", "-Wno-unused-function
 common_link = ["-fopenmp"]
 np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 
+KERNEL_HEADERS = ["cells.h", "cells_impl.h", "clones.h", "panels.h", "panels_impl.h", "recurrence.h", "recurrence_impl.h",
+                  "volumes.h", "volumes_impl.h", "direct_conv.h", "direct_conv_impl.h", "winograd.h", "winograd_impl.h",
+                  "pools.h", "pools_impl.h", "softmax.h", "softmax_impl.h", "epilogue.h", "epilogue_impl.h",
+                  "instantiate.h", "team.h", "convert.h"]
+# (module suffix, macros): the build with every clone, and the baseline alone
+ISA_BUILDS = [("", []), ("_baseline", [("LAMINA_BASELINE", "1")])]
+
 extensions = [
     Extension(
         "lamina.backends.cpu._openblas",
@@ -79,24 +86,26 @@ extensions = [
         extra_compile_args=common_compile,
         define_macros=np_macros,
     ),
-    Extension(
-        "lamina.backends.cpu._kernels",
-        ["pyx/_kernels.pyx"],
+    # the row and cell kernels with their AVX2 clones, and again for the baseline alone
+    # (LAMINA_ISA=baseline): every instruction-set path can then be tested on any machine
+    *(Extension(
+        f"lamina.backends.cpu._kernels{suffix}",
+        [f"pyx/_kernels{suffix}.pyx"],
         include_dirs=["pyx", numpy.get_include()],
-        depends=["pyx/cells.h", "pyx/cells_impl.h", "pyx/clones.h", "pyx/panels.h", "pyx/panels_impl.h", "pyx/recurrence.h", "pyx/recurrence_impl.h", "pyx/volumes.h", "pyx/volumes_impl.h", "pyx/direct_conv.h", "pyx/direct_conv_impl.h", "pyx/winograd.h", "pyx/winograd_impl.h", "pyx/pools.h", "pyx/pools_impl.h", "pyx/softmax.h", "pyx/softmax_impl.h", "pyx/epilogue.h", "pyx/epilogue_impl.h", "pyx/instantiate.h", "pyx/team.h", "pyx/convert.h"],
+        depends=["pyx/_kernels.pyx"] + [f"pyx/{h}" for h in KERNEL_HEADERS],
         extra_link_args=common_link,
         extra_compile_args=common_compile,
-        define_macros=np_macros,
-    ),
-    Extension(
-        "lamina.backends.cpu._selective",
-        ["pyx/_selective.pyx"],
+        define_macros=np_macros + macros,
+    ) for suffix, macros in ISA_BUILDS),
+    *(Extension(
+        f"lamina.backends.cpu._selective{suffix}",
+        [f"pyx/_selective{suffix}.pyx"],
         include_dirs=["pyx", numpy.get_include()],
-        depends=["pyx/rows.h", "pyx/clones.h"],
+        depends=["pyx/_selective.pyx", "pyx/rows.h", "pyx/clones.h"],
         extra_link_args=common_link,
         extra_compile_args=common_compile,
-        define_macros=np_macros,
-    ),
+        define_macros=np_macros + macros,
+    ) for suffix, macros in ISA_BUILDS),
 ]
 if mkl is not None:
     mkl_root, mkl_runtime = mkl

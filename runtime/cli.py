@@ -422,6 +422,12 @@ def cmd_devices(args):
     mkl = f"MKL {ver('mkl')}" if "mkl" in available() else "built without MKL"
     print(f"     BLAS {default_provider()} ({mkl}, OpenBLAS {ver('scipy-openblas32')}; "
           f"LAMINA_BLAS={'|'.join(available())} to choose)")
+    from .backends.cpu import compiled
+    for family, path in compiled.describe().items():
+        print(f"     {family}: {path}")
+    print("     bfloat16 products: " + ("MKL's packed bfloat16 GEMM" + (" on AMX" if "amx_bf16" in cpu.instruction_sets()
+          else " on AVX512-BF16" if "avx512_bf16" in cpu.instruction_sets() else "") if "mkl" in available()
+          else "float32 products of rounded operands (built without MKL)") + "; LAMINA_ISA=auto|avx2|baseline to choose")
     try:
         import pyopencl as cl
     except ImportError:

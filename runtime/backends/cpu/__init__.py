@@ -30,12 +30,14 @@ if _provider == "openblas":
 
 from ... import threads as _threads  # noqa: E402  (after the environment above is set)
 from .. import checks as _checks  # noqa: E402
-from . import _kernels  # noqa: E402
+from . import compiled as _compiled  # noqa: E402
+from .compiled import _kernels  # noqa: E402
 from .backend import CPUBackend, PackedMatrix  # noqa: E402
 from .thread_hooks import CPUThreadHooks  # noqa: E402
 
 _threads.register_hooks(CPUThreadHooks())
 _threads.register_environment_check(_default_provider)
+_threads.register_environment_check(_compiled.chosen_path)
 _checks.register_index_range(_kernels.index_range)
 
 __all__ = ["CPUBackend", "PackedMatrix"]

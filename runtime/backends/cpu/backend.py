@@ -6,8 +6,8 @@ with the GIL released.
 """
 import numpy as np
 
-from . import _kernels as K
-from . import _selective
+from .compiled import _kernels as K
+from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
 from ...precision import check_precision
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection

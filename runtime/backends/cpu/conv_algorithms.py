@@ -21,7 +21,7 @@ import logging
 import math
 import time
 
-from . import _kernels
+from .compiled import _kernels
 from .. import columns
 from ...threads import SettingError, get_num_threads
 from . import depth_taps, direct, phases, winograd

@@ -7,7 +7,7 @@ width up to direct_conv_dw_max_width()). A width stride s > 1 runs as s unit-str
 convolutions, one per width phase of the input (width phases)."""
 import numpy as np
 
-from . import _kernels
+from .compiled import _kernels
 from .. import columns
 from ..columns import as_volume
 from .aligned import aligned_copy

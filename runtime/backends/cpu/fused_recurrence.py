@@ -11,7 +11,7 @@ FUSED_SHARE forces one way. By sequences needs no barrier and was faster whereve
 even on 8 sequences.
 """
 
-from . import _kernels
+from .compiled import _kernels
 from ...threads import free_threads
 
 # the compiled kernels' cell codes, by the layers' cell names

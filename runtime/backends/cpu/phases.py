@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from . import _kernels
+from .compiled import _kernels
 from ...threads import split_work
 from .. import columns
 from ..columns import as_volume

@@ -8,7 +8,7 @@ lamina.threads.split_work splits GEMMs instead, and its waits sleep, so a shared
 the other thread at once.
 """
 from ...threads import ThreadHooks
-from . import _kernels
+from .compiled import _kernels
 from .blas import mkl, provider
 
 

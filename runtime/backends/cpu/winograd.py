@@ -4,7 +4,7 @@ kernel flipped and its in/out channels swapped. The transformed weights are cach
 version."""
 import numpy as np
 
-from . import _kernels
+from .compiled import _kernels
 from .. import columns
 from ..columns import as_volume
 from .aligned import aligned_copy
