@@ -81,7 +81,8 @@ def _last_axis(a):
 
 class PackedMatrix:
     """alpha * op(B) packed for products with up to max_rows rows on the left: MKL's packed format
-    (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h).
+    (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h);
+    for bfloat16 products MKL's bfloat16 format ('mkl-bfloat16', whichever the provider).
     `provider` names the format; only a backend of that provider computes with it."""
 
     def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None):
@@ -98,11 +99,9 @@ GEMM_SPLIT_MIN = 1 << 21
 # PANEL_ROW_SPLIT rows (then each reads the whole pack once for many rows).
 PANEL_SPLIT_MIN = 1 << 21
 PANEL_ROW_SPLIT = 256
-# At inference a Linear's product runs from its weight's panels, against OpenBLAS on the weight
-# (2 threads, ms, bias included): 1 x 256 x 4096 0.064 / 0.266, 4 x 4096 x 4096 2.16 / 6.68,
-# 30 x 256 x 4096 0.34 / 0.48, 64 x 3136 x 128 0.26 / 0.34, 64 x 8192 x 1024 5.8 / 7.9,
-# 200 x 256 x 4096 2.03 / 2.22, 512 x 4096 x 1024 20.0 / 21.7; but OpenBLAS gained from more
-# rows: 600 x 256 x 4096 7.49 / 7.01, 1878 x 256 x 2048 15.6 / 11.9.
+# At inference a Linear's product runs from its weight's panels, faster than OpenBLAS on the
+# weight (which packs it again at every call) up to a few hundred rows; with more, OpenBLAS's own
+# blocking wins.
 PACK_MAX_ROWS = 512
 PACK_MAX_DEPTH = 8192
 
