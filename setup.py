@@ -127,8 +127,11 @@ setup(
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl", "lamina.models": "models"},
     package_data={"lamina.opencl": ["*.cl", "*.h"], "lamina.models": ["*/model.lamina", "*/README.md"],
                   "lamina": ["py.typed"], "lamina.backends.cpu": ["*.pyi"], "lamina.serve.grpc": ["inference.proto"]},
+    # the extensions compile side by side, one per core (the kernels twice: see ISA_BUILDS)
+    options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=cythonize(
         extensions,
+        nthreads=os.cpu_count() or 1,
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,
