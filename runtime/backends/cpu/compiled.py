@@ -8,6 +8,8 @@ baseline alone. `LAMINA_ISA` picks the path:
 - `baseline`: the baseline build, on any x86-64 CPU.
 So every path is tested on every machine that has it, by forcing the lower ones.
 """
+from __future__ import annotations
+
 import importlib
 import os
 
@@ -17,7 +19,7 @@ from ...processor import instruction_sets
 PATHS = ("auto", "avx2", "baseline")
 
 
-def chosen_path():
+def chosen_path() -> str:
     """The path LAMINA_ISA asks for, checked against this CPU ('auto' resolved)."""
     asked = os.environ.get("LAMINA_ISA", "auto") or "auto"
     if asked not in PATHS:
@@ -41,7 +43,7 @@ _kernels = importlib.import_module(f"lamina.backends.cpu._kernels{_suffix}")
 _selective = importlib.import_module(f"lamina.backends.cpu._selective{_suffix}")
 
 
-def describe():
+def describe() -> dict[str, str]:
     """{kernel family: the path it takes}, for `lamina devices`."""
     row = ("AVX2 + FMA clones (x86-64-v3)" if PATH == "avx2" else "baseline (x86-64)") + \
         (" (forced by LAMINA_ISA)" if os.environ.get("LAMINA_ISA", "auto") not in ("", "auto") else "")
