@@ -17,12 +17,11 @@ class Direction:
     sfx: str  # the parameters' suffix (_l0, _l0_reverse, ...)
     l: int  # the layer
     d: int  # the direction
-    g: np.ndarray  # [rows, gates·H]: x W_ihᵀ in, the activated gates out
+    g: np.ndarray  # [rows, gates·H]: x W_ihᵀ (+ the input bias) in, the activated gates out
     hs: np.ndarray  # [rows, H]: every step's hidden state
     cs: Optional[np.ndarray] = None  # [rows, H]: every step's cell state (LSTM)
     init_h: Optional[np.ndarray] = None  # [sequences, H]: initial states in sorted order, or None for zeros
     init_c: Optional[np.ndarray] = None
-    bias: Optional[np.ndarray] = None  # forward: b_ih (+ b_hh where it joins it), added to g
     output: Optional[tuple] = None  # forward: (out, rows, col): the states also go to out[rows[r], col:col + H]
     dhs: Optional[np.ndarray] = None  # backward: gradients reaching each step's states from outside
     dcs: Optional[np.ndarray] = None
@@ -38,8 +37,6 @@ def _rows(a, rows):
 
 def forward(cell, ctx, run):
     be, order = ctx.be, ctx.order
-    if run.bias is not None:
-        be.add_bias(run.g, run.bias)
     for t in range(order.steps):
         r0, b = order.step(t)
         rows = slice(r0, r0 + b)

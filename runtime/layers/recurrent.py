@@ -110,13 +110,19 @@ class _Recurrent(Layer):
             return be.packs_recurrent_weights
         return bool(self.packed)
 
-    def _weight_product(self, ctx, a, name, out, beta, transpose, rows=None):
-        """out = a @ Wᵀ (transpose) or a @ W, plus beta * out, W the parameter `name` (W_hh, or
-        W_ih for few rows); packed when enabled, for products of up to `rows` rows (default: the
-        batch's sequences, a step's most)."""
+    def _weight_product(self, ctx, a, name, out, beta, transpose, rows=None, bias=None):
+        """out = a @ Wᵀ (transpose) or a @ W, plus beta * out (or, given a bias, plus the bias
+        instead), W the parameter `name` (W_hh, or W_ih for few rows); packed when enabled, for
+        products of up to `rows` rows (default: the batch's sequences, a step's most)."""
         be, w = ctx.be, self.params[name]
         if self.uses_packed(be) or ctx.precision != "float32":
-            be.packed_gemm(a, self._pack(ctx, w, transpose, rows), out, beta)
+            packed = self._pack(ctx, w, transpose, rows)
+            if bias is not None:
+                be.packed_gemm_bias(a, packed, out, bias)
+            else:
+                be.packed_gemm(a, packed, out, beta)
+        elif bias is not None:
+            be.gemm_bias(a, w.buffer, out, bias, trans_b=transpose)
         else:
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
 
@@ -159,25 +165,28 @@ class _Recurrent(Layer):
         xs = self.workspace(ctx, "x", l, d, layer_in.shape[1])
         be.gather_rows(layer_in, index, xs)
         g = self.workspace(ctx, "g", l, d, self.gates * H)
-        # from W_ih's pack for few rows (a general GEMM would copy all of W_ih for them), and in
-        # another precision
-        if xs.shape[0] <= PACKED_INPUT_ROWS or ctx.precision != "float32":
-            self._weight_product(ctx, xs, "weight_ih" + sfx, g, 0.0, True, rows=xs.shape[0])
-        else:
-            be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
         bias = None
         if self.has_bias:
             bias = self.params["bias_ih" + sfx].buffer
-            if not self.separate_recurrent_bias:  # b_ih + b_hh once, then one pass over G
+            if not self.separate_recurrent_bias:  # b_ih + b_hh once
                 both = ctx.workspace(("bias", l, d), bias.shape)
                 be.axpby(1.0, bias, 0.0, both)
                 be.axpby(1.0, self.params["bias_hh" + sfx].buffer, 1.0, both)
                 bias = both
+        # G = X W_ihᵀ + bias, the bias added as the product stores (no pass of its own over G);
+        # from W_ih's pack for few rows (a general GEMM would copy all of W_ih for them), and in
+        # another precision
+        if xs.shape[0] <= PACKED_INPUT_ROWS or ctx.precision != "float32":
+            self._weight_product(ctx, xs, "weight_ih" + sfx, g, 0.0, True, rows=xs.shape[0], bias=bias)
+        elif bias is not None:
+            be.gemm_bias(xs, self.params["weight_ih" + sfx].buffer, g, bias, trans_b=True)
+        else:
+            be.gemm(xs, self.params["weight_ih" + sfx].buffer, g, trans_b=True)
         hs = self.workspace(ctx, "h", l, d, H)
         cs = self.workspace(ctx, "c", l, d, H) if self.cell_state else None
         init_h = self._sorted_state(ctx, h0, k, "h0")
         init_c = self._sorted_state(ctx, c0, k, "c0")
-        be.recurrence_forward(self, ctx, Direction(sfx, l, d, g, hs, cs, init_h, init_c, bias=bias,
+        be.recurrence_forward(self, ctx, Direction(sfx, l, d, g, hs, cs, init_h, init_c,
                                                    output=(layer_out, index, d * H)))
         last = ctx.workspace(("last", l, d), (order.num_sequences, H))
         for state, out in ((hs, outs[1]), (cs, outs[2] if cs is not None else None)):

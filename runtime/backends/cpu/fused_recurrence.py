@@ -67,10 +67,12 @@ def _hh(cell, ctx, run):
 
 
 def forward(cell, ctx, run):
-    """The fused cells add the bias as they read G and write the output rows."""
+    """Every step on a compiled team (G arrives with the input bias already added by the layer's
+    input projection; GRU's b_hh joins the recurrent product); the output rows are written as the
+    cells finish."""
     panels = cell.recurrent_pack(ctx, run.sfx, transpose=True).panels
     b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
-    args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, *_given(run.bias, panels), _hh(cell, ctx, run),
+    args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, panels, False, _hh(cell, ctx, run),
             *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
             *_given(run.init_c, run.hs), *run.output)
     _kernels.recurrence_forward(*args, *_share(cell, ctx, run.g))
