@@ -493,19 +493,22 @@ class Backend(ABC):
             held = buffers.__dict__[(name, dtype)] = self.empty((max(size, 1),), dtype)
         return held[:size].reshape(shape)
 
-    def _constant(self, key: tuple, build: Callable[[], np.ndarray]) -> Any:
-        """A small device array built once per key (from a host array) and kept."""
+    def _prefix(self, key: tuple, n: int, build: Callable[[int], np.ndarray]) -> Any:
+        """The first n values of a constant array (build(size) makes its host values), kept on
+        the device and grown (at least doubled) when a longer prefix is asked for: one array per
+        key, whatever the lengths asked."""
         kept = self.__dict__.setdefault("_constants", {})
-        if key not in kept:
-            kept[key] = self.from_host(build())
-        return kept[key]
+        held = kept.get(key)
+        if held is None or held.shape[0] < n:
+            held = kept[key] = self.from_host(build(max(n, 2 * (held.shape[0] if held is not None else 0), 16)))
+        return held[:n]
 
     def arange(self, n: int) -> Any:
         """0, 1, .., n - 1 (int32) as this backend's array: the row index of every row."""
-        return self._constant(("arange", n), lambda: np.arange(n, dtype=np.int32))
+        return self._prefix(("arange",), n, lambda size: np.arange(size, dtype=np.int32))
 
     def ones(self, n: int, dtype: Any) -> Any:
-        return self._constant(("ones", n, np.dtype(dtype)), lambda: np.ones(n, dtype))
+        return self._prefix(("ones", np.dtype(dtype)), n, lambda size: np.ones(size, dtype))
 
     def _row_sums(self, x2, out):
         """out[i] = Σ_j x2[i, j]: a GEMM with a column of ones."""

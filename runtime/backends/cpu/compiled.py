@@ -35,9 +35,8 @@ def chosen_path() -> str:
 
 try:
     PATH = chosen_path()
-    ENV_ERROR = None
-except SettingError as e:  # raised again by lamina.threads.check_environment (the first network made)
-    PATH, ENV_ERROR = "baseline", e
+except SettingError:  # raised again by lamina.threads.check_environment (the first network made)
+    PATH = "baseline"
 _suffix = "_baseline" if PATH == "baseline" else ""
 _kernels = importlib.import_module(f"lamina.backends.cpu._kernels{_suffix}")
 _selective = importlib.import_module(f"lamina.backends.cpu._selective{_suffix}")
