@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -522,11 +523,9 @@ class Backend(ABC):
         self.multiply(spread, x2, out, beta)
 
     def _row_factor(self, alpha, dcost, w):
-        """alpha dcost[i] w[i] (w None: 1)."""
+        """alpha dcost[i] w[i] (w None: 1), in a scratch buffer."""
         factor = self.scratch("row factor", dcost.shape, dcost.dtype)
-        self.axpby(alpha, dcost, 0.0, factor)
-        if w is not None:
-            self.multiply(factor, w, factor)
+        self._weigh_rows(alpha, dcost, w, factor)
         return factor
 
     def _weigh_rows(self, alpha, cost, w, out):
@@ -543,10 +542,18 @@ class Backend(ABC):
         self.axpby(-1.0, t.reshape(x2.shape), 1.0, d)
         return d
 
-    def _rows_of(self, rows: Any, **arrays: Any) -> _GatheredRows:
-        """A context whose value maps each name to a scratch copy of arrays[name][rows]; on exit
-        every array but the gradient 'g' gets its rows back."""
-        return _GatheredRows(self, rows, arrays)
+    @contextmanager
+    def _rows_of(self, rows: Any, **arrays: Any) -> Iterator[dict]:
+        """A scratch copy of arrays[name][rows] for each name; after the block, every array but
+        the gradient 'g' gets its rows back (not when the block raised)."""
+        parts = {}
+        for name, a in arrays.items():
+            parts[name] = self.scratch(("rows of", name), (len(rows),) + tuple(a.shape[1:]), a.dtype)
+            self.gather_rows(a, rows, parts[name])
+        yield parts
+        for name, a in arrays.items():
+            if name != "g":
+                self.scatter_rows(parts[name], rows, a)
 
     # -- optimizer updates, fused, in place on the parameter and its state
     @abstractmethod
@@ -589,27 +596,6 @@ class Snapshot:
     def __init__(self, b: Any, trans: bool, alpha: float, precision: str = "float32") -> None:
         self.b, self.trans, self.alpha, self.dtype, self.precision = b, trans, alpha, b.dtype, precision
         self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
-
-
-class _GatheredRows:
-    def __init__(self, backend, rows, arrays):
-        self.be, self.rows, self.arrays = backend, rows, arrays
-
-    def __enter__(self):
-        be, rows = self.be, self.rows
-        self.parts = {}
-        for name, a in self.arrays.items():
-            part = be.scratch(("rows of", name), (len(rows),) + tuple(a.shape[1:]), a.dtype)
-            be.gather_rows(a, rows, part)
-            self.parts[name] = part
-        return self.parts
-
-    def __exit__(self, kind, value, traceback):
-        if kind is None:
-            for name, a in self.arrays.items():
-                if name != "g":
-                    self.be.scatter_rows(self.parts[name], self.rows, a)
-        return False
 
 
 # the kernels every backend implements; everything else in Backend is composed from them

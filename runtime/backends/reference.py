@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .base import Backend, check_activation, HostStatistics
+from .base import Backend, HostStatistics, Snapshot, check_activation
 from ..precision import check_precision, round_bfloat16
 from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
@@ -79,13 +79,6 @@ def _w(w, rows, dtype):
     return np.ones(rows, dtype) if w is None else w
 
 
-class _BFloat16Pack:
-    """op(b) rounded to bfloat16 (float32 values) and alpha: products from it round a too."""
-
-    def __init__(self, b, alpha):
-        self.b, self.alpha, self.precision = b.astype(np.float64), alpha, "bfloat16"
-
-
 class ReferenceBackend(HostStatistics, Backend):
     name = "reference"
     host_arrays = True
@@ -109,15 +102,13 @@ class ReferenceBackend(HostStatistics, Backend):
         _with_beta(c, alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b)), beta)
 
     def pack(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
-        op = (b.T if trans else b).copy()
-        if check_precision(precision, "pack") == "bfloat16":
-            return _BFloat16Pack(round_bfloat16(op), alpha)
-        return alpha * op
+        if check_precision(precision, "pack") == "bfloat16":  # (rounded operands: Backend's composed form)
+            return super().pack(b, trans, alpha, max_rows, precision)
+        return alpha * (b.T if trans else b).copy()
 
     def packed_gemm(self, a, packed, c, beta=0.0):
-        if isinstance(packed, _BFloat16Pack):
-            _with_beta(c, packed.alpha * (round_bfloat16(a).astype(np.float64) @ packed.b), beta)
-            return
+        if isinstance(packed, Snapshot):
+            return super().packed_gemm(a, packed, c, beta)
         _with_beta(c, a @ packed, beta)
 
     def round_to_bfloat16(self, x, y):
