@@ -10,7 +10,6 @@ its input positions).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 Ints = tuple[int, ...]
@@ -44,11 +43,6 @@ class ConvGeometry:
         """Whether every axis is padded alike on both sides (the direct and depth-tap kernels take
         one padding per axis; vol2col and col2vol read the grid they are given)."""
         return self.padding == self.padding_end
-
-    @property
-    def taps(self) -> int:
-        """Kernel positions per channel."""
-        return math.prod(self.kernel_size)
 
     @property
     def pointwise(self) -> bool:
