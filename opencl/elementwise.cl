@@ -68,6 +68,35 @@ __kernel void round_to_bfloat16(__global const uint *x, const int x_offset, __gl
                                                       : ((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
 }
 
+/* Each row of x (rows x k) as integers q times the row's scale (lamina.precision.quantize_rows):
+ * symmetric, the row's largest magnitude is `levels` steps; else the row's range widened to hold
+ * 0 is `levels` steps, with a zero point, and q is the u8 value less it. One work-item per row. */
+__kernel void quantize_rows(ARG(const REAL, x), ARG(REAL, q), ARG(REAL, scales), const int rows, const int k,
+                            const int levels, const int symmetric)
+{
+    AT(const REAL, x);
+    AT(REAL, q);
+    AT(REAL, scales);
+    const int i = get_global_id(0);
+    if (i >= rows) return;
+    __global const REAL *xi = x + (long)i * k;
+    __global REAL *qi = q + (long)i * k;
+    REAL lo = 0, hi = 0;
+    for (int j = 0; j < k; j++) {
+        lo = xi[j] < lo ? xi[j] : lo;
+        hi = xi[j] > hi ? xi[j] : hi;
+    }
+    const REAL scale = symmetric ? (-lo > hi ? -lo : hi) / (REAL)levels : (hi - lo) / (REAL)levels;
+    const REAL s = scale > 0 ? scale : 1;
+    const REAL zero = symmetric || scale == 0 ? 0 : rint(-lo / s);
+    const REAL low = symmetric ? -(REAL)levels : 0;
+    for (int j = 0; j < k; j++) {
+        const REAL v = clamp(rint(xi[j] / s) + zero, low, (REAL)levels);
+        qi[j] = scale > 0 ? v - zero : 0;
+    }
+    scales[i] = scale;
+}
+
 __kernel void add_bias(ARG(REAL, y), ARG(const REAL, b), const int rows, const int cols)
 {
     AT(REAL, y);

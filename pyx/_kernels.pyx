@@ -474,6 +474,41 @@ def round_bfloat16(const float[::1] x, float[::1] out):
         out[i] = (<float*>&bits)[0]
 
 
+cdef extern from "quantize.h" nogil:
+    void lamina_quantize_row(const float *x, long k, int levels, int symmetric, float *q, float *scale)
+    void lamina_quantize_row_u8(const float *x, long k, int levels, unsigned char *u, float *scale, int *zero)
+    void lamina_dequantize_row(const int *c, long n, float row_scale, int zero, const float *col_scale,
+                               const int *col_sum, const float *bias, float beta, float *y)
+
+
+def quantize_rows(const float[:, ::1] x, float[:, ::1] q, float[::1] scales, int levels, bint symmetric):
+    """q, scales = each row of x as integers (less the zero point) and its scale
+    (lamina.precision.quantize_rows)."""
+    cdef Py_ssize_t i, m = x.shape[0], k = x.shape[1]
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > PARALLEL_MIN):
+        lamina_quantize_row(&x[i, 0], k, levels, symmetric, &q[i, 0], &scales[i])
+
+
+def quantize_rows_u8(const float[:, ::1] x, unsigned char[:, ::1] u, float[::1] scales, int[::1] zeros, int levels):
+    """u, scales, zeros = each row of x as u8 values in [0, levels], its scale and zero point."""
+    cdef Py_ssize_t i, m = x.shape[0], k = x.shape[1]
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > PARALLEL_MIN):
+        lamina_quantize_row_u8(&x[i, 0], k, levels, &u[i, 0], &scales[i], &zeros[i])
+
+
+def dequantize_rows(const int[:, ::1] c, const float[::1] row_scales, const int[::1] zeros,
+                    const float[::1] col_scales, const int[::1] col_sums, float[:, ::1] y, bias, float beta):
+    """y[i, j] = row_scales[i] col_scales[j] (c[i, j] - zeros[i] col_sums[j]) + (bias[j], or beta y[i, j])."""
+    cdef Py_ssize_t i, m = c.shape[0], n = c.shape[1]
+    cdef const float[::1] b
+    cdef const float* bp = NULL
+    if bias is not None:
+        b = bias
+        bp = &b[0]
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * n > PARALLEL_MIN):
+        lamina_dequantize_row(&c[i, 0], n, row_scales[i], zeros[i], &col_scales[0], &col_sums[0], bp, beta, &y[i, 0])
+
+
 def sum_squares(real[::1] x):
     """sum(x * x), accumulated in double."""
     cdef Py_ssize_t i, n = x.shape[0]

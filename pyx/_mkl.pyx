@@ -52,6 +52,18 @@ cdef extern from "mkl.h" nogil:
     void cblas_gemm_bf16bf16f32_compute(CBLAS_LAYOUT, int transa, int transb, int m, int n, int k,
                                         float alpha, const unsigned short* a, int lda, const unsigned short* b,
                                         int ldb, float beta, float* c, int ldc)
+    # u8 (left) times s8 (right), int32 accumulation; C += an offset (here always 0)
+    ctypedef enum CBLAS_OFFSET:
+        CblasFixOffset
+    size_t cblas_gemm_s8u8s32_pack_get_size(CBLAS_IDENTIFIER, int m, int n, int k)
+    void cblas_gemm_s8u8s32_pack(CBLAS_LAYOUT, CBLAS_IDENTIFIER, CBLAS_TRANSPOSE, int m, int n, int k,
+                                 const void* src, int ld, void* dest)
+    void cblas_gemm_s8u8s32_compute(CBLAS_LAYOUT, int transa, int transb, CBLAS_OFFSET, int m, int n, int k,
+                                    float alpha, const void* a, int lda, signed char oa, const void* b, int ldb,
+                                    signed char ob, float beta, int* c, int ldc, const int* oc)
+    void cblas_gemm_s8u8s32(CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, CBLAS_OFFSET, int m, int n, int k,
+                            float alpha, const void* a, int lda, signed char oa, const void* b, int ldb,
+                            signed char ob, float beta, int* c, int ldc, const int* oc)
 
 # Must run before the first MKL call: MKL then threads with gcc's libgomp, the same OpenMP
 # runtime as the Cython kernels, so the two never oversubscribe the cores.
@@ -94,6 +106,8 @@ cdef class PackedB:
 
     @property
     def nbytes(self):
+        if self.itemsize == 1:
+            return cblas_gemm_s8u8s32_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
         if self.itemsize == 2:
             return cblas_gemm_bf16bf16f32_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
         if self.itemsize == 4:
@@ -166,3 +180,45 @@ def packed_gemm_bf16(const unsigned short[:, ::1] a, PackedB p, float[:, ::1] c,
     with nogil:
         cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k, <float>p.alpha,
                                        &a[0, 0], a.shape[1], <unsigned short*>p.buf, p.n, beta, &c[0, 0], p.n)
+
+
+def pack_b_s8(const signed char[:, ::1] b, int max_m):
+    """Pack bᵀ (b int8 of shape n×k: a weight's output channels are its rows) as the signed right
+    operand of u8 x s8 products with up to max_m rows on the left."""
+    cdef PackedB p = PackedB()
+    cdef int n = b.shape[0], k = b.shape[1]
+    cdef size_t size
+    p.k, p.n, p.trans, p.alpha, p.max_m, p.itemsize = k, n, True, 1.0, max(max_m, 1), 1
+    size = cblas_gemm_s8u8s32_pack_get_size(CblasBMatrix, p.max_m, n, k)
+    p.buf = mkl_malloc(size, 64)
+    if p.buf == NULL:
+        raise MemoryError(f"mkl_malloc could not allocate {size} bytes for a packed matrix")
+    with nogil:
+        cblas_gemm_s8u8s32_pack(CblasRowMajor, CblasBMatrix, CblasTrans, p.max_m, n, k, &b[0, 0], k, p.buf)
+    return p
+
+
+def packed_gemm_u8s8(const unsigned char[:, ::1] a, PackedB p, int[:, ::1] c):
+    """c = a @ B in int32, a u8 (m×k) and B the int8 matrix packed by pack_b_s8."""
+    cdef int m = a.shape[0]
+    cdef int zero = 0
+    if m == 0:
+        return
+    with nogil:
+        cblas_gemm_s8u8s32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, CblasFixOffset, m, p.n, p.k, 1.0,
+                                   &a[0, 0], a.shape[1], 0, p.buf, p.n, 0, 0.0, &c[0, 0], p.n, &zero)
+
+
+def u8s8_sums_exact():
+    """Whether MKL's u8 x s8 product sums 255 x 127 pairs without saturating: true where the CPU
+    has an int8 dot product (VNNI, AMX) and MKL uses it; the older AVX2 and AVX-512 paths add
+    pairs of products in int16, which saturate unless the u8 operand stays below 128."""
+    cdef unsigned char a[64]
+    cdef signed char b[64]
+    cdef int c = 0, zero = 0, i
+    for i in range(64):
+        a[i], b[i] = 255, 127
+    with nogil:
+        cblas_gemm_s8u8s32(CblasRowMajor, CblasNoTrans, CblasNoTrans, CblasFixOffset, 1, 1, 64, 1.0,
+                           a, 64, 0, b, 1, 0, 0.0, &c, 1, &zero)
+    return c == 255 * 127 * 64

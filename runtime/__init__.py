@@ -13,6 +13,7 @@ from .graph import Network, Spec, Value
 from .io import load, load_checkpoint, save, save_checkpoint
 from .io import onnx  # lm.onnx.load: the onnx package itself is imported only when it is used
 from .parameter import Parameter
+from .quantize import quantize
 from .random import manual_seed
 from .selection import Selection, sampled_selection, top_k
 from .sequence import Sequences
@@ -22,7 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Network", "Value", "Spec", "Parameter", "Sequences", "Selection", "sampled_selection", "top_k",
            "CPUBackend", "OpenCLBackend", "layers", "models", "optim", "onnx", "save", "load", "save_checkpoint",
-           "load_checkpoint", "manual_seed", "set_num_threads", "get_num_threads", "set_conv_algorithm",
+           "load_checkpoint", "quantize", "manual_seed", "set_num_threads", "get_num_threads", "set_conv_algorithm",
            "get_conv_algorithm", *_errors.PUBLIC]
 
 

@@ -3,6 +3,7 @@
     lamina infer MODEL INPUT [--output OUT.npz]     run a model on an .npz (or, for a text model,
                                                     a source file or --text) and print or save
     lamina train MODEL DATA [--epochs ...]          fine-tune on an .npz (or source files)
+    lamina quantize MODEL -o OUT [--dtype int8]     a copy that multiplies in int8 (or bfloat16)
     lamina inspect MODEL                            layers, shapes, parameters, format version
     lamina devices                                  the CPU and every OpenCL device
     lamina serve [NAME=]MODEL ... [--port P]        serve models over HTTP (KServe v2), batching
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .precision import PRECISIONS
+
 EXIT_INTERRUPTED = 130
+DTYPE_HELP = ("how inference multiplies by the weights (default: as the model file says); bfloat16: bfloat16 "
+              "products, float32 accumulation; int8: dynamic quantization (int8 weights, u8 activations)")
 
 
 class CommandError(Exception):
@@ -92,7 +97,7 @@ def _place(net, args):
     dtype = getattr(args, "dtype", None)
     if dtype is not None:
         try:
-            net.astype(dtype)
+            net.set_precision(dtype)
         except ValueError as e:
             raise CommandError(f"--dtype {dtype}: {e}") from None
     if (args.device or "cpu") == "cpu":
@@ -201,8 +206,8 @@ def _stored_half(path):
         return False
     from .io.model import _read
     _, tensors = _read(path)
-    kinds = {t.dtype for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))}
-    return kinds == {np.dtype(np.float16)}
+    from .io.model import stored_types
+    return stored_types(tensors) == ["float16"]
 
 
 def _world(args):
@@ -359,6 +364,19 @@ def cmd_import(args):
     return 0
 
 
+def cmd_quantize(args):
+    lm = _setup(args)
+    if args.output.endswith(".onnx"):
+        raise CommandError(f"--output {args.output}: quantize writes a lamina model file; export it to ONNX after")
+    _writable(args.output, "--output")
+    net = _load(lm, args.model)
+    net.set_precision(args.dtype)
+    lm.save(net, args.output)
+    stored = sum(p.size for layer in net.layers for p in map(layer.params.get, layer.product_weights()))
+    print(f"wrote {args.output}: multiplies in {args.dtype} at inference; {stored} weights stored in {args.dtype}")
+    return 0
+
+
 def cmd_export(args):
     lm = _setup(args)
     if not args.output.endswith(".onnx"):
@@ -382,7 +400,8 @@ def cmd_inspect(args):
     else:
         from .io.model import FORMAT, _read
         metadata, tensors = _read(args.model)
-        dtypes = sorted({str(t.dtype) for k, t in tensors.items() if not k.startswith(("asset/", "optim/"))})
+        from .io.model import stored_types
+        dtypes = stored_types(tensors)
         print(f"{args.model}: format {FORMAT} version {metadata['version']}, "
               f"{os.path.getsize(args.model) / 1e6:.2f} MB, "
               f"parameters stored as {', '.join(dtypes) or '-'}{', checkpoint' if 'checkpoint' in metadata else ''}")
@@ -475,9 +494,7 @@ def parser():
     s.add_argument("--text", help="text models: the prompt to score and continue")
     s.add_argument("--tokens", type=POSITIVE_INT, default=40, help="text models: tokens to generate")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampling")
-    s.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="how inference multiplies by the weights (default: as the model file says; "
-                        "bfloat16: float32 accumulation)")
+    s.add_argument("--dtype", choices=PRECISIONS, default=None, help=DTYPE_HELP)
     s.set_defaults(run=cmd_infer)
 
     s = sub.add_parser("train", parents=[common], help="fine-tune a model")
@@ -515,9 +532,7 @@ def parser():
     s.add_argument("models", nargs="+", metavar="[NAME=]MODEL",
                    help="model files (.lamina or .onnx); NAME defaults to the file's stem (the folder's name for "
                         "model.lamina)")
-    s.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="how inference multiplies by the weights (default: as the model file says; "
-                        "bfloat16: float32 accumulation)")
+    s.add_argument("--dtype", choices=PRECISIONS, default=None, help=DTYPE_HELP)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=_number(int, 0, 65535, what="a port in [0, 65535]"), default=8000,
                    help="port to listen on (0: any free port, printed)")
@@ -555,6 +570,15 @@ def parser():
     s.add_argument("model", help="an .onnx file")
     s.add_argument("--output", "-o", required=True, help="the lamina model file to write")
     s.set_defaults(run=cmd_import)
+
+    s = sub.add_parser("quantize", parents=[common],
+                       help="write a copy of a model that multiplies by its weights in int8 (or bfloat16)")
+    s.add_argument("model", help="a lamina model file, or an .onnx file")
+    s.add_argument("--output", "-o", required=True, help="the lamina model file to write")
+    s.add_argument("--dtype", choices=[p for p in PRECISIONS if p != "float32"], default="int8",
+                   help="int8: dynamic quantization (int8 weights per output channel, u8 activations per row); "
+                        "bfloat16: bfloat16 weights and products, float32 accumulation")
+    s.set_defaults(run=cmd_quantize)
 
     s = sub.add_parser("export", parents=[common], help="write a model's inference graph as ONNX")
     s.add_argument("model", help="a lamina model file")

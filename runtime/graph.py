@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 import numpy as np
 
 from .errors import GraphError, InputError
+from .precision import check_precision, round_to_precision
 from .rwlock import ReadWriteLock
 from .types import Feed, Feeds, Shape
 
@@ -310,21 +311,32 @@ class Network:
 
     def astype(self, dtype: Any) -> Network:
         """Convert every parameter to dtype (float64 for gradient checks; inputs follow), or, with
-        'bfloat16', make inference multiply by the weights in bfloat16 (lamina.precision): the
-        weights stay float32 (training still multiplies in float32), their bfloat16 packs are
-        made when first used."""
+        'bfloat16', make inference multiply by the weights in bfloat16 (set_precision)."""
         if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
-            with self._lock.write():
-                if self.dtype != np.float32:
-                    raise ValueError(f"astype('bfloat16'): the network must be float32, found {self.dtype}")
-                self.precision = "bfloat16"
-                self._invalidate()
-            return self
+            return self.set_precision("bfloat16")
         with self._lock.write():
             self.dtype = np.dtype(dtype)
             self.precision = "float32"
             for p in self.parameters():
                 p.astype(self.dtype)
+            self._invalidate()
+        return self
+
+    def set_precision(self, precision: str) -> Network:
+        """Make inference multiply by the weights in `precision` (lamina.precision): every layer's
+        product weights (Layer.product_weights) take the values they have in it (rounded to
+        bfloat16, or int8 per output channel times its scale, still held as float32), and their
+        packs are made in it when first used. Training multiplies in float32 (from these values);
+        a model file stores these weights in the precision. 'float32' only marks the network:
+        rounded weights stay as they are."""
+        check_precision(precision, "set_precision")
+        with self._lock.write():
+            if precision != "float32" and self.dtype != np.float32:
+                raise ValueError(f"set_precision({precision!r}): the network must be float32, found {self.dtype}")
+            weights = {id(p): p for layer in self.layers for p in map(layer.params.get, layer.product_weights())}
+            for p in weights.values():  # (each once: a tied weight is rounded once)
+                p.assign(round_to_precision(p.value, precision))
+            self.precision = precision
             self._invalidate()
         return self
 

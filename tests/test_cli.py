@@ -462,3 +462,24 @@ def test_infer_in_bfloat16_scores_within_the_precision(capsys):
         line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("perplexity of the input"))
         scores.append(float(line.rsplit(":", 1)[1]))
     assert abs(scores[1] / scores[0] - 1) < 0.01, scores
+
+
+def test_quantize_writes_an_int8_model_that_scores_within_two_percent(tmp_path, capsys):
+    """lamina quantize stores int8 weights; infer on it (and infer --dtype int8 on the float32
+    model) scores a text within 2% of float32."""
+    text = ("import os\nimport sys\n\n\ndef main(argv):\n    for name in sorted(os.listdir(argv[1])):\n"
+            "        if name.endswith('.py'):\n            print(os.path.join(argv[1], name))\n    return 0\n")
+    out = tmp_path / "lm8.lamina"
+    assert main(["quantize", "python_lm", "-o", str(out)]) == 0
+    assert "weights stored in int8" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    assert "parameters stored as float32, int8" in capsys.readouterr().out
+    assert lm.load(out).precision == "int8"
+    scores = []
+    for args in (["python_lm"], [str(out)], ["python_lm", "--dtype", "int8"]):
+        assert main(["infer", *args, "--text", text, "--tokens", "1"]) == 0
+        line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("perplexity of the input"))
+        scores.append(float(line.rsplit(":", 1)[1]))
+    assert scores[1] == scores[2] and abs(scores[1] / scores[0] - 1) < 0.02, scores
+    assert main(["quantize", "python_lm", "-o", str(tmp_path / "x.onnx")]) == 2
+    assert "writes a lamina model file" in capsys.readouterr().err

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import columns, stepwise
-from ..precision import check_precision
+from ..precision import ACTIVATION_LEVELS, WEIGHT_LEVELS, check_int8_pack, check_precision
 
 # position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
 # slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
@@ -97,27 +97,50 @@ class Backend(ABC):
 
     def pack(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
         """A packed form of alpha * op(b) for packed_gemm; a snapshot of b's values. With
-        precision 'bfloat16' the products from it multiply in bfloat16 (lamina.precision). Here a
-        copy of b (rounded to bfloat16 for that precision) with alpha and trans beside it, and
-        packed_gemm is one GEMM (of a rounded to bfloat16 for that precision)."""
+        precision 'bfloat16' or 'int8' the products from it multiply in that precision
+        (lamina.precision); an int8 pack quantizes per output channel, which are b's rows, so it
+        takes b as [n, k] with trans=True (a layer's [out, in] weight). Here a copy of b (rounded
+        to bfloat16, or its int8 integers with their scales) with alpha and trans beside it, and
+        packed_gemm is one GEMM of a in that precision."""
         check_precision(precision, "pack")
         if b.ndim != 2 or 0 in b.shape:
             raise ValueError(f"pack: b must be a non-empty 2-D array, found shape {b.shape}")
-        snapshot = self.empty(b.shape, b.dtype)
-        self.copy(b, snapshot)
+        check_int8_pack(precision, b, trans)
+        snapshot, scales = self.empty(b.shape, b.dtype), None
+        if precision == "int8":
+            scales = self.empty((b.shape[0],), b.dtype)
+            self.quantize_rows(b, snapshot, scales, WEIGHT_LEVELS, symmetric=True)
+        else:
+            self.copy(b, snapshot)
         if precision == "bfloat16":
             self.round_to_bfloat16(snapshot, snapshot)
-        return Snapshot(snapshot, trans, alpha, precision)
+        return Snapshot(snapshot, trans, alpha, precision, scales)
 
     def packed_gemm(self, a, packed, c, beta=0.0):
         """c = a @ packed + beta * c."""
         if a.ndim != 2 or a.shape[1] != packed.k:
             raise ValueError(f"packed_gemm: a must have {packed.k} columns, found shape {a.shape}")
+        if packed.precision == "int8":
+            return self._int8_product(a, packed, c, beta)
         if packed.precision == "bfloat16":
             rounded = self.scratch("packed_gemm bfloat16", a.shape, a.dtype)
             self.round_to_bfloat16(a, rounded)
             a = rounded
         self.gemm(a, packed.b, c, trans_b=packed.trans, alpha=packed.alpha, beta=beta)
+
+    def _int8_product(self, a, packed, c, beta):
+        """c = alpha (qa @ qbᵀ) * (scale of a's row x scale of b's channel) + beta c: a's rows
+        quantized, one GEMM of the integers (exact in float32 while a sum stays below 2^24), and
+        the outer product of the two scales multiplied in."""
+        m, n = a.shape[0], packed.n
+        qa = self.scratch("int8 rows", a.shape, a.dtype)
+        row_scales = self.scratch("int8 row scales", (m,), a.dtype)
+        self.quantize_rows(a, qa, row_scales, ACTIVATION_LEVELS)
+        sums = self.scratch("int8 sums", (m, n), a.dtype)
+        self.gemm(qa, packed.b, sums, trans_b=True)
+        scales = self.scratch("int8 scales", (m, n), a.dtype)
+        self.gemm(row_scales.reshape(m, 1), packed.scales.reshape(1, n), scales, alpha=packed.alpha)
+        self.multiply(sums, scales, c, beta)
 
     def packed_gemm_bias(self, a, packed, c, bias):
         """c = a @ packed + bias (added to every row of c)."""
@@ -159,6 +182,12 @@ class Backend(ABC):
     def round_to_bfloat16(self, x, y):
         """y = x rounded to the nearest bfloat16 value (ties to even; NaN stays NaN), in x's
         float32 type (y may be x)."""
+
+    @abstractmethod
+    def quantize_rows(self, x, q, scales, levels, symmetric=False):
+        """Each row of x (2-D float32) as integers q (float32, x's shape) times scales[row]
+        (lamina.precision.quantize_rows: symmetric in [-levels, levels], or a zero point and the
+        row's range in `levels` steps, q then the u8 value less its zero point)."""
 
     @abstractmethod
     def sum_squares(self, x, rows=None):
@@ -591,10 +620,12 @@ class HostStatistics:
 
 
 class Snapshot:
-    """The composed pack (Backend.pack): a copy of b, and alpha and trans to multiply it with."""
+    """The composed pack (Backend.pack): a copy of b, and alpha and trans to multiply it with;
+    for int8 products b's integers and the scales of its rows."""
 
-    def __init__(self, b: Any, trans: bool, alpha: float, precision: str = "float32") -> None:
+    def __init__(self, b: Any, trans: bool, alpha: float, precision: str = "float32", scales: Any = None) -> None:
         self.b, self.trans, self.alpha, self.dtype, self.precision = b, trans, alpha, b.dtype, precision
+        self.scales = scales
         self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
 
 

@@ -274,6 +274,14 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "round_to_bfloat16", x.dtype, self._global(x.size), x.base_data,
                   np.int32(x.offset // 4), y.base_data, np.int32(y.offset // 4), np.int32(x.size))
 
+    def quantize_rows(self, x, q, scales, levels, symmetric=False):
+        if x.dtype != np.float32 or x.ndim != 2 or q.shape != x.shape or q.dtype != x.dtype \
+                or scales.shape != (x.shape[0],) or scales.dtype != x.dtype:
+            raise TypeError(f"quantize_rows: x and q must be 2-D float32 of one shape and scales float32 of x's rows, "
+                            f"found x {x.dtype} {x.shape}, q {q.dtype} {q.shape}, scales {scales.dtype} {scales.shape}")
+        self._run("elementwise", "quantize_rows", x.dtype, self._global(x.shape[0]), x, q, scales,
+                  np.int32(x.shape[0]), np.int32(x.shape[1]), np.int32(levels), np.int32(bool(symmetric)))
+
     def sum_squares(self, x, rows=None):
         width = x.size // x.shape[0] if x.ndim else 1
         n = x.size if rows is None else len(rows) * width

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .base import Backend, HostStatistics, Snapshot, check_activation
-from ..precision import check_precision, round_bfloat16
+from ..precision import check_precision, quantize_rows, round_bfloat16
 from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 
 
@@ -102,7 +102,7 @@ class ReferenceBackend(HostStatistics, Backend):
         _with_beta(c, alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b)), beta)
 
     def pack(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
-        if check_precision(precision, "pack") == "bfloat16":  # (rounded operands: Backend's composed form)
+        if check_precision(precision, "pack") != "float32":  # (Backend's composed form)
             return super().pack(b, trans, alpha, max_rows, precision)
         return alpha * (b.T if trans else b).copy()
 
@@ -115,6 +115,11 @@ class ReferenceBackend(HostStatistics, Backend):
         if x.dtype != np.float32:
             raise TypeError(f"round_to_bfloat16: x must be float32, found {x.dtype}")
         y[...] = round_bfloat16(x)
+
+    def quantize_rows(self, x, q, scales, levels, symmetric=False):
+        if x.dtype != np.float32 or x.ndim != 2:
+            raise TypeError(f"quantize_rows: x must be 2-D float32, found {x.dtype} of shape {x.shape}")
+        q[...], scales[...] = quantize_rows(x, levels, symmetric)
 
     def add_bias(self, y, b):
         y += b

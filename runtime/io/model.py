@@ -1,8 +1,11 @@
 """lamina's model file format (version 2): one safetensors file, data only.
 
 Tensors: one per distinct parameter, keyed by the parameter's name, stored as float32 or (with
-`half=True`) float16, which loading widens to float32; arrays among the network's assets under
-'asset/<name>'; in a checkpoint, optimizer state under 'optim/<parameter>/<state>'.
+`half=True`) float16, which loading widens to float32. A network that multiplies in another
+precision (lamina.precision) stores its product weights (Layer.product_weights) in it: BF16 in a
+bfloat16 network, I8 in an int8 one with each output channel's scale under 'scale/<name>'
+(float32), so loading gives exactly the values the network had. Arrays among the network's assets
+are under 'asset/<name>'; in a checkpoint, optimizer state under 'optim/<parameter>/<state>'.
 Metadata (all strings): format 'lamina', version '1', 'graph' (JSON:
   {"inputs": [{name, shape, dtype, sequence}], "layers": [{name, kind, config, params: {local: key},
    frozen: [local…]}], "nodes": [{name, layer, inputs}], "outputs": {name: value}}),
@@ -34,33 +37,58 @@ import time
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
+from safetensors import TensorSpec, deserialize, serialize
 
 from ..errors import ModelFileError, NonFiniteModelError
 from ..graph import Network
 from ..layers.base import REGISTRY, parameters_from_file
-from ..precision import PRECISIONS
+from ..precision import PRECISIONS, bfloat16_bits, dequantize_weight, from_bfloat16_bits, quantize_weight
 from ..types import PathLike
 
 FORMAT = "lamina"
 VERSION = 2
 LEGACY_VERSIONS = (1,)  # read, never written: their digest covers the tensors alone
 # the tensor types a file may hold (safetensors' names): parameters are F32 or F16, assets any of these
-TENSOR_TYPES = ("F64", "F32", "F16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
+TENSOR_TYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL")
+NUMPY_TYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+               "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
+               "BOOL": np.bool_}
+# numpy has no bfloat16: a BF16 tensor is held as this one-field type over its 16-bit patterns (a type
+# of its own, so that it is neither taken for nor digested as U16)
+BFLOAT16 = np.dtype([("bfloat16", "<u2")])
 MAX_HEADER = 64 << 20  # bytes of JSON header a model file may have
 MAX_DEPTH = 32  # nesting of the graph JSON (a real graph nests about 6 levels)
-ASSET, OPTIM = "asset/", "optim/"
+ASSET, OPTIM, SCALE = "asset/", "optim/", "scale/"
 
 
 # ---------------------------------------------------------------------------- writing
 
 def describe(net):
-    """The graph of `net` as a JSON-able dict, and its parameter tensors by key."""
+    """The graph of `net` as a JSON-able dict, and its parameter tensors by key (product weights
+    in the network's precision, with their scales)."""
     graph = describe_graph(net)
-    tensors = {p.name: np.ascontiguousarray(p.value, dtype=np.float32) for layer in net.layers
-               for p in layer.params.values()}
+    products = {layer.params[local].name for layer in net.layers for local in layer.product_weights()}
+    tensors = {}
+    for layer in net.layers:
+        for p in layer.params.values():
+            value = np.ascontiguousarray(p.value, dtype=np.float32)
+            if p.name in products and net.precision == "bfloat16":
+                tensors[p.name] = bfloat16_bits(value).view(BFLOAT16)
+            elif p.name in products and net.precision == "int8":
+                tensors[p.name], tensors[SCALE + p.name] = quantize_weight(value)
+            else:
+                tensors[p.name] = value
     return graph, tensors
+
+
+def parameter_value(tensors, key):
+    """The float32 values of the parameter stored under `key`, whatever its stored type."""
+    stored = tensors[key]
+    if stored.dtype == BFLOAT16:
+        return from_bfloat16_bits(stored.view(np.uint16))
+    if stored.dtype == np.int8:
+        return dequantize_weight(stored, tensors[SCALE + key])
+    return stored.astype(np.float32)
 
 
 def describe_graph(net):
@@ -101,12 +129,13 @@ def digest(tensors, metadata=None):
 
 def _pack(net, half, extra_tensors=None, extra_metadata=None):
     graph, tensors = describe(net)
-    for key, value in tensors.items():
-        if not np.isfinite(value).all():
+    for key in tensors:
+        if not key.startswith(SCALE) and not np.isfinite(parameter_value(tensors, key)).all():
             raise NonFiniteModelError(f"parameter '{key}' holds NaN or infinity: the model was not written")
     if half:
         with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
-            tensors = {k: v.astype(np.float16) for k, v in tensors.items()}
+            tensors = {k: v.astype(np.float16) if v.dtype == np.float32 and not k.startswith(SCALE) else v
+                       for k, v in tensors.items()}
         for key, value in tensors.items():
             if not np.isfinite(value).all():
                 raise NonFiniteModelError(f"parameter '{key}' exceeds float16's range (largest magnitude "
@@ -121,7 +150,30 @@ def _pack(net, half, extra_tensors=None, extra_metadata=None):
     metadata = {"format": FORMAT, "version": str(VERSION), "graph": json.dumps(graph, allow_nan=False),
                 "assets": json.dumps(json_assets, allow_nan=False), **(extra_metadata or {})}
     metadata["digest"] = digest(tensors, metadata)
-    return st_save(tensors, metadata=metadata)
+    return _serialize(tensors, metadata)
+
+
+def stored_types(tensors):
+    """The types a file's parameters are stored as ('float32', 'bfloat16', 'int8', ...), sorted."""
+    return sorted({"bfloat16" if t.dtype == BFLOAT16 else str(t.dtype) for k, t in tensors.items()
+                   if not k.startswith((ASSET, OPTIM, SCALE))})
+
+
+def _serialize(tensors, metadata):
+    """The safetensors bytes of numpy tensors (BFLOAT16 ones as BF16)."""
+    held = {k: np.ascontiguousarray(v) for k, v in tensors.items()}  # (alive while serialize reads them)
+    specs = {k: TensorSpec(dtype="bfloat16" if v.dtype == BFLOAT16 else v.dtype.name, shape=v.shape,
+                           data_ptr=v.ctypes.data, data_len=v.nbytes) for k, v in held.items()}
+    return bytes(serialize(specs, metadata=metadata))
+
+
+def _deserialize(blob):
+    """numpy tensors of safetensors bytes (BF16 ones as BFLOAT16); types were checked by the caller."""
+    tensors = {}
+    for key, view in deserialize(blob):
+        dtype = BFLOAT16 if view["dtype"] == "BF16" else np.dtype(NUMPY_TYPES[view["dtype"]])
+        tensors[key] = np.frombuffer(view["data"], dtype=dtype).reshape(view["shape"])
+    return tensors
 
 
 def _umask():
@@ -235,8 +287,8 @@ def _read(path):
         for key, entry in header.items():
             if key != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") not in TENSOR_TYPES:
                 raise ModelFileError(f"{path}: tensor '{key}' has type {entry.get('dtype')!r}; a lamina model file "
-                                     f"holds {', '.join(TENSOR_TYPES)} tensors (parameters: F32 or F16)")
-        tensors = st_load(blob)
+                                     f"holds {', '.join(TENSOR_TYPES)} tensors (parameters: F32, F16, BF16 or I8)")
+        tensors = _deserialize(blob)
     except ModelFileError:
         raise
     except (SafetensorError, ValueError, UnicodeDecodeError, AttributeError, RecursionError, KeyError) as e:
@@ -327,11 +379,21 @@ def _check_graph(path, graph, tensors):
         for local, key in need(spec.get("params", {}), dict, f"layer '{name}''s params").items():
             if tensors is None:
                 continue
-            if not isinstance(key, str) or key not in tensors or key.startswith((ASSET, OPTIM)):
+            if not isinstance(key, str) or key not in tensors or key.startswith((ASSET, OPTIM, SCALE)):
                 fail(f"layer '{name}' parameter '{local}' refers to tensor {key!r}, which the file lacks")
-            if tensors[key].dtype not in (np.float32, np.float16):
-                fail(f"tensor '{key}' must be float32 or float16, found {tensors[key].dtype}")
-            if not np.all(np.isfinite(tensors[key])):
+            stored = tensors[key]
+            if stored.dtype not in (np.float32, np.float16, BFLOAT16, np.int8):
+                fail(f"tensor '{key}' must be F32, F16, BF16 or I8, found {stored.dtype}")
+            if stored.dtype == np.int8:
+                scale = tensors.get(SCALE + key)
+                expected = (stored.shape[0],) if stored.ndim else None
+                if scale is None or scale.dtype != np.float32 or scale.shape != expected:
+                    fail(f"int8 tensor '{key}' needs its scales: a float32 tensor '{SCALE}{key}' of shape {expected}, "
+                         f"found {'none' if scale is None else f'{scale.dtype} of shape {scale.shape}'}")
+                if not np.all(np.isfinite(scale)) or np.any(scale < 0):
+                    fail(f"tensor '{SCALE}{key}' must hold finite scales of at least 0")
+                used.add(SCALE + key)
+            if not np.all(np.isfinite(parameter_value(tensors, key))):
                 fail(f"tensor '{key}' contains NaN or infinity (refused: fix or retrain the model)")
             used.add(key)
     layer_names = {spec["name"] for spec in graph["layers"]}
@@ -386,7 +448,7 @@ def _build(path, graph, tensors):
                 if tensors[key].shape != p.shape:
                     raise ModelFileError(f"{path}: tensor '{key}' has shape {tensors[key].shape}; layer "
                                          f"'{spec['name']}' expects {p.shape} for '{local}'")
-                p.assign(tensors[key].astype(np.float32))
+                p.assign(parameter_value(tensors, key))
                 p.name = key
                 shared[key] = p
             p.frozen = local in spec.get("frozen", [])

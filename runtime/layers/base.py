@@ -95,6 +95,11 @@ class Layer:
         self.params[name] = p
         return p
 
+    def product_weights(self) -> tuple[str, ...]:
+        """The parameters (local names) this layer multiplies by in the network's precision
+        (lamina.precision): their packs are made in it, and a model file stores them in it."""
+        return ()
+
     def packed_weight(self, be, param, transpose, rows, precision="float32"):
         """op(param) packed for backend `be` (Backend.pack) and products in `precision`, for
         products of up to `rows` rows, rebuilt whenever the parameter's values or the backend

@@ -88,6 +88,9 @@ class Linear(_Activated):
                 raise ValueError(f"input {i} has {found} features, expected in_features={n_in}")
         return Spec((self.out_features,), sequence=common_rows(specs))
 
+    def product_weights(self):
+        return tuple(self.weight_names)
+
     def forward(self, ctx):
         """At inference, from the weights' packs where the backend computes faster from them
         (Backend.packs_fixed_weights), or where the network multiplies in another precision."""

@@ -102,6 +102,9 @@ class _Recurrent(Layer):
         out = Spec((self.directions * self.hidden_size,), sequence=True)
         return (out, state, state)[:len(self.output_labels)]
 
+    def product_weights(self):
+        return tuple(name for name in self.params if name.startswith(("weight_ih", "weight_hh")))
+
     # ------------------------------------------------------------------ shared pieces
     def uses_packed(self, be):
         """Whether the recurrent products use W_hh packed (Backend.pack): as the layer says, else

@@ -9,7 +9,7 @@ import numpy as np
 from .compiled import _kernels as K
 from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
-from ...precision import check_precision
+from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from .blas import default_provider, mkl, provider
 from ...threads import free_threads, get_num_threads, split_work
@@ -82,12 +82,14 @@ def _last_axis(a):
 class PackedMatrix:
     """alpha * op(B) packed for products with up to max_rows rows on the left: MKL's packed format
     (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h);
-    for bfloat16 products MKL's bfloat16 format ('mkl-bfloat16', whichever the provider).
-    `provider` names the format; only a backend of that provider computes with it."""
+    for bfloat16 products MKL's bfloat16 format ('mkl-bfloat16', whichever the provider), for int8
+    products MKL's s8 format ('mkl-int8') with each output channel's scale (times alpha) and the
+    sum of its integers. `provider` names the format; only a backend of that provider computes
+    with it."""
 
-    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None):
+    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None, scales=None, sums=None):
         self.provider, self.k, self.n, self.dtype, self.max_rows = provider, k, n, dtype, max_rows
-        self.handle, self.panels = handle, panels
+        self.handle, self.panels, self.scales, self.sums = handle, panels, scales, sums
 
 
 # An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in waking the
@@ -213,15 +215,20 @@ class CPUBackend(HostStatistics, Backend):
         k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         if k == 0 or n == 0:
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
-        if check_precision(precision, "pack") == "bfloat16":
-            if b.dtype != np.float32:
-                raise TypeError(f"pack: bfloat16 products take float32 weights, found {b.dtype}")
-            if self._mkl is None:  # (no bfloat16 GEMM in this build: the composed form)
-                return super().pack(b, trans, alpha, max_rows, precision)
+        check_precision(precision, "pack")
+        check_int8_pack(precision, b, trans)
+        if precision != "float32" and self._mkl is None:  # (no low-precision GEMM in this build: the composed form)
+            return super().pack(b, trans, alpha, max_rows, precision)
+        if precision == "bfloat16":
             bits = np.empty(b.shape, np.uint16)
             K.to_bfloat16(_flat(b), _flat(bits))
             return PackedMatrix("mkl-bfloat16", k, n, b.dtype, max(max_rows, 1),
                                 handle=self._mkl.pack_b_bf16(bits, trans, alpha, max_rows))
+        if precision == "int8":
+            q, scales = quantize_weight(b)
+            return PackedMatrix("mkl-int8", k, n, b.dtype, max(max_rows, 1), handle=self._mkl.pack_b_s8(q, max_rows),
+                                scales=(scales * np.float32(alpha)).astype(np.float32),
+                                sums=q.sum(axis=1, dtype=np.int32))
         if self.blas_name == "mkl":
             return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=self.blas.pack_b(b, trans, alpha, max_rows))
         panels = aligned_empty(K.panel_size(b, trans), b.dtype)
@@ -242,11 +249,11 @@ class CPUBackend(HostStatistics, Backend):
     def _packed_product(self, a, packed, c, beta, bias):
         if isinstance(packed, Snapshot) and isinstance(packed.b, np.ndarray):  # the composed form (no MKL)
             return super().packed_gemm(a, packed, c, beta) if bias is None else super().packed_gemm_bias(a, packed, c, bias)
-        expected = ("mkl-bfloat16",) + (("mkl",) if self.blas_name == "mkl" else ("panels",))
+        expected = ("mkl-bfloat16", "mkl-int8") + (("mkl",) if self.blas_name == "mkl" else ("panels",))
         if not isinstance(packed, PackedMatrix) or packed.provider not in expected:
             raise ValueError(f"packed_gemm: {self} computes with {expected[-1]!r} packs, found "
                              f"{getattr(packed, 'provider', type(packed).__name__)!r} (pack with this backend; "
-                             f"its bfloat16 packs are {expected[0]!r})")
+                             f"its bfloat16 and int8 packs are {expected[0]!r} and {expected[1]!r})")
         check_array("packed_gemm", "a", a, dtype=packed.dtype, ndim=2)
         check_array("packed_gemm", "c", c, dtype=packed.dtype, shape=(a.shape[0], packed.n))
         if bias is not None:
@@ -258,6 +265,8 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"packed_gemm: a has {a.shape[0]} rows, the pack was made for at most "
                              f"{packed.max_rows}")
         m, n = c.shape
+        if packed.provider == "mkl-int8":
+            return self._int8_packed_product(a, packed, c, beta, bias)
         if packed.provider == "mkl-bfloat16":
             bits = self.scratch("packed_gemm bfloat16", a.shape, np.uint16)
             K.to_bfloat16(_flat(a), _flat(bits))
@@ -278,6 +287,30 @@ class CPUBackend(HostStatistics, Backend):
         threads = free_threads() if m * n * packed.k >= PANEL_SPLIT_MIN else 1
         K.panel_gemm(a, packed.panels, n, c, beta, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads,
                      bias=bias)
+
+    def _int8_packed_product(self, a, packed, c, beta, bias):
+        """a's rows quantized to u8 with their scales and zero points, MKL's u8 x s8 product in
+        int32, and the scaling back to float32 (with the bias, or beta c)."""
+        m, n = c.shape
+        u = self.scratch("int8 rows", a.shape, np.uint8)
+        row_scales = self.scratch("int8 row scales", (m,), np.float32)
+        zeros = self.scratch("int8 zero points", (m,), np.int32)
+        K.quantize_rows_u8(a, u, row_scales, zeros, self.int8_activation_levels)
+        sums = self.scratch("int8 sums", (m, n), np.int32)
+        if free_threads() > 1:
+            K.team_rest()
+        self._mkl.packed_gemm_u8s8(u, packed.handle, sums)
+        K.dequantize_rows(sums, row_scales, zeros, packed.scales, packed.sums, c, bias, beta)
+
+    @property
+    def int8_activation_levels(self):
+        """Steps of an activation row in int8 products: 255 where MKL's u8 x s8 product sums
+        exactly (an int8 dot product: VNNI, AMX), else 127, which keeps its int16 pair sums from
+        saturating (probed once)."""
+        levels = self.__dict__.get("_int8_levels")
+        if levels is None:
+            levels = self.__dict__["_int8_levels"] = ACTIVATION_LEVELS if self._mkl.u8s8_sums_exact() else 127
+        return levels
 
     # -- bias, element-wise, rows
     def add_bias(self, y, b):
@@ -322,6 +355,14 @@ class CPUBackend(HostStatistics, Backend):
         check_array("round_to_bfloat16", "x", x, dtype=np.float32)
         _same("round_to_bfloat16", "x", x, y=y)
         K.round_bfloat16(_flat(x), _flat(y))
+
+    def quantize_rows(self, x, q, scales, levels, symmetric=False):
+        check_array("quantize_rows", "x", x, dtype=np.float32, ndim=2)
+        check_array("quantize_rows", "q", q, dtype=np.float32, shape=x.shape)
+        check_array("quantize_rows", "scales", scales, dtype=np.float32, shape=(x.shape[0],))
+        if not 1 <= levels <= 1 << 16:
+            raise ValueError(f"quantize_rows: levels must be in [1, 65536], found {levels}")
+        K.quantize_rows(_rows(x), _rows(q), scales, levels, symmetric)
 
     def sum_squares(self, x, rows=None):
         _float("sum_squares", "x", x)

@@ -1,0 +1,264 @@
+"""int8 dynamic quantization (lamina.precision, lm.quantize): the row quantization kernel and the
+int8 packed product on every backend against numpy, layers in int8 against float32 within bounds
+derived from the quantization, the model file's int8 and bfloat16 tensors, the non-VNNI path
+(127 activation steps) forced through MKL, and the shipped language model's perplexity.
+
+Bounds. A value quantized in steps of s is within s/2 of itself (round to nearest; the range of
+a row, or a weight channel's magnitude, is inside the grid, so nothing is clipped). With
+a = s_a q_a + e_a and w = s_w q_w + e_w, |e_a| <= s_a/2 and |e_w| <= s_w/2, a dot product over k
+moves by at most Σ_k (s_a/2 |w_k| + s_w/2 |a_k| + s_a s_w / 4). The integer sums are exact (int32
+in MKL; float32 while below 2^24 in the composed form), so against numpy's float64 product of the
+same integers only float32 rounding is left: a few units in the last place of the result, and
+k·2^-24 of Σ|q_a||q_w|·s_a·s_w where the sums leave float32's exact integers."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.backends.reference import ReferenceBackend
+from lamina.precision import (ACTIVATION_LEVELS, WEIGHT_LEVELS, dequantize_weight, quantize_rows, quantize_weight,
+                              round_bfloat16)
+
+EPS = 2.0 ** -24
+
+
+def quantization_bound(a, w, levels=ACTIVATION_LEVELS):
+    """Σ_k (s_a/2 |w_jk| + s_w/2 |a_ik| + s_a s_w / 4) for each (row i of a, row j of w)."""
+    _, sa = quantize_rows(a, levels)
+    _, sw = quantize_rows(w, WEIGHT_LEVELS, symmetric=True)
+    k = a.shape[1]
+    return (sa[:, None] / 2 * np.abs(w).sum(1)[None, :] + sw[None, :] / 2 * np.abs(a).sum(1)[:, None]
+            + k * sa[:, None] * sw[None, :] / 4)
+
+
+def test_the_numpy_definition_quantizes_within_half_a_step():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((50, 200)) * 10.0 ** rng.integers(-3, 3, (50, 1))).astype(np.float32)
+    x[1] = np.abs(x[1])  # all positive: the range is [0, max], zero point 0
+    x[2] = -np.abs(x[2])  # all negative: zero point 255
+    x[3] = 0  # all zero: scale 0
+    for levels, symmetric in ((255, False), (127, False), (127, True)):
+        q, s = quantize_rows(x, levels, symmetric)
+        assert np.array_equal(q, np.rint(q)) and s[3] == 0 and not q[3].any()
+        assert np.all(np.abs(q * s[:, None] - x) <= s[:, None] / 2 * (1 + 1e-6))
+        span = q.max(1) - q.min(1)
+        assert np.all(span[np.arange(50) != 3] >= levels - 1)  # the grid is used in full
+        if symmetric:
+            assert np.abs(q).max() == levels
+        else:
+            assert q[1].min() == 0 and q[2].max() == 0 and span.max() <= levels
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("m,k", [(1, 1), (7, 300), (600, 513)])
+def test_quantize_rows_kernel(backend, m, k, symmetric):
+    rng = np.random.default_rng(m + k)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    x[m // 2] = 0
+    q, s = np.empty_like(x), np.empty(m, np.float32)
+    backend.quantize_rows(x, q, s, 127 if symmetric else 255, symmetric)
+    want_q, want_s = quantize_rows(x, 127 if symmetric else 255, symmetric)
+    np.testing.assert_array_equal(s, want_s)
+    np.testing.assert_array_equal(q, want_q)
+
+
+@pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 700, 70, 0.5)])
+def test_int8_packed_product(backend, m, k, n, alpha):
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    a[:, :3] += 2.0  # rows whose range is not centred on 0
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    levels = getattr(backend, "int8_activation_levels", ACTIVATION_LEVELS)
+    qa, sa = quantize_rows(a, levels)
+    qw, sw = quantize_rows(w, WEIGHT_LEVELS, symmetric=True)
+    sums = qa.astype(np.float64) @ qw.T.astype(np.float64)
+    exact = alpha * sums * sa[:, None] * sw[None, :]
+    scale = np.abs(alpha) * sa[:, None] * sw[None, :]
+    rounding = 8 * EPS * np.abs(exact) + k * EPS * scale * (np.abs(qa) @ np.abs(qw).T) + 1e-30
+    packed = backend.pack(w, True, alpha, m, precision="int8")
+    c = np.full((m, n), 7.0, np.float32)
+    backend.packed_gemm(a, packed, c, beta=1.0)
+    assert np.all(np.abs(c - (exact + 7.0)) <= rounding + 16 * EPS * 7.0)
+    backend.packed_gemm_bias(a, packed, c, bias)
+    assert np.all(np.abs(c - (exact + bias)) <= rounding + 16 * EPS * np.abs(bias))
+    # within the quantization bound of the float32 product, and not the float32 product itself
+    full = alpha * (a.astype(np.float64) @ w.T.astype(np.float64))
+    assert np.all(np.abs(c - (full + bias)) <= abs(alpha) * quantization_bound(a, w, levels) + 1e-5)
+    if k >= 100:  # further from float32's than a float32 product's rounding could take it
+        assert np.abs(c - (full + bias)).max() > (k * EPS * np.abs(alpha) * (np.abs(a) @ np.abs(w).T)).max()
+
+
+def test_an_int8_pack_takes_the_weight_as_rows(backend):
+    w = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match="per output channel"):
+        backend.pack(w, False, 1.0, 2, precision="int8")
+    with pytest.raises(TypeError, match="float32 weights"):
+        backend.pack(w.astype(np.float64), True, 1.0, 2, precision="int8")
+
+
+def one_step_sequences(rows, width, seed):
+    rng = np.random.default_rng(seed)
+    return lm.Sequences.from_list([rng.standard_normal((1, width)).astype(np.float32) for _ in range(rows)])
+
+
+def build(make, width):
+    lm.manual_seed(4)
+    net = lm.Network()
+    x = net.input("x", width, sequence=True)
+    out = make()(x)
+    net.outputs(y=out[0] if isinstance(out, tuple) else out)
+    return net
+
+
+LAYERS = {"Linear": lambda w, h: lm.layers.Linear(w, h), "RNN": lambda w, h: lm.layers.RNN(w, h),
+          "LSTM": lambda w, h: lm.layers.LSTM(w, h), "GRU": lambda w, h: lm.layers.GRU(w, h)}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_layers_in_int8_are_within_the_quantization_of_float32(kind):
+    """One step from a zero state: each gate pre-activation x W_ihᵀ + b is within the
+    quantization bound of float32's; the cell's slopes bound how far the output moves (as for
+    bfloat16: RNN 1, LSTM 1.5, GRU 1.25 + |b_hn|/4)."""
+    width, hidden = 96, 64
+    f32 = build(lambda: LAYERS[kind](width, hidden), width)
+    q8 = lm.quantize(build(lambda: LAYERS[kind](width, hidden), width))
+    assert q8.precision == "int8"
+    seqs = one_step_sequences(40, width, 1)
+    want, got = (net.run({"x": seqs})["y"].values for net in (f32, q8))
+    layer = f32.layers[0]
+    w = layer.params["weight" if kind == "Linear" else "weight_ih_l0"].value
+    gates = quantization_bound(seqs.values, w).reshape(len(seqs.values), -1, hidden).max(axis=1)
+    if kind == "GRU":
+        slope = 1.25 + 0.25 * np.abs(layer.params["bias_hh_l0"].value[2 * hidden:]).max()
+    else:
+        slope = {"Linear": 1.0, "RNN": 1.0, "LSTM": 1.5}[kind]
+    assert np.all(np.abs(got - want) <= slope * gates + 1e-6)
+    assert np.abs(got - want).max() > 1e-4  # the products did run in int8
+
+
+def test_quantize_rounds_the_product_weights_to_their_int8_values():
+    net = build(lambda: lm.layers.LSTM(16, 8, num_layers=2), 16)
+    before = {k: p.value.copy() for k, p in net.layers[0].params.items()}
+    lm.quantize(net)
+    for k, p in net.layers[0].params.items():
+        if k.startswith("weight"):
+            q, s = quantize_weight(before[k])
+            np.testing.assert_allclose(p.value, dequantize_weight(q, s), rtol=1e-6, atol=0)
+            assert np.all(np.abs(p.value - before[k]) <= s[:, None] / 2 * (1 + 1e-6))
+        else:  # biases stay float32
+            np.testing.assert_array_equal(p.value, before[k])
+
+
+def test_int8_agrees_on_every_backend():
+    """An int8 LSTM and Linear on each device backend (and the core-only reference) against the
+    CPU's, one step from a zero state: the same integers everywhere (where the CPU sums 255
+    activation steps exactly), so only float32 rounding differs."""
+    from conftest import OPENCL_DEVICES
+    from lamina.testing import core_only
+    backends = [core_only(ReferenceBackend)()]
+    if OPENCL_DEVICES:
+        from lamina.backends.opencl import OpenCLBackend
+        backends += [OpenCLBackend(i) for i in range(len(OPENCL_DEVICES))]
+    if lm.CPUBackend().int8_activation_levels != ACTIVATION_LEVELS:
+        pytest.skip("this CPU's int8 products sum 127 activation steps (no VNNI): the other test covers it")
+    width, hidden = 64, 48
+    seqs = one_step_sequences(24, width, 3)
+    for make in (lambda: lm.layers.LSTM(width, hidden), lambda: lm.layers.Linear(width, hidden)):
+        want = lm.quantize(build(make, width)).run({"x": seqs})["y"].values
+        for be in backends:
+            got = lm.quantize(build(make, width).to(be)).run({"x": seqs})["y"].values
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(be))
+
+
+def test_the_path_without_an_int8_dot_product_sums_127_steps(tmp_path):
+    """MKL limited to AVX2 sums u8 x s8 pairs in int16, which saturates at 255 x 127 x 2: the
+    backend finds that out and quantizes activations in 127 steps, and the product stays exact
+    (on every machine: MKL_ENABLE_INSTRUCTIONS forces its AVX2 path)."""
+    import subprocess
+    import sys
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import numpy as np, lamina as lm\n"
+        "from lamina.precision import quantize_rows, WEIGHT_LEVELS\n"
+        "be = lm.CPUBackend()\n"
+        "rng = np.random.default_rng(0)\n"
+        "a = np.abs(rng.standard_normal((9, 300))).astype(np.float32); w = rng.standard_normal((20, 300)).astype(np.float32)\n"
+        "a[:, 0] = 9.0; w[:, 0] = 5.0  # steps at the top of both grids: the pairs that would saturate\n"
+        "c = np.empty((9, 20), np.float32)\n"
+        "be.packed_gemm(a, be.pack(w, True, 1.0, 9, 'int8'), c)\n"
+        "qa, sa = quantize_rows(a, be.int8_activation_levels); qw, sw = quantize_rows(w, WEIGHT_LEVELS, True)\n"
+        "want = (qa.astype(np.float64) @ qw.T) * sa[:, None] * sw\n"
+        "print(be.int8_activation_levels, float(np.abs(c - want).max() / np.abs(want).max()))\n")
+    for isa, levels in (("AVX2", 127), (None, lm.CPUBackend().int8_activation_levels)):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "MKL_ENABLE_INSTRUCTIONS"}
+        if isa:
+            env["MKL_ENABLE_INSTRUCTIONS"] = isa
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+        found, error = out.stdout.split()
+        assert int(found) == levels and float(error) < 1e-6, out.stdout
+
+
+@pytest.mark.parametrize("precision,stored", [("int8", "I8"), ("bfloat16", "BF16")])
+def test_the_model_file_stores_the_weights_in_the_precision(tmp_path, precision, stored):
+    net = build(lambda: lm.layers.LSTM(16, 8), 16).set_precision(precision)
+    seqs = one_step_sequences(5, 16, 0)
+    lm.save(net, tmp_path / "m.lamina")
+    back = lm.load(tmp_path / "m.lamina")
+    assert back.precision == precision
+    for (k, p), q in zip(net.layers[0].params.items(), back.layers[0].params.values()):
+        np.testing.assert_array_equal(q.value, p.value, err_msg=k)
+    np.testing.assert_array_equal(back.run({"x": seqs})["y"].values, net.run({"x": seqs})["y"].values)
+    import json
+    blob = (tmp_path / "m.lamina").read_bytes()
+    header = json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])
+    assert {header[k]["dtype"] for k in header if k.startswith("lstm") and ".weight" in k} == {stored}
+    assert {header[k]["dtype"] for k in header if k.startswith("lstm") and ".bias" in k} == {"F32"}
+    # other safetensors readers see the same numbers
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+    tensors = load_file(tmp_path / "m.lamina")
+    key = next(k for k in tensors if k.endswith("weight_ih_l0") and not k.startswith("scale/"))
+    value = tensors[key].float()
+    if precision == "int8":
+        value = value * tensors["scale/" + key][:, None]
+    np.testing.assert_allclose(value.numpy(), net.layers[0].params["weight_ih_l0"].value, rtol=1e-6)
+
+
+def test_a_damaged_int8_file_is_refused(tmp_path):
+    from lamina.io.model import _read, _serialize, digest
+    net = lm.quantize(build(lambda: lm.layers.Linear(8, 4), 8))
+    lm.save(net, tmp_path / "m.lamina")
+    metadata, tensors = _read(tmp_path / "m.lamina")
+    key = next(k for k in tensors if k.startswith("scale/"))
+    for change, message in ((lambda t: t.pop(key), "needs its scales"),
+                            (lambda t: t.__setitem__(key, -t[key]), "finite scales of at least 0"),
+                            (lambda t: t.__setitem__(key, t[key][:-1]), "needs its scales")):
+        damaged = dict(tensors)
+        change(damaged)
+        meta = dict(metadata)
+        meta["digest"] = digest(damaged, meta)
+        (tmp_path / "d.lamina").write_bytes(_serialize(damaged, meta))
+        with pytest.raises(lm.ModelFileError, match=message):
+            lm.load(tmp_path / "d.lamina")
+
+
+def test_the_language_model_perplexity_in_int8_is_within_two_percent():
+    from lamina.zoo import language
+    path = Path(__file__).resolve().parent.parent / "models/python_lm/model.lamina"
+    f32, q8 = lm.load(path), lm.quantize(lm.load(path))
+    _, held = language.stdlib_split()
+    tok = language.tokenizer(f32)
+    ids = np.concatenate([tok.encode(t) for t in language.read_texts(held[:12])])
+    chunks = language.chunk(ids, 48)
+    p32, p8 = language.perplexity(f32, chunks), language.perplexity(q8, chunks)
+    assert abs(p8 / p32 - 1) < 0.02, (p32, p8)
+
+
+def test_bfloat16_rounds_the_product_weights():
+    net = build(lambda: lm.layers.Linear(16, 8), 16)
+    w = net.layers[0].params["weight"].value.copy()
+    net.astype("bfloat16")
+    np.testing.assert_array_equal(net.layers[0].params["weight"].value, round_bfloat16(w))
+    assert not np.any(net.layers[0].params["weight"].value.view(np.uint32) & 0xFFFF)
