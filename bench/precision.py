@@ -1,12 +1,15 @@
-"""Suite `precision`: float32 against bfloat16 inference, lamina and PyTorch in the same run.
+"""Suite `precision`: float32 against bfloat16 and int8 inference, lamina and PyTorch in the same run.
 
-- LSTM 256 inference over 64 sequences of 30 steps (input = hidden = 256): lamina float32 and
-  `net.astype("bfloat16")`; PyTorch float32 and under `torch.autocast("cpu", dtype=torch.bfloat16)`.
-- Linear 256 x 1024 -> 1024 inference: lamina float32 and bfloat16; PyTorch float32 and with its
-  weight and input in bfloat16.
+- LSTM 256 inference over 64 sequences of 30 steps (input = hidden = 256): lamina float32,
+  `net.astype("bfloat16")` and `lm.quantize(net)` (int8); PyTorch float32, under
+  `torch.autocast("cpu", dtype=torch.bfloat16)`, and dynamically quantized
+  (`torch.ao.quantization.quantize_dynamic`, qint8).
+- Linear 256 x 1024 -> 1024 inference: the same three precisions; PyTorch float32, with its weight
+  and input in bfloat16, and dynamically quantized.
 
-GFLOP/s count the products (two per multiply-add). Row `lamina` is lamina in bfloat16: the ratio
-column divides each other implementation's time by it (lamina-float32 included)."""
+GFLOP/s count the products (two per multiply-add). Row `lamina` is lamina in the case's
+precision: the ratio column divides each other implementation's time by it (lamina-float32
+included)."""
 import numpy as np
 
 STEPS, SEQUENCES, SIZE = 30, 64, 256
@@ -24,14 +27,14 @@ def lamina_lstm(precision):
     net = lm.Network()
     x = net.input("x", SIZE, sequence=True)
     net.outputs(out=lm.layers.LSTM(SIZE, SIZE)(x)[0])
-    net.astype(precision)
+    net.set_precision(precision)
     feeds = {"x": lm.Sequences.from_list(_sequences())}
     return lambda: net.run(feeds)
 
 
 def torch_lstm(precision):
     import torch
-    module = torch.nn.LSTM(SIZE, SIZE).eval()
+    module = _dynamic_int8(torch, torch.nn.LSTM(SIZE, SIZE).eval(), precision)
     data = torch.from_numpy(np.stack(_sequences(), axis=1))  # [steps, batch, size]: equal lengths
 
     def infer():
@@ -40,13 +43,20 @@ def torch_lstm(precision):
     return infer
 
 
+def _dynamic_int8(torch, module, precision):
+    """PyTorch's dynamic quantization of the module's Linear/LSTM weights for 'int8'."""
+    if precision != "int8":
+        return module
+    return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear, torch.nn.LSTM}, dtype=torch.qint8)
+
+
 def lamina_linear(precision):
     import lamina as lm
     lm.manual_seed(0)
     net = lm.Network()
     x = net.input("x", IN)
     net.outputs(y=lm.layers.Linear(IN, OUT)(x))
-    net.astype(precision)
+    net.set_precision(precision)
     feeds = {"x": np.random.default_rng(2).standard_normal((ROWS, IN)).astype(np.float32)}
     return lambda: net.run(feeds)
 
@@ -54,7 +64,7 @@ def lamina_linear(precision):
 def torch_linear(precision):
     import torch
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    module = torch.nn.Linear(IN, OUT).eval().to(dtype)
+    module = _dynamic_int8(torch, torch.nn.Linear(IN, OUT).eval().to(dtype), precision)
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((ROWS, IN)).astype(np.float32)).to(dtype)
 
     def infer():
@@ -67,10 +77,12 @@ def run(bench, threads, rounds, have_torch):
     rows = []
     cases = (("lstm infer H=256 (64 x 30)", "lstm", 2.0 * 4 * SIZE * 2 * SIZE * STEPS * SEQUENCES),
              (f"linear infer {ROWS}x{IN}->{OUT}", "linear", 2.0 * ROWS * IN * OUT))
-    for name, kind, flops in cases:
-        impls = {"lamina": (f"bench.precision:lamina_{kind}", ["bfloat16"]),
-                 "lamina-float32": (f"bench.precision:lamina_{kind}", ["float32"])}
-        if have_torch:
-            impls.update({f"torch-{p}": (f"bench.precision:torch_{kind}", [p]) for p in ("bfloat16", "float32")})
-        rows += bench.time_case("precision", name, threads, impls, flops, rounds, turn_seconds=0.2)
+    for precision in ("bfloat16", "int8"):
+        for name, kind, flops in cases:
+            impls = {"lamina": (f"bench.precision:lamina_{kind}", [precision]),
+                     "lamina-float32": (f"bench.precision:lamina_{kind}", ["float32"])}
+            if have_torch:
+                impls.update({f"torch-{p}": (f"bench.precision:torch_{kind}", [p]) for p in (precision, "float32")})
+            rows += bench.time_case("precision", f"{name} {precision}", threads, impls, flops, rounds,
+                                    turn_seconds=0.2)
     return rows

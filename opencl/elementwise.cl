@@ -81,12 +81,14 @@ __kernel void quantize_rows(ARG(const REAL, x), ARG(REAL, q), ARG(REAL, scales),
     if (i >= rows) return;
     __global const REAL *xi = x + (long)i * k;
     __global REAL *qi = q + (long)i * k;
-    REAL lo = 0, hi = 0;
+    REAL lo = 0, hi = 0, bad = 0;
     for (int j = 0; j < k; j++) {
         lo = xi[j] < lo ? xi[j] : lo;
         hi = xi[j] > hi ? xi[j] : hi;
+        bad += xi[j] - xi[j];  /* NaN once a value is NaN or infinite: the scale is then NaN */
     }
-    const REAL scale = symmetric ? (-lo > hi ? -lo : hi) / (REAL)levels : (hi - lo) / (REAL)levels;
+    const REAL range = symmetric ? (-lo > hi ? -lo : hi) / (REAL)levels : (hi - lo) / (REAL)levels;
+    const REAL scale = isnan(bad) ? NAN : range;
     const REAL s = scale > 0 ? scale : 1;
     const REAL zero = symmetric || scale == 0 ? 0 : rint(-lo / s);
     const REAL low = symmetric ? -(REAL)levels : 0;

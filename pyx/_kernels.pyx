@@ -33,6 +33,11 @@ cdef enum:
 cdef enum:
     VOLUME_PARALLEL_MIN = 16384
 
+# int8 quantization of rows and the scaling back of their products: a few operations per value,
+# worth a second thread from this many values
+cdef enum:
+    QUANTIZE_PARALLEL_MIN = 65536
+
 # columns per block in bias_grad (a private accumulator of this many values per thread)
 cdef enum:
     BIAS_CHUNK = 512
@@ -485,14 +490,14 @@ def quantize_rows(const float[:, ::1] x, float[:, ::1] q, float[::1] scales, int
     """q, scales = each row of x as integers (less the zero point) and its scale
     (lamina.precision.quantize_rows)."""
     cdef Py_ssize_t i, m = x.shape[0], k = x.shape[1]
-    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > PARALLEL_MIN):
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > QUANTIZE_PARALLEL_MIN):
         lamina_quantize_row(&x[i, 0], k, levels, symmetric, &q[i, 0], &scales[i])
 
 
 def quantize_rows_u8(const float[:, ::1] x, unsigned char[:, ::1] u, float[::1] scales, int[::1] zeros, int levels):
     """u, scales, zeros = each row of x as u8 values in [0, levels], its scale and zero point."""
     cdef Py_ssize_t i, m = x.shape[0], k = x.shape[1]
-    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > PARALLEL_MIN):
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > QUANTIZE_PARALLEL_MIN):
         lamina_quantize_row_u8(&x[i, 0], k, levels, &u[i, 0], &scales[i], &zeros[i])
 
 
@@ -505,7 +510,7 @@ def dequantize_rows(const int[:, ::1] c, const float[::1] row_scales, const int[
     if bias is not None:
         b = bias
         bp = &b[0]
-    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * n > PARALLEL_MIN):
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * n > QUANTIZE_PARALLEL_MIN):
         lamina_dequantize_row(&c[i, 0], n, row_scales[i], zeros[i], &col_scales[0], &col_sums[0], bp, beta, &y[i, 0])
 
 

@@ -66,10 +66,13 @@ def quantize_rows(x: np.ndarray, levels: int, symmetric: bool = False) -> tuple[
     symmetric: scale = the row's largest magnitude / levels, q in [-levels, levels]. Otherwise the
     row's range widened to hold 0, [lo, hi], is `levels` steps: scale = (hi - lo) / levels, the
     zero point z = round(-lo / scale), and q = clip(round(x / scale) + z, 0, levels) - z (the u8
-    value less its zero point). An all-zero row has scale 0 and q 0. Rounding is to nearest, ties
-    to even, all in float32: every backend's kernel computes these same values."""
+    value less its zero point). An all-zero row has scale 0 and q 0; a row holding NaN or infinity
+    has scale NaN and q 0, so its products are NaN. Rounding is to nearest, ties to even, all in
+    float32: every backend's kernel computes these same values."""
     x = np.asarray(x, dtype=np.float32)
     f32 = np.float32
+    finite = np.isfinite(x).all(axis=1)
+    x = np.where(np.isfinite(x), x, f32(0))  # (the scale says NaN below)
     if symmetric:
         scale = (np.abs(x).max(axis=1, initial=0) / f32(levels)).astype(f32)
     else:
@@ -77,6 +80,7 @@ def quantize_rows(x: np.ndarray, levels: int, symmetric: bool = False) -> tuple[
         hi = np.maximum(x.max(axis=1, initial=0), f32(0))
         scale = ((hi - lo) / f32(levels)).astype(f32)
     safe = np.where(scale > 0, scale, f32(1))[:, None]
+    scale = np.where(finite, scale, f32(np.nan)).astype(f32)
     with np.errstate(invalid="ignore"):
         steps = np.rint(x / safe)
         if symmetric:
@@ -84,7 +88,8 @@ def quantize_rows(x: np.ndarray, levels: int, symmetric: bool = False) -> tuple[
         else:
             zero = np.rint(-lo / safe[:, 0])[:, None]
             q = np.clip(steps + zero, 0, levels) - zero
-    q = np.where(scale[:, None] > 0, q, f32(0)).astype(f32)
+    with np.errstate(invalid="ignore"):
+        q = np.where(scale[:, None] > 0, q, f32(0)).astype(f32)
     return q, scale
 
 

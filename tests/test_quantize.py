@@ -90,6 +90,18 @@ def test_int8_packed_product(backend, m, k, n, alpha):
         assert np.abs(c - (full + bias)).max() > (k * EPS * np.abs(alpha) * (np.abs(a) @ np.abs(w).T)).max()
 
 
+def test_a_row_with_nan_or_infinity_gives_nan_not_a_number_that_looks_right(backend):
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((4, 40)).astype(np.float32)
+    a[1, 7], a[2, 39] = np.nan, np.inf
+    q, s = np.empty_like(a), np.empty(4, np.float32)
+    backend.quantize_rows(a, q, s, ACTIVATION_LEVELS)
+    assert list(np.isnan(s)) == [False, True, True, False]
+    c = np.empty((4, 6), np.float32)
+    backend.packed_gemm(a, backend.pack(rng.standard_normal((6, 40)).astype(np.float32), True, 1.0, 4, "int8"), c)
+    assert np.isnan(c[1:3]).all() and np.isfinite(c[[0, 3]]).all()
+
+
 def test_an_int8_pack_takes_the_weight_as_rows(backend):
     w = np.ones((4, 3), np.float32)
     with pytest.raises(ValueError, match="per output channel"):
