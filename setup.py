@@ -13,6 +13,7 @@ MKL is optional: where the environment has no mkl-devel (MKL has no wheel for Ar
 LAMINA_WITHOUT_MKL=1 is set, lamina is built without its MKL provider and runs on OpenBLAS alone.
 """
 import os
+import platform
 import sys
 import sysconfig
 from pathlib import Path
@@ -71,9 +72,12 @@ np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 KERNEL_HEADERS = ["cells.h", "cells_impl.h", "clones.h", "panels.h", "panels_impl.h", "recurrence.h", "recurrence_impl.h",
                   "volumes.h", "volumes_impl.h", "direct_conv.h", "direct_conv_impl.h", "winograd.h", "winograd_impl.h",
                   "pools.h", "pools_impl.h", "softmax.h", "softmax_impl.h", "epilogue.h", "epilogue_impl.h",
-                  "instantiate.h", "team.h", "convert.h"]
-# (module suffix, macros): the build with every clone, and the baseline alone
-ISA_BUILDS = [("", []), ("_baseline", [("LAMINA_BASELINE", "1")])]
+                  "instantiate.h", "team.h", "convert.h", "quantize.h"]
+# (module suffix, macros, compiler flags): the build with the AVX2 clones, the baseline alone, and
+# on x86-64 the AVX-512 target (x86-64-v4) alone
+ISA_BUILDS = [("", [], []), ("_baseline", [("LAMINA_NO_CLONES", "1")], [])]
+if platform.machine() in ("x86_64", "AMD64"):
+    ISA_BUILDS.append(("_avx512", [("LAMINA_NO_CLONES", "1")], ["-march=x86-64-v4"]))
 
 extensions = [
     Extension(
@@ -94,18 +98,18 @@ extensions = [
         include_dirs=["pyx", numpy.get_include()],
         depends=["pyx/_kernels.pyx"] + [f"pyx/{h}" for h in KERNEL_HEADERS],
         extra_link_args=common_link,
-        extra_compile_args=common_compile,
+        extra_compile_args=common_compile + flags,
         define_macros=np_macros + macros,
-    ) for suffix, macros in ISA_BUILDS),
+    ) for suffix, macros, flags in ISA_BUILDS),
     *(Extension(
         f"lamina.backends.cpu._selective{suffix}",
         [f"pyx/_selective{suffix}.pyx"],
         include_dirs=["pyx", numpy.get_include()],
         depends=["pyx/_selective.pyx", "pyx/rows.h", "pyx/clones.h"],
         extra_link_args=common_link,
-        extra_compile_args=common_compile,
+        extra_compile_args=common_compile + flags,
         define_macros=np_macros + macros,
-    ) for suffix, macros in ISA_BUILDS),
+    ) for suffix, macros, flags in ISA_BUILDS),
 ]
 if mkl is not None:
     mkl_root, mkl_runtime = mkl

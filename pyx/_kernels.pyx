@@ -9,6 +9,7 @@ Conventions (the same for every backend, see lamina.backends.base):
   and nothing is bounds-checked.
 """
 from cython.parallel cimport parallel, prange
+from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from libc.math cimport erf, exp, expm1, log, log1p, tanh, sqrt, fabs
@@ -512,6 +513,105 @@ def dequantize_rows(const int[:, ::1] c, const float[::1] row_scales, const int[
         bp = &b[0]
     for i in prange(m, nogil=True, schedule="static", use_threads_if=m * n > QUANTIZE_PARALLEL_MIN):
         lamina_dequantize_row(&c[i, 0], n, row_scales[i], zeros[i], &col_scales[0], &col_sums[0], bp, beta, &y[i, 0])
+
+
+ctypedef void (*bf16_product_t)(int m, int n, int k, float alpha, const unsigned short* a, const void* packed,
+                                float beta, float* c) noexcept nogil
+ctypedef void (*u8s8_product_t)(int m, int n, int k, const unsigned char* a, const void* packed, int* c) noexcept nogil
+
+# the cells of the reduced-precision recurrence (lamina.backends.cpu.fused_recurrence.FUSED_CELLS)
+cdef enum:
+    CELL_RNN_TANH = 0
+    CELL_RNN_RELU = 1
+    CELL_LSTM = 2
+    CELL_GRU = 3
+
+# a step's cells go parallel from this many hidden units (rows x H)
+cdef enum:
+    REDUCED_CELL_PARALLEL_MIN = 8192
+
+
+cdef void _reduced_product(const float* h, int rows, int H, int n, const void* packed, float alpha, uintptr_t product,
+                           bint int8, unsigned short* bits, unsigned char* u, float* row_scales, int* zeros,
+                           int* sums, const float* col_scales, const int* col_sums, int levels, const float* bias,
+                           float beta, float* out) noexcept nogil:
+    """out = h @ P (+ bias, or + beta out): P (H rows, n columns) the bfloat16 or s8 pack of W_hhᵀ
+    multiplied by `product` (lamina.backends.cpu._mkl.product_functions), h's rows rounded to
+    bfloat16 or quantized to u8 and the int32 sums scaled back."""
+    cdef int r
+    if not int8:
+        lamina_to_bfloat16(h, bits, <long>rows * H)
+        if bias != NULL:
+            for r in range(rows):
+                memcpy(out + <long>r * n, bias, n * sizeof(float))
+            beta = 1.0
+        (<bf16_product_t>product)(rows, n, H, alpha, bits, packed, beta, out)
+        return
+    for r in range(rows):
+        lamina_quantize_row_u8(h + <long>r * H, H, levels, u + <long>r * H, &row_scales[r], &zeros[r])
+    (<u8s8_product_t>product)(rows, n, H, u, packed, sums)
+    for r in range(rows):
+        lamina_dequantize_row(sums + <long>r * n, n, row_scales[r], zeros[r], col_scales, col_sums, bias, beta,
+                              out + <long>r * n)
+
+
+cdef inline float* _first_row(float[:, ::1] a, bint present) noexcept nogil:
+    return &a[0, 0] if present else NULL
+
+
+def recurrence_forward_reduced(int cell, const long[::1] starts, float[:, ::1] g, uintptr_t packed, int n,
+                               float alpha, uintptr_t product, bint int8, const float[::1] col_scales,
+                               const int[::1] col_sums, int levels, float[:, ::1] hh, const float[::1] b_hh,
+                               bint has_b_hh, float[:, ::1] hs, float[:, ::1] cs, bint has_cs,
+                               float[:, ::1] init_h, bint has_init_h, float[:, ::1] init_c, bint has_init_c,
+                               unsigned short[:, ::1] bits, unsigned char[:, ::1] u, float[::1] row_scales,
+                               int[::1] zeros, int[:, ::1] sums):
+    """A layer direction's forward at inference with W_hh's products in bfloat16 or int8, every
+    step in one call: step t's rows are starts[t]..starts[t + 1] (the sequences still running,
+    longest first), the previous states the first rows of step t - 1 (or the initial states). g
+    holds x W_ihᵀ + bias and is activated in place (RNN: h = act(g)); GRU's recurrent products,
+    with b_hh, go to hh. The caller checked every shape (lamina.backends.cpu.fused_recurrence)."""
+    cdef Py_ssize_t steps = starts.shape[0] - 1, t, r, r0, b, j
+    cdef int H = hs.shape[1]
+    cdef const float* prev
+    cdef const float* prev_c
+    cdef const float* bias = &b_hh[0] if has_b_hh else NULL
+    cdef float* target
+    cdef float v
+    with nogil:
+        for t in range(steps):
+            r0 = starts[t]
+            b = starts[t + 1] - r0
+            if t == 0:
+                prev = _first_row(init_h, has_init_h)
+                prev_c = _first_row(init_c, has_init_c)
+            else:
+                prev = &hs[starts[t - 1], 0]
+                prev_c = &cs[starts[t - 1], 0] if has_cs else NULL
+            target = &hh[r0, 0] if cell == CELL_GRU else &g[r0, 0]
+            if prev != NULL:
+                _reduced_product(prev, <int>b, H, n, <const void*>packed, alpha, product, int8, &bits[0, 0], &u[0, 0],
+                                 &row_scales[0], &zeros[0], &sums[0, 0], &col_scales[0], &col_sums[0], levels,
+                                 bias if cell == CELL_GRU else NULL, 0.0 if cell == CELL_GRU else 1.0, target)
+            elif cell == CELL_GRU:
+                for r in range(b):
+                    for j in range(n):
+                        target[r * n + j] = bias[j] if bias != NULL else 0.0
+            for r in prange(b, schedule="static", use_threads_if=b * H >= REDUCED_CELL_PARALLEL_MIN):
+                if cell == CELL_LSTM:
+                    lstm_row_f(H, H, &g[r0 + r, 0], NULL, prev_c + r * H if prev_c != NULL else NULL,
+                               &cs[r0 + r, 0], &hs[r0 + r, 0])
+                elif cell == CELL_GRU:
+                    gru_row_f(H, H, &g[r0 + r, 0], NULL, &hh[r0 + r, 0], prev + r * H if prev != NULL else NULL,
+                              &hs[r0 + r, 0])
+                else:
+                    for j in range(H):
+                        v = g[r0 + r, j]
+                        if cell == CELL_RNN_TANH:
+                            v = lamina_fast_tanhf(v)
+                        elif v < 0:
+                            v = 0.0
+                        hs[r0 + r, j] = v
 
 
 def sum_squares(real[::1] x):

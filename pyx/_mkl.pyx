@@ -105,6 +105,11 @@ cdef class PackedB:
             mkl_free(self.buf)
 
     @property
+    def address(self):
+        """Where the packed data starts (for product_functions' callers; valid while this lives)."""
+        return <uintptr_t>self.buf
+
+    @property
     def nbytes(self):
         if self.itemsize == 1:
             return cblas_gemm_s8u8s32_pack_get_size(CblasBMatrix, self.max_m, self.n, self.k)
@@ -222,3 +227,25 @@ def u8s8_sums_exact():
         cblas_gemm_s8u8s32(CblasRowMajor, CblasNoTrans, CblasNoTrans, CblasFixOffset, 1, 1, 64, 1.0,
                            a, 64, 0, b, 1, 0, 0.0, &c, 1, &zero)
     return c == 255 * 127 * 64
+
+
+
+cdef void _bf16_product(int m, int n, int k, float alpha, const unsigned short* a, const void* packed, float beta,
+                        float* c) noexcept nogil:
+    cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, alpha, a, k,
+                                   <const unsigned short*>packed, n, beta, c, n)
+
+
+cdef void _u8s8_product(int m, int n, int k, const unsigned char* a, const void* packed, int* c) noexcept nogil:
+    cdef int zero = 0
+    cblas_gemm_s8u8s32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, CblasFixOffset, m, n, k, 1.0, a, k, 0,
+                               packed, n, 0, 0.0, c, n, &zero)
+
+
+def product_functions():
+    """The addresses of two C functions over packs made here, for compiled loops elsewhere (the
+    reduced-precision recurrence of lamina.backends.cpu._kernels), which call them without the GIL:
+    bfloat16 `void (int m, int n, int k, float alpha, const uint16 *a, const void *pack, float beta,
+    float *c)`, c = alpha a @ P + beta c; int8 `void (int m, int n, int k, const uint8 *a,
+    const void *pack, int32 *c)`, c = a @ P."""
+    return <uintptr_t>&_bf16_product, <uintptr_t>&_u8s8_product

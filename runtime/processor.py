@@ -8,7 +8,7 @@ import functools
 import platform
 
 # the instruction sets that decide a kernel's path, lowest first, as /proc/cpuinfo names them
-INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512dq", "avx512cd", "avx512vl",
                     "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 
 

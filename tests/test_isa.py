@@ -1,6 +1,6 @@
 """Instruction-set paths (lamina.backends.cpu.compiled): LAMINA_ISA picks the build, and the
-kernel tests pass on the baseline path too, whatever this machine has, so every path is tested on
-every machine (the default run tests the path this CPU takes)."""
+kernel tests pass on every path below the one this CPU takes (the default run tests that one), so
+every path this machine can run is tested on it."""
 import os
 import subprocess
 import sys
@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from lamina.backends.cpu.compiled import NEEDS, PATH, PATHS
 from lamina.processor import instruction_sets
 
 ROOT = Path(__file__).resolve().parent.parent
 # the tests of the compiled CPU kernels: conformance, convolutions, the recurrence, selective
 # rows, pools, bfloat16 conversion
 KERNEL_TESTS = ["tests/test_kernels.py", "tests/test_conv_algorithms.py", "tests/test_recurrent.py",
-                "tests/test_selective.py", "tests/test_volume.py", "tests/test_precision.py"]
+                "tests/test_selective.py", "tests/test_volume.py", "tests/test_precision.py", "tests/test_quantize.py"]
 
 
 def run_python(code, **env):
@@ -22,12 +23,18 @@ def run_python(code, **env):
                           env={**os.environ, **env})
 
 
-@pytest.mark.parametrize("asked,path,module", [("baseline", "baseline", "_kernels_baseline"),
-                                               ("auto", None, None)])
-def test_lamina_isa_picks_the_build(asked, path, module):
-    has_avx2 = {"avx2", "fma"} <= set(instruction_sets())
-    path = path or ("avx2" if has_avx2 else "baseline")
-    module = module or ("_kernels" if path == "avx2" else "_kernels_baseline")
+def runnable(path):
+    return NEEDS[path] <= set(instruction_sets())
+
+
+@pytest.mark.parametrize("asked", PATHS)
+def test_lamina_isa_picks_the_build(asked):
+    if asked != "auto" and not runnable(asked):
+        proc = run_python("import lamina; lamina.Network()", LAMINA_ISA=asked)
+        assert proc.returncode != 0 and f"LAMINA_ISA={asked}: this CPU lacks" in proc.stderr
+        return
+    path = next(p for p in PATHS[1:] if runnable(p)) if asked == "auto" else asked
+    module = {"avx512": "_kernels_avx512", "avx2": "_kernels", "baseline": "_kernels_baseline"}[path]
     proc = run_python("from lamina.backends.cpu import compiled; "
                       "print(compiled.PATH, compiled._kernels.__name__.rsplit('.', 1)[1])", LAMINA_ISA=asked)
     assert proc.returncode == 0, proc.stderr
@@ -37,14 +44,18 @@ def test_lamina_isa_picks_the_build(asked, path, module):
 def test_a_bad_lamina_isa_is_one_clear_error():
     proc = run_python("import lamina; print('imported'); lamina.Network()", LAMINA_ISA="avx9000")
     assert proc.stdout.startswith("imported")
-    assert proc.returncode != 0 and "LAMINA_ISA: expected one of auto, avx2, baseline, found 'avx9000'" in proc.stderr
+    assert proc.returncode != 0 and "LAMINA_ISA: expected one of auto, avx512, avx2, baseline, found 'avx9000'" \
+        in proc.stderr
 
 
-def test_the_kernel_tests_pass_on_the_baseline_path():
+@pytest.mark.parametrize("path", [p for p in PATHS[1:]])
+def test_the_kernel_tests_pass_on_every_lower_path(path):
+    if path == PATH or not runnable(path):
+        pytest.skip(f"{path}: {'the path this run takes' if path == PATH else 'this CPU cannot run it'}")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *KERNEL_TESTS,
                            "-k", "not opencl and not reference-core", "-m", "not slow"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "LAMINA_ISA": "baseline"})
+                          env={**os.environ, "LAMINA_ISA": path})
     tail = proc.stdout[-3000:]
     assert proc.returncode == 0, tail + proc.stderr[-2000:]
     assert " passed" in tail and "failed" not in tail

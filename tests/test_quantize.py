@@ -274,3 +274,33 @@ def test_bfloat16_rounds_the_product_weights():
     net.astype("bfloat16")
     np.testing.assert_array_equal(net.layers[0].params["weight"].value, round_bfloat16(w))
     assert not np.any(net.layers[0].params["weight"].value.view(np.uint32) & 0xFFFF)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN", "RNN-relu"])
+def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch, kind, precision):
+    """The CPU's whole-direction loop (fused_recurrence.reduced_forward) against the layer's
+    steps one at a time, on a ragged batch through two bidirectional layers with initial states:
+    the same products of the same operands, so equal but for the order of float32 sums."""
+    from lamina.backends.cpu import fused_recurrence
+    rng = np.random.default_rng(7)
+    lm.manual_seed(2)
+    make = {"LSTM": lambda: lm.layers.LSTM(24, 40, num_layers=2, bidirectional=True),
+            "GRU": lambda: lm.layers.GRU(24, 40, num_layers=2, bidirectional=True),
+            "RNN": lambda: lm.layers.RNN(24, 40, num_layers=2, bidirectional=True),
+            "RNN-relu": lambda: lm.layers.RNN(24, 40, num_layers=2, bidirectional=True, nonlinearity="relu")}[kind]
+    net = lm.Network()
+    x, h0 = net.input("x", 24, sequence=True), net.input("h0", [4, 40])
+    layer = make()
+    net.outputs(y=layer(x, h0)[0])
+    net.set_precision(precision)
+    seqs = lm.Sequences.from_list([rng.standard_normal((n, 24)).astype(np.float32) for n in (7, 1, 12, 5, 12, 3)])
+    feeds = {"x": seqs, "h0": rng.standard_normal((6, 4, 40)).astype(np.float32)}
+    calls = []
+    original = fused_recurrence.reduced_forward
+    monkeypatch.setattr(fused_recurrence, "reduced_forward", lambda *a: calls.append(1) or original(*a))
+    fused = net.run(feeds)["y"].values
+    assert len(calls) == 4  # two layers, two directions
+    monkeypatch.setattr(fused_recurrence, "fuses_reduced", lambda *a: False)
+    stepwise = net.run(feeds)["y"].values
+    np.testing.assert_allclose(fused, stepwise, rtol=0, atol=1e-6)

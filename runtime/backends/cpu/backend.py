@@ -601,6 +601,8 @@ class CPUBackend(HostStatistics, Backend):
     packs_recurrent_weights = True
 
     def recurrence_forward(self, cell, ctx, run):
+        if fused_recurrence.fuses_reduced(cell, self, ctx):
+            return fused_recurrence.reduced_forward(self, cell, ctx, run)
         fused = fused_recurrence.fuses(cell, self) and ctx.precision == "float32"  # (its panels are float32)
         (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 

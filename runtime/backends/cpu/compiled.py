@@ -1,35 +1,50 @@
 """The CPU backend's compiled kernels for the instruction-set path this process takes.
 
-The kernels (`_kernels`, `_selective`) are built twice from the same sources: with the hot row,
-cell, volume and convolution loops cloned for x86-64-v3 (AVX2 + FMA) beside the baseline, the
-loader running the clone the CPU supports; and as `_kernels_baseline`/`_selective_baseline`, the
-baseline alone. `LAMINA_ISA` picks the path:
-- `auto` (the default) and `avx2`: the cloned build (avx2 refuses a CPU without AVX2 and FMA);
+The kernels (`_kernels`, `_selective`) are built three times from the same sources: with the hot
+row, cell, volume and convolution loops cloned for x86-64-v3 (AVX2 + FMA) beside the baseline, the
+loader running the clone the CPU supports; as `_kernels_avx512`/`_selective_avx512`, for
+x86-64-v4 (AVX-512 F/BW/DQ/CD/VL) alone, where the loops the compiler vectorises run 16 floats
+wide; and as `_kernels_baseline`/`_selective_baseline`, the baseline alone. `LAMINA_ISA` picks
+the path:
+- `auto` (the default): the widest this CPU runs;
+- `avx512`: the AVX-512 build (refused on a CPU without those sets);
+- `avx2`: the cloned build (refused on a CPU without AVX2 and FMA);
 - `baseline`: the baseline build, on any x86-64 CPU.
 So every path is tested on every machine that has it, by forcing the lower ones.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 from ...errors import SettingError
 from ...processor import instruction_sets
 
-PATHS = ("auto", "avx2", "baseline")
+PATHS = ("auto", "avx512", "avx2", "baseline")
+# the instruction sets each path needs, and the suffix of its modules
+NEEDS = {"avx512": {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512cd", "avx512vl"},
+         "avx2": {"avx2", "fma"}, "baseline": set()}
+SUFFIX = {"avx512": "_avx512", "avx2": "", "baseline": "_baseline"}
+LABEL = {"avx512": "AVX-512 (x86-64-v4)", "avx2": "AVX2 + FMA clones (x86-64-v3)", "baseline": "baseline (x86-64)"}
+
+
+def _built(path: str) -> bool:
+    return importlib.util.find_spec(f"lamina.backends.cpu._kernels{SUFFIX[path]}") is not None
 
 
 def chosen_path() -> str:
-    """The path LAMINA_ISA asks for, checked against this CPU ('auto' resolved)."""
+    """The path LAMINA_ISA asks for, checked against this CPU and this build ('auto' resolved)."""
     asked = os.environ.get("LAMINA_ISA", "auto") or "auto"
     if asked not in PATHS:
         raise SettingError(f"LAMINA_ISA: expected one of {', '.join(PATHS)}, found {asked!r}")
     found = set(instruction_sets())
-    has_avx2 = {"avx2", "fma"} <= found
-    if asked == "avx2" and not has_avx2:
-        raise SettingError(f"LAMINA_ISA=avx2: this CPU lacks {', '.join(sorted({'avx2', 'fma'} - found))}")
     if asked == "auto":
-        return "avx2" if has_avx2 else "baseline"
+        return next(path for path in PATHS[1:] if NEEDS[path] <= found and _built(path))
+    if not NEEDS[asked] <= found:
+        raise SettingError(f"LAMINA_ISA={asked}: this CPU lacks {', '.join(sorted(NEEDS[asked] - found))}")
+    if not _built(asked):
+        raise SettingError(f"LAMINA_ISA={asked}: this installation has no {asked} build (it is built on x86-64 only)")
     return asked
 
 
@@ -37,14 +52,12 @@ try:
     PATH = chosen_path()
 except SettingError:  # raised again by lamina.threads.check_environment (the first network made)
     PATH = "baseline"
-_suffix = "_baseline" if PATH == "baseline" else ""
-_kernels = importlib.import_module(f"lamina.backends.cpu._kernels{_suffix}")
-_selective = importlib.import_module(f"lamina.backends.cpu._selective{_suffix}")
+_kernels = importlib.import_module(f"lamina.backends.cpu._kernels{SUFFIX[PATH]}")
+_selective = importlib.import_module(f"lamina.backends.cpu._selective{SUFFIX[PATH]}")
 
 
 def describe() -> dict[str, str]:
     """{kernel family: the path it takes}, for `lamina devices`."""
-    row = ("AVX2 + FMA clones (x86-64-v3)" if PATH == "avx2" else "baseline (x86-64)") + \
-        (" (forced by LAMINA_ISA)" if os.environ.get("LAMINA_ISA", "auto") not in ("", "auto") else "")
+    row = LABEL[PATH] + (" (forced by LAMINA_ISA)" if os.environ.get("LAMINA_ISA", "auto") not in ("", "auto") else "")
     return {"row, cell, pool and volume kernels": row, "direct and Winograd convolutions": row,
             "panel GEMM (the fused recurrence)": row, "selective rows": row}

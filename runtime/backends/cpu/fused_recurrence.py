@@ -3,6 +3,11 @@ BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole lay
 as one compiled call on a team of threads (team.h) instead of a team of threads woken for every
 step's GEMM and a cell pass on one thread.
 
+At inference in bfloat16 or int8 (lamina.precision) a layer direction runs as one compiled call
+too (`reduced_forward`): each step converts or quantizes the previous states, runs MKL's packed
+low-precision product (threaded by MKL, called through the function pointers of
+_mkl.product_functions) and the cells, with no Python between steps.
+
 The threads share the batch by sequences (each runs its own sequences start to end, never
 waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
 share it by blocks of hidden units, a barrier per step, where the hidden size is whole panels of
@@ -10,6 +15,8 @@ share it by blocks of hidden units, a barrier per step, where the hidden size is
 FUSED_SHARE forces one way. By sequences needs no barrier and was faster wherever both apply,
 even on 8 sequences.
 """
+
+import numpy as np
 
 from .compiled import _kernels
 from ...threads import free_threads
@@ -34,6 +41,50 @@ FUSED_SHARE = "auto"  # or "rows", "units"
 def fuses(cell, backend):
     """Whether the fused recurrence runs this layer on `backend`."""
     return cell.cell_name in FUSED_CELLS and cell.uses_packed(backend) and backend.blas_name != "mkl"
+
+
+def fuses_reduced(cell, backend, ctx):
+    """Whether `reduced_forward` runs this layer direction: inference in bfloat16 or int8 with MKL's
+    packs, and a cell it has (GRU's reset-first form multiplies by W_hh in two parts: step by step)."""
+    return ctx.precision != "float32" and backend._mkl is not None and cell.cell_name in FUSED_CELLS
+
+
+def reduced_forward(be, cell, ctx, run):
+    """Every step of a direction in one compiled call, W_hh's products in the network's precision."""
+    pack = cell.recurrent_pack(ctx, run.sfx, transpose=True)
+    order, H = ctx.order, cell.hidden_size
+    starts = order.step_starts
+    most = int(starts[1] - starts[0]) if len(starts) > 1 else 0
+    n = pack.n
+    hh = _hh(cell, ctx, run)
+    rows_of = int(starts[-1])
+    if pack.provider not in ("mkl-bfloat16", "mkl-int8") or pack.k != H or most > pack.max_rows \
+            or run.g.shape != (rows_of, n) or run.hs.shape != (rows_of, H) or hh.shape != (rows_of, n) \
+            or (run.cs is not None and run.cs.shape != (rows_of, H)) or np.any(np.diff(starts[1:]) > np.diff(starts[:-1])):
+        raise ValueError(f"reduced_forward: a {pack.provider} pack of {pack.k}x{n} for {pack.max_rows} rows does not "
+                         f"fit a layer of hidden size {H} over {rows_of} rows, {most} at most per step, in shrinking steps")
+    for state in (run.init_h, run.init_c):
+        if state is not None and (state.shape[0] < most or state.shape[1] != H):
+            raise ValueError(f"reduced_forward: an initial state of shape {state.shape} for {most} sequences of {H}")
+    int8 = pack.provider == "mkl-int8"
+    b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
+    one = be.scratch("reduced placeholder", (1, 1), np.float32)
+    rows = max(most, 1)
+    bits = be.scratch("reduced bits", (rows, H) if not int8 else (1, 1), np.uint16)
+    u = be.scratch("reduced u8", (rows, H) if int8 else (1, 1), np.uint8)
+    row_scales = be.scratch("reduced row scales", (rows,), np.float32)
+    zeros = be.scratch("reduced zero points", (rows,), np.int32)
+    sums = be.scratch("reduced sums", (rows, n) if int8 else (1, 1), np.int32)
+    col_scales = pack.scales if int8 else row_scales
+    col_sums = pack.sums if int8 else zeros
+    bf16_product, u8s8_product = be._mkl.product_functions()
+    _kernels.recurrence_forward_reduced(
+        FUSED_CELLS[cell.cell_name], starts, run.g, pack.handle.address, n, pack.handle.alpha,
+        u8s8_product if int8 else bf16_product, int8, col_scales, col_sums, be.int8_activation_levels if int8 else 0,
+        hh, *_given(b_hh, row_scales), run.hs, *_given(run.cs, one), *_given(run.init_h, one),
+        *_given(run.init_c, one), bits, u, row_scales, zeros, sums)
+    out, index, col = run.output
+    be.scatter_rows(run.hs, index, out, col=col)
 
 
 def _share(cell, ctx, g):

@@ -1,0 +1,4 @@
+# cython: language_level=3
+"""_selective built for x86-64-v4 (AVX-512) alone: the path LAMINA_ISA=avx512 (and auto, on a CPU that has
+it) loads."""
+include "_selective.pyx"
