@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import GraphError
 from ...graph import Network
+from ...precision import quantize_weight
 from ...types import PathLike
 from .importer import _onnx
 
@@ -36,10 +37,11 @@ def exporter(*kinds):
 class Graph:
     """The ONNX graph being written: nodes, initializers, fresh names."""
 
-    def __init__(self, onnx):
+    def __init__(self, onnx, precision="float32"):
         self.onnx, self.helper = onnx, onnx.helper
         self.nodes, self.initializers, self._names = [], [], set()
         self.opset = OPSET  # raised by nodes of operators that came later
+        self.precision = precision  # the network's (lamina.precision): int8 weights are written as such
 
     def fresh(self, base):
         name, i = base, 0
@@ -59,6 +61,24 @@ class Graph:
         self._names.add(output)
         self.nodes.append(self.helper.make_node(op, list(inputs), [output], name=self.fresh(name or op), **attrs))
         return output
+
+    def weight(self, base, values, transposed=False, shape=None):
+        """A product weight given as [out, in] rows (the output channels first): a float
+        initializer, or in an int8 network (QDQ form) its int8 values per output channel and their
+        scales with a DequantizeLinear, the numbers lamina multiplies by. transposed: written as
+        [in, out] (a MatMul's right operand); shape: reshaped to it after (a recurrent node's W)."""
+        values = np.asarray(values, np.float32)
+        if self.precision != "int8":
+            out = values.T if transposed else values
+            return self.constant(base, out if shape is None else out.reshape(shape))
+        q, scales = quantize_weight(values)
+        self.opset = max(self.opset, 13)  # DequantizeLinear's axis came with opset 13
+        y = self.node("DequantizeLinear", [self.constant(f"{base}_quantized", q.T if transposed else q, np.int8),
+                                           self.constant(f"{base}_scale", scales)],
+                      name=f"{base}_dequantize", axis=1 if transposed else 0)
+        if shape is not None:
+            y = self.node("Reshape", [y, self.constant(f"{base}_shape", shape, np.int64)], name=f"{base}_reshape")
+        return y
 
 
 def save(net: Network, path: Optional[PathLike] = None, outputs: Optional[Sequence[str]] = None) -> Any:
@@ -96,7 +116,7 @@ def inference_outputs(net, wanted=None):
 
 def to_model(net, onnx, wanted=None):
     helper, tp = onnx.helper, onnx.TensorProto
-    g = Graph(onnx)
+    g = Graph(onnx, net.precision)
     outputs = inference_outputs(net, wanted)
     if not outputs:
         raise GraphError("nothing to export: every output of the network is a cost (training only)")
@@ -171,12 +191,13 @@ def linear(g, layer, ins, specs, node):
     selected form is a training device (sampled softmax), and a selection input is refused."""
     bias = [g.constant(f"{node.name}.bias", param(layer, "bias"))] if layer.has_bias else []
     if len(ins) == 1 and not specs[0].sequence:
-        w = g.constant(f"{node.name}.{layer.weight_names[0]}", param(layer, layer.weight_names[0]))
+        w = g.weight(f"{node.name}.{layer.weight_names[0]}", param(layer, layer.weight_names[0]))
         y = g.node("Gemm", [ins[0], w] + bias, name=node.name, transB=1)
     else:
         y = None
         for x, wname in zip(ins, layer.weight_names):
-            t = g.node("MatMul", [x, g.constant(f"{node.name}.{wname}_t", param(layer, wname).T)], name=node.name)
+            t = g.node("MatMul", [x, g.weight(f"{node.name}.{wname}_t", param(layer, wname), transposed=True)],
+                       name=node.name)
             y = t if y is None else g.node("Add", [y, t], name=f"{node.name}_sum")
         if bias:
             y = g.node("Add", [y] + bias, name=f"{node.name}_bias")
@@ -346,7 +367,8 @@ def recurrent(g, layer, ins, specs, node):
         else:
             b = np.zeros((D, 2 * w.shape[1]), np.float32)
         xt = g.node("Transpose", [x], name=f"{node.name}_l{l}_time_major", perm=[1, 0, 2])
-        args = [xt] + [g.constant(f"{node.name}.{n}_l{l}", v) for n, v in (("W", w), ("R", r), ("B", b))]
+        args = [xt] + [g.weight(f"{node.name}.{n}_l{l}", v.reshape(-1, v.shape[-1]), shape=v.shape)
+                       for n, v in (("W", w), ("R", r))] + [g.constant(f"{node.name}.B_l{l}", b)]
         args.append(g.lengths)
         for state in ins[1:]:  # lamina's [batch, L·D, H] → this layer's [D, batch, H]
             bounds = [g.constant(f"{node.name}_l{l}_{what}", [v], dtype=np.int64)

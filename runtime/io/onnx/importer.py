@@ -185,8 +185,9 @@ def opset_of(model):
 
 class Importer:
     def __init__(self, model, where, dtype, sequences):
-        from . import ops, shapes
-        self.shapes = shapes
+        from . import ops, quantized, shapes
+        self.shapes, self.quantized_ops = shapes, quantized
+        self.quantized = False  # a quantized model: the network multiplies in int8 (io/onnx/quantized.py)
         self.sequences = dict(sequences)
         self.onnx = _onnx()
         self.model, self.where, self.graph = model, where, model.graph
@@ -230,6 +231,8 @@ class Importer:
         self.net.outputs(**outputs)
         self._drop_length_inputs()
         self.net.validate()
+        if self.quantized:
+            self.net.set_precision("int8")
         self.net.onnx_axes = {name: self.axes_of(v) for name, v in
                               [(i, self.net.values[i]) for i in self.net.input_names] + list(outputs.items())}
         return self.net
@@ -294,6 +297,16 @@ class Importer:
             outs = [Unknown() for _ in node.output]
         elif all(v is None or isinstance(v, np.ndarray) for v in inputs) and node.op_type not in self.ops.NEVER_FOLD:
             outs = self._fold(node, inputs)
+            if node.op_type == "DequantizeLinear" and inputs[0].dtype in (np.int8, np.uint8):
+                self.quantized = True  # int8 weights (a QDQ model)
+        elif self.quantized_ops.handles(node, inputs) and any(isinstance(v, Unknown) for v in inputs):
+            outs = [Unknown() for _ in node.output]  # (behind a refused node)
+        elif self.quantized_ops.handles(node, inputs):
+            try:
+                outs = self.quantized_ops.convert(self, node, inputs, self.attributes(node))
+            except Refused as e:
+                self.problems.append((node.name, node.op_type, str(e)))
+                outs = [Unknown() for _ in node.output]
         elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros)) for v in inputs)
               and not any(isinstance(v, (Value, Unknown)) for v in inputs)):
             try:  # shape arithmetic with the batch or time size
