@@ -8,6 +8,10 @@ Linear) and a 3-D U-Net (Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d, 
 exported by PyTorch's TorchScript exporter. "lamina-native" is the same network built with
 lamina's layers (what the import should cost nothing against).
 
+The two recurrent models run quantized too ("... int8" cases): the file as ONNX Runtime's
+`quantize_dynamic` writes it (int8 weights, DynamicQuantizeLinear + MatMulInteger,
+DynamicQuantizeLSTM), loaded by lamina as an int8 network and run by ONNX Runtime itself.
+
 The files are written once into build/bench/onnx/ by the parent (PyTorch needed), then every
 worker reads them.
 """
@@ -26,6 +30,7 @@ CASES = {
     "unet3d": ((4, 1, 24, 24, 24), None),
 }
 LM_LENGTHS = np.random.default_rng(1).integers(10, 51, 64)
+QUANTIZED = ("lstm_lm", "gru_classifier")  # also written by onnxruntime's quantize_dynamic, as <name>_int8.onnx
 
 
 def _models():
@@ -134,6 +139,11 @@ def export_models():
             else:
                 torch.onnx.export(model, (example,), path, dynamo=False, opset_version=17, input_names=["x"],
                                   output_names=["y"], dynamic_axes={"x": axes, "y": axes})
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    for name in QUANTIZED:
+        quantized = os.path.join(FOLDER, f"{name}_int8.onnx")
+        if not os.path.exists(quantized):
+            quantize_dynamic(os.path.join(FOLDER, f"{name}.onnx"), quantized, weight_type=QuantType.QInt8)
 
 
 def _inputs(name):
@@ -155,9 +165,9 @@ def _lamina_feeds(name):
     return {"x": x}
 
 
-def lamina_onnx(name):
+def lamina_onnx(name, suffix=""):
     import lamina as lm
-    net = lm.onnx.load(os.path.join(FOLDER, f"{name}.onnx"))
+    net = lm.onnx.load(os.path.join(FOLDER, f"{name}{suffix}.onnx"))
     feeds = _lamina_feeds(name)
     outputs = ["y"]  # (the classifier's per-step outputs are a by-product of the export)
     return lambda: net.run(feeds, outputs)
@@ -169,12 +179,13 @@ def lamina_native(name):
     return lambda: net.run(feeds)
 
 
-def ort_onnx(name, threads):
+def ort_onnx(name, threads, suffix=""):
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(os.path.join(FOLDER, f"{name}.onnx"), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(os.path.join(FOLDER, f"{name}{suffix}.onnx"), options,
+                                   providers=["CPUExecutionProvider"])
     feeds = _inputs(name)
     return lambda: session.run(["y"], feeds)
 
@@ -188,4 +199,9 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
         impls = {"lamina": ("bench.onnx:lamina_onnx", [name]), "lamina-native": ("bench.onnx:lamina_native", [name]),
                  "onnxruntime": ("bench.onnx:ort_onnx", [name, threads])}
         rows += bench.time_case("onnx", f"{name} infer b{CASES[name][0][0]}", threads, impls, None, rounds)
+    for name in QUANTIZED:
+        impls = {"lamina": ("bench.onnx:lamina_onnx", [name, "_int8"]),
+                 "lamina-float32": ("bench.onnx:lamina_onnx", [name]),
+                 "onnxruntime": ("bench.onnx:ort_onnx", [name, threads, "_int8"])}
+        rows += bench.time_case("onnx", f"{name} infer b{CASES[name][0][0]} int8", threads, impls, None, rounds)
     return rows

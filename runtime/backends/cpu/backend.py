@@ -105,6 +105,9 @@ PANEL_ROW_SPLIT = 256
 # weight (which packs it again at every call) up to a few hundred rows; with more, OpenBLAS's own
 # blocking wins.
 PACK_MAX_ROWS = 512
+# int32 sums of an int8 product per block of rows: 1 MiB, which stays in a core's L2 from the
+# product to its scaling back to float32
+INT8_BLOCK = 1 << 18
 PACK_MAX_DEPTH = 8192
 
 
@@ -290,17 +293,24 @@ class CPUBackend(HostStatistics, Backend):
 
     def _int8_packed_product(self, a, packed, c, beta, bias):
         """a's rows quantized to u8 with their scales and zero points, MKL's u8 x s8 product in
-        int32, and the scaling back to float32 (with the bias, or beta c)."""
+        int32, and the scaling back to float32 (with the bias, or beta c); by blocks of
+        INT8_BLOCK int32 values of rows, so the int32 sums stay in cache between the product
+        and the scaling."""
         m, n = c.shape
-        u = self.scratch("int8 rows", a.shape, np.uint8)
-        row_scales = self.scratch("int8 row scales", (m,), np.float32)
-        zeros = self.scratch("int8 zero points", (m,), np.int32)
-        K.quantize_rows_u8(a, u, row_scales, zeros, self.int8_activation_levels)
-        sums = self.scratch("int8 sums", (m, n), np.int32)
-        if free_threads() > 1:
-            K.team_rest()
-        self._mkl.packed_gemm_u8s8(u, packed.handle, sums)
-        K.dequantize_rows(sums, row_scales, zeros, packed.scales, packed.sums, c, bias, beta)
+        block = max(1, INT8_BLOCK // n)
+        u = self.scratch("int8 rows", (min(m, block), a.shape[1]), np.uint8)
+        row_scales = self.scratch("int8 row scales", (min(m, block),), np.float32)
+        zeros = self.scratch("int8 zero points", (min(m, block),), np.int32)
+        sums = self.scratch("int8 sums", (min(m, block), n), np.int32)
+        levels = self.int8_activation_levels
+        for r0 in range(0, m, block):
+            rows = slice(r0, min(m, r0 + block))
+            b = rows.stop - r0
+            K.quantize_rows_u8(a[rows], u[:b], row_scales[:b], zeros[:b], levels)
+            if free_threads() > 1:
+                K.team_rest()
+            self._mkl.packed_gemm_u8s8(u[:b], packed.handle, sums[:b])
+            K.dequantize_rows(sums[:b], row_scales[:b], zeros[:b], packed.scales, packed.sums, c[rows], bias, beta)
 
     @property
     def int8_activation_levels(self):

@@ -197,6 +197,8 @@ def quantize_linear(imp, node, inputs, attrs):
 @converter("DequantizeLinear")
 def dequantize_linear(imp, node, inputs, attrs):
     q, scale, zero_point = inputs[:3]
+    if isinstance(q, Value):  # integers gathered from a quantized table (an embedding): (q - z) · s
+        return [_dequantized_value(imp, node, q, _const(scale, "x_scale"), zero_point)]
     if not isinstance(q, FakeQuantized):
         raise Refused("DequantizeLinear of a value not quantized by QuantizeLinear (a quantized model input?)")
     same = np.array_equal(q.scale, _const(scale, "x_scale")) and (
@@ -210,6 +212,24 @@ def dequantize_linear(imp, node, inputs, attrs):
         from ... import layers as L
         return [imp.add(L.Activation("relu"), [q.x], node)]  # the range [0, ...]: a folded Relu
     return [q.x]
+
+
+def _dequantized_value(imp, node, q, scale, zero_point):
+    """(q - zero point) · scale of a value, one scale and zero point for the whole tensor (as
+    ONNX Runtime quantizes an embedding table, whose rows a Gather then picks)."""
+    from ... import layers as L
+    if q.spec.kind != "float" or scale.size != 1 or (zero_point is not None and np.size(zero_point) != 1):
+        raise Refused("DequantizeLinear of a value takes one scale and zero point for the whole tensor")
+    zero = 0.0 if zero_point is None else float(_const(zero_point, "x_zero_point").reshape(()))
+    axes = getattr(q, "onnx_axes", None)  # (a value transposed before: its axes stay as they were)
+    if zero:
+        shift = L.Bias(q.spec.shape)
+        shift.params["bias"].assign(np.full(q.spec.shape, -zero, np.float32))
+        q = imp.net.add(shift, [q])
+    out = imp.add(L.Scale(float(scale.reshape(()))), [q], node)
+    if axes is not None:
+        out.onnx_axes = axes
+    return out
 
 
 @converter("DynamicQuantizeLSTM", domain="com.microsoft")
