@@ -1004,14 +1004,14 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
     return &a[0, 0] if present else NULL
 
 
-def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::1] bias, bint has_bias,
-                       real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
+def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
                        real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
                        real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
     3 GRU) on a team of up to `threads` threads (team.h; as many as recurrence_threads lets share
     the batch), sharing it by rows (sequences) or by blocks of hidden units: see recurrence.h.
+    g arrives with the input bias added (the kernels' own bias argument stays NULL).
     Row r of hs also goes to
     out[out_rows[r], out_col:out_col + H] (out_rows: a permutation of out's rows, the layer's
     output in the sequences' order). Arguments not present are placeholders."""
@@ -1024,13 +1024,13 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[::
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_forward")
     with nogil:
         if real is float:
-            recurrence_forward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
+            recurrence_forward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
                                  rows_at, team, by_rows)
         else:
-            recurrence_forward_team_d(kind, steps, &starts[0], H, G, &g[0, 0], &bias[0] if has_bias else NULL,
+            recurrence_forward_team_d(kind, steps, &starts[0], H, G, &g[0, 0], NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],

@@ -751,13 +751,13 @@ def test_the_fused_recurrence_takes_no_more_threads_than_its_batch_has_shares():
     results = []
     for threads in (1, 3):
         g, hs, cs, out = g0.copy(), np.zeros((3, H), np.float32), np.zeros((3, H), np.float32), np.zeros((3, H), np.float32)
-        _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, cs, True, hs, False,
+        _kernels.recurrence_forward(2, starts, g, g, g[0], False, packed, hs, cs, True, hs, False,
                                     hs, False, out, rows, 0, threads, True)
         results.append(out)
     assert np.abs(results[0]).max() > 0.1
     np.testing.assert_array_equal(results[1], results[0])
     with pytest.raises(ValueError, match="threads must be at least 1, found 0"):
-        _kernels.recurrence_forward(2, starts, g, g[0], False, g, g[0], False, packed, hs, cs, True, hs, False,
+        _kernels.recurrence_forward(2, starts, g, g, g[0], False, packed, hs, cs, True, hs, False,
                                     hs, False, out, rows, 0, 0, True)
 
 

@@ -96,8 +96,10 @@ class Layer:
         return p
 
     def product_weights(self) -> tuple[str, ...]:
-        """The parameters (local names) this layer multiplies by in the network's precision
-        (lamina.precision): their packs are made in it, and a model file stores them in it."""
+        """The parameters (local names) this layer holds in the network's precision
+        (lamina.precision): the weights it multiplies by (their packs are made in that precision)
+        or looks rows up in; Network.set_precision rounds them to it, and a model file stores
+        them in it."""
         return ()
 
     def packed_weight(self, be, param, transpose, rows, precision="float32"):

@@ -33,6 +33,11 @@ class Embedding(Layer):
     def weight(self):
         return self.params["weight"]
 
+    def product_weights(self):
+        """The table: its rows are stored in the network's precision (int8 per row, the rows a
+        lookup gathers), and gathered as those values."""
+        return ("weight",)
+
     def config(self):
         return {"num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim}
 

@@ -123,7 +123,7 @@ def forward(cell, ctx, run):
     cells finish."""
     panels = cell.recurrent_pack(ctx, run.sfx, transpose=True).panels
     b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
-    args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, panels, False, _hh(cell, ctx, run),
+    args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run),
             *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
             *_given(run.init_c, run.hs), *run.output)
     _kernels.recurrence_forward(*args, *_share(cell, ctx, run.g))
