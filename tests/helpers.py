@@ -32,3 +32,22 @@ def json_values(max_leaves=12, int_bits=40, nan=False):
                | st.floats(allow_nan=nan, allow_infinity=nan) | st.text(max_size=8))
     return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                         | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=max_leaves)
+
+
+def one_step_sequences(rows, width, seed):
+    """`rows` sequences of one step of `width` features each (a lamina.Sequences)."""
+    import lamina as lm
+    rng = np.random.default_rng(seed)
+    return lm.Sequences.from_list([rng.standard_normal((1, width)).astype(np.float32) for _ in range(rows)])
+
+
+def one_layer_network(make, width):
+    """A network of one layer (make() builds it) over sequences of `width` features, its first
+    output named 'y'; the same parameters each time (seeded)."""
+    import lamina as lm
+    lm.manual_seed(4)
+    net = lm.Network()
+    x = net.input("x", width, sequence=True)
+    out = make()(x)
+    net.outputs(y=out[0] if isinstance(out, tuple) else out)
+    return net

@@ -1,18 +1,18 @@
 """bfloat16 inference (lamina.precision): the rounding kernel and the bfloat16 packed product on
-every backend against numpy, layers in bfloat16 against float32 within bounds derived from the
-precision, and the shipped language model's perplexity.
+every backend against numpy, and layers in bfloat16 against float32 within bounds derived from
+the precision (the shipped language model's perplexity in each precision: test_quantize.py).
 
 Bounds. Rounding to bfloat16 (8 significant bits, to nearest) moves a value by at most half a
 unit in its last place, u = 2^-8 of itself, so a product of two rounded operands is within 2u + u² of the exact one,
 and a dot product within (2u + u²)·Σ|a||b|. The bfloat16 products themselves are exact in
 float32 (8 x 8 bits), so against float64 products of the rounded operands the only error left
 is float32 accumulation: k·2^-24·Σ|a||b| for a depth of k."""
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import lamina as lm
+from helpers import one_layer_network, one_step_sequences
 from lamina.backends.reference import ReferenceBackend
 from lamina.precision import bfloat16_bits, from_bfloat16_bits, round_bfloat16
 
@@ -69,20 +69,6 @@ def test_bfloat16_packed_product(backend, trans, m, k, n, alpha):
         assert np.abs(c - (full + bias)).max() > accumulation.max()
 
 
-def one_step_sequences(rows, width, seed):
-    rng = np.random.default_rng(seed)
-    return lm.Sequences.from_list([rng.standard_normal((1, width)).astype(np.float32) for _ in range(rows)])
-
-
-def build(make, width):
-    lm.manual_seed(4)
-    net = lm.Network()
-    x = net.input("x", width, sequence=True)
-    out = make()(x)
-    net.outputs(y=out[0] if isinstance(out, tuple) else out)
-    return net
-
-
 @pytest.mark.parametrize("kind", ["Linear", "RNN", "LSTM", "GRU"])
 def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind):
     """One step from a zero state: each gate pre-activation is x W_ihᵀ + b, within
@@ -92,7 +78,7 @@ def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind):
     width, hidden = 96, 64
     make = {"Linear": lambda: lm.layers.Linear(width, hidden), "RNN": lambda: lm.layers.RNN(width, hidden),
             "LSTM": lambda: lm.layers.LSTM(width, hidden), "GRU": lambda: lm.layers.GRU(width, hidden)}[kind]
-    f32, b16 = build(make, width), build(make, width).astype("bfloat16")
+    f32, b16 = one_layer_network(make, width), one_layer_network(make, width).astype("bfloat16")
     assert b16.precision == "bfloat16"
     seqs = one_step_sequences(40, width, 1)
     want, got = (np.asarray(getattr(net.run({"x": seqs})["y"], "values", None) if kind != "Linear"
@@ -115,31 +101,19 @@ def test_the_bfloat16_network_uses_the_reference_semantics_everywhere():
     from lamina.testing import core_only
     width, hidden = 48, 32
     seqs = one_step_sequences(20, width, 2)
-    cpu = build(lambda: lm.layers.LSTM(width, hidden), width).astype("bfloat16")
-    core = build(lambda: lm.layers.LSTM(width, hidden), width).to(core_only(ReferenceBackend)()).astype("bfloat16")
+    cpu = one_layer_network(lambda: lm.layers.LSTM(width, hidden), width).astype("bfloat16")
+    core = one_layer_network(lambda: lm.layers.LSTM(width, hidden), width).to(core_only(ReferenceBackend)()).astype("bfloat16")
     np.testing.assert_allclose(core.run({"x": seqs})["y"].values, cpu.run({"x": seqs})["y"].values,
                                rtol=0, atol=width * 2.0 ** -22)
 
 
 def test_bfloat16_is_an_inference_setting_that_saves_and_loads(tmp_path):
-    net = build(lambda: lm.layers.LSTM(16, 8), 16).astype("bfloat16")
+    net = one_layer_network(lambda: lm.layers.LSTM(16, 8), 16).astype("bfloat16")
     lm.save(net, tmp_path / "m.lamina")
     assert lm.load(tmp_path / "m.lamina").precision == "bfloat16"
     assert net.astype("float32").precision == "float32"
     with pytest.raises(ValueError, match="must be float32"):
-        build(lambda: lm.layers.LSTM(16, 8), 16).astype("float64").astype("bfloat16")
-
-
-def test_the_language_model_perplexity_in_bfloat16_is_within_one_percent():
-    from lamina.zoo import language
-    path = Path(__file__).resolve().parent.parent / "models/python_lm/model.lamina"
-    f32, b16 = lm.load(path), lm.load(path).astype("bfloat16")
-    _, held = language.stdlib_split()
-    tok = language.tokenizer(f32)
-    ids = np.concatenate([tok.encode(t) for t in language.read_texts(held[:12])])
-    chunks = language.chunk(ids, 48)
-    p32, p16 = language.perplexity(f32, chunks), language.perplexity(b16, chunks)
-    assert abs(p16 / p32 - 1) < 0.01, (p32, p16)
+        one_layer_network(lambda: lm.layers.LSTM(16, 8), 16).astype("float64").astype("bfloat16")
 
 
 def test_bfloat16_layers_agree_on_every_backend():
@@ -155,7 +129,7 @@ def test_bfloat16_layers_agree_on_every_backend():
     width, hidden = 64, 48
     seqs = one_step_sequences(24, width, 3)
     for make in (lambda: lm.layers.LSTM(width, hidden), lambda: lm.layers.Linear(width, hidden)):
-        want = build(make, width).astype("bfloat16").run({"x": seqs})["y"].values
+        want = one_layer_network(make, width).astype("bfloat16").run({"x": seqs})["y"].values
         for be in backends:
-            got = build(make, width).to(be).astype("bfloat16").run({"x": seqs})["y"].values
+            got = one_layer_network(make, width).to(be).astype("bfloat16").run({"x": seqs})["y"].values
             np.testing.assert_allclose(got, want, rtol=0, atol=width * 2.0 ** -22, err_msg=str(be))
