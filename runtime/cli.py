@@ -444,9 +444,17 @@ def cmd_devices(args):
     from .backends.cpu import compiled
     for family, path in compiled.describe().items():
         print(f"     {family}: {path}")
-    print("     bfloat16 products: " + ("MKL's packed bfloat16 GEMM" + (" on AMX" if "amx_bf16" in cpu.instruction_sets()
-          else " on AVX512-BF16" if "avx512_bf16" in cpu.instruction_sets() else "") if "mkl" in available()
-          else "float32 products of rounded operands (built without MKL)") + "; LAMINA_ISA=auto|avx2|baseline to choose")
+    sets = set(cpu.instruction_sets())
+    if "mkl" in available():
+        bf16 = "MKL's packed bfloat16 GEMM" + (" on AMX" if "amx_bf16" in sets else
+                                               " on AVX512-BF16" if "avx512_bf16" in sets else "")
+        int8 = "MKL's packed u8 x s8 GEMM" + (" on AMX" if "amx_int8" in sets else
+                                             " on VNNI" if sets & {"avx512_vnni", "avx_vnni"} else
+                                             " (activations in 127 steps: no int8 dot product)")
+    else:
+        bf16 = int8 = "float32 products of the rounded operands (built without MKL)"
+    print(f"     bfloat16 products: {bf16}")
+    print(f"     int8 products: {int8}; LAMINA_ISA={'|'.join(compiled.PATHS)} picks the kernels' path")
     try:
         import pyopencl as cl
     except ImportError:
