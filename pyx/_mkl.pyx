@@ -52,6 +52,9 @@ cdef extern from "mkl.h" nogil:
     void cblas_gemm_bf16bf16f32_compute(CBLAS_LAYOUT, int transa, int transb, int m, int n, int k,
                                         float alpha, const unsigned short* a, int lda, const unsigned short* b,
                                         int ldb, float beta, float* c, int ldc)
+    void cblas_gemm_bf16bf16f32(CBLAS_LAYOUT, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, int m, int n, int k, float alpha,
+                                const unsigned short* a, int lda, const unsigned short* b, int ldb, float beta,
+                                float* c, int ldc)
     # u8 (left) times s8 (right), int32 accumulation; C += an offset (here always 0)
     ctypedef enum CBLAS_OFFSET:
         CblasFixOffset
@@ -185,6 +188,20 @@ def packed_gemm_bf16(const unsigned short[:, ::1] a, PackedB p, float[:, ::1] c,
     with nogil:
         cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k, <float>p.alpha,
                                        &a[0, 0], a.shape[1], <unsigned short*>p.buf, p.n, beta, &c[0, 0], p.n)
+
+
+def gemm_bf16(const unsigned short[:, ::1] a, const unsigned short[:, ::1] b, float[:, :] c, bint trans_a,
+              bint trans_b, float alpha, float beta):
+    """c = alpha op(a) @ op(b) + beta c, a and b bfloat16 bits, c float32 whose rows may be strided
+    (a block of columns); the caller checked the shapes."""
+    cdef int m = c.shape[0], n = c.shape[1]
+    cdef int k = a.shape[0] if trans_a else a.shape[1]
+    cdef int ldc = max(c.strides[0] // sizeof(float), c.shape[1], 1)
+    if m == 0 or n == 0:
+        return
+    with nogil:
+        cblas_gemm_bf16bf16f32(CblasRowMajor, <CBLAS_TRANSPOSE>_t(trans_a), <CBLAS_TRANSPOSE>_t(trans_b), m, n, k,
+                               alpha, &a[0, 0], max(a.shape[1], 1), &b[0, 0], max(b.shape[1], 1), beta, &c[0, 0], ldc)
 
 
 def pack_b_s8(const signed char[:, ::1] b, int max_m):

@@ -252,6 +252,7 @@ def cmd_train(args):
             raise CommandError(f"--resume: {folder / training.CHECKPOINT} is a checkpoint of another network "
                                f"than {args.model}: {differs}")
     net = _place(ck.net if ck else model, args)
+    net.autocast(args.train_dtype)
     for name in args.freeze:
         try:
             net.freeze(name)
@@ -527,6 +528,9 @@ def parser():
                    "never MODEL itself)")
     s.add_argument("--seed", type=int, default=0, help="seed of the data order and sampling")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--dtype", dest="train_dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="how training multiplies: bfloat16 rounds both operands of the Linear and recurrent "
+                        "products (forward and backward) and sums in float32; the weights stay float32")
     s.add_argument("--shared-negatives", action="store_true",
                    help="text models: draw the sampled-softmax negatives once per batch (per rank) instead of per "
                         "token; data-parallel runs then exchange far fewer output rows")

@@ -128,8 +128,9 @@ class Network:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"Network: dtype must be float32 or float64, found {self.dtype}")
-        # how inference multiplies by the weights (lamina.precision); training multiplies in dtype
+        # how inference multiplies by the weights (lamina.precision), and training (autocast)
         self.precision = "float32"
+        self.training_precision = "float32"
         if backend is None:  # the CPU's, resolved here: the graph module imports no backend
             from .backends import get_backend
             backend = get_backend("cpu")
@@ -337,6 +338,21 @@ class Network:
             for p in weights.values():  # (each once: a tied weight is rounded once)
                 p.assign(round_to_precision(p.value, precision))
             self.precision = precision
+            self._invalidate()
+        return self
+
+    def autocast(self, precision: str = "bfloat16") -> Network:
+        """Make training multiply in `precision` ('bfloat16', or 'float32' to undo): the products
+        of Linear layers and of the recurrent layers (input, recurrent and gradient products) take
+        both operands rounded to bfloat16 and sum in float32, forward and backward; the
+        parameters stay float32 (the optimizer's master weights) and so do activations, states,
+        gradients and the other layers. No loss scaling: bfloat16 has float32's range."""
+        if precision not in ("float32", "bfloat16"):
+            raise ValueError(f"autocast: precision must be 'bfloat16' or 'float32', found {precision!r}")
+        with self._lock.write():
+            if precision != "float32" and self.dtype != np.float32:
+                raise ValueError(f"autocast({precision!r}): the network must be float32, found {self.dtype}")
+            self.training_precision = precision
             self._invalidate()
         return self
 

@@ -69,8 +69,10 @@ class Context:
         self.node, self.layer, self.bindings = node, node.layer, bindings
         self.be = bindings.backend
         self.training = bindings.plan.training
-        # how this run multiplies by the weights (lamina.precision): the network's at inference
-        self.precision = "float32" if self.training else bindings.network.precision
+        # how this run multiplies by the weights (lamina.precision): the network's precision at
+        # inference, its training precision (Network.autocast) in training
+        network = bindings.network
+        self.precision = network.training_precision if self.training else network.precision
         # (kind, slope) of an activation this node's forward applies to its output (fused from
         # the Activation node that follows it), or None
         self.activation = bindings.plan.fused.get(node.name)

@@ -133,3 +133,101 @@ def test_bfloat16_layers_agree_on_every_backend():
         for be in backends:
             got = one_layer_network(make, width).to(be).astype("bfloat16").run({"x": seqs})["y"].values
             np.testing.assert_allclose(got, want, rtol=0, atol=width * 2.0 ** -22, err_msg=str(be))
+
+
+def _sequence_regression(make, width=32, out=8, seed=3):
+    """A recurrent (or dense) layer, a Linear and a square error over ragged sequences."""
+    lm.manual_seed(seed)
+    net = lm.Network()
+    x, t = net.input("x", width, sequence=True), net.input("t", out, sequence=True)
+    y = make()(x)
+    y = y[0] if isinstance(y, tuple) else y
+    net.outputs(loss=lm.layers.SquareError()(lm.layers.Linear(y.spec.shape[0], out)(y), t))
+    return net
+
+
+def _batch(width=32, out=8, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = (5, 9, 3, 7)
+    return {"x": lm.Sequences.from_list([rng.standard_normal((n, width)).astype(np.float32) for n in lengths]),
+            "t": lm.Sequences.from_list([rng.standard_normal((n, out)).astype(np.float32) for n in lengths])}
+
+
+def _gradients(net, feeds):
+    from lamina.parameter import host
+    net.zero_grad()
+    net.forward(feeds)
+    loss = net.backward()
+    return loss, {p.name: np.array(host(p.grad)) for p in net.parameters()}
+
+
+def test_autocast_trains_a_linear_layer_with_bfloat16_products():
+    """One Linear under autocast: dW = dZᵀ X and dX = dZ W with both operands rounded, within
+    PRODUCT·Σ|dz||x| of float32's; the weights stay float32 (the optimizer's masters)."""
+    lm.manual_seed(1)
+    rng = np.random.default_rng(1)
+    net = lm.Network()
+    x, t = net.input("x", 64), net.input("t", 16)
+    x.requires_grad = True
+    z = lm.layers.Linear(64, 16, bias=False)(x)
+    net.outputs(loss=lm.layers.SquareError()(z, t))
+    feeds = {"x": rng.standard_normal((20, 64)).astype(np.float32), "t": rng.standard_normal((20, 16)).astype(np.float32)}
+    _, want = _gradients(net, feeds)
+    dx_want = np.array(net.grad("x"))
+    w = net.layers[0].params["weight"].value.copy()
+    net.autocast("bfloat16")
+    _, got = _gradients(net, feeds)
+    # the forward's z moves by at most PRODUCT·|x||w|, which moves dz = (z - t)/rows by as much
+    dz = (feeds["x"] @ w.T - feeds["t"]) / 20
+    dz_error = PRODUCT * (np.abs(feeds["x"]) @ np.abs(w).T) / 20
+    bound = PRODUCT * (np.abs(dz).T @ np.abs(feeds["x"])) + dz_error.T @ np.abs(feeds["x"]) * (1 + PRODUCT) + 1e-7
+    key = net.layers[0].params["weight"].name
+    assert np.all(np.abs(got[key] - want[key]) <= bound)
+    assert np.abs(got[key] - want[key]).max() > 0  # the products did run in bfloat16
+    dx_bound = PRODUCT * (np.abs(dz) @ np.abs(w)) + dz_error @ np.abs(w) * (1 + PRODUCT) + 1e-7
+    assert np.all(np.abs(np.array(net.grad("x")) - dx_want) <= dx_bound)
+    np.testing.assert_array_equal(net.layers[0].params["weight"].value, w)  # masters untouched
+    assert net.training_precision == "bfloat16" and net.precision == "float32"
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
+    """A recurrent layer's gradients under autocast: within a few bfloat16 roundings (relative
+    2^-5 of each tensor's largest) of float32's on the CPU, and the same products composed on the
+    core-only reference agree with the CPU's within one bfloat16 unit of one term (2^-8 of the
+    largest, halved): their float32 sums differ in order, which may flip the rounding of a state
+    a step later."""
+    from lamina.testing import core_only
+    make = {"LSTM": lambda: lm.layers.LSTM(32, 48), "GRU": lambda: lm.layers.GRU(32, 48),
+            "RNN": lambda: lm.layers.RNN(32, 48)}[kind]
+    feeds = _batch()
+    loss32, want = _gradients(_sequence_regression(make), feeds)
+    loss16, got = _gradients(_sequence_regression(make).autocast("bfloat16"), feeds)
+    core = _sequence_regression(make).to(core_only(ReferenceBackend)()).autocast("bfloat16")
+    _, composed = _gradients(core, feeds)
+    assert abs(loss16 / loss32 - 1) < 2 ** -7
+    moved = 0.0
+    for key, g in want.items():
+        scale = np.abs(g).max()
+        assert np.abs(got[key] - g).max() <= 2 ** -5 * scale, key
+        np.testing.assert_allclose(composed[key], got[key], rtol=0, atol=2 ** -9 * scale, err_msg=key)
+        moved = max(moved, np.abs(got[key] - g).max() / scale)
+    assert moved > 2 ** -20  # the products did run in bfloat16
+
+
+def test_autocast_follows_float32_training_and_keeps_float32_weights():
+    """40 Adam steps of an LSTM regression under autocast: the loss curve follows float32's (each
+    of the last ten losses within 2%) and the weights stay float32, not rounded to bfloat16."""
+    feeds = _batch()
+    curves = []
+    for precision in ("float32", "bfloat16"):
+        net = _sequence_regression(lambda: lm.layers.LSTM(32, 48)).autocast(precision)
+        opt = lm.optim.Adam(net, lr=3e-3)
+        curves.append([net.train_step(feeds, opt) for _ in range(40)])
+    curves = np.array(curves)
+    assert curves[0, -1] < 0.7 * curves[0, 0]  # it did learn
+    assert np.all(np.abs(curves[1, -10:] / curves[0, -10:] - 1) < 0.02), curves[:, -10:]
+    w = net.layers[0].params["weight_ih_l0"].value
+    assert np.any(w.view(np.uint32) & 0xFFFF)  # not bfloat16 values: float32 masters
+    with pytest.raises(ValueError, match="'bfloat16' or 'float32'"):
+        net.autocast("int8")

@@ -25,6 +25,7 @@ thread, grown to the largest size asked for, so they allocate only while sizes g
 """
 from __future__ import annotations
 
+import sys
 import threading
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -89,6 +90,22 @@ class Backend(ABC):
     @abstractmethod
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         """c = alpha * op(a) @ op(b) + beta * c."""
+
+    def gemm_in(self, precision, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        """gemm with both operands in `precision` ('float32', or 'bfloat16': rounded to bfloat16,
+        products summed in float32; lamina.precision). Here the rounded operands in scratch
+        buffers and one float32 GEMM."""
+        if precision not in ("float32", "bfloat16"):
+            raise ValueError(f"gemm_in: precision must be float32 or bfloat16, found {precision!r} (int8 products "
+                             f"quantize a weight per output channel: pack it, Backend.pack)")
+        if precision == "bfloat16":
+            rounded = []
+            for name, x in (("a", a), ("b", b)):
+                r = self.scratch(f"gemm_in bfloat16 {name}", x.shape, x.dtype)
+                self.round_to_bfloat16(x, r)
+                rounded.append(r)
+            a, b = rounded
+        self.gemm(a, b, c, trans_a, trans_b, alpha, beta)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """c = op(a) @ op(b) + bias (added to every row of c): a Linear layer's forward."""
@@ -626,6 +643,7 @@ class Snapshot:
     def __init__(self, b: Any, trans: bool, alpha: float, precision: str = "float32", scales: Any = None) -> None:
         self.b, self.trans, self.alpha, self.dtype, self.precision = b, trans, alpha, b.dtype, precision
         self.scales = scales
+        self.max_rows = sys.maxsize  # (a product of any number of rows computes from it)
         self.k, self.n = (b.shape[1], b.shape[0]) if trans else b.shape
 
 

@@ -73,6 +73,9 @@ class _ConvNd(Layer):
     def bias(self):
         return self.params.get("bias")
 
+    def product_weights(self):
+        return ("weight",)
+
     def config(self):
         cfg = {"in_channels": self.in_channels, "out_channels": self.out_channels,
                "kernel_size": list(self.kernel_size), "stride": list(self.stride),

@@ -92,14 +92,15 @@ class Linear(_Activated):
         return tuple(self.weight_names)
 
     def forward(self, ctx):
-        """At inference, from the weights' packs where the backend computes faster from them
-        (Backend.packs_fixed_weights), or where the network multiplies in another precision."""
+        """From the weights' packs where the run multiplies in another precision (made again
+        after each update, in training), or at inference where the backend computes faster from
+        them (Backend.packs_fixed_weights)."""
         be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
             w, beta = self.params[wname], 0.0 if i == 0 else 1.0
             bias = self.params["bias"].buffer if i == 0 and self.has_bias else None
-            if not ctx.training and (ctx.precision != "float32" or be.packs_fixed_weights(x.shape[0],
-                                                                                            *reversed(w.shape))):
+            if ctx.precision != "float32" or (not ctx.training and be.packs_fixed_weights(x.shape[0],
+                                                                                        *reversed(w.shape))):
                 packed = self.packed_weight(be, w, True, x.shape[0], ctx.precision)
                 if bias is not None:
                     be.packed_gemm_bias(x, packed, y, bias)
@@ -112,15 +113,15 @@ class Linear(_Activated):
         self._activate(ctx)
 
     def backward(self, ctx):
-        be = ctx.be
+        be, precision = ctx.be, ctx.precision  # (float32, or bfloat16 under Network.autocast)
         dz = self._grad_pre_activation(ctx)
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
             dx = ctx.input_grad(i)
             if dx is not None:  # dx = dz W
-                be.gemm(dz, self.params[wname].buffer, dx.array, beta=dx.beta)
+                be.gemm_in(precision, dz, self.params[wname].buffer, dx.array, beta=dx.beta)
             dw = ctx.param_grad(wname)
             if dw is not None:  # dW = dzᵀ x
-                be.gemm(dz, x, dw.array, trans_a=True, beta=dw.beta)
+                be.gemm_in(precision, dz, x, dw.array, trans_a=True, beta=dw.beta)
         if self.has_bias:
             db = ctx.param_grad("bias")
             if db is not None:

@@ -264,7 +264,7 @@ class _Recurrent(Layer):
 
     def _recurrent_weight_grad(self, ctx, l, d, dgh, hprev, grad):
         """dW_hh = dGᵀ H_prev over the rows given (every step with a previous state)."""
-        ctx.be.gemm(dgh, hprev, grad.array, trans_a=True, beta=grad.beta)
+        ctx.be.gemm_in(ctx.precision, dgh, hprev, grad.array, trans_a=True, beta=grad.beta)
 
     def _weight_grads(self, ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target,
                       c0_target, dh0, dc0):
@@ -274,7 +274,7 @@ class _Recurrent(Layer):
         k = l * self.directions + d
         grad = ctx.param_grad("weight_ih" + sfx)
         if grad is not None:
-            be.gemm(dg, xs, grad.array, trans_a=True, beta=grad.beta)
+            be.gemm_in(ctx.precision, dg, xs, grad.array, trans_a=True, beta=grad.beta)
         grad = ctx.param_grad("weight_hh" + sfx)
         if grad is not None:
             hprev = self.workspace(ctx, "hprev", l, d, H)
@@ -293,7 +293,7 @@ class _Recurrent(Layer):
                     be.bias_grad(src, grad.array, grad.beta)
         if in_target is not None:
             dxs = self.workspace(ctx, "dx", l, d, layer_in.shape[1])
-            be.gemm(dg, self.params["weight_ih" + sfx].buffer, dxs)
+            be.gemm_in(ctx.precision, dg, self.params["weight_ih" + sfx].buffer, dxs)
             be.scatter_rows(dxs, index, in_target.array, beta=in_target.beta)
         for target, sorted_grad in ((h0_target, dh0), (c0_target, dc0)):  # each (l, d) owns a column block
             if target is not None:

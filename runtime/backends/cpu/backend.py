@@ -9,7 +9,7 @@ import numpy as np
 from .compiled import _kernels as K
 from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
-from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
+from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, gemm_precision, quantize_weight
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from .blas import default_provider, mkl, provider
 from ...threads import free_threads, get_num_threads, split_work
@@ -161,6 +161,30 @@ class CPUBackend(HostStatistics, Backend):
     # -- products
     def gemm(self, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         self._gemm(a, b, c, trans_a, trans_b, alpha, beta, None)
+
+    def gemm_in(self, precision, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        """bfloat16 through MKL's bfloat16 GEMM on the operands' bfloat16 bits."""
+        if precision != "bfloat16" or self._mkl is None:
+            return super().gemm_in(precision, a, b, c, trans_a, trans_b, alpha, beta)
+        check_matrix("gemm_in", "a", a, dtype=np.float32)
+        check_matrix("gemm_in", "b", b, dtype=np.float32)
+        check_matrix("gemm_in", "c", c, dtype=np.float32)
+        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+        if k != kb or c.shape != (m, n):
+            raise ValueError(f"gemm_in: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n}; found a {a.shape}"
+                             f"{' transposed' if trans_a else ''}, b {b.shape}{' transposed' if trans_b else ''}, "
+                             f"c {c.shape}")
+        bits = []
+        for name, x in (("a", a), ("b", b)):
+            out = self.scratch(f"gemm_in bfloat16 {name}", x.shape, np.uint16)
+            K.to_bfloat16(_flat(np.ascontiguousarray(x)), _flat(out))
+            bits.append(out)
+        if k == 0:
+            return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
+        if free_threads() > 1:
+            K.team_rest()
+        self._mkl.gemm_bf16(bits[0], bits[1], c, trans_a, trans_b, alpha, beta)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not
@@ -617,7 +641,8 @@ class CPUBackend(HostStatistics, Backend):
         (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
-        (fused_recurrence.backward if fused_recurrence.fuses(cell, self) else super().recurrence_backward)(cell, ctx, run)
+        fused = fused_recurrence.fuses(cell, self) and ctx.precision == "float32"
+        (fused_recurrence.backward if fused else super().recurrence_backward)(cell, ctx, run)
 
     def sample_threads(self, batch):
         return min(get_num_threads(), batch)
