@@ -494,3 +494,22 @@ def test_the_logq_correction_is_log_of_the_expected_count_and_enters_the_cost_su
     top = z.max(1, keepdims=True)
     expected = -(z[:, 0] - top[:, 0] - np.log(np.exp(z - top).sum(1)))
     np.testing.assert_allclose(np.asarray(out["loss"]).reshape(-1), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("largest", [7, 4096, 1 << 20])
+def test_grouping_a_selection_by_column_is_a_stable_sort(largest):
+    """Selection.by_column's buckets: each column once, ascending, with its entries in their
+    original order (a stable sort), whether the ids sort as 16-bit keys or not."""
+    from lamina.selection import group_by_column
+    rng = np.random.default_rng(largest)
+    lengths = rng.integers(0, 40, 50)
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    cols = rng.integers(0, largest, starts[-1]).astype(np.int32)
+    columns, buckets, entries, entry_rows = group_by_column(starts, cols)
+    assert np.all(np.diff(columns) > 0) and set(columns) == set(cols)
+    row_of = np.repeat(np.arange(50), lengths)
+    for j, c in enumerate(columns):
+        mine = entries[buckets[j]:buckets[j + 1]]
+        np.testing.assert_array_equal(mine, np.flatnonzero(cols == c))
+        np.testing.assert_array_equal(entry_rows[buckets[j]:buckets[j + 1]], row_of[mine])
+    assert buckets[-1] == len(cols) and all(a.dtype == np.int32 for a in (columns, buckets, entries, entry_rows))
