@@ -7,6 +7,9 @@
 - Linear 256 x 1024 -> 1024 inference: the same three precisions; PyTorch float32, with its weight
   and input in bfloat16, and dynamically quantized.
 
+- The shipped language model's fine-tuning step (batches of 32 chunks of 48 tokens of the
+  standard library's sources, Adam): float32 against `net.autocast("bfloat16")`.
+
 GFLOP/s count the products (two per multiply-add). Row `lamina` is lamina in the case's
 precision: the ratio column divides each other implementation's time by it (lamina-float32
 included)."""
@@ -73,6 +76,21 @@ def torch_linear(precision):
     return infer
 
 
+def lamina_lm_step(precision):
+    import itertools
+
+    import lamina as lm
+    from lamina import training
+    from lamina.zoo import language
+    net = lm.load(lm.models.resolve("python_lm")).autocast(precision)
+    files = [str(f) for f in language.stdlib_split()[0][:40]]
+    data = training.TextData(net, files)
+    opt = lm.optim.Adam(net, lr=1e-4)
+    rows = np.arange(32)
+    feeds = itertools.cycle([data.batch(rows + 32 * b, training.BatchRandomness(0, 0, b, rows)) for b in range(8)])
+    return lambda: net.train_step(next(feeds), opt)
+
+
 def run(bench, threads, rounds, have_torch):
     rows = []
     cases = (("lstm infer H=256 (64 x 30)", "lstm", 2.0 * 4 * SIZE * 2 * SIZE * STEPS * SEQUENCES),
@@ -85,4 +103,8 @@ def run(bench, threads, rounds, have_torch):
                 impls.update({f"torch-{p}": (f"bench.precision:torch_{kind}", [p]) for p in (precision, "float32")})
             rows += bench.time_case("precision", f"{name} {precision}", threads, impls, flops, rounds,
                                     turn_seconds=0.2)
+    impls = {"lamina": ("bench.precision:lamina_lm_step", ["bfloat16"]),
+             "lamina-float32": ("bench.precision:lamina_lm_step", ["float32"])}
+    rows += bench.time_case("precision", "language model train step bfloat16", threads, impls, None, rounds,
+                            turn_seconds=0.5)
     return rows
