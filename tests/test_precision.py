@@ -194,7 +194,7 @@ def test_autocast_trains_a_linear_layer_with_bfloat16_products():
 def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
     """A recurrent layer's gradients under autocast: within a few bfloat16 roundings (relative
     2^-5 of each tensor's largest) of float32's on the CPU, and the same products composed on the
-    core-only reference agree with the CPU's within one bfloat16 unit of one term (2^-8 of the
+    core-only reference and on each OpenCL device agree with the CPU's within one bfloat16 unit of one term (2^-8 of the
     largest, halved): their float32 sums differ in order, which may flip the rounding of a state
     a step later."""
     from lamina.testing import core_only
@@ -203,14 +203,19 @@ def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
     feeds = _batch()
     loss32, want = _gradients(_sequence_regression(make), feeds)
     loss16, got = _gradients(_sequence_regression(make).autocast("bfloat16"), feeds)
-    core = _sequence_regression(make).to(core_only(ReferenceBackend)()).autocast("bfloat16")
-    _, composed = _gradients(core, feeds)
+    from conftest import OPENCL_DEVICES
+    backends = [core_only(ReferenceBackend)()]
+    if OPENCL_DEVICES:
+        from lamina.backends.opencl import OpenCLBackend
+        backends.append(OpenCLBackend(0))
+    composed = [_gradients(_sequence_regression(make).to(be).autocast("bfloat16"), feeds)[1] for be in backends]
     assert abs(loss16 / loss32 - 1) < 2 ** -7
     moved = 0.0
     for key, g in want.items():
         scale = np.abs(g).max()
         assert np.abs(got[key] - g).max() <= 2 ** -5 * scale, key
-        np.testing.assert_allclose(composed[key], got[key], rtol=0, atol=2 ** -9 * scale, err_msg=key)
+        for be, grads in zip(backends, composed):
+            np.testing.assert_allclose(grads[key], got[key], rtol=0, atol=2 ** -9 * scale, err_msg=f"{be} {key}")
         moved = max(moved, np.abs(got[key] - g).max() / scale)
     assert moved > 2 ** -20  # the products did run in bfloat16
 
