@@ -188,6 +188,25 @@ def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
             assert_close(out[name], want[name], 1e-5, name)
 
 
+def test_an_int8_server_batches_requests_that_each_equal_a_lone_int8_run():
+    """`lamina serve --dtype int8`: int8 products quantize each row on its own and sum in int32,
+    so a request's answer does not depend on the batch it shared; it equals net.run of the int8
+    network on that sequence alone to float32 rounding (1e-5 of the scale), and differs from
+    float32's."""
+    s = Server(str(LM), "--dtype", "int8", "--max-delay-ms", "30")
+    try:
+        net, f32 = lm.quantize(lm.load(LM)), lm.load(LM)
+        rng = np.random.default_rng(6)
+        requests = [rng.integers(0, 4096, rng.integers(10, 80)).astype(np.int32) for _ in range(16)]
+        answers, mean_batch = infer_concurrently(s, [lm_request(ids) for ids in requests], ["logits"], 8)
+        assert mean_batch > 1
+        for ids, out in zip(requests, answers):
+            assert_close(out["logits"], lm_reference(net, ids)["logits"], 1e-5, "logits")
+        assert np.abs(out["logits"] - lm_reference(f32, ids)["logits"]).max() > 1e-3
+    finally:
+        assert s.stop()
+
+
 def test_concurrent_scoring_requests_get_their_own_likelihoods(server):
     """Scoring (ids and the tokens that follow them, the per-token negative log-likelihood
     back): 24 concurrent requests share batches and each gets its own steps' scores, which are
