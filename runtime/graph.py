@@ -315,6 +315,14 @@ class Network:
         'bfloat16', make inference multiply by the weights in bfloat16 (set_precision)."""
         if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
             return self.set_precision("bfloat16")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            dtype = None
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"astype: lamina computes in float32 or float64, found {dtype}; float16 is a storage "
+                             f"type only (lm.save(net, path, half=True)), and reduced-precision inference is "
+                             f"astype('bfloat16') or lm.quantize(net)")
         with self._lock.write():
             self.dtype = np.dtype(dtype)
             self.precision = "float32"

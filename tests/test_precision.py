@@ -236,3 +236,11 @@ def test_autocast_follows_float32_training_and_keeps_float32_weights():
     assert np.any(w.view(np.uint32) & 0xFFFF)  # not bfloat16 values: float32 masters
     with pytest.raises(ValueError, match="'bfloat16' or 'float32'"):
         net.autocast("int8")
+
+
+def test_astype_refuses_what_lamina_cannot_compute_in():
+    net = one_layer_network(lambda: lm.layers.Linear(4, 2), 4)
+    for dtype in (np.float16, "int8", np.int32):
+        with pytest.raises(ValueError, match="computes in float32 or float64, found"):
+            net.astype(dtype)
+    assert net.dtype == np.float32 and net.astype(np.float64).dtype == np.float64
