@@ -526,7 +526,7 @@ cdef enum:
     CELL_LSTM = 2
     CELL_GRU = 3
 
-# a step's cells go parallel from this many hidden units (rows x H)
+# a step's cells, and its int8 quantization and scaling back, go parallel from this many values
 cdef enum:
     REDUCED_CELL_PARALLEL_MIN = 8192
 
@@ -547,10 +547,10 @@ cdef void _reduced_product(const float* h, int rows, int H, int n, const void* p
             beta = 1.0
         (<bf16_product_t>product)(rows, n, H, alpha, bits, packed, beta, out)
         return
-    for r in range(rows):
+    for r in prange(rows, schedule="static", use_threads_if=rows * H >= REDUCED_CELL_PARALLEL_MIN):
         lamina_quantize_row_u8(h + <long>r * H, H, levels, u + <long>r * H, &row_scales[r], &zeros[r])
     (<u8s8_product_t>product)(rows, n, H, u, packed, sums)
-    for r in range(rows):
+    for r in prange(rows, schedule="static", use_threads_if=rows * n >= REDUCED_CELL_PARALLEL_MIN):
         lamina_dequantize_row(sums + <long>r * n, n, row_scales[r], zeros[r], col_scales, col_sums, bias, beta,
                               out + <long>r * n)
 
