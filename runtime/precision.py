@@ -34,14 +34,6 @@ def check_precision(precision: str, where: str) -> str:
     return precision
 
 
-def gemm_precision(precision: str) -> str:
-    """The precision of products between two computed operands (a convolution's weight and its
-    columns, or training's): bfloat16 in a bfloat16 network; float32 otherwise (int8 quantizes a
-    weight per output channel through a pack, so an int8 network's other products run in
-    float32 over its int8 weights' values)."""
-    return "bfloat16" if precision == "bfloat16" else "float32"
-
-
 def check_int8_pack(precision: str, b, trans: bool) -> None:
     """An int8 pack quantizes per output channel, b's rows: it takes b as [n, k] with trans."""
     if precision == "int8" and not trans:

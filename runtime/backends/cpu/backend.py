@@ -9,7 +9,7 @@ import numpy as np
 from .compiled import _kernels as K
 from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
-from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, gemm_precision, quantize_weight
+from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
 from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
 from .blas import default_provider, mkl, provider
 from ...threads import free_threads, get_num_threads, split_work
@@ -175,13 +175,13 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"gemm_in: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n}; found a {a.shape}"
                              f"{' transposed' if trans_a else ''}, b {b.shape}{' transposed' if trans_b else ''}, "
                              f"c {c.shape}")
+        if k == 0:  # (an empty product: beta c)
+            return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
         bits = []
         for name, x in (("a", a), ("b", b)):
             out = self.scratch(f"gemm_in bfloat16 {name}", x.shape, np.uint16)
             K.to_bfloat16(_flat(np.ascontiguousarray(x)), _flat(out))
             bits.append(out)
-        if k == 0:
-            return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
         if free_threads() > 1:
             K.team_rest()
         self._mkl.gemm_bf16(bits[0], bits[1], c, trans_a, trans_b, alpha, beta)
@@ -339,10 +339,11 @@ class CPUBackend(HostStatistics, Backend):
     def int8_activation_levels(self):
         """Steps of an activation row in int8 products: 255 where MKL's u8 x s8 product sums
         exactly (an int8 dot product: VNNI, AMX), else 127, which keeps its int16 pair sums from
-        saturating (probed once)."""
+        saturating (probed once); without MKL, the composed form's 255."""
         levels = self.__dict__.get("_int8_levels")
         if levels is None:
-            levels = self.__dict__["_int8_levels"] = ACTIVATION_LEVELS if self._mkl.u8s8_sums_exact() else 127
+            exact = self._mkl is None or self._mkl.u8s8_sums_exact()
+            levels = self.__dict__["_int8_levels"] = ACTIVATION_LEVELS if exact else 127
         return levels
 
     # -- bias, element-wise, rows

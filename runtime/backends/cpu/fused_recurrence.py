@@ -3,8 +3,8 @@ BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole lay
 as one compiled call on a team of threads (team.h) instead of a team of threads woken for every
 step's GEMM and a cell pass on one thread.
 
-At inference in bfloat16 or int8 (lamina.precision) a layer direction runs as one compiled call
-too (`reduced_forward`): each step converts or quantizes the previous states, runs MKL's packed
+In bfloat16 or int8 (lamina.precision: inference, or bfloat16 training under Network.autocast) a
+layer direction's forward runs as one compiled call too (`reduced_forward`): each step converts or quantizes the previous states, runs MKL's packed
 low-precision product (threaded by MKL, called through the function pointers of
 _mkl.product_functions) and the cells, with no Python between steps.
 
@@ -44,8 +44,10 @@ def fuses(cell, backend):
 
 
 def fuses_reduced(cell, backend, ctx):
-    """Whether `reduced_forward` runs this layer direction: inference in bfloat16 or int8 with MKL's
-    packs, and a cell it has (GRU's reset-first form multiplies by W_hh in two parts: step by step)."""
+    """Whether `reduced_forward` runs this layer direction: a run in bfloat16 or int8 with MKL's
+    packs, and a cell it has (GRU's reset-first form multiplies by W_hh in two parts: step by step).
+    It keeps what the backward reads (activated gates, states, GRU's recurrent products) as the
+    step-by-step forward does."""
     return ctx.precision != "float32" and backend._mkl is not None and cell.cell_name in FUSED_CELLS
 
 
