@@ -87,11 +87,16 @@ def converter(op_type, domain=""):
     return register
 
 
+# operators converted here only when they read a marker (otherwise they are ordinary ones)
+ON_MARKERS = ("Cast", "Mul")
+
+
 def handles(node, inputs) -> bool:
-    """Whether this module converts the node: a quantization operator, or any reading a marker."""
-    return (node.domain or "", node.op_type) in CONVERTERS and (
-        node.op_type not in ("Cast", "Mul") or any(isinstance(v, MARKERS) for v in inputs)) \
-        or any(isinstance(v, MARKERS) for v in inputs)
+    """Whether this module converts the node: any node reading a marker, or a quantization
+    operator (one of CONVERTERS but for ON_MARKERS)."""
+    if any(isinstance(v, MARKERS) for v in inputs):
+        return True
+    return (node.domain or "", node.op_type) in CONVERTERS and node.op_type not in ON_MARKERS
 
 
 def convert(imp, node, inputs, attrs):
@@ -123,7 +128,7 @@ def _integers(q, zero_point, what, axis):
             raise Refused(f"{what}'s zero point of shape {list(z.shape)} is neither one value nor one per output "
                           f"channel of {list(q.shape)}")
         z = z.reshape([-1 if i == axis else 1 for i in range(q.ndim)])
-    return q.astype(np.float32) - z.reshape(z.shape if z.size > 1 else ())
+    return q.astype(np.float32) - (z if z.size > 1 else z.reshape(()))
 
 
 @converter("DynamicQuantizeLinear")
