@@ -374,7 +374,8 @@ def cmd_quantize(args):
     net.set_precision(args.dtype)
     lm.save(net, args.output)
     stored = sum(p.size for layer in net.layers for p in map(layer.params.get, layer.product_weights()))
-    print(f"wrote {args.output}: multiplies in {args.dtype} at inference; {stored} weights stored in {args.dtype}")
+    print(f"wrote {args.output}: {stored} weights stored in {args.dtype}; at inference its Linear and recurrent "
+          f"products multiply in {args.dtype} (convolutions in float32 over those weights)")
     return 0
 
 
