@@ -293,3 +293,24 @@ def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch
     monkeypatch.setattr(fused_recurrence, "fuses_reduced", lambda *a: False)
     stepwise = net.run(feeds)["y"].values
     np.testing.assert_allclose(fused, stepwise, rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_of_a_quantized_network_resumes_exactly(tmp_path):
+    """Training moves an int8 network's weights off the int8 grid: its checkpoint keeps them as
+    float32, so resuming continues from the same values; its model file stores int8."""
+    net = lm.quantize(one_layer_network(lambda: lm.layers.Linear(16, 4), 16))
+    t = net.input("t", 4, sequence=True)
+    net.outputs(loss=lm.layers.SquareError()(net.values[net.output_values["y"]], t))
+    opt = lm.optim.Adam(net, lr=1e-2)
+    feeds = {"x": one_step_sequences(8, 16, 1), "t": one_step_sequences(8, 4, 2)}
+    for _ in range(3):
+        net.train_step(feeds, opt)
+    w = net.layers[0].params["weight"].value.copy()
+    assert not np.allclose(w, dequantize_weight(*quantize_weight(w)), rtol=0, atol=1e-7)  # off the grid
+    lm.save_checkpoint(tmp_path / "ck.lamina", net, opt)
+    ck = lm.load_checkpoint(tmp_path / "ck.lamina")
+    assert ck.net.precision == "int8"
+    np.testing.assert_array_equal(ck.net.layers[0].params["weight"].value, w)
+    lm.save(net, tmp_path / "m.lamina")
+    np.testing.assert_array_equal(lm.load(tmp_path / "m.lamina").layers[0].params["weight"].value,
+                                  dequantize_weight(*quantize_weight(w)))

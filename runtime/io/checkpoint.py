@@ -31,14 +31,14 @@ def save_checkpoint(path: PathLike, net: Network, optimizer: Any, **fields: Any)
     info = {"step_count": optimizer.step_count, "optimizer": type(optimizer).__name__,
             "dropout_rng": net.rng.bit_generator.state, "init_rng": lm_random.generator().bit_generator.state,
             "fields": fields}
-    write_atomic(path, _pack(net, False, tensors, {"checkpoint": json.dumps(info)}))
+    write_atomic(path, _pack(net, False, tensors, {"checkpoint": json.dumps(info)}, exact=True))
 
 
 def graph_difference(a, b):
     """None when networks a and b have the same graph (inputs, layers and their configurations,
     connections, outputs, parameter names and shapes), else a phrase saying the first difference."""
-    ga, ta = describe(a)
-    gb, tb = describe(b)
+    ga, ta = describe(a, exact=True)
+    gb, tb = describe(b, exact=True)
     differs = description_difference(ga, gb)
     if differs:
         return differs

@@ -4,7 +4,9 @@ Tensors: one per distinct parameter, keyed by the parameter's name, stored as fl
 `half=True`) float16, which loading widens to float32. A network that multiplies in another
 precision (lamina.precision) stores its product weights (Layer.product_weights) in it: BF16 in a
 bfloat16 network, I8 in an int8 one with each output channel's scale under 'scale/<name>'
-(float32), so loading gives exactly the values the network had. Arrays among the network's assets
+(float32), so loading gives exactly the values the network had; a checkpoint stores every
+parameter as float32 (training moves weights off the grid, and must resume exactly). Arrays among
+the network's assets
 are under 'asset/<name>'; in a checkpoint, optimizer state under 'optim/<parameter>/<state>'.
 Metadata (all strings): format 'lamina', version '1', 'graph' (JSON:
   {"inputs": [{name, shape, dtype, sequence}], "layers": [{name, kind, config, params: {local: key},
@@ -63,11 +65,13 @@ ASSET, OPTIM, SCALE = "asset/", "optim/", "scale/"
 
 # ---------------------------------------------------------------------------- writing
 
-def describe(net):
-    """The graph of `net` as a JSON-able dict, and its parameter tensors by key (product weights
-    in the network's precision, with their scales)."""
+def describe(net, exact=False):
+    """The graph of `net` as a JSON-able dict, and its parameter tensors by key: product weights
+    in the network's precision, with their scales, or with exact=True (a checkpoint, which must
+    resume training exactly) every parameter's float32 values."""
     graph = describe_graph(net)
-    products = {layer.params[local].name for layer in net.layers for local in layer.product_weights()}
+    products = set() if exact else {layer.params[local].name for layer in net.layers
+                                    for local in layer.product_weights()}
     tensors = {}
     for layer in net.layers:
         for p in layer.params.values():
@@ -127,8 +131,8 @@ def digest(tensors, metadata=None):
     return "sha256:" + h.hexdigest()
 
 
-def _pack(net, half, extra_tensors=None, extra_metadata=None):
-    graph, tensors = describe(net)
+def _pack(net, half, extra_tensors=None, extra_metadata=None, exact=False):
+    graph, tensors = describe(net, exact)
     for key in tensors:
         if not key.startswith(SCALE) and not np.isfinite(parameter_value(tensors, key)).all():
             raise NonFiniteModelError(f"parameter '{key}' holds NaN or infinity: the model was not written")
