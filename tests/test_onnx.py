@@ -814,3 +814,29 @@ def test_per_row_cross_entropy_imports_as_a_score(dynamo, opset):
         net.run(lm.onnx.feeds(net, {"x": x.numpy(), "y": np.array([0, -100, 1, 1])}))
     with pytest.raises(lm.onnx.UnsupportedModelError, match="reduction 'mean'"):
         lm.onnx.load(export_scored(PerRowCrossEntropy("mean").eval(), x, y, dynamo, opset))
+
+
+def test_an_imported_classifier_on_the_last_state_exports_back(tmp_path):
+    """A GRU classifier whose Linear reads h_n[-1] imports, exports (the Gather of the last
+    layer's state takes a scalar index, which removes the axis), and runs in ONNX Runtime as
+    lamina runs it."""
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.out = torch.nn.GRU(8, 16, batch_first=True), torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.out(self.gru(x)[1][-1])
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Classifier().eval(), (torch.randn(2, 5, 8),), str(tmp_path / "clf.onnx"), dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "N", 1: "T"}})
+    net = lm.onnx.load(tmp_path / "clf.onnx")
+    lm.onnx.save(net, tmp_path / "back.onnx")
+    x = np.random.default_rng(0).standard_normal((4, 6, 8)).astype(np.float32)
+    mine = net.run(lm.onnx.feeds(net, {"x": x}))["y"]
+    theirs = ort.InferenceSession(str(tmp_path / "back.onnx")).run(None, {"x": x, "lengths": np.full(4, 6)})[0]
+    np.testing.assert_allclose(theirs, mine, rtol=0, atol=1e-5)
+    assert theirs.shape == (4, 3)

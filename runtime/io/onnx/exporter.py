@@ -52,8 +52,12 @@ class Graph:
         return name
 
     def constant(self, base, values, dtype=np.float32):
+        """An initializer of `values`, a scalar staying a scalar (np.ascontiguousarray would make
+        it [1]: a Gather of index [i] keeps the axis a Gather of index i removes)."""
         name = self.fresh(base)
-        self.initializers.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(values, dtype=dtype), name))
+        values = np.asarray(values, dtype=dtype)
+        values = np.ascontiguousarray(values) if values.ndim else values
+        self.initializers.append(self.onnx.numpy_helper.from_array(values, name))
         return name
 
     def node(self, op, inputs, output=None, name=None, **attrs):
