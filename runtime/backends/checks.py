@@ -25,6 +25,17 @@ def register_index_range(fn):
     _index_range = fn
 
 
+def gemm_sizes(where, a, b, c, trans_a, trans_b):
+    """(m, n, k) of c = op(a) op(b), or a ValueError naming the shapes that do not fit."""
+    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if k != kb or c.shape != (m, n):
+        raise ValueError(f"{where}: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n} with equal inner "
+                         f"sizes; found a {a.shape}{' transposed' if trans_a else ''}, b {b.shape}"
+                         f"{' transposed' if trans_b else ''}, c {c.shape}")
+    return m, n, k
+
+
 def check_index(where, name, ids, bound, low=0):
     """Every entry of the integer array `ids` lies in [low, bound)."""
     ids = np.asarray(ids)

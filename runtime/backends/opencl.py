@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import OpenCLError
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
-from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
+from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection, gemm_sizes
 
 KERNEL_DIR = Path(str(importlib.resources.files("lamina.opencl")))
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
@@ -189,12 +189,7 @@ class OpenCLBackend(Backend):
         for name, x in (("a", a), ("b", b), ("c", c)):
             if x.ndim != 2 or x.dtype != c.dtype:
                 raise ValueError(f"gemm: {name} must be a 2-D {c.dtype} array, found {x.dtype} {x.shape}")
-        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
-        if k != kb or c.shape != (m, n):
-            raise ValueError(f"gemm: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n}; found "
-                             f"a {a.shape}{' transposed' if trans_a else ''}, b {b.shape}"
-                             f"{' transposed' if trans_b else ''}, c {c.shape}")
+        m, n, k = gemm_sizes("gemm", a, b, c, trans_a, trans_b)
         if m == 0 or n == 0:
             return
         size, real = c.dtype.itemsize, c.dtype.type

@@ -10,7 +10,7 @@ from .compiled import _kernels as K
 from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
 from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
-from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection
+from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection, gemm_sizes
 from .blas import default_provider, mkl, provider
 from ...threads import free_threads, get_num_threads, split_work
 from . import conv_algorithms, fused_recurrence
@@ -169,12 +169,7 @@ class CPUBackend(HostStatistics, Backend):
         check_matrix("gemm_in", "a", a, dtype=np.float32)
         check_matrix("gemm_in", "b", b, dtype=np.float32)
         check_matrix("gemm_in", "c", c, dtype=np.float32)
-        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
-        if k != kb or c.shape != (m, n):
-            raise ValueError(f"gemm_in: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n}; found a {a.shape}"
-                             f"{' transposed' if trans_a else ''}, b {b.shape}{' transposed' if trans_b else ''}, "
-                             f"c {c.shape}")
+        _, _, k = gemm_sizes("gemm_in", a, b, c, trans_a, trans_b)
         if k == 0:  # (an empty product: beta c)
             return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
         bits = []
@@ -195,13 +190,7 @@ class CPUBackend(HostStatistics, Backend):
         check_matrix("gemm", "a", a)
         check_matrix("gemm", "b", b, dtype=a.dtype)
         check_matrix("gemm", "c", c, dtype=a.dtype)
-        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
-        if k != kb or c.shape != (m, n):
-            raise ValueError(
-                f"gemm: op(a) is {m}x{k} and op(b) is {kb}x{n}, so c must be {m}x{n} with equal inner "
-                f"sizes; found a {a.shape}{' transposed' if trans_a else ''}, "
-                f"b {b.shape}{' transposed' if trans_b else ''}, c {c.shape}")
+        m, n, k = gemm_sizes("gemm", a, b, c, trans_a, trans_b)
 
         if bias is not None:
             check_array("gemm_bias", "bias", bias, dtype=c.dtype, shape=(n,))
