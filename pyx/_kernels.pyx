@@ -445,16 +445,9 @@ def multiply(real[::1] a, real[::1] b, real[::1] out, double beta):
             out[i] = <real>(a[i] * b[i] + beta * out[i])
 
 
-cdef inline unsigned int _bf16_bits(float x) noexcept nogil:
-    """The bfloat16 nearest to x (ties to even) as its 16 bits; a NaN stays a (quiet) NaN."""
-    cdef unsigned int u = (<unsigned int*>&x)[0]
-    if (u & 0x7fffffff) > 0x7f800000:
-        return (u >> 16) | 0x40
-    return (u + 0x7fff + ((u >> 16) & 1)) >> 16
-
-
 cdef extern from "convert.h" nogil:
     void lamina_to_bfloat16(const float *x, unsigned short *out, long n)
+    float lamina_round_bfloat16(float x)
 
 
 def to_bfloat16(const float[::1] x, unsigned short[::1] out):
@@ -474,10 +467,8 @@ def to_bfloat16(const float[::1] x, unsigned short[::1] out):
 def round_bfloat16(const float[::1] x, float[::1] out):
     """out = x rounded to the nearest bfloat16 value (ties to even), as float32."""
     cdef Py_ssize_t i, n = x.shape[0]
-    cdef unsigned int bits
     for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
-        bits = _bf16_bits(x[i]) << 16
-        out[i] = (<float*>&bits)[0]
+        out[i] = lamina_round_bfloat16(x[i])
 
 
 cdef extern from "quantize.h" nogil:
@@ -566,8 +557,8 @@ def recurrence_forward_reduced(int cell, const long[::1] starts, float[:, ::1] g
                                float[:, ::1] init_h, bint has_init_h, float[:, ::1] init_c, bint has_init_c,
                                unsigned short[:, ::1] bits, unsigned char[:, ::1] u, float[::1] row_scales,
                                int[::1] zeros, int[:, ::1] sums):
-    """A layer direction's forward at inference with W_hh's products in bfloat16 or int8, every
-    step in one call: step t's rows are starts[t]..starts[t + 1] (the sequences still running,
+    """A layer direction's forward with W_hh's products in bfloat16 or int8, every step in one
+    call: step t's rows are starts[t]..starts[t + 1] (the sequences still running,
     longest first), the previous states the first rows of step t - 1 (or the initial states). g
     holds x W_ihᵀ + bias and is activated in place (RNN: h = act(g)); GRU's recurrent products,
     with b_hh, go to hh. The caller checked every shape (lamina.backends.cpu.fused_recurrence)."""
@@ -1004,8 +995,8 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
     return &a[0, 0] if present else NULL
 
 
-def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[::1] b_hh, bint has_hh_bias, real[::1] packed, real[:, ::1] hs,
-                       real[:, ::1] cs, bint has_cell,
+def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[::1] b_hh,
+                       bint has_hh_bias, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
                        real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,

@@ -162,6 +162,18 @@ def packed_gemm(real[:, ::1] a, PackedB p, real[:, ::1] c, double beta):
                                 &a[0, 0], a.shape[1], <double*>p.buf, p.n, beta, &c[0, 0], p.n)
 
 
+cdef void _bf16_product(int m, int n, int k, float alpha, const unsigned short* a, const void* packed, float beta,
+                        float* c) noexcept nogil:
+    cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, alpha, a, k,
+                                   <const unsigned short*>packed, n, beta, c, n)
+
+
+cdef void _u8s8_product(int m, int n, int k, const unsigned char* a, const void* packed, int* c) noexcept nogil:
+    cdef int zero = 0
+    cblas_gemm_s8u8s32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, CblasFixOffset, m, n, k, 1.0, a, k, 0,
+                               packed, n, 0, 0.0, c, n, &zero)
+
+
 def pack_b_bf16(const unsigned short[:, ::1] b, bint trans, double alpha, int max_m):
     """Pack op(b) (bfloat16 bits, shape k×n) for bfloat16 products with up to max_m rows on the
     left; alpha multiplies at compute time (MKL's bfloat16 pack takes none)."""
@@ -186,8 +198,7 @@ def packed_gemm_bf16(const unsigned short[:, ::1] a, PackedB p, float[:, ::1] c,
     if m == 0:
         return
     with nogil:
-        cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, p.n, p.k, <float>p.alpha,
-                                       &a[0, 0], a.shape[1], <unsigned short*>p.buf, p.n, beta, &c[0, 0], p.n)
+        _bf16_product(m, p.n, p.k, <float>p.alpha, &a[0, 0], p.buf, beta, &c[0, 0])
 
 
 def gemm_bf16(const unsigned short[:, ::1] a, const unsigned short[:, ::1] b, float[:, :] c, bint trans_a,
@@ -223,12 +234,10 @@ def pack_b_s8(const signed char[:, ::1] b, int max_m):
 def packed_gemm_u8s8(const unsigned char[:, ::1] a, PackedB p, int[:, ::1] c):
     """c = a @ B in int32, a u8 (m×k) and B the int8 matrix packed by pack_b_s8."""
     cdef int m = a.shape[0]
-    cdef int zero = 0
     if m == 0:
         return
     with nogil:
-        cblas_gemm_s8u8s32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, CblasFixOffset, m, p.n, p.k, 1.0,
-                                   &a[0, 0], a.shape[1], 0, p.buf, p.n, 0, 0.0, &c[0, 0], p.n, &zero)
+        _u8s8_product(m, p.n, p.k, &a[0, 0], p.buf, &c[0, 0])
 
 
 def u8s8_sums_exact():
@@ -244,19 +253,6 @@ def u8s8_sums_exact():
         cblas_gemm_s8u8s32(CblasRowMajor, CblasNoTrans, CblasNoTrans, CblasFixOffset, 1, 1, 64, 1.0,
                            a, 64, 0, b, 1, 0, 0.0, &c, 1, &zero)
     return c == 255 * 127 * 64
-
-
-
-cdef void _bf16_product(int m, int n, int k, float alpha, const unsigned short* a, const void* packed, float beta,
-                        float* c) noexcept nogil:
-    cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, alpha, a, k,
-                                   <const unsigned short*>packed, n, beta, c, n)
-
-
-cdef void _u8s8_product(int m, int n, int k, const unsigned char* a, const void* packed, int* c) noexcept nogil:
-    cdef int zero = 0
-    cblas_gemm_s8u8s32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, CblasFixOffset, m, n, k, 1.0, a, k, 0,
-                               packed, n, 0, 0.0, c, n, &zero)
 
 
 def product_functions():
