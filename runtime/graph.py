@@ -335,19 +335,23 @@ class Network:
         """Make inference multiply by the weights in `precision` (lamina.precision): every layer's
         product weights (Layer.product_weights) take the values they have in it (rounded to
         bfloat16, or int8 per output channel times its scale, still held as float32), and their
-        packs are made in it when first used. Training multiplies in float32 (from these values);
-        a model file stores these weights in the precision. 'float32' only marks the network:
-        rounded weights stay as they are."""
+        packs are made in it when first used. Training multiplies in the training precision
+        (autocast), from these values; a model file stores these weights in the precision.
+        'float32' only marks the network: rounded weights stay as they are."""
         check_precision(precision, "set_precision")
         with self._lock.write():
-            if precision != "float32" and self.dtype != np.float32:
-                raise ValueError(f"set_precision({precision!r}): the network must be float32, found {self.dtype}")
+            self._require_float32(f"set_precision({precision!r})", precision)
             weights = {id(p): p for layer in self.layers for p in map(layer.params.get, layer.product_weights())}
             for p in weights.values():  # (each once: a tied weight is rounded once)
                 p.assign(round_to_precision(p.value, precision))
             self.precision = precision
             self._invalidate()
         return self
+
+    def _require_float32(self, where: str, precision: str) -> None:
+        """A reduced precision rounds float32 values: refused for a network of another dtype."""
+        if precision != "float32" and self.dtype != np.float32:
+            raise ValueError(f"{where}: the network must be float32, found {self.dtype}")
 
     def autocast(self, precision: str = "bfloat16") -> Network:
         """Make training multiply in `precision` ('bfloat16', or 'float32' to undo): the products
@@ -358,8 +362,7 @@ class Network:
         if precision not in ("float32", "bfloat16"):
             raise ValueError(f"autocast: precision must be 'bfloat16' or 'float32', found {precision!r}")
         with self._lock.write():
-            if precision != "float32" and self.dtype != np.float32:
-                raise ValueError(f"autocast({precision!r}): the network must be float32, found {self.dtype}")
+            self._require_float32(f"autocast({precision!r})", precision)
             self.training_precision = precision
             self._invalidate()
         return self
