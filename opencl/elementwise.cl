@@ -26,6 +26,7 @@
 #define GELU 11
 #define HARD_SWISH 12
 #define GELU_TANH 13
+#define BOUNDED_RELU 14
 #define GELU_TANH_C 0.7978845608028654 /* √(2/π) */
 #define SELU_ALPHA 1.6732632423543772
 #define SELU_SCALE 1.0507009873554805
@@ -135,6 +136,7 @@ inline REAL act(const int kind, const REAL x, const REAL slope)
     case GELU: return (REAL)0.5 * x * (1 + erf(x * (REAL)0.7071067811865476));
     case HARD_SWISH: return x * unit_clip(x / 6 + (REAL)0.5);
     case GELU_TANH: return (REAL)0.5 * x * (1 + tanh((REAL)GELU_TANH_C * (x + (REAL)0.044715 * x * x * x)));
+    case BOUNDED_RELU: return x < 0 ? 0 : (x > slope ? slope : x);  /* NaN stays NaN */
     default: return x;
     }
 }
@@ -153,6 +155,7 @@ inline REAL act_grad(const int kind, const REAL y, const REAL slope)
     case SELU: return y > 0 ? (REAL)SELU_SCALE : y + (REAL)(SELU_SCALE * SELU_ALPHA);
     case SOFTSIGN: return (1 - fabs(y)) * (1 - fabs(y));
     case HARD_SIGMOID: return (y > 0 && y < 1) ? slope : 0;
+    case BOUNDED_RELU: return (y > 0 && y < slope) ? 1 : 0;
     /* y is the input x for these (INPUT_GRAD_ACTIVATIONS) */
     case GELU: return (REAL)0.5 * (1 + erf(y * (REAL)0.7071067811865476)) + y * exp((REAL)-0.5 * y * y) * (REAL)0.3989422804014327;
     case HARD_SWISH: return y < -3 ? 0 : (y > 3 ? 1 : y / 3 + (REAL)0.5);

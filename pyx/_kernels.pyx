@@ -59,6 +59,7 @@ cdef enum:
     GELU = 11
     HARD_SWISH = 12
     GELU_TANH = 13
+    BOUNDED_RELU = 14
 
 # SELU's constants (Klambauer et al.), as in PyTorch and ONNX
 cdef double SELU_ALPHA = 1.6732632423543772
@@ -275,6 +276,8 @@ cdef inline double _act(int kind, double x, double slope) noexcept nogil:
         return x * _unit_clip(x / 6.0 + 0.5)
     elif kind == GELU_TANH:
         return 0.5 * x * (1.0 + tanh(GELU_TANH_C * (x + 0.044715 * x * x * x)))
+    elif kind == BOUNDED_RELU:  # NaN stays NaN
+        return 0.0 if x < 0 else (slope if x > slope else x)
     return x
 
 
@@ -306,6 +309,8 @@ cdef inline double _act_grad_from_output(int kind, double y, double slope) noexc
         return (1.0 - fabs(y)) * (1.0 - fabs(y))
     elif kind == HARD_SIGMOID:
         return slope if 0 < y < 1 else 0.0
+    elif kind == BOUNDED_RELU:
+        return 1.0 if 0 < y < slope else 0.0
     elif kind == GELU:  # y is the input x here (INPUT_GRAD_ACTIVATIONS)
         return 0.5 * (1.0 + erf(y * 0.7071067811865476)) + y * exp(-0.5 * y * y) * 0.3989422804014327
     elif kind == HARD_SWISH:  # y is the input x
@@ -324,6 +329,8 @@ def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
     """y = f(x), element-wise (x and y may be the same buffer). float32 tanh and sigmoid use the
     fast tanh of cells.h (vectorised); everything else libm in double."""
     cdef Py_ssize_t i, n = x.shape[0]
+    if kind == BOUNDED_RELU:  # the bound as the values hold it: backward tells it from y
+        slope = <real>slope
     if kind == RELU:  # the common case, as a loop the compiler vectorises (NaN stays NaN)
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             y[i] = 0 if x[i] < 0 else x[i]
@@ -341,6 +348,8 @@ def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
 def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, double beta, double slope):
     """dx = dy * f'(x) + beta * dx, with f'(x) computed from y = f(x)."""
     cdef Py_ssize_t i, n = y.shape[0]
+    if kind == BOUNDED_RELU:
+        slope = <real>slope
     if kind == RELU and beta == 0:  # vectorised, as the forward
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             dx[i] = dy[i] if y[i] > 0 else 0

@@ -197,7 +197,8 @@ def numpy_activation(kind, x, slope):
             "selu": 1.0507009873554805 * np.where(x < 0, 1.6732632423543772 * np.expm1(x), x),
             "softsign": x / (1 + np.abs(x)), "hard_sigmoid": np.clip(slope * x + 0.5, 0, 1),
             "gelu": 0.5 * x * (1 + erf(x / np.sqrt(2))), "hard_swish": x * np.clip(x / 6 + 0.5, 0, 1),
-            "gelu_tanh": 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))}[kind]
+            "gelu_tanh": 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+            "bounded_relu": np.clip(x, 0, slope)}[kind]
 
 
 @pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5)])

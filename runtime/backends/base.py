@@ -39,9 +39,11 @@ from ..precision import ACTIVATION_LEVELS, WEIGHT_LEVELS, check_int8_pack, check
 # position = the activation's code in the compiled kernels. `slope` is leaky_relu's negative
 # slope, elu's alpha and hard_sigmoid's alpha (hard_sigmoid's beta is 0.5; selu's constants are
 # the standard ones); gelu is the exact (erf) form, gelu_tanh its tanh approximation
-# (0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))); hard_swish is x · hard_sigmoid(x) with 1/6.
+# (0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))); hard_swish is x · hard_sigmoid(x) with 1/6;
+# bounded_relu is min(max(x, 0), slope) (ReLU6 with slope 6; its gradient is 1 strictly between
+# the bounds, as PyTorch's hardtanh)
 ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu", "elu", "selu",
-               "softsign", "hard_sigmoid", "gelu", "hard_swish", "gelu_tanh")
+               "softsign", "hard_sigmoid", "gelu", "hard_swish", "gelu_tanh", "bounded_relu")
 # their derivative is not a function of the output: backward takes the input x instead of y
 INPUT_GRAD_ACTIVATIONS = ("gelu", "hard_swish", "gelu_tanh")
 # softmax and log_softmax normalise along each row, so they are not element-wise; they share the

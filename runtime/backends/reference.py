@@ -42,6 +42,7 @@ def _act(kind, x, slope):
         "gelu": lambda: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
         "hard_swish": lambda: x * np.clip(x / 6 + 0.5, 0, 1),
         "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(GELU_TANH_C * (x + 0.044715 * x ** 3))),
+        "bounded_relu": lambda: np.where(x > slope, slope, np.maximum(x, 0)),
     }[kind]()
 
 
@@ -60,6 +61,7 @@ def _act_grad(kind, y, dy, slope):
         "selu": lambda: dy * np.where(y > 0, SELU_SCALE, y + SELU_SCALE * SELU_ALPHA),
         "softsign": lambda: dy * (1 - np.abs(y)) ** 2,
         "hard_sigmoid": lambda: dy * np.where((y > 0) & (y < 1), slope, 0),
+        "bounded_relu": lambda: dy * ((y > 0) & (y < slope)),
         # y is the input x for these (INPUT_GRAD_ACTIVATIONS)
         "gelu": lambda: dy * (0.5 * (1 + _erf(y / np.sqrt(2))) + y * np.exp(-0.5 * y * y) / np.sqrt(2 * np.pi)),
         "hard_swish": lambda: dy * np.where(y < -3, 0, np.where(y > 3, 1, y / 3 + 0.5)),

@@ -180,6 +180,9 @@ def activate(g, x, kind, slope, name):
         return g.node("Elu", [x], name=f"{name}_act", alpha=float(slope))
     if kind == "hard_sigmoid":
         return g.node("HardSigmoid", [x], name=f"{name}_act", alpha=float(slope), beta=0.5)
+    if kind == "bounded_relu":
+        bounds = [g.constant(f"{name}_{end}", bound) for end, bound in (("min", 0.0), ("max", slope))]
+        return g.node("Clip", [x] + bounds, name=f"{name}_act")
     if kind in ("gelu", "gelu_tanh"):
         g.opset = max(g.opset, 20)  # ONNX's Gelu came with opset 20
         return g.node("Gelu", [x], name=f"{name}_act", approximate="tanh" if kind == "gelu_tanh" else "none")

@@ -127,6 +127,61 @@ converter("LeakyRelu", attributes={"alpha"})(_activation("leaky_relu", 0.01))
 converter("Elu", attributes={"alpha"})(_activation("elu", 1.0))
 
 
+@converter("Clip", attributes={"min", "max"})
+def clip(imp, node, inputs, attrs):
+    """min(max(x, lo), hi): with lo 0 a bounded ReLU (ReLU6) or a ReLU; another lower bound shifts
+    the value to 0 and back, an upper bound alone clips -x from below (fixed shifts and signs, not
+    trained). The bounds are constants (opset 11's inputs, or the attributes before it)."""
+    x = value(inputs[0], "input")
+    lo, hi = (_bound(inputs[k] if len(inputs) > k else None, attrs.get(name), name, default)
+              for k, name, default in ((1, "min", -math.inf), (2, "max", math.inf)))
+    if not lo <= hi or math.isnan(lo) or math.isnan(hi):
+        raise Refused(f"bounds min {lo} > max {hi} (every output would be max)")
+    if lo == hi:
+        raise Refused(f"bounds min = max = {lo} (every output would be that constant)")
+    if math.isinf(lo) and math.isinf(hi):
+        return [imp.add(L.Scale(1.0), [x], node)]
+    if math.isinf(lo):  # min(x, hi) = -max(-x, -hi)
+        y = _clip_from_below(imp, imp.net.add(L.Scale(-1.0), [x]), -hi, math.inf, None)
+        return [imp.add(L.Scale(-1.0), [y], node)]
+    return [_clip_from_below(imp, x, lo, hi, node)]
+
+
+def _clip_from_below(imp, x, lo, hi, node):
+    """min(max(x, lo), hi) for a finite lo: a (bounded) ReLU of x - lo, plus lo; the last layer
+    named after `node` (None: an inner part)."""
+    def last(layer, y):
+        return imp.add(layer, [y], node) if node is not None else imp.net.add(layer, [y])
+    act = L.Activation("relu") if math.isinf(hi) else L.Activation("bounded_relu", slope=hi - lo)
+    if lo == 0:
+        return last(act, x)
+    y = imp.net.add(act, [_shift(imp, x, -lo)])
+    return last(_shift_layer(y.spec.shape, lo), y)
+
+
+def _bound(given, attribute, name, default):
+    """One of Clip's bounds as a float: its input, its attribute (opset < 11) or the default."""
+    if given is None:
+        return float(attribute) if attribute is not None else default
+    bound = const(given, name)
+    if bound.size != 1:
+        raise Refused(f"{name} must be a scalar, found shape {list(bound.shape)}")
+    return float(bound.reshape(()))
+
+
+def _shift_layer(shape, amount):
+    """A Bias layer adding `amount` everywhere, frozen (a fixed part of an operator)."""
+    layer = L.Bias(shape)
+    bias = layer.params["bias"]
+    bias.assign(np.full(bias.shape, amount, np.float32))
+    bias.frozen = True
+    return layer
+
+
+def _shift(imp, x, amount):
+    return imp.net.add(_shift_layer(x.spec.shape, amount), [x])
+
+
 @converter("HardSigmoid", attributes={"alpha", "beta"})
 def hard_sigmoid(imp, node, inputs, attrs):
     if abs(attrs.get("beta", 0.5) - 0.5) > 1e-7:
