@@ -176,6 +176,56 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# operators that keep their input's leading axes in place (element-wise on one value, or over
+# its last axis only), through which a recurrent node's X is traced back to a graph input
+AXES_KEPT = frozenset({"Identity", "Cast", "Dropout", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "Selu",
+                       "Gelu", "Softplus", "Softsign", "HardSigmoid", "HardSwish", "Clip", "Neg", "Abs",
+                       "MatMul", "Add", "Sub", "Mul", "Div"})
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+
+
+def sequence_inputs(graph):
+    """{input: "NT" | "TN"} for the graph inputs a recurrent node reads as X whatever their shape
+    says (a fixed [T, N, C], as PyTorch's exporters write an example input's shape): X's time
+    and batch axes (layout 0: [T, N, C]; 1: [N, T, C]) traced back through transposes, an
+    embedding's Gather and operators that keep the leading axes, to the input's first two axes."""
+    made = {out: node for node in graph.node for out in node.output if out}
+    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    inputs = {i.name for i in graph.input if i.name not in constants}
+    found = {}
+    for node in graph.node:
+        if node.op_type not in RECURRENT_OPS or not node.input or not node.input[0]:
+            continue
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        labels = {0: "T", 1: "N"} if layout == 0 else {0: "N", 1: "T"}  # X's axis -> what it is
+        name = node.input[0]
+        for _ in range(len(graph.node)):
+            if name in inputs:
+                if sorted(labels) == [0, 1]:
+                    found.setdefault(name, labels[0] + labels[1])
+                break
+            producer = made.get(name)
+            if producer is None:
+                break
+            if producer.op_type == "Transpose":
+                perm = next((list(a.ints) for a in producer.attribute if a.name == "perm"), None)
+                if perm is None or max(labels) >= len(perm):
+                    break
+                labels = {perm[axis]: label for axis, label in labels.items()}
+                name = producer.input[0]
+            elif producer.op_type == "Gather" and producer.input[0] in constants and \
+                    all(a.i == 0 for a in producer.attribute if a.name == "axis"):
+                name = producer.input[1]  # an embedding: the ids' axes lead
+            elif producer.op_type in AXES_KEPT:
+                ins = [i for i in producer.input if i and i not in constants]
+                if len(ins) != 1:
+                    break
+                name = ins[0]
+            else:
+                break
+    return found
+
+
 def opset_of(model):
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
@@ -207,6 +257,9 @@ class Importer:
         self.index = 0  # of the node being converted
         self.folded = 0  # bytes of the constants folded so far
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
+        self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
+        for name, order in sequence_inputs(model.graph).items():
+            self.sequences.setdefault(name, order)
 
     # ------------------------------------------------------------------ building
     def build(self):
@@ -278,6 +331,9 @@ class Importer:
                                                      f"in shape {['?' if d is None else d for d in dims]}"))
             return Unknown()
         value = self.net.input(inp.name, tuple(dims[lead:]), dtype=kind, sequence=bool(order))
+        for label, size in zip(order or "N", dims):
+            if size is not None:
+                self.static.setdefault(label, size)
         if order == "TN":
             value.onnx_axes = ("T", "N") + tuple(range(len(dims) - 2))
         return value

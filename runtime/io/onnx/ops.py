@@ -502,6 +502,29 @@ def _sample_slice(imp, node, x, axis, start, stop, squeeze):
     return y
 
 
+def _is_time_axis(imp, x, axis):
+    layout = imp.axes_of(x)
+    return x.spec.sequence and -len(layout) <= axis < len(layout) and layout[axis] == "T"
+
+
+def _time_step(imp, node, x, index):
+    """Step `index` of every sequence (a Gather along the time axis): the first (0) or the last
+    (-1, or the fixed time size less one: each sequence's own last step, the padded position T - 1
+    where every sequence has length T)."""
+    last = imp.static.get("T")
+    if index == 0:
+        mode = "first"
+    elif index == -1 or (last is not None and index == last - 1):
+        mode = "last"
+    else:
+        raise Refused(f"step {index} of every sequence (lamina takes the first or the last step)")
+    y = imp.add(L.SequencePool(mode), [x], node)
+    layout = tuple(a for a in imp.axes_of(x) if a != "T")
+    if layout != default_axes(y.spec):
+        y.onnx_axes = layout
+    return y
+
+
 @converter("Gather", attributes={"axis"})
 def gather(imp, node, inputs, attrs):
     table, ids = inputs
@@ -509,6 +532,8 @@ def gather(imp, node, inputs, attrs):
         if table.spec.kind != "float" or ids.ndim != 0:
             raise Refused(f"indices {ids.tolist()} into a value: only a single index of a float value")
         index = int(ids)
+        if _is_time_axis(imp, table, attrs.get("axis", 0)):
+            return [_time_step(imp, node, table, index)]
         return [_sample_slice(imp, node, table, attrs.get("axis", 0), index, index + 1 if index != -1 else
                               table.spec.shape[0], squeeze=True)]
     table = const(table, "data (the embedding table)")

@@ -192,7 +192,8 @@ def reshape_value(imp, node, inputs, attrs):
         raise Refused(f"a reshape of a value whose axes are {axes} (per-sample axes before the batch axis)")
     head = target[:len(names)]
     for i, (want, name) in enumerate(zip(head, names)):
-        if want not in (name, 0) and not (want == -1 and "N" in names and len(names) == 1):
+        # the axis by name, 0 (kept), its size where the inputs fix it, or -1 for a lone batch axis
+        if want not in (name, 0, imp.static.get(name)) and not (want == -1 and "N" in names and len(names) == 1):
             raise Refused(f"shape {target}: the {'batch' if name == 'N' else 'time'} axis must stay in place")
     rest = [x.spec.shape[i] if s == 0 else s for i, s in enumerate(target[len(names):])]
     if any(isinstance(s, str) for s in rest):
