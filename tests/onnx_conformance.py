@@ -73,15 +73,13 @@ def run_case(case):
     from lamina.io.onnx import to_onnx_layout
     model, feeds, expected = with_initializers(case)
     node = model.graph.node[0]
-    sequences = {}
     if node.op_type in RECURRENT:  # X is a padded batch of sequences, time-major unless layout=1
         layout = {a.name: a.i for a in node.attribute}.get("layout", 0)
-        sequences[node.input[0]] = "NT" if layout else "TN"
         x = feeds[node.input[0]]
         padded = x if layout else x.transpose(1, 0, 2)
         feeds[node.input[0]] = lm.Sequences.from_padded(padded, [padded.shape[1]] * len(padded))
     try:
-        net = lm.onnx.load(model, sequences=sequences)
+        net = lm.onnx.load(model)  # (a recurrent node's fixed [T, N, C] X is taken as sequences)
     except lm.onnx.UnsupportedModelError as e:
         return "refused", "; ".join(what for _, _, what in e.problems)
     except Exception as e:  # an importer bug: a failure, not a refusal

@@ -1,0 +1,227 @@
+"""The models users bring: small PyTorch models built from the blocks of the architectures people
+export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, the 3-D video ResNets, and
+recurrent classifiers and language models), each exported by both of PyTorch's exporters, with the
+example input's static shapes (what `torch.onnx.export(model, (x,), path)` writes) and with a
+dynamic batch. Each loads, matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import lamina as lm
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+nn, F = torch.nn, torch.nn.functional
+
+
+class MobileNetV2Block(nn.Module):
+    """A strided stem and an inverted residual: ReLU6, depthwise convolution, linear bottleneck."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(inplace=True))
+        self.expand = nn.Sequential(nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6(inplace=True))
+        self.depthwise = nn.Sequential(nn.Conv2d(32, 32, 3, 1, 1, groups=32, bias=False), nn.BatchNorm2d(32),
+                                       nn.ReLU6(inplace=True))
+        self.project = nn.Sequential(nn.Conv2d(32, 8, 1, bias=False), nn.BatchNorm2d(8))
+        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(8, 10))
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.project(self.depthwise(self.expand(x)))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, (1, 1)), 1))
+
+
+class ResNetBlock(nn.Module):
+    """ResNet's 7x7 stem, max pool and a basic block."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 7, 2, 3, bias=False), nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8)
+        self.c3, self.b3 = nn.Conv2d(8, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.b1(self.c1(x))))
+        x = F.relu(x + self.b3(self.c3(F.relu(self.b2(self.c2(x))))))
+        return self.fc(torch.flatten(nn.AdaptiveAvgPool2d((1, 1))(x), 1))
+
+
+class EfficientNetBlock(nn.Module):
+    """SiLU and squeeze-excitation (a pooled branch multiplying the channels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.bn = nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8)
+        self.se1, self.se2 = nn.Conv2d(8, 2, 1), nn.Conv2d(2, 8, 1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = F.silu(self.bn(self.c(x)))
+        x = x * torch.sigmoid(self.se2(F.silu(self.se1(F.adaptive_avg_pool2d(x, 1)))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class SqueezeNetFire(nn.Module):
+    """A ceil-mode max pool and a fire module (two expand branches concatenated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.pool = nn.Conv2d(3, 8, 3, 2), nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.squeeze, self.e1, self.e3 = nn.Conv2d(8, 4, 1), nn.Conv2d(4, 8, 1), nn.Conv2d(4, 8, 3, padding=1)
+        self.classifier = nn.Conv2d(16, 10, 1)
+
+    def forward(self, x):
+        x = F.relu(self.squeeze(self.pool(F.relu(self.c(x)))))
+        x = torch.cat([F.relu(self.e1(x)), F.relu(self.e3(x))], 1)
+        return torch.flatten(F.adaptive_avg_pool2d(F.relu(self.classifier(x)), (1, 1)), 1)
+
+
+class VideoResNetStem(nn.Module):
+    """r3d_18's stem: a 3-D convolution over (time, height, width), BatchNorm3d, pooled."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.bn = nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.AdaptiveAvgPool3d((1, 1, 1))(F.relu(self.bn(self.c(x)))), 1))
+
+
+class LSTMClassifier(nn.Module):
+    """Batch-first features through a 2-layer LSTM; the last step classified."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.fc = nn.LSTM(8, 16, num_layers=2, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(self.lstm(x)[0][:, -1])
+
+
+class GRUClassifier(nn.Module):
+    """Time-major features through a bidirectional GRU; both directions' last states classified."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru, self.fc = nn.GRU(8, 16, bidirectional=True), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.gru(x)[1]
+        return self.fc(torch.cat([h[0], h[1]], 1))
+
+
+class LanguageModel(nn.Module):
+    """Token ids [N, T] -> Embedding -> LSTM -> a score per step and word."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lstm, self.fc = nn.Embedding(30, 8), nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 30)
+
+    def forward(self, ids):
+        return self.fc(self.lstm(self.emb(ids))[0])
+
+
+def _images(n):
+    return torch.randn(n, 3, 32, 32)
+
+
+# name -> (model class, example input of batch n, the batch axis of the input)
+MODELS = {
+    "mobilenet_v2": (MobileNetV2Block, _images, 0),
+    "resnet": (ResNetBlock, _images, 0),
+    "efficientnet": (EfficientNetBlock, _images, 0),
+    "squeezenet": (SqueezeNetFire, _images, 0),
+    "r3d": (VideoResNetStem, lambda n: torch.randn(n, 3, 4, 16, 16), 0),
+    "lstm": (LSTMClassifier, lambda n: torch.randn(n, 6, 8), 0),
+    "gru": (GRUClassifier, lambda n: torch.randn(6, n, 8), 1),
+    "language_model": (LanguageModel, lambda n: torch.randint(0, 30, (n, 7)), 0),
+}
+
+
+def build(name):
+    torch.manual_seed(sorted(MODELS).index(name))
+    model = MODELS[name][0]().eval()
+    with torch.no_grad():  # batch norm statistics that are not the identity, so folding them matters
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2)
+    return model
+
+
+def export(model, example, dynamo, batch_axis=None):
+    """ONNX bytes from PyTorch's exporter; batch_axis None: the example's static shapes (the
+    default), else that axis of the input dynamic."""
+    f = io.BytesIO()
+    kw = {}
+    if batch_axis is not None:
+        kw = ({"dynamic_shapes": ({batch_axis: torch.export.Dim("batch", min=1, max=64)},)} if dynamo else
+              {"dynamic_axes": {"x": {batch_axis: "batch"}}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), f, dynamo=dynamo, input_names=["x"], verbose=False, **kw)
+    return f.getvalue()
+
+
+def run_like_onnx_runtime(net, blob, x):
+    """lamina's output for the ONNX input x (in the model's layout), compared with ONNX Runtime's
+    to 1e-4 of the output's largest magnitude."""
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    theirs = session.run(None, {name: x})[0]
+    out = net.run(lm.onnx.feeds(net, {name: x}))
+    (key, ours), = out.items()
+    ours = lm.onnx.to_onnx_layout(ours, net.onnx_axes[key])
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * max(float(np.abs(theirs).max()), 1e-3))
+    return ours
+
+
+CASES = [(name, dynamo, shapes) for name in MODELS for dynamo in (False, True) for shapes in ("static", "dynamic")]
+
+
+@pytest.mark.parametrize("name,dynamo,shapes", CASES,
+                         ids=[f"{n}-{'dynamo' if d else 'torchscript'}-{s}" for n, d, s in CASES])
+def test_exported_model_runs_as_in_onnx_runtime(name, dynamo, shapes):
+    """Static exports run at their own shapes, dynamic ones at batch 1 and 3."""
+    model = build(name)
+    make, batch_axis = MODELS[name][1], MODELS[name][2]
+    example = make(2)
+    blob = export(model, example, dynamo, batch_axis if shapes == "dynamic" else None)
+    net = lm.onnx.load(blob)
+    for n in ((2,) if shapes == "static" else (1, 3)):
+        x = example if n == 2 else make(n)
+        ours = run_like_onnx_runtime(net, blob, x.numpy())
+        with torch.no_grad():
+            np.testing.assert_allclose(ours, model(x).numpy(), rtol=0, atol=1e-4 * float(np.abs(ours).max()))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_static_export_fine_tunes(name):
+    """The static export (PyTorch's default exporter) with a loss attached trains: 5 SGD steps on
+    one batch lower the loss."""
+    model = build(name)
+    make = MODELS[name][1]
+    example = make(2)
+    net = lm.onnx.load(export(model, example, dynamo=True))
+    (out_name,) = net.output_values
+    out = net.values[net.output_values[out_name]]
+    labels = net.input("labels", dtype="int32", sequence=out.spec.sequence)
+    net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(out, labels))
+    rng = np.random.default_rng(5)
+    feeds = lm.onnx.feeds(net, {net.input_names[0]: example.numpy()})
+    classes = out.spec.shape[-1]
+    if out.spec.sequence:
+        ids = feeds[net.input_names[0]]
+        feeds["labels"] = lm.Sequences.from_list([rng.integers(0, classes, n).astype(np.int32) for n in ids.lengths])
+    else:
+        feeds["labels"] = rng.integers(0, classes, 2).astype(np.int32)
+    opt = lm.optim.SGD(net, lr=0.05, momentum=0.9)
+    losses = [net.train_step(feeds, opt) for _ in range(5)]
+    assert losses[-1] < losses[0], losses
