@@ -1,8 +1,9 @@
 """The models users bring: small PyTorch models built from the blocks of the architectures people
-export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, the 3-D video ResNets, and
-recurrent classifiers and language models), each exported by both of PyTorch's exporters, with the
-example input's static shapes (what `torch.onnx.export(model, (x,), path)` writes) and with a
-dynamic batch. Each loads, matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
+export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, ShuffleNet, the 3-D video
+ResNets, and recurrent classifiers and language models), each exported by both of PyTorch's
+exporters, with the example input's static shapes (what `torch.onnx.export(model, (x,), path)`
+writes) and with a dynamic batch. Each loads, matches ONNX Runtime to 1e-4 of its output's
+scale, and fine-tunes."""
 import io
 import warnings
 
@@ -81,6 +82,22 @@ class SqueezeNetFire(nn.Module):
         return torch.flatten(F.adaptive_avg_pool2d(F.relu(self.classifier(x)), (1, 1)), 1)
 
 
+class ShuffleNetBlock(nn.Module):
+    """ShuffleNet-V2's channel shuffle (a view over groups, transposed, viewed back: shape arithmetic
+    on the channel count) and its split into halves."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.fc = nn.Conv2d(3, 8, 3, 1, 1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.c(x)
+        n, c, h, w = x.size()
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        left, right = x.chunk(2, dim=1)
+        return self.fc(torch.cat((left, F.relu(right)), dim=1).mean([2, 3]))
+
+
 class VideoResNetStem(nn.Module):
     """r3d_18's stem: a 3-D convolution over (time, height, width), BatchNorm3d, pooled."""
 
@@ -137,6 +154,7 @@ MODELS = {
     "resnet": (ResNetBlock, _images, 0),
     "efficientnet": (EfficientNetBlock, _images, 0),
     "squeezenet": (SqueezeNetFire, _images, 0),
+    "shufflenet": (ShuffleNetBlock, _images, 0),
     "r3d": (VideoResNetStem, lambda n: torch.randn(n, 3, 4, 16, 16), 0),
     "lstm": (LSTMClassifier, lambda n: torch.randn(n, 6, 8), 0),
     "gru": (GRUClassifier, lambda n: torch.randn(6, n, 8), 1),

@@ -475,6 +475,32 @@ def slice_(imp, node, inputs, attrs):
                           squeeze=False)]
 
 
+@converter("Split", attributes={"axis", "num_outputs", "split"})
+def split(imp, node, inputs, attrs):
+    """Consecutive parts of a sample's axis (ShuffleNet's channel halves, torch.chunk): a Slice
+    layer each. The sizes come from the split input or attribute, else num_outputs (or the
+    number of outputs) parts, the last one smaller where the axis does not divide (as ONNX)."""
+    x = inputs[0]
+    if not isinstance(x, Value) or x.spec.kind != "float":
+        raise Refused("input must be a float value computed from the model's inputs")
+    axis = attrs.get("axis", 0)
+    size = x.spec.shape[shapes.along(imp, x, axis, "axis")]
+    given = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("split")
+    if given is not None:
+        sizes = shapes.constant_ints(np.asarray(given) if isinstance(given, list) else given, "split")
+    else:
+        parts = attrs.get("num_outputs", len(node.output))
+        step = -(-size // parts)
+        sizes = [min(step, size - k * step) for k in range(parts)]
+    if len(sizes) != len(node.output) or sum(sizes) != size or min(sizes) < 0:
+        raise Refused(f"parts {sizes} of an axis of {size} into {len(node.output)} outputs")
+    outs, start = [], 0
+    for name, n in zip(node.output, sizes):
+        outs.append(_sample_slice(imp, node, x, axis, start, start + n, squeeze=False) if name else None)
+        start += n
+    return outs
+
+
 converter("Shape", attributes={"start", "end"})(shapes.shape)
 converter("Transpose", attributes={"perm"})(shapes.transpose)
 converter("Squeeze", attributes={"axes"})(shapes.squeeze)

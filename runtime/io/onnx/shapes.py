@@ -79,6 +79,9 @@ def symbolic(imp, node, inputs, attrs):
             raise Refused("Expand of a non-zero constant to a shape with the batch or time size")
         return [Zeros()]
     vals = [_symbolic(v) if v is not None else None for v in inputs]
+    if not any(isinstance(e, str) for v in vals if v is not None for e in np.ravel(v)):
+        # sizes within a sample only (a channel count read by Shape): plain numbers, folded
+        return imp._fold(node, [v.astype(np.int64) if v is not None else None for v in vals])
     if op in ("Identity", "Cast"):
         return [Symbolic(vals[0])]
     if op == "Gather":
@@ -108,6 +111,15 @@ def symbolic(imp, node, inputs, attrs):
                                   dtype=object).reshape(a.shape))]
     if op == "Reshape":
         return [Symbolic(vals[0].reshape(constant_ints(inputs[1], "shape")))]
+    if op in ("Add", "Sub", "Div"):  # the size itself: N + 0, N - 0, N / 1
+        a, b = np.broadcast_arrays(vals[0], vals[1])
+        unit = 1 if op == "Div" else 0
+        out = []
+        for x, y in zip(a.reshape(-1), b.reshape(-1)):
+            if isinstance(y, str) or (isinstance(x, str) and y != unit):
+                raise Refused(f"{op} of the batch or time size ({x}, {y}) (lamina folds shapes that keep it whole)")
+            out.append(x if isinstance(x, str) else (x // y if op == "Div" else x + y if op == "Add" else x - y))
+        return [Symbolic(np.array(out, dtype=object).reshape(a.shape))]
     raise Refused(f"{op} with the batch or time size among its inputs")
 
 
