@@ -305,3 +305,40 @@ __kernel void batch_norm_dx(ARG(const REAL, x), ARG(const REAL, dy), ARG(const R
     const REAL v = batch_stats ? g * (dy[i] - dbeta[c] / m - xhat * dgamma[c] / m) : g * dy[i];
     dx[i] = WITH_BETA(dx[i], v, beta);
 }
+
+/* y[o, j, i] = Σ_k weights[j, k] x[o, taps[j, k], i]: one work-item per (i, o·m + j). A tap
+ * outside [0, n) (the host checked them) reads nothing. */
+__kernel void resample_axis(ARG(const REAL, x), ARG(const int, taps), ARG(const REAL, weights), ARG(REAL, y),
+                            const int outer, const int n, const int m, const int inner, const int K)
+{
+    AT(const REAL, x); AT(const int, taps); AT(const REAL, weights); AT(REAL, y);
+    const int i = get_global_id(0), row = get_global_id(1);
+    if (i >= inner || row >= outer * m) return;
+    const int o = row / m, j = row % m;
+    REAL acc = 0;
+    for (int k = 0; k < K; k++) {
+        const int t = taps[j * K + k];
+        if (t >= 0 && t < n) acc += weights[j * K + k] * x[((long)o * n + t) * inner + i];
+    }
+    y[(long)row * inner + i] = acc;
+}
+
+/* dx[o, t, i] = Σ over (j, k) with taps[j, k] = t of weights[j, k] dy[o, j, i] (with beta): one
+ * work-item per (i, o) owns that column of dx, so the sums need no atomics */
+__kernel void resample_axis_backward(ARG(const REAL, dy), ARG(const int, taps), ARG(const REAL, weights),
+                                     ARG(REAL, dx), const REAL beta, const int outer, const int n, const int m,
+                                     const int inner, const int K)
+{
+    AT(const REAL, dy); AT(const int, taps); AT(const REAL, weights); AT(REAL, dx);
+    const int i = get_global_id(0), o = get_global_id(1);
+    if (i >= inner || o >= outer) return;
+    __global REAL *column = dx + (long)o * n * inner + i;
+    for (int t = 0; t < n; t++) column[(long)t * inner] = beta == 0 ? 0 : beta * column[(long)t * inner];
+    for (int j = 0; j < m; j++) {
+        const REAL g = dy[((long)o * m + j) * inner + i];
+        for (int k = 0; k < K; k++) {
+            const int t = taps[j * K + k];
+            if (t >= 0 && t < n) column[(long)t * inner] += weights[j * K + k] * g;
+        }
+    }
+}

@@ -1233,6 +1233,54 @@ cdef extern from "volumes.h" nogil:
                                   long oW, long r0, long r1, const double* bias, int relu)
 
 
+# resampling runs over tasks of (outer index, a span of this many inner positions)
+cdef enum:
+    RESAMPLE_SPAN = 256
+
+
+def resample_axis(real[:, :, ::1] x, const int[:, ::1] taps, const real[:, ::1] weights, real[:, :, ::1] y):
+    """y[o, j, i] = Σ_k weights[j, k] x[o, taps[j, k], i] (taps checked by the caller to lie in
+    [0, x.shape[1]))."""
+    cdef Py_ssize_t outer = y.shape[0], m = y.shape[1], inner = y.shape[2], K = taps.shape[1]
+    cdef Py_ssize_t spans = (inner + RESAMPLE_SPAN - 1) // RESAMPLE_SPAN, task, o, j, k, i, i0, i1
+    cdef double acc
+    for task in prange(outer * spans, nogil=True, schedule="static",
+                       use_threads_if=outer * m * inner * K > PARALLEL_MIN):
+        o = task // spans
+        i0 = (task % spans) * RESAMPLE_SPAN
+        i1 = min(i0 + RESAMPLE_SPAN, inner)
+        for j in range(m):
+            for i in range(i0, i1):
+                acc = 0
+                for k in range(K):
+                    acc = acc + weights[j, k] * x[o, taps[j, k], i]
+                y[o, j, i] = <real>acc
+
+
+def resample_axis_backward(const real[:, :, ::1] dy, const int[:, ::1] taps, const real[:, ::1] weights,
+                           real[:, :, ::1] dx, double beta):
+    """dx[o, t, i] = Σ over (j, k) with taps[j, k] = t of weights[j, k] dy[o, j, i], with beta: each
+    task owns its (outer index, span) of dx, so the sums need no atomics."""
+    cdef Py_ssize_t outer = dx.shape[0], n = dx.shape[1], inner = dx.shape[2]
+    cdef Py_ssize_t m = dy.shape[1], K = taps.shape[1]
+    cdef Py_ssize_t spans = (inner + RESAMPLE_SPAN - 1) // RESAMPLE_SPAN, task, o, j, k, i, t, i0, i1
+    cdef real w
+    for task in prange(outer * spans, nogil=True, schedule="static",
+                       use_threads_if=outer * m * inner * K > PARALLEL_MIN):
+        o = task // spans
+        i0 = (task % spans) * RESAMPLE_SPAN
+        i1 = min(i0 + RESAMPLE_SPAN, inner)
+        for t in range(n):
+            for i in range(i0, i1):
+                dx[o, t, i] = 0 if beta == 0 else <real>(beta * dx[o, t, i])
+        for j in range(m):
+            for k in range(K):
+                t = taps[j, k]
+                w = weights[j, k]
+                for i in range(i0, i1):
+                    dx[o, t, i] = dx[o, t, i] + w * dy[o, j, i]
+
+
 def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int sd, int sh, int sw,
             int pd, int ph, int pw, int dd, int dh, int dw, Py_ssize_t oD, Py_ssize_t oH, Py_ssize_t oW,
             Py_ssize_t r0, Py_ssize_t r1):

@@ -31,7 +31,7 @@ EXPECTED_CORE = {
     "segment_cross_entropy", "segment_cross_entropy_backward", "segment_self_normalized",
     "segment_self_normalized_backward",
     "sequence_pool", "sequence_pool_backward", "sequence_softmax", "sequence_softmax_backward",  # sequences
-    "vol2col", "col2vol",  # volumes
+    "vol2col", "col2vol", "resample_axis", "resample_axis_backward",  # volumes
     "lstm_step", "lstm_step_backward", "gru_step", "gru_step_backward",  # cells
     "sgd_update", "adam_update", "adagrad_update", "rmsprop_update",  # optimizer updates
 }

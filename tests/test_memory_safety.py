@@ -91,6 +91,16 @@ def test_row_updates(be, bad):
 
 
 @pytest.mark.parametrize("bad", BAD)
+def test_resample_taps(be, bad):
+    x, y = data(be, 2, R, 3), data(be, 2, 4, 3, seed=1)
+    taps = np.zeros((4, 2), np.int32)
+    taps[2, 1] = bad_value(bad, R)
+    weights = np.full((4, 2), 0.5)
+    refused(be, lambda: be.resample_axis(x, taps, weights, y), y)
+    refused(be, lambda: be.resample_axis_backward(y, taps, weights, x, 0.0), x)
+
+
+@pytest.mark.parametrize("bad", BAD)
 def test_softmax_cross_entropy_labels(be, bad):
     x, probs, cost = data(be, 3, C), data(be, 3, C, seed=1), data(be, 3, seed=2)
     labels = spoil([0, 1, 2], bad, C)

@@ -1,9 +1,9 @@
 """The models users bring: small PyTorch models built from the blocks of the architectures people
 export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, ShuffleNet, the 3-D video
-ResNets, and recurrent classifiers and language models), each exported by both of PyTorch's
-exporters, with the example input's static shapes (what `torch.onnx.export(model, (x,), path)`
-writes) and with a dynamic batch. Each loads, matches ONNX Runtime to 1e-4 of its output's
-scale, and fine-tunes."""
+ResNets, LRASPP's and FCN's upsampling heads, a 3-D U-Net, and recurrent classifiers and language
+models), each exported by both of PyTorch's exporters, with the example input's static shapes
+(what `torch.onnx.export(model, (x,), path)` writes) and with a dynamic batch. Each loads,
+matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
 import io
 import warnings
 
@@ -110,6 +110,36 @@ class VideoResNetStem(nn.Module):
         return self.fc(torch.flatten(nn.AdaptiveAvgPool3d((1, 1, 1))(F.relu(self.bn(self.c(x)))), 1))
 
 
+class SegmentationHead(nn.Module):
+    """LRASPP's and FCN's ending: features at half resolution upsampled bilinearly back to the
+    input's height and width (sizes read from the input's shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.classes = nn.Conv2d(3, 8, 3, 2, 1), nn.Conv2d(8, 5, 1)
+
+    def forward(self, x):
+        y = self.classes(F.relu(self.down(x)))
+        return F.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+
+class UNet3d(nn.Module):
+    """A 3-D U-Net level: pooled, convolved, upsampled trilinearly (corners aligned) and
+    concatenated with the skip connection; nearest upsampling of a side branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.mid = nn.Conv3d(1, 4, 3, padding=1), nn.Conv3d(4, 4, 3, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
+        self.dec = nn.Conv3d(8, 2, 3, padding=1)
+
+    def forward(self, x):
+        skip = F.relu(self.enc(x))
+        low = F.relu(self.mid(F.max_pool3d(skip, 2)))
+        y = self.dec(torch.cat([skip, self.up(low)], 1))
+        return y + F.interpolate(F.avg_pool3d(y, 2), scale_factor=2, mode="nearest")
+
+
 class LSTMClassifier(nn.Module):
     """Batch-first features through a 2-layer LSTM; the last step classified."""
 
@@ -156,6 +186,8 @@ MODELS = {
     "squeezenet": (SqueezeNetFire, _images, 0),
     "shufflenet": (ShuffleNetBlock, _images, 0),
     "r3d": (VideoResNetStem, lambda n: torch.randn(n, 3, 4, 16, 16), 0),
+    "segmentation": (SegmentationHead, _images, 0),
+    "unet3d": (UNet3d, lambda n: torch.randn(n, 1, 8, 8, 8), 0),
     "lstm": (LSTMClassifier, lambda n: torch.randn(n, 6, 8), 0),
     "gru": (GRUClassifier, lambda n: torch.randn(6, n, 8), 1),
     "language_model": (LanguageModel, lambda n: torch.randint(0, 30, (n, 7)), 0),
@@ -222,24 +254,29 @@ def test_exported_model_runs_as_in_onnx_runtime(name, dynamo, shapes):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_static_export_fine_tunes(name):
-    """The static export (PyTorch's default exporter) with a loss attached trains: 5 SGD steps on
-    one batch lower the loss."""
+    """The static export (PyTorch's default exporter) with a loss attached trains: 5 Adam steps on
+    one batch lower the loss (cross-entropy on class scores, squared error on maps)."""
     model = build(name)
     make = MODELS[name][1]
     example = make(2)
     net = lm.onnx.load(export(model, example, dynamo=True))
     (out_name,) = net.output_values
     out = net.values[net.output_values[out_name]]
-    labels = net.input("labels", dtype="int32", sequence=out.spec.sequence)
-    net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(out, labels))
     rng = np.random.default_rng(5)
     feeds = lm.onnx.feeds(net, {net.input_names[0]: example.numpy()})
-    classes = out.spec.shape[-1]
-    if out.spec.sequence:
-        ids = feeds[net.input_names[0]]
-        feeds["labels"] = lm.Sequences.from_list([rng.integers(0, classes, n).astype(np.int32) for n in ids.lengths])
-    else:
-        feeds["labels"] = rng.integers(0, classes, 2).astype(np.int32)
-    opt = lm.optim.SGD(net, lr=0.05, momentum=0.9)
+    if len(out.spec.shape) > 1:  # a map per sample (segmentation, volumes): squared error to a target
+        target = net.input("target", out.spec.shape)
+        net.outputs(loss=lm.layers.SquareError()(out, target))
+        feeds["target"] = rng.standard_normal((2,) + out.spec.shape).astype(np.float32)
+    else:  # class scores, per sample or per step
+        labels = net.input("labels", dtype="int32", sequence=out.spec.sequence)
+        net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(out, labels))
+        classes = out.spec.shape[-1]
+        if out.spec.sequence:
+            lengths = feeds[net.input_names[0]].lengths
+            feeds["labels"] = lm.Sequences.from_list([rng.integers(0, classes, n).astype(np.int32) for n in lengths])
+        else:
+            feeds["labels"] = rng.integers(0, classes, 2).astype(np.int32)
+    opt = lm.optim.Adam(net, lr=0.01)
     losses = [net.train_step(feeds, opt) for _ in range(5)]
     assert losses[-1] < losses[0], losses

@@ -258,6 +258,9 @@ def dense_net(seed=0):
                             lm.layers.Broadcast((4, 4), name="cols_gate")(lm.layers.Reshape((1, 4), name="row")(z)))
     m = Add(name="gated")(m, lm.layers.Reshape((16,), name="gate_flat")(
         lm.layers.Multiply(name="gating")(square, gate)))
+    wide = lm.layers.Resize((7,), mode="nearest", coordinates="asymmetric", rounding="floor", name="widen")(square)
+    back = lm.layers.Resize((4,), mode="linear", coordinates="align_corners", name="narrow")(wide)
+    m = Add(name="resized")(m, lm.layers.Reshape((16,), name="resized_flat")(back))
     logits = Linear(16, 3, name="logits")(lm.layers.Bias((16,), name="shift")(m))
     reg = Linear(16, 5, activation="exponential", name="reg")(Dropout(0.0, name="drop")(c))
     net.outputs(xent=SoftmaxCrossEntropy(name="xent")(logits, y), se=SquareError(name="se")(reg, t),

@@ -340,6 +340,16 @@ class Backend(ABC):
     def col2vol(self, col, x, geometry, rows=None):
         """The adjoint of vol2col: ACCUMULATES every column entry into x."""
 
+    # -- resampling along one axis (Resize): x [outer, n_in, inner] -> y [outer, n_out, inner]; output
+    #    position j reads inputs taps[j, k] weighted by weights[j, k] (int32 and x's type, [n_out, K])
+    @abstractmethod
+    def resample_axis(self, x, taps, weights, y):
+        """y[o, j, i] = Σ_k weights[j, k] x[o, taps[j, k], i]."""
+
+    @abstractmethod
+    def resample_axis_backward(self, dy, taps, weights, dx, beta=0.0):
+        """dx[o, t, i] = Σ_{j, k: taps[j, k] = t} weights[j, k] dy[o, j, i] (with beta)."""
+
     # -- convolutions as whole algorithms: `geom` is the convolution's ConvGeometry
     #    (lamina.backends.geometry), `weight` its weight Parameter (its buffer, and the derived
     #    layouts an algorithm caches on it). Here vol2col + GEMM from the kernels above

@@ -379,6 +379,20 @@ class OpenCLBackend(Backend):
         r0, r1 = rows if rows is not None else (0, grid[0] * grid[1])
         return [np.int32(v) for v in (*kernel, *stride, *padding, *dilation, *grid, r0, r1)], r1 - r0
 
+    def resample_axis(self, x, taps, weights, y):
+        outer, n, inner = x.shape
+        m, k = taps.shape
+        self._run("volumes", "resample_axis", x.dtype, self._grid(outer * m, inner), x,
+                  self._ids(taps, "resample_axis", "taps", n), self._device(weights, x.dtype), y,
+                  *[np.int32(v) for v in (outer, n, m, inner, k)], local=(16, 16))
+
+    def resample_axis_backward(self, dy, taps, weights, dx, beta=0.0):
+        outer, n, inner = dx.shape
+        m, k = taps.shape
+        self._run("volumes", "resample_axis_backward", dy.dtype, self._grid(outer, inner), dy,
+                  self._ids(taps, "resample_axis_backward", "taps", n), self._device(weights, dy.dtype), dx,
+                  dy.dtype.type(beta), *[np.int32(v) for v in (outer, n, m, inner, k)], local=(16, 16))
+
     def vol2col(self, x, col, geometry, rows=None):
         args, nrows = self._volume_args(x, col, geometry, rows)
         cols = nrows * geometry[4][2]

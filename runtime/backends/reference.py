@@ -334,6 +334,17 @@ class ReferenceBackend(HostStatistics, Backend):
                 inside = all(0 <= i < n for i, n in zip(idx, (D, H, W)))
                 yield row, col, ((c, *idx) if inside else None)
 
+    def resample_axis(self, x, taps, weights, y):
+        check_index("resample_axis", "taps", taps, x.shape[1])
+        y[...] = sum(weights[:, k][None, :, None] * x[:, taps[:, k], :] for k in range(taps.shape[1]))
+
+    def resample_axis_backward(self, dy, taps, weights, dx, beta=0.0):
+        check_index("resample_axis_backward", "taps", taps, dx.shape[1])
+        grad = np.zeros_like(dx)
+        for k in range(taps.shape[1]):
+            np.add.at(grad, (slice(None), taps[:, k]), weights[:, k][None, :, None] * dy)
+        dx[...] = grad + beta * dx if beta else grad
+
     def vol2col(self, x, col, geometry, rows=None):
         for row, j, src in self._windows(x, geometry, rows):
             col[row, j] = x[src] if src is not None else 0

@@ -598,6 +598,24 @@ class CPUBackend(HostStatistics, Backend):
         check_array(where, "col", col, dtype=x.dtype, shape=shape)
         return [*kernel, *stride, *padding, *dilation, *grid, r0, r1]
 
+    def resample_axis(self, x, taps, weights, y):
+        K.resample_axis(*self._resampling("resample_axis", x, taps, weights, y))
+
+    def resample_axis_backward(self, dy, taps, weights, dx, beta=0.0):
+        dx, taps, weights, dy = self._resampling("resample_axis_backward", dx, taps, weights, dy)
+        K.resample_axis_backward(dy, taps, weights, dx, beta)
+
+    @staticmethod
+    def _resampling(where, x, taps, weights, y):
+        """(x, taps, weights, y) checked: x [outer, n, inner] and y [outer, m, inner] of one float
+        type, taps int32 [m, K] in [0, n), weights [m, K] of x's type."""
+        _float(where, "x", x, ndim=3)
+        check_array(where, "taps", taps, dtype=np.int32, ndim=2)
+        check_array(where, "weights", weights, dtype=x.dtype, shape=taps.shape)
+        check_array(where, "y", y, dtype=x.dtype, shape=(x.shape[0], taps.shape[0], x.shape[2]))
+        check_index(where, "taps", taps, x.shape[1])
+        return x, taps, weights, y
+
     def vol2col(self, x, col, geometry, rows=None):
         K.vol2col(x, col, *self._volume("vol2col", x, col, geometry, rows))
 

@@ -325,6 +325,21 @@ def pool(g, layer, ins, specs, node):
     return g.node("MaxPool", ins, name=node.name, **attrs)
 
 
+@exporter("resize")
+def resize(g, layer, ins, specs, node):
+    """ONNX's Resize: the layer's scales where it has them, else its sizes for the spatial axes
+    (opset 18's axes), with its coordinate mode and rounding."""
+    spatial = list(range(2, len(specs[0].shape) + 1))
+    rounding = {"nearest_mode": layer.rounding} if layer.mode == "nearest" else {}
+    if layer.scales is not None:  # (roi and the absent one of scales and sizes are empty names)
+        inputs, axes = [ins[0], "", g.constant(f"{node.name}.scales", [1.0, 1.0] + list(layer.scales))], {}
+    else:
+        inputs = [ins[0], "", "", g.constant(f"{node.name}.sizes", list(layer.size), dtype=np.int64)]
+        axes = {"axes": spatial}
+    return g.node("Resize", inputs, name=node.name, mode=layer.mode,
+                  coordinate_transformation_mode=layer.coordinates, **rounding, **axes)
+
+
 @exporter("batch_norm3d", "batch_norm2d")
 def batch_norm(g, layer, ins, specs, node):
     c = layer.num_features

@@ -582,6 +582,82 @@ def _spatial(imp, x, what):
     return nd
 
 
+@converter("Resize", attributes={"mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
+                                 "exclude_outside", "extrapolation_value", "antialias", "axes",
+                                 "keep_aspect_ratio_policy"})
+def resize(imp, node, inputs, attrs):
+    """lamina's Resize over the spatial axes of [N, C, *spatial]: nearest or (bi/tri)linear, from
+    scales or sizes (constants, or sizes computed with the batch size)."""
+    x = value(inputs[0], "X")
+    if x.spec.sequence or not 2 <= len(x.spec.shape) <= 4:
+        raise Refused(f"X must be [N, C, *spatial] with 1 to 3 spatial axes, found {onnx_shape_text(imp, x)}")
+    if imp.opset < 11:  # Resize-10: (X, scales)
+        scales, sizes = inputs[1], None
+    else:
+        scales, sizes = (inputs[k] if len(inputs) > k else None for k in (2, 3))
+    for name, default in (("antialias", 0), ("exclude_outside", 0), ("keep_aspect_ratio_policy", "stretch")):
+        if text(attrs, name, default) != default:
+            raise Refused(f"{name}={text(attrs, name, default)!r}")
+    if attrs.get("axes") is not None:  # scales or sizes for these axes only: the others keep theirs
+        rank = len(x.spec.shape) + 1
+        axes = [a + rank if a < 0 else a for a in attrs["axes"]]
+        if sorted(set(axes)) != sorted(axes) or not all(2 <= a < rank for a in axes):
+            raise Refused(f"axes {attrs['axes']} (lamina resizes the spatial axes of a rank-{rank} X)")
+        if scales is not None and np.size(scales):
+            full = np.ones(rank, np.float32)
+            full[axes] = const(scales, "scales").reshape(-1)
+            scales = full
+        if sizes is not None and np.size(shapes._symbolic(sizes)):
+            full = ["N"] + list(x.spec.shape)
+            for a, n in zip(axes, shapes._symbolic(sizes).reshape(-1)):
+                full[a] = n
+            sizes = shapes.Symbolic(full)
+    coordinates = text(attrs, "coordinate_transformation_mode", "half_pixel" if imp.opset >= 11 else "asymmetric")
+    return [_resized(imp, node, x, text(attrs, "mode", "nearest"), coordinates,
+                     text(attrs, "nearest_mode", "round_prefer_floor"), scales, sizes)]
+
+
+@converter("Upsample", attributes={"mode", "scales"})
+def upsample(imp, node, inputs, attrs):
+    """ONNX's Upsample (before Resize): scales from the attribute (opset 7) or the input (9),
+    asymmetric coordinates, nearest neighbours rounded down as ONNX defines it."""
+    x = value(inputs[0], "X")
+    scales = inputs[1] if len(inputs) > 1 else np.asarray(attrs.get("scales", []), np.float32)
+    return [_resized(imp, node, x, text(attrs, "mode", "nearest"), "asymmetric", "floor", scales, None)]
+
+
+def _resized(imp, node, x, mode, coordinates, rounding, scales, sizes):
+    from ...layers.resize import COORDINATES, ROUNDINGS
+    mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+    if mode not in ("nearest", "linear"):
+        raise Refused(f"mode {mode!r} (lamina resizes by nearest neighbours or linearly)")
+    if coordinates not in COORDINATES:
+        raise Refused(f"coordinate_transformation_mode {coordinates!r}")
+    if rounding not in ROUNDINGS:
+        raise Refused(f"nearest_mode {rounding!r}")
+    if imp.axes_of(x) != default_axes(x.spec):
+        raise Refused(f"X has its axes as {imp.axes_of(x)} (lamina resizes [N, C, *spatial])")
+    spatial = x.spec.shape[1:]
+    given_scales = None
+    if isinstance(sizes, (np.ndarray, shapes.Symbolic)) and np.size(shapes._symbolic(sizes)):
+        full = list(shapes._symbolic(sizes))
+        if len(full) != len(spatial) + 2 or any(isinstance(s, str) for s in full[1:]) or full[1] != x.spec.shape[0]:
+            raise Refused(f"sizes {full} for X {onnx_shape_text(imp, x)} (lamina resizes the spatial axes)")
+        size = [int(s) for s in full[2:]]
+    else:
+        scales = const(scales, "scales") if scales is not None else None
+        if scales is None or scales.size != len(spatial) + 2:
+            raise Refused(f"scales {None if scales is None else scales.tolist()} for X {onnx_shape_text(imp, x)}")
+        if scales[0] != 1 or scales[1] != 1:
+            raise Refused(f"scales {scales.tolist()} resize the batch or channel axis")
+        given_scales = [float(s) for s in scales[2:]]
+        size = [int(math.floor(n * s)) for n, s in zip(spatial, given_scales)]
+    if min(size) < 1:
+        raise Refused(f"an output of spatial size {size}")
+    return imp.add(L.Resize(size, mode=mode, coordinates=coordinates, rounding=rounding, scales=given_scales),
+                   [x], node)
+
+
 UNIT = {"kernel_shape": 1, "strides": 1, "dilations": 1, "output_padding": 0}
 
 

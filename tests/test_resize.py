@@ -1,0 +1,103 @@
+"""The Resize layer (nearest and linear resampling of 1 to 3 spatial axes): float64 gradients,
+PyTorch's interpolate as the reference, every backend the tests have, and the model file."""
+import numpy as np
+import pytest
+
+import lamina as lm
+from lamina.layers import Resize
+from lamina.testing import check_gradients
+
+from test_layers import probed
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+# (input [C, *spatial], output size, lamina's options, torch.nn.functional.interpolate's)
+CASES = [
+    ((2, 5), (11,), dict(mode="linear", coordinates="pytorch_half_pixel"), dict(mode="linear")),
+    ((2, 5), (3,), dict(mode="linear", coordinates="align_corners"), dict(mode="linear", align_corners=True)),
+    ((3, 4, 5), (8, 10), dict(mode="nearest", coordinates="asymmetric", rounding="floor"), dict(mode="nearest")),
+    ((3, 4, 5), (7, 9), dict(mode="nearest", coordinates="half_pixel", rounding="round_prefer_ceil"),
+     dict(mode="nearest-exact")),
+    ((3, 4, 5), (8, 3), dict(mode="linear", coordinates="pytorch_half_pixel"), dict(mode="bilinear")),
+    ((3, 4, 5), (9, 10), dict(mode="linear", coordinates="align_corners"), dict(mode="bilinear", align_corners=True)),
+    ((2, 3, 4, 2), (6, 8, 4), dict(mode="linear", coordinates="pytorch_half_pixel"), dict(mode="trilinear")),
+    ((2, 3, 4, 2), (6, 8, 4), dict(mode="nearest", coordinates="asymmetric", rounding="floor"), dict(mode="nearest")),
+]
+IDS = [f"{len(c[0]) - 1}d-{c[3]['mode']}{'-corners' if c[3].get('align_corners') else ''}-{'x'.join(map(str, c[1]))}"
+       for c in CASES]
+
+
+@pytest.mark.parametrize("shape,size,options,theirs", CASES, ids=IDS)
+def test_resize_follows_pytorch_interpolate(shape, size, options, theirs):
+    from conftest import OPENCL_DEVICES
+    net = lm.Network()
+    net.outputs(y=Resize(size, **options)(net.input("x", shape)))
+    x = np.random.default_rng(len(shape)).standard_normal((3,) + shape).astype(np.float32)
+    expected = F.interpolate(torch.from_numpy(x), size=size, **theirs).numpy()
+    for device in ["cpu"] + (["opencl"] if OPENCL_DEVICES else []):
+        np.testing.assert_allclose(net.to(device).run({"x": x})["y"], expected, rtol=1e-5, atol=1e-6,
+                                   err_msg=device)
+
+
+@pytest.mark.parametrize("shape,size,options,theirs", CASES, ids=IDS)
+def test_resize_gradients(shape, size, options, theirs):
+    net, feeds, _ = probed(lambda x: Resize(size, **options)(x), [shape])
+    check_gradients(net, feeds)
+
+
+def test_resize_gradient_follows_pytorch():
+    """Downsampling linearly, where several outputs read one input and some read none."""
+    x = torch.randn(2, 3, 9, 7, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    F.interpolate(x, size=(4, 5), mode="bilinear").backward(dy)
+    net = lm.Network(dtype="float64")
+    xin = net.input("x", (3, 9, 7))
+    xin.requires_grad = True
+    net.outputs(y=Resize((4, 5), mode="linear", coordinates="pytorch_half_pixel")(xin))
+    net.forward({"x": x.detach().numpy()}, grad_outputs=["y"])
+    net.backward(grad_outputs={"y": dy.numpy()})
+    np.testing.assert_allclose(net.grad("x"), x.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_resize_round_trips_through_the_model_file(tmp_path):
+    net = lm.Network()
+    net.outputs(y=Resize((6, 7), mode="linear", coordinates="align_corners", scales=(1.5, 1.75))(net.input("x", (2, 4, 4))))
+    lm.save(net, tmp_path / "resize.lamina")
+    back = lm.load(tmp_path / "resize.lamina")
+    x = np.random.default_rng(0).standard_normal((2, 2, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(back.run({"x": x})["y"], net.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("bad,match", [(dict(size=()), "1 to 3 spatial sizes"), (dict(size=(2, 0)), "at least 1"),
+                                       (dict(size=(2,), mode="cubic"), "mode must be one of"),
+                                       (dict(size=(2,), coordinates="tf_crop_and_resize"), "coordinates must be"),
+                                       (dict(size=(2,), scales=(0.0,)), "positive numbers")])
+def test_resize_refuses_bad_settings(bad, match):
+    with pytest.raises(ValueError, match=match):
+        Resize(**bad)
+
+
+def test_resize_refuses_an_input_of_other_rank():
+    net = lm.Network()
+    with pytest.raises(ValueError, match="2 spatial axes"):
+        Resize((4, 4))(net.input("x", (3, 5)))
+
+
+@pytest.mark.parametrize("options", [dict(mode="linear", coordinates="half_pixel"),
+                                     dict(mode="nearest", coordinates="asymmetric", rounding="floor"),
+                                     dict(mode="linear", coordinates="align_corners", scales=(1.5, 1.75))],
+                         ids=["sizes-linear", "sizes-nearest", "scales-corners"])
+def test_resize_exports_as_onnx_resize(options, tmp_path):
+    """ONNX Runtime computes what lamina does, and the file imports back as the same layer."""
+    ort = pytest.importorskip("onnxruntime")
+    net = lm.Network()
+    net.outputs(y=Resize((6, 7), **options)(net.input("x", (2, 4, 4))))
+    lm.onnx.save(net, tmp_path / "resize.onnx")
+    x = np.random.default_rng(1).standard_normal((3, 2, 4, 4)).astype(np.float32)
+    ours = net.run({"x": x})["y"]
+    theirs = ort.InferenceSession(str(tmp_path / "resize.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-6)
+    back = lm.onnx.load(tmp_path / "resize.onnx")
+    assert [layer.kind for layer in back.layers] == ["resize"]
+    np.testing.assert_array_equal(back.run({"x": x})["y"], ours)
