@@ -27,6 +27,11 @@
 #define HARD_SWISH 12
 #define GELU_TANH 13
 #define BOUNDED_RELU 14
+#define SQRT 15
+#define RECIPROCAL 16
+#define LOG 17
+#define ABS 18
+#define ERF 19
 #define GELU_TANH_C 0.7978845608028654 /* √(2/π) */
 #define SELU_ALPHA 1.6732632423543772
 #define SELU_SCALE 1.0507009873554805
@@ -137,6 +142,11 @@ inline REAL act(const int kind, const REAL x, const REAL slope)
     case HARD_SWISH: return x * unit_clip(x / 6 + (REAL)0.5);
     case GELU_TANH: return (REAL)0.5 * x * (1 + tanh((REAL)GELU_TANH_C * (x + (REAL)0.044715 * x * x * x)));
     case BOUNDED_RELU: return x < 0 ? 0 : (x > slope ? slope : x);  /* NaN stays NaN */
+    case SQRT: return sqrt(x);
+    case RECIPROCAL: return 1 / x;
+    case LOG: return log(x);
+    case ABS: return fabs(x);
+    case ERF: return erf(x);
     default: return x;
     }
 }
@@ -156,9 +166,14 @@ inline REAL act_grad(const int kind, const REAL y, const REAL slope)
     case SOFTSIGN: return (1 - fabs(y)) * (1 - fabs(y));
     case HARD_SIGMOID: return (y > 0 && y < 1) ? slope : 0;
     case BOUNDED_RELU: return (y > 0 && y < slope) ? 1 : 0;
+    case SQRT: return (REAL)0.5 / y;
+    case RECIPROCAL: return -y * y;
     /* y is the input x for these (INPUT_GRAD_ACTIVATIONS) */
     case GELU: return (REAL)0.5 * (1 + erf(y * (REAL)0.7071067811865476)) + y * exp((REAL)-0.5 * y * y) * (REAL)0.3989422804014327;
     case HARD_SWISH: return y < -3 ? 0 : (y > 3 ? 1 : y / 3 + (REAL)0.5);
+    case LOG: return 1 / y;
+    case ABS: return y > 0 ? 1 : (y < 0 ? -1 : 0);
+    case ERF: return (REAL)1.1283791670955126 * exp(-y * y);
     case GELU_TANH: {
         const REAL t = tanh((REAL)GELU_TANH_C * (y + (REAL)0.044715 * y * y * y));
         return (REAL)0.5 * (1 + t) + (REAL)0.5 * y * (1 - t * t) * (REAL)GELU_TANH_C * (1 + (REAL)(3 * 0.044715) * y * y);

@@ -60,6 +60,11 @@ cdef enum:
     HARD_SWISH = 12
     GELU_TANH = 13
     BOUNDED_RELU = 14
+    SQRT = 15
+    RECIPROCAL = 16
+    LOG = 17
+    ABS = 18
+    ERF = 19
 
 # SELU's constants (Klambauer et al.), as in PyTorch and ONNX
 cdef double SELU_ALPHA = 1.6732632423543772
@@ -278,6 +283,16 @@ cdef inline double _act(int kind, double x, double slope) noexcept nogil:
         return 0.5 * x * (1.0 + tanh(GELU_TANH_C * (x + 0.044715 * x * x * x)))
     elif kind == BOUNDED_RELU:  # NaN stays NaN
         return 0.0 if x < 0 else (slope if x > slope else x)
+    elif kind == SQRT:
+        return sqrt(x)
+    elif kind == RECIPROCAL:
+        return 1.0 / x
+    elif kind == LOG:
+        return log(x)
+    elif kind == ABS:
+        return fabs(x)
+    elif kind == ERF:
+        return erf(x)
     return x
 
 
@@ -317,6 +332,16 @@ cdef inline double _act_grad_from_output(int kind, double y, double slope) noexc
         return 0.0 if y < -3 else (1.0 if y > 3 else y / 3.0 + 0.5)
     elif kind == GELU_TANH:  # y is the input x
         return _gelu_tanh_grad(y)
+    elif kind == SQRT:
+        return 0.5 / y
+    elif kind == RECIPROCAL:
+        return -y * y
+    elif kind == LOG:  # y is the input x
+        return 1.0 / y
+    elif kind == ABS:  # y is the input x
+        return 1.0 if y > 0 else (-1.0 if y < 0 else 0.0)
+    elif kind == ERF:  # y is the input x
+        return 1.1283791670955126 * exp(-y * y)
     return 1.0
 
 

@@ -41,11 +41,13 @@ from ..precision import ACTIVATION_LEVELS, WEIGHT_LEVELS, check_int8_pack, check
 # the standard ones); gelu is the exact (erf) form, gelu_tanh its tanh approximation
 # (0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))); hard_swish is x · hard_sigmoid(x) with 1/6;
 # bounded_relu is min(max(x, 0), slope) (ReLU6 with slope 6; its gradient is 1 strictly between
-# the bounds, as PyTorch's hardtanh)
+# the bounds, as PyTorch's hardtanh); sqrt, reciprocal, log, abs and erf are the functions (NaN
+# outside their domain, as numpy's), abs's gradient sign(x) (0 at 0, as PyTorch's)
 ACTIVATIONS = ("linear", "sigmoid", "tanh", "relu", "leaky_relu", "exponential", "softrelu", "elu", "selu",
-               "softsign", "hard_sigmoid", "gelu", "hard_swish", "gelu_tanh", "bounded_relu")
+               "softsign", "hard_sigmoid", "gelu", "hard_swish", "gelu_tanh", "bounded_relu", "sqrt", "reciprocal",
+               "log", "abs", "erf")
 # their derivative is not a function of the output: backward takes the input x instead of y
-INPUT_GRAD_ACTIVATIONS = ("gelu", "hard_swish", "gelu_tanh")
+INPUT_GRAD_ACTIVATIONS = ("gelu", "hard_swish", "gelu_tanh", "log", "abs", "erf")
 # softmax and log_softmax normalise along each row, so they are not element-wise; they share the
 # activation API
 ROW_ACTIVATIONS = ("softmax", "log_softmax")

@@ -43,6 +43,11 @@ def _act(kind, x, slope):
         "hard_swish": lambda: x * np.clip(x / 6 + 0.5, 0, 1),
         "gelu_tanh": lambda: 0.5 * x * (1 + np.tanh(GELU_TANH_C * (x + 0.044715 * x ** 3))),
         "bounded_relu": lambda: np.where(x > slope, slope, np.maximum(x, 0)),
+        "sqrt": lambda: np.sqrt(x),
+        "reciprocal": lambda: 1 / x,
+        "log": lambda: np.log(x),
+        "abs": lambda: np.abs(x),
+        "erf": lambda: _erf(x),
     }[kind]()
 
 
@@ -66,6 +71,11 @@ def _act_grad(kind, y, dy, slope):
         "gelu": lambda: dy * (0.5 * (1 + _erf(y / np.sqrt(2))) + y * np.exp(-0.5 * y * y) / np.sqrt(2 * np.pi)),
         "hard_swish": lambda: dy * np.where(y < -3, 0, np.where(y > 3, 1, y / 3 + 0.5)),
         "gelu_tanh": lambda: dy * _gelu_tanh_grad(y),
+        "sqrt": lambda: dy * 0.5 / y,
+        "reciprocal": lambda: -dy * y * y,
+        "log": lambda: dy / y,
+        "abs": lambda: dy * np.sign(y),
+        "erf": lambda: dy * (2 / np.sqrt(np.pi)) * np.exp(-y * y),
     }[kind]()
 
 

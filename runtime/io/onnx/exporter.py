@@ -166,7 +166,8 @@ def param(layer, name):
 
 
 ACTIVATION_OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exponential": "Exp", "softrelu": "Softplus",
-                  "selu": "Selu", "softsign": "Softsign", "hard_swish": "HardSwish"}
+                  "selu": "Selu", "softsign": "Softsign", "hard_swish": "HardSwish", "sqrt": "Sqrt",
+                  "reciprocal": "Reciprocal", "log": "Log", "abs": "Abs", "erf": "Erf"}
 
 
 def activate(g, x, kind, slope, name):

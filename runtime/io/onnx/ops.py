@@ -121,8 +121,14 @@ def _activation(kind, slope=0.01):
 
 
 for _op, _kind in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Softplus", "softrelu"),
-                  ("Exp", "exponential"), ("Softsign", "softsign"), ("HardSwish", "hard_swish")):
+                  ("Exp", "exponential"), ("Softsign", "softsign"), ("HardSwish", "hard_swish"), ("Sqrt", "sqrt"),
+                  ("Reciprocal", "reciprocal"), ("Log", "log"), ("Abs", "abs"), ("Erf", "erf")):
     converter(_op)(_activation(_kind))
+
+
+@converter("Neg")
+def neg(imp, node, inputs, attrs):
+    return [imp.add(L.Scale(-1.0), [value(inputs[0], "X")], node)]
 converter("LeakyRelu", attributes={"alpha"})(_activation("leaky_relu", 0.01))
 converter("Elu", attributes={"alpha"})(_activation("elu", 1.0))
 
@@ -356,19 +362,24 @@ def add_sub(imp, node, inputs, attrs):
 
 @converter("Mul", "Div")
 def mul_div(imp, node, inputs, attrs):
+    if node.op_type == "Div" and isinstance(inputs[1], Value):  # a / b = a · (1 / b)
+        inputs = [inputs[0], imp.net.add(L.Activation("reciprocal"), [value(inputs[1], "input 1")])]
+        if not isinstance(inputs[0], Value):  # a constant over a value: its reciprocal scaled
+            return _scaled(imp, node, inputs[1], inputs[0], "Mul")
     a, b = _operands(imp, inputs)
     if isinstance(a, Value) and isinstance(b, Value):
-        if node.op_type == "Div":
-            raise Refused("a division of two inputs")
         return [imp.add(L.Multiply(), [a, b], node)]
     if not isinstance(a, Value):
-        if node.op_type == "Div":
-            raise Refused("a constant divided by an input")
         a, b = b, a
+    return _scaled(imp, node, a, b, node.op_type)
+
+
+def _scaled(imp, node, a, b, op):
+    """A value times (or over) a constant scalar."""
     if b.size != 1:
         raise Refused(f"a constant of shape {list(b.shape)}: only a single factor (a scalar) is supported")
     factor = float(b.reshape(()))
-    if node.op_type == "Div":
+    if op == "Div":
         if factor == 0:
             raise Refused("division by a constant zero")
         factor = 1.0 / factor
@@ -504,6 +515,7 @@ def split(imp, node, inputs, attrs):
 converter("Shape", attributes={"start", "end"})(shapes.shape)
 converter("Transpose", attributes={"perm"})(shapes.transpose)
 converter("Squeeze", attributes={"axes"})(shapes.squeeze)
+converter("Unsqueeze", attributes={"axes"})(shapes.unsqueeze)
 
 
 def _sample_slice(imp, node, x, axis, start, stop, squeeze):

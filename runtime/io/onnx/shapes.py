@@ -192,6 +192,39 @@ def squeeze(imp, node, inputs, attrs):
     return [y]
 
 
+def unsqueeze(imp, node, inputs, attrs):
+    """New axes of size 1 among a value's per-sample axes (before, between or after the batch
+    and time axes: only their labels say where)."""
+    x = inputs[0]
+    if x.spec.kind != "float":
+        raise Refused(f"Unsqueeze of {x.spec.kind} values")
+    axes = imp.axes_of(x)
+    which = constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
+    if which is None:
+        raise Refused("Unsqueeze without axes")
+    rank = len(axes) + len(which)
+    which = sorted(a + rank if a < 0 else a for a in which)
+    if len(set(which)) != len(which) or not all(0 <= a < rank for a in which):
+        raise Refused(f"axes {which} for an output of rank {rank}")
+    own = [a for a in axes if not isinstance(a, str)]
+    if own != sorted(own):
+        raise Refused(f"a value whose axes are {axes} (its own axes out of order)")
+    placed = list(axes)
+    for a in which:
+        placed.insert(a, None)  # None: a new axis
+    shape, labels = [], []
+    for a in placed:
+        if isinstance(a, str):
+            labels.append(a)
+        else:
+            labels.append(len(shape))
+            shape.append(1 if a is None else x.spec.shape[a])
+    y = imp.add(L.Reshape(tuple(shape)), [x], node)
+    if tuple(labels) != default_axes(y.spec):
+        y.onnx_axes = tuple(labels)
+    return [y]
+
+
 def reshape_value(imp, node, inputs, attrs):
     """Reshape of a lamina value: the batch (and time) axes stay where they are; the per-sample
     (per-step) axes take the new sizes (-1 and 0 resolved)."""
