@@ -95,3 +95,26 @@ def test_the_checker_sees_a_backend_import_at_any_depth():
     lazy = "def to(device):\n    if device:\n        from .backends.cpu import CPUBackend\n"
     assert imported(graph, lazy) == ["backends.cpu"] and level("backends.cpu") == "backends"
     assert imported(graph, "from .backends.cpu import _kernels\n") == ["backends.cpu._kernels"]
+
+
+def test_the_onnx_importer_modules_import_each_other_without_a_circle():
+    """The converters (one module per operator family) and the shape folding depend on the
+    registry, never on the importer that looks them up: adding an operator touches one file."""
+    onnx_dir = ROOT / "io" / "onnx"
+    graph = {module_name(p): [m for m in imported(p) if m.startswith("io.onnx.")] for p in onnx_dir.rglob("*.py")}
+    assert "io.onnx.registry" in graph and len([m for m in graph if m.startswith("io.onnx.operators.")]) >= 5
+    for name, deps in graph.items():
+        if name.startswith("io.onnx.operators.") or name in ("io.onnx.shapes", "io.onnx.registry"):
+            assert "io.onnx.importer" not in deps, f"{name} imports the importer"
+    state = {}
+
+    def visit(name, path):
+        if state.get(name) == "done":
+            return
+        assert state.get(name) != "open", f"import circle: {' -> '.join(path + [name])}"
+        state[name] = "open"
+        for dep in graph.get(name, ()):
+            visit(dep, path + [name])
+        state[name] = "done"
+    for name in graph:
+        visit(name, [])

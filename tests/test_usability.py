@@ -115,7 +115,7 @@ def test_the_public_exceptions_live_in_lamina_errors_and_at_the_top_level():
     import pkgutil
 
     from lamina import errors
-    internal = {"lamina.cli.CommandError", "lamina.io.onnx.importer.Refused"}  # caught inside lamina
+    internal = {"lamina.cli.CommandError", "lamina.io.onnx.registry.Refused"}  # caught inside lamina
     stray = []
     for info in pkgutil.walk_packages(lm.__path__, "lamina."):
         if info.name.startswith(("lamina.serve.grpc.inference_pb2", "lamina.backends.opencl")):

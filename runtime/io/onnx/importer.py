@@ -4,7 +4,8 @@ The first axis of every graph input is the batch (lamina's implied row axis); th
 must be static. Every tensor of the graph is then either a constant (an initializer, a Constant,
 or anything computed only from constants: folded here with onnx's reference evaluator) or a
 lamina value whose ONNX shape is (batch,) + its per-sample shape. Each operator on values maps
-onto lamina layers (ops.py); initializers they use become the layers' Parameters, so an imported
+onto lamina layers (the converters of `operators/`, one module per operator family, found
+through `registry`); initializers they use become the layers' Parameters, so an imported
 model trains like a native one.
 
 A model is read whole before anything is refused: every (node, operator, attribute) lamina cannot
@@ -22,14 +23,12 @@ import numpy as np
 
 from ...graph import Network, Value
 from ...errors import ModelFileError, UnsupportedModelError
+from . import operators, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
+from .registry import Refused, default_axes
 
 
 FOLD_LIMIT = 256 << 20  # bytes one folded node's outputs may take
 FOLD_BUDGET = 1 << 30  # bytes all of a model's folded constants may take
-
-
-class Refused(Exception):
-    """Raised by a converter: this node cannot be imported (the message says why)."""
 
 
 @dataclass
@@ -112,11 +111,6 @@ def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, s
     except Exception:  # shapes are a help, not a requirement
         pass
     return Importer(model, where, dtype, sequences or {}).build()
-
-
-def default_axes(spec):
-    """The ONNX axes of a lamina value in the usual layout: batch (and time) first."""
-    return ("N",) + (("T",) if spec.sequence else ()) + tuple(range(len(spec.shape)))
 
 
 def to_onnx_layout(value: Any, axes: Sequence[Any]) -> np.ndarray:
@@ -235,14 +229,12 @@ def opset_of(model):
 
 class Importer:
     def __init__(self, model, where, dtype, sequences):
-        from . import ops, quantized, shapes
         self.shapes, self.quantized_ops = shapes, quantized
         self.quantized = False  # a quantized model: the network multiplies in int8 (io/onnx/quantized.py)
         self.sequences = dict(sequences)
         self.onnx = _onnx()
         self.model, self.where, self.graph = model, where, model.graph
         self.opset = opset_of(model)
-        self.ops = ops
         self.net = Network(dtype=dtype)
         self.env = {}  # tensor name -> np.ndarray (constant) | Value | Unknown
         self.problems = []
@@ -351,7 +343,7 @@ class Importer:
         if missing:
             self.problems.append((node.name, node.op_type, f"reads '{missing[0]}', which nothing defines"))
             outs = [Unknown() for _ in node.output]
-        elif all(v is None or isinstance(v, np.ndarray) for v in inputs) and node.op_type not in self.ops.NEVER_FOLD:
+        elif all(v is None or isinstance(v, np.ndarray) for v in inputs) and node.op_type not in registry.NEVER_FOLD:
             outs = self._fold(node, inputs)
             if node.op_type == "DequantizeLinear" and inputs[0].dtype in (np.int8, np.uint8):
                 self.quantized = True  # int8 weights (a QDQ model)
@@ -373,9 +365,9 @@ class Importer:
         else:
             # behind a refused node the values are unknown: the operator and its attribute names
             # are still checked, so one error lists as much as can be known
-            converter = self.ops.CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            converter = registry.CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
             attrs = self.attributes(node)
-            why = None if converter is None else self.ops.unsupported_attributes(node.op_type, attrs)
+            why = None if converter is None else registry.unsupported_attributes(node.op_type, attrs)
             if converter is None:
                 self.problems.append((node.name, node.op_type, "an operator lamina has no layer for"
                                       + (f" (domain {node.domain})" if node.domain not in ("", "ai.onnx") else "")))

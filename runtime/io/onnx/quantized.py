@@ -27,7 +27,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ...graph import Value
-from .importer import Refused
+from .operators import dense, recurrent, volumes
+from .registry import Refused
 
 
 @dataclass(eq=False)
@@ -179,16 +180,15 @@ def mul(imp, node, inputs, attrs):
 
 def _dequantized_layer(imp, node, product, weight_scale):
     """The float layer of an integer product, over the weight times its scale."""
-    from . import ops
     if product.conv is None:
         scale = weight_scale.reshape(-1) if weight_scale.size > 1 else weight_scale.reshape(())
         if scale.ndim == 1 and scale.shape[0] != product.weight.shape[1]:
             raise Refused(f"{scale.shape[0]} weight scales for {product.weight.shape[1]} output columns")
-        out = ops.matmul(imp, product.node, [product.x, product.weight * scale], {})[0]
+        out = dense.matmul(imp, product.node, [product.x, product.weight * scale], {})[0]
         imp.linear_of[node.output[0]] = imp.linear_of.pop(product.node.output[0])  # (a following Add is its bias)
         return out
     scale = weight_scale.reshape(-1, *([1] * (product.weight.ndim - 1))) if weight_scale.size > 1 else weight_scale
-    return ops.conv(imp, product.node, [product.x, product.weight * scale], product.conv)[0]
+    return volumes.conv(imp, product.node, [product.x, product.weight * scale], product.conv)[0]
 
 
 @converter("QuantizeLinear")
@@ -241,7 +241,6 @@ def _dequantized_value(imp, node, q, scale, zero_point):
 def dynamic_quantize_lstm(imp, node, inputs, attrs):
     """An LSTM whose W [D, input, 4H] and R [D, H, 4H] are int8 with scales and zero points (one
     per direction, or per column): the ONNX LSTM over the dequantized, transposed weights."""
-    from . import ops
     padded = inputs + [None] * (12 - len(inputs))
     x, w, r, b, lengths, h0, c0, peep, w_scale, w_zero, r_scale, r_zero = padded[:12]
     weights = []
@@ -254,4 +253,4 @@ def dynamic_quantize_lstm(imp, node, inputs, attrs):
         deq = (q.astype(np.float32) - zero.reshape(shape)) * _const(scale, f"{what}'s scale").astype(np.float32).reshape(shape)
         weights.append(np.ascontiguousarray(deq.transpose(0, 2, 1)))  # ONNX LSTM's [D, 4H, rows]
     lstm = imp.onnx.helper.make_node("LSTM", [], list(node.output), name=node.name)
-    return ops.recurrent(imp, lstm, [x, *weights, b, lengths, h0, c0, peep], attrs)
+    return recurrent.recurrent(imp, lstm, [x, *weights, b, lengths, h0, c0, peep], attrs)

@@ -13,8 +13,7 @@ import math
 import numpy as np
 
 from ... import layers as L
-from ...graph import Value
-from .importer import Refused, default_axes
+from .registry import Refused, default_axes, onnx_shape
 
 
 class Symbolic:
@@ -29,12 +28,6 @@ class Symbolic:
 
 class Zeros:
     """A tensor of zeros of a shape that involves the batch or time size."""
-
-
-def onnx_shape(imp, v):
-    """The ONNX shape of a lamina value, its batch and time axes by name."""
-    axes = imp.axes_of(v)
-    return [a if isinstance(a, str) else v.spec.shape[a] for a in axes]
 
 
 def constant_ints(x, what):

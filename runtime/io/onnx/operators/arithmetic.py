@@ -1,0 +1,123 @@
+"""ONNX's arithmetic on values: Add, Sub, Mul, Div, Expand and Pow."""
+import numpy as np
+
+from .... import layers as L
+from ....graph import Value
+from .. import shapes
+from ..registry import Refused, assign, bias_of, const, converter, onnx_shape_text, value
+
+
+def _operands(imp, inputs):
+    """The two operands of an element-wise node: values must hold floats; two values of different
+    shapes broadcast (lamina's Broadcast layer) when they have one rank and each axis of size 1
+    where they differ (a channel's weight over its plane: squeeze-and-excitation)."""
+    for i, x in enumerate(inputs):
+        if isinstance(x, Value):
+            value(x, f"input {i}")
+    a, b = inputs
+    if isinstance(a, Value) and isinstance(b, Value) and a.spec != b.spec:
+        sa, sb = a.spec.shape, b.spec.shape
+        if a.spec.sequence != b.spec.sequence or len(sa) != len(sb) or \
+                any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
+            raise Refused(f"operands of shapes {onnx_shape_text(imp, a)} and {onnx_shape_text(imp, b)} (lamina "
+                          f"broadcasts between two inputs of one rank, batch axes alike)")
+        target = tuple(max(x, y) for x, y in zip(sa, sb))
+        try:
+            a, b = (x if x.spec.shape == target else imp.net.add(L.Broadcast(target), [x]) for x in (a, b))
+        except ValueError as e:  # repeated axes that are not one run
+            raise Refused(str(e)) from None
+    return a, b
+
+
+@converter("Add", "Sub")
+def add_sub(imp, node, inputs, attrs):
+    a, b = _operands(imp, inputs)
+    if isinstance(a, Value) and isinstance(b, Value):
+        if node.op_type == "Sub":
+            b = imp.net.add(L.Scale(-1.0), [b])
+        return [imp.add(L.Add(), [a, b], node)]
+    tensor = node.input[0]  # the ONNX name of the value operand
+    if not isinstance(a, Value):
+        if node.op_type == "Sub":
+            raise Refused("a constant minus an input")
+        a, b, tensor = b, a, node.input[1]
+    bias = bias_of(b, a.spec.shape, node.op_type == "Sub")
+    if bias is None:
+        raise Refused(f"a constant of shape {list(b.shape)} that does not broadcast over one sample "
+                      f"{list(a.spec.shape)}")
+    layer = imp.linear_of.get(tensor)
+    if layer is not None and not layer.has_bias and imp.uses.get(tensor) == 1 and bias.ndim == 1:
+        # MatMul + Add is Linear with a bias: fold it in
+        layer.has_bias = True
+        layer.add_param("bias", np.array(bias, np.float32))  # (a copy: bias may be a read-only view)
+        layer.bind_parameters()
+        imp.net._invalidate()
+        return [a]
+    bias_layer = L.Bias(a.spec.shape)
+    assign(bias_layer, "bias", bias)
+    return [imp.add(bias_layer, [a], node)]
+
+
+@converter("Mul", "Div")
+def mul_div(imp, node, inputs, attrs):
+    if node.op_type == "Div" and isinstance(inputs[1], Value):  # a / b = a · (1 / b)
+        inputs = [inputs[0], imp.net.add(L.Activation("reciprocal"), [value(inputs[1], "input 1")])]
+        if not isinstance(inputs[0], Value):  # a constant over a value: its reciprocal scaled
+            return _scaled(imp, node, inputs[1], inputs[0], "Mul")
+    a, b = _operands(imp, inputs)
+    if isinstance(a, Value) and isinstance(b, Value):
+        return [imp.add(L.Multiply(), [a, b], node)]
+    if not isinstance(a, Value):
+        a, b = b, a
+    return _scaled(imp, node, a, b, node.op_type)
+
+
+def _scaled(imp, node, a, b, op):
+    """A value times (or over) a constant scalar."""
+    if b.size != 1:
+        raise Refused(f"a constant of shape {list(b.shape)}: only a single factor (a scalar) is supported")
+    factor = float(b.reshape(()))
+    if op == "Div":
+        if factor == 0:
+            raise Refused("division by a constant zero")
+        factor = 1.0 / factor
+    return [imp.add(L.Scale(factor), [a], node)]
+
+
+@converter("Expand")
+def expand(imp, node, inputs, attrs):
+    """A value repeated along its axes of size 1 (lamina's Broadcast); the batch (and time) axes
+    stay as they are."""
+    x = value(inputs[0], "input")
+    target = inputs[1]
+    if not isinstance(target, (np.ndarray, shapes.Symbolic)):
+        raise Refused("the shape must be a constant or computed from shapes")
+    target = list(target.values) if isinstance(target, shapes.Symbolic) else [int(t) for t in target]
+    lead = 2 if x.spec.sequence else 1
+    if len(target) != lead + len(x.spec.shape) or any(t not in (1, "N", "T") for t in target[:lead]):
+        raise Refused(f"shape {target} for a value of shape {onnx_shape_text(imp, x)} (lamina expands a sample's "
+                      f"axes, same rank, the batch axes as they are)")
+    rest = target[lead:]
+    if any(isinstance(t, str) for t in rest):
+        raise Refused(f"shape {target}: the batch or time size inside a sample")
+    try:
+        sample = np.broadcast_shapes(x.spec.shape, tuple(rest))
+        return [x if sample == x.spec.shape else imp.add(L.Broadcast(sample), [x], node)]
+    except ValueError as e:
+        raise Refused(str(e)) from None
+
+
+@converter("Pow")
+def power(imp, node, inputs, attrs):
+    """x to a small whole constant power, as products (x³ in PyTorch's decomposition of the tanh
+    GELU)."""
+    x = value(inputs[0], "X")
+    exponent = const(inputs[1], "Y (the exponent)")
+    if exponent.size != 1:
+        raise Refused(f"an exponent of shape {list(exponent.shape)} (lamina takes one, a whole power 1 to 4)")
+    if float(exponent.reshape(())) not in (1.0, 2.0, 3.0, 4.0):
+        raise Refused(f"exponent {exponent.reshape(()).item()} (lamina takes the whole powers 1 to 4, as products)")
+    y = x
+    for _ in range(int(exponent.reshape(())) - 1):
+        y = imp.net.add(L.Multiply(), [y, x])
+    return [y if y is not x else imp.add(L.Scale(1.0), [x], node)]
