@@ -8,6 +8,10 @@ Linear) and a 3-D U-Net (Conv3d, BatchNorm3d, ReLU, MaxPool3d, ConvTranspose3d, 
 exported by PyTorch's TorchScript exporter. "lamina-native" is the same network built with
 lamina's layers (what the import should cost nothing against).
 
+MobileNet-V2 and ResNet-18 (torchvision's architectures, written out here with random weights) on
+224 x 224 images at batch 1 and 32, exported as a user does: PyTorch's default exporter (dynamo)
+with the example input's static shapes, one file per batch size.
+
 The two recurrent models run quantized too ("... int8" cases): the file as ONNX Runtime's
 `quantize_dynamic` writes it (int8 weights, DynamicQuantizeLinear + MatMulInteger,
 DynamicQuantizeLSTM), loaded by lamina as an int8 network and run by ONNX Runtime itself.
@@ -28,7 +32,12 @@ CASES = {
     "gru_classifier": ((64, 50), None),
     "cnn": ((64, 1, 28, 28), None),
     "unet3d": ((4, 1, 24, 24, 24), None),
+    "mobilenet_v2_b1": ((1, 3, 224, 224), None),
+    "mobilenet_v2_b32": ((32, 3, 224, 224), None),
+    "resnet18_b1": ((1, 3, 224, 224), None),
+    "resnet18_b32": ((32, 3, 224, 224), None),
 }
+STATIC = ("mobilenet_v2_b1", "mobilenet_v2_b32", "resnet18_b1", "resnet18_b32")  # dynamo, static shapes
 LM_LENGTHS = np.random.default_rng(1).integers(10, 51, 64)
 QUANTIZED = ("lstm_lm", "gru_classifier")  # also written by onnxruntime's quantize_dynamic, as <name>_int8.onnx
 
@@ -85,7 +94,72 @@ def _models():
             out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)  # (the exporter needs the pair)
             return self.fc(torch.cat([h[0], h[1]], dim=1)), out
 
-    return {"lstm_lm": LanguageModel, "gru_classifier": GRUClassifier, "cnn": CNN, "unet3d": UNet3d}
+    vision = _vision_models(torch)
+    return {"lstm_lm": LanguageModel, "gru_classifier": GRUClassifier, "cnn": CNN, "unet3d": UNet3d,
+            **{name: vision[name.rsplit("_b", 1)[0]] for name in STATIC}}
+
+
+def _vision_models(torch):
+    """torchvision's MobileNet-V2 and ResNet-18, layer for layer (torchvision is not a
+    dependency of the bench)."""
+    nn = torch.nn
+
+    def conv_bn(cin, cout, k, stride=1, groups=1, relu6=True):
+        layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        return nn.Sequential(*layers, nn.ReLU6(inplace=True)) if relu6 else nn.Sequential(*layers)
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, cout, stride, expand):
+            super().__init__()
+            hidden = cin * expand
+            layers = ([conv_bn(cin, hidden, 1)] if expand != 1 else []) + [
+                conv_bn(hidden, hidden, 3, stride, groups=hidden), conv_bn(hidden, cout, 1, relu6=False)]
+            self.body, self.residual = nn.Sequential(*layers), stride == 1 and cin == cout
+
+        def forward(self, x):
+            return x + self.body(x) if self.residual else self.body(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layers, cin = [conv_bn(3, 32, 3, 2)], 32
+            for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                               (6, 160, 3, 2), (6, 320, 1, 1)):
+                for i in range(n):
+                    layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                    cin = c
+            self.features = nn.Sequential(*layers, conv_bn(cin, 1280, 1))
+            self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, 1000))
+
+        def forward(self, x):
+            return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x):
+            return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + self.down(x))
+
+    class ResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                                      nn.MaxPool2d(3, 2, 1))
+            blocks, cin = [], 64
+            for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+                blocks += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+                cin = cout
+            self.blocks, self.fc = nn.Sequential(*blocks), nn.Linear(512, 1000)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1), 1))
+
+    return {"mobilenet_v2": MobileNetV2, "resnet18": ResNet18}
 
 
 def native(name):
@@ -132,7 +206,9 @@ def export_models():
         axes = {0: "n", 1: "t"} if sequence else {0: "n"}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if name == "gru_classifier":
+            if name in STATIC:  # as a user exports: the default exporter, the example's own shapes
+                torch.onnx.export(model, (torch.randn(*shape),), path, input_names=["x"], output_names=["y"])
+            elif name == "gru_classifier":
                 torch.onnx.export(model, (example, torch.tensor([7, 5])), path, dynamo=False, opset_version=17,
                                   input_names=["x", "lengths"], output_names=["y", "states"],
                                   dynamic_axes={"x": axes, "lengths": {0: "n"}, "y": {0: "n"}, "states": axes})
@@ -196,8 +272,9 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
     export_models()
     rows = []
     for name in CASES:
-        impls = {"lamina": ("bench.onnx:lamina_onnx", [name]), "lamina-native": ("bench.onnx:lamina_native", [name]),
-                 "onnxruntime": ("bench.onnx:ort_onnx", [name, threads])}
+        impls = {"lamina": ("bench.onnx:lamina_onnx", [name]), "onnxruntime": ("bench.onnx:ort_onnx", [name, threads])}
+        if name not in STATIC:
+            impls["lamina-native"] = ("bench.onnx:lamina_native", [name])
         rows += bench.time_case("onnx", f"{name} infer b{CASES[name][0][0]}", threads, impls, None, rounds)
     for name in QUANTIZED:
         impls = {"lamina": ("bench.onnx:lamina_onnx", [name, "_int8"]),

@@ -356,9 +356,13 @@ def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
     cdef Py_ssize_t i, n = x.shape[0]
     if kind == BOUNDED_RELU:  # the bound as the values hold it: backward tells it from y
         slope = <real>slope
+    cdef real cap = <real>slope
     if kind == RELU:  # the common case, as a loop the compiler vectorises (NaN stays NaN)
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             y[i] = 0 if x[i] < 0 else x[i]
+    elif kind == BOUNDED_RELU:  # ReLU6, vectorised as ReLU
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            y[i] = 0 if x[i] < 0 else (cap if x[i] > cap else x[i])
     elif real is float and kind == TANH:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             y[i] = lamina_fast_tanhf(x[i])
@@ -375,9 +379,13 @@ def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, doubl
     cdef Py_ssize_t i, n = y.shape[0]
     if kind == BOUNDED_RELU:
         slope = <real>slope
+    cdef real cap = <real>slope
     if kind == RELU and beta == 0:  # vectorised, as the forward
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             dx[i] = dy[i] if y[i] > 0 else 0
+    elif kind == BOUNDED_RELU and beta == 0:
+        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+            dx[i] = dy[i] if 0 < y[i] < cap else 0
     elif beta == 0:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope))
@@ -1256,6 +1264,131 @@ cdef extern from "volumes.h" nogil:
                                   long oW, long r0, long r1, const float* bias, int relu)
     void depth_to_space_channel_d(const double* col, long ldcol, double* x, long sd, long sh, long sw, long oH,
                                   long oW, long r0, long r1, const double* bias, int relu)
+
+
+# ---------------------------------------------------------------- depthwise convolution
+# A convolution whose groups are its input channels (MobileNet's depthwise layers): output
+# channel o reads input channel o // mult alone. Volumes [N, C, D, H, W] (2-D: D = 1), weights
+# [C·mult, kd·kh·kw]; one task per (sample, channel) plane, so no two tasks write one value.
+
+cdef inline void _depthwise_span(Py_ssize_t n_out, Py_ssize_t n_in, int stride, int pad, int offset,
+                                 Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """[lo, hi): the outputs o whose input o·stride - pad + offset lies in [0, n_in)."""
+    cdef Py_ssize_t first = pad - offset
+    lo[0] = 0 if first <= 0 else (first + stride - 1) // stride
+    hi[0] = (n_in - 1 + pad - offset) // stride + 1 if n_in - 1 + pad - offset >= 0 else 0
+    if hi[0] > n_out:
+        hi[0] = n_out
+    if lo[0] > hi[0]:
+        lo[0] = hi[0]
+
+
+def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint relu,
+                   int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw, int dd, int dh, int dw):
+    """y[n, o] = Σ_taps w[o, tap] x[n, o // mult] at the tap's offset (+ bias[o], through a ReLU
+    where relu is set): every output is written."""
+    cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
+    cdef Py_ssize_t D = x.shape[2], H = x.shape[3], W = x.shape[4], mult = O // x.shape[1]
+    cdef Py_ssize_t task, n, o, c, od, oh, ow, a, b, e, i_d, i_h, lo, hi
+    cdef real wv, b0
+    cdef const real[::1] bv
+    cdef bint has_bias = bias is not None
+    if has_bias:
+        bv = bias
+    for task in prange(N * O, nogil=True, schedule="static", use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
+        n = task // O
+        o = task % O
+        c = o // mult
+        b0 = bv[o] if has_bias else 0
+        for od in range(oD):
+            for oh in range(oH):
+                for ow in range(oW):
+                    y[n, o, od, oh, ow] = b0
+                for a in range(kd):
+                    i_d = od * sd - pd + a * dd
+                    if i_d < 0 or i_d >= D:
+                        continue
+                    for b in range(kh):
+                        i_h = oh * sh - ph + b * dh
+                        if i_h < 0 or i_h >= H:
+                            continue
+                        for e in range(kw):
+                            wv = w[o, (a * kh + b) * kw + e]
+                            _depthwise_span(oW, W, sw, pw, e * dw, &lo, &hi)
+                            for ow in range(lo, hi):
+                                y[n, o, od, oh, ow] = y[n, o, od, oh, ow] + wv * x[n, c, i_d, i_h, ow * sw - pw + e * dw]
+                if relu:
+                    for ow in range(oW):
+                        if y[n, o, od, oh, ow] < 0:
+                            y[n, o, od, oh, ow] = 0
+
+
+def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1] w, real[:, :, :, :, ::1] dx,
+                              double beta, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw,
+                              int dd, int dh, int dw):
+    """dx[n, c] = beta dx[n, c] + Σ over its output channels and taps of w · dy spread back to the
+    inputs each output read."""
+    cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], D = dx.shape[2], H = dx.shape[3], W = dx.shape[4]
+    cdef Py_ssize_t oD = dy.shape[2], oH = dy.shape[3], oW = dy.shape[4], mult = dy.shape[1] // C
+    cdef Py_ssize_t task, n, c, o, od, oh, ow, a, b, e, i_d, i_h, i_w, lo, hi
+    cdef real wv
+    for task in prange(N * C, nogil=True, schedule="static", use_threads_if=N * dy.shape[1] * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
+        n = task // C
+        c = task % C
+        for i_d in range(D):
+            for i_h in range(H):
+                for i_w in range(W):
+                    dx[n, c, i_d, i_h, i_w] = 0 if beta == 0 else <real>(beta * dx[n, c, i_d, i_h, i_w])
+        for o in range(c * mult, (c + 1) * mult):
+            for od in range(oD):
+                for a in range(kd):
+                    i_d = od * sd - pd + a * dd
+                    if i_d < 0 or i_d >= D:
+                        continue
+                    for oh in range(oH):
+                        for b in range(kh):
+                            i_h = oh * sh - ph + b * dh
+                            if i_h < 0 or i_h >= H:
+                                continue
+                            for e in range(kw):
+                                wv = w[o, (a * kh + b) * kw + e]
+                                _depthwise_span(oW, W, sw, pw, e * dw, &lo, &hi)
+                                for ow in range(lo, hi):
+                                    i_w = ow * sw - pw + e * dw
+                                    dx[n, c, i_d, i_h, i_w] = dx[n, c, i_d, i_h, i_w] + wv * dy[n, o, od, oh, ow]
+
+
+def depthwise_conv_weight_grad(const real[:, :, :, :, ::1] x, const real[:, :, :, :, ::1] dy, real[:, ::1] dwt,
+                               double beta, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw,
+                               int dd, int dh, int dw):
+    """dwt[o, tap] = beta dwt[o, tap] + Σ over samples and outputs of dy · the input the tap read
+    (summed in double)."""
+    cdef Py_ssize_t N = x.shape[0], D = x.shape[2], H = x.shape[3], W = x.shape[4]
+    cdef Py_ssize_t O = dy.shape[1], oD = dy.shape[2], oH = dy.shape[3], oW = dy.shape[4], mult = O // x.shape[1]
+    cdef Py_ssize_t o, c, n, od, oh, ow, a, b, e, i_d, i_h, lo, hi
+    cdef double acc
+    for o in prange(O, nogil=True, schedule="static", use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
+        c = o // mult
+        for a in range(kd):
+            for b in range(kh):
+                for e in range(kw):
+                    acc = 0
+                    _depthwise_span(oW, W, sw, pw, e * dw, &lo, &hi)
+                    for n in range(N):
+                        for od in range(oD):
+                            i_d = od * sd - pd + a * dd
+                            if i_d < 0 or i_d >= D:
+                                continue
+                            for oh in range(oH):
+                                i_h = oh * sh - ph + b * dh
+                                if i_h < 0 or i_h >= H:
+                                    continue
+                                for ow in range(lo, hi):
+                                    acc = acc + dy[n, o, od, oh, ow] * x[n, c, i_d, i_h, ow * sw - pw + e * dw]
+                    if beta == 0:
+                        dwt[o, (a * kh + b) * kw + e] = <real>acc
+                    else:
+                        dwt[o, (a * kh + b) * kw + e] = <real>(acc + beta * dwt[o, (a * kh + b) * kw + e])
 
 
 # resampling runs over tasks of (outer index, a span of this many inner positions)

@@ -46,7 +46,16 @@ POINTWISE = [
     (Conv3d, 4, 6, (3, 4, 5), dict(kernel_size=1, groups=2)),
     (Conv2d, 3, 1, (5, 7), dict(kernel_size=1, bias=False)),
 ]
-ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE + POINTWISE
+# one group per input channel (depthwise): strides, dilation, asymmetric padding, a channel
+# multiplier, a volume, windows past the input's edges on every side
+DEPTHWISE = [
+    (Conv2d, 6, 6, (9, 10), dict(kernel_size=3, padding=1, groups=6)),
+    (Conv2d, 4, 4, (11, 8), dict(kernel_size=3, stride=2, padding=1, groups=4, bias=False)),
+    (Conv2d, 3, 6, (7, 9), dict(kernel_size=(3, 5), padding=(2, 1), dilation=(2, 1), groups=3)),
+    (Conv2d, 5, 5, (6, 7), dict(kernel_size=3, stride=(1, 3), padding=((1, 0), (2, 1)), groups=5)),
+    (Conv3d, 4, 8, (4, 5, 6), dict(kernel_size=3, stride=(1, 2, 2), padding=1, groups=4)),
+]
+ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE + POINTWISE + DEPTHWISE
 
 
 @pytest.fixture
@@ -193,6 +202,8 @@ def test_the_rule_and_measure_mode(algorithm):
     assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
     assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"
     assert ConvTranspose3d(8, 8, 2, stride=2, groups=4).algorithms(be)["forward"] == "depth to space"
+    assert Conv2d(32, 32, 3, stride=2, padding=1, groups=32).algorithms(be) == {
+        "forward": "depthwise", "input grad": "depthwise", "weight grad": "depthwise"}
     net = lm.Network()
     x = net.input("x", (16, 6, 6, 6))
     net.outputs(y=wide(x))
@@ -202,7 +213,7 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be)["forward"] == "measured"
     np.testing.assert_allclose(net.run({"x": X})["y"], want, rtol=1e-5, atol=1e-5)
     assert list(cpu_conv._measured.values())[0] in cpu_conv.candidates(wide)
-    with pytest.raises(SettingError, match="expected 'rule', 'measure' or one of winograd"):
+    with pytest.raises(SettingError, match="expected 'rule', 'measure' or one of depthwise, winograd"):
         lm.set_conv_algorithm("fft")
 
 

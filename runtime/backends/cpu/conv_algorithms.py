@@ -5,6 +5,8 @@
 - direct (cpu/direct.py): no column matrix, unit width stride; forward, input gradient (all
   strides 1) and weight gradient (kernel width up to 3); and 'direct, width phases' for a width
   stride s > 1 (a candidate for 'measure': the rule prefers columns, measured faster);
+- depthwise (cpu/depthwise.py): one group per input channel, forward and both gradients, a
+  compiled task per (sample, channel) plane;
 - depth taps (cpu/depth_taps.py): 3-D with depth stride 1, kd GEMMs over a 2-D column matrix;
 - depth to space (here): a transposed convolution whose kernel equals its stride writes each
   output once from its column matrix instead of adding it into a zeroed output;
@@ -24,11 +26,12 @@ import time
 from .compiled import _kernels
 from .. import columns
 from ...threads import SettingError, get_num_threads
-from . import depth_taps, direct, phases, winograd
+from . import depth_taps, depthwise, direct, phases, winograd
 
 _log = logging.getLogger("lamina.conv")
 
-ALGORITHMS = ("winograd", "direct", "direct, width phases", "depth taps", "depth to space", "sub-pixel", "columns")
+ALGORITHMS = ("depthwise", "winograd", "direct", "direct, width phases", "depth taps", "depth to space", "sub-pixel",
+              "columns")
 _setting = {"mode": "rule"}
 _measured: dict = {}  # (geometry, batch, dtype, threads) -> the fastest forward measured
 
@@ -55,21 +58,24 @@ def candidates(geom):
     if geom.transposed:
         return (["depth to space"] if _no_overlap(geom) else []) + (["sub-pixel"] if phases.applies(geom) else []) \
             + ["columns"]
-    found = [name for name, applies in (("winograd", winograd.applies), ("direct", direct.applies),
+    found = [name for name, applies in (("depthwise", depthwise.applies), ("winograd", winograd.applies),
+                                        ("direct", direct.applies),
                                         ("direct, width phases", direct.width_phases_apply),
                                         ("depth taps", depth_taps.applies)) if applies(geom)]
     return found + ["columns"]
 
 
-# The rule, from `python -m bench conv` on the bench's shapes: Winograd wherever it applies with
-# at least WINOGRAD_MIN_CHANNELS channels in and out (fewer, and its vectors of channels are
-# mostly padding: a single input channel is padded to a vector of eight); then the direct kernel,
+# The rule, from `python -m bench conv` on the bench's shapes: the depthwise kernels wherever a
+# convolution has one group per input channel (the column path runs a GEMM per channel);
+# Winograd wherever it applies with at least WINOGRAD_MIN_CHANNELS channels in and out (fewer,
+# and its vectors of channels are mostly padding: a single input channel is padded to a vector
+# of eight); then the direct kernel,
 # depth taps, depth to space, columns. A width stride runs as columns (the width phases lose to
 # one large GEMM); a transposed kernel equal to its stride as depth to space. A strided
 # transposed convolution runs as sub-pixel phases when it has groups, whose GEMMs are small, else
 # as columns, whose one GEMM runs at the sgemm peak where the direct kernel does not.
 WINOGRAD_MIN_CHANNELS = 8
-_RULE = ("winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
+_RULE = ("depthwise", "winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
 
 def _pick(geom, found):
@@ -104,6 +110,8 @@ def algorithms(geom):
     forward_name = "measured" if _setting["mode"] == "measure" else forward_algorithm(geom)
     if geom.pointwise:  # backward always runs as the GEMMs on the input (backward below)
         return {"forward": forward_name, "input grad": "columns", "weight grad": "columns"}
+    if depthwise.applies(geom):
+        return {"forward": forward_name, "input grad": "depthwise", "weight grad": "depthwise"}
     taps = "depth taps" if depth_taps.applies(geom) else "columns"
     return {"forward": forward_name, "input grad": _input_grad_algorithm(geom) or taps,
             "weight grad": "direct" if direct.weight_grad_applies(geom) else taps}
@@ -174,6 +182,8 @@ def backward(geom, weight, ctx):
     """A plain convolution's weight and input gradients."""
     if geom.pointwise:
         return columns.backward(geom, weight, ctx, ctx.input_grad(0))
+    if depthwise.applies(geom):
+        return depthwise.backward(geom, weight, ctx)
     if direct.weight_grad_runs(geom, weight, ctx):
         return direct.backward(geom, weight, ctx, _input_grad)
     if depth_taps.applies(geom):
@@ -212,7 +222,7 @@ def _forward_depth_to_space(geom, weight, ctx, bias=None, relu=False):
 
 
 # the algorithms whose kernels add the bias and apply a ReLU as they store: forward(geom, weight, ctx, bias, relu)
-_STORES_EPILOGUE = ("winograd", "direct", "depth to space")
-_FORWARD = {"winograd": winograd.forward, "direct": direct.forward,
+_STORES_EPILOGUE = ("depthwise", "winograd", "direct", "depth to space")
+_FORWARD = {"depthwise": depthwise.forward, "winograd": winograd.forward, "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
             "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": columns.any_forward}

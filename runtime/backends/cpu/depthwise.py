@@ -1,0 +1,41 @@
+"""The CPU's depthwise convolution: groups = input channels (MobileNet's and EfficientNet's
+depthwise layers, a channel multiplier allowed), where the column path would run one tiny GEMM
+per channel. Each (sample, channel) plane is one task of the compiled kernels; the forward adds
+the bias and applies a ReLU as it stores, the input gradient spreads dy back over each plane
+(with beta) and the weight gradient sums each channel's taps over the batch."""
+from .compiled import _kernels
+from ..columns import as_volumes
+
+
+def applies(geom):
+    """A plain convolution with one group per input channel and more than one channel."""
+    return (not geom.transposed and geom.groups == geom.in_channels > 1
+            and geom.out_channels % geom.groups == 0)
+
+
+def _windows(geom):
+    """(kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw): 2-D lifted to depth 1; the padding before
+    each axis (the output grid already says how far past the end the windows reach)."""
+    kernel, stride, padding, dilation, _ = geom.windows
+    return (*kernel, *stride, *padding, *dilation)
+
+
+def _taps(weight, geom):
+    return weight.buffer.reshape(geom.out_channels, -1)
+
+
+def forward(geom, weight, ctx, bias=None, relu=False):
+    _kernels.depthwise_conv(as_volumes(ctx.inputs[0]), _taps(weight, geom), as_volumes(ctx.output), bias, relu,
+                            *_windows(geom))
+
+
+def backward(geom, weight, ctx):
+    """The input gradient (where wanted) and the weight gradient (where wanted), each with its beta."""
+    dy = as_volumes(ctx.grad_output)
+    dx = ctx.input_grad(0)
+    if dx is not None:
+        _kernels.depthwise_conv_input_grad(dy, _taps(weight, geom), as_volumes(dx.array), dx.beta, *_windows(geom))
+    dw = ctx.param_grad("weight")
+    if dw is not None:
+        _kernels.depthwise_conv_weight_grad(as_volumes(ctx.inputs[0]), dy, dw.array.reshape(geom.out_channels, -1),
+                                            dw.beta, *_windows(geom))
