@@ -1271,16 +1271,19 @@ cdef extern from "volumes.h" nogil:
 # channel o reads input channel o // mult alone. Volumes [N, C, D, H, W] (2-D: D = 1), weights
 # [C·mult, kd·kh·kw]; one task per (sample, channel) plane, so no two tasks write one value.
 
-cdef inline void _depthwise_span(Py_ssize_t n_out, Py_ssize_t n_in, int stride, int pad, int offset,
-                                 Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
-    """[lo, hi): the outputs o whose input o·stride - pad + offset lies in [0, n_in)."""
-    cdef Py_ssize_t first = pad - offset
-    lo[0] = 0 if first <= 0 else (first + stride - 1) // stride
-    hi[0] = (n_in - 1 + pad - offset) // stride + 1 if n_in - 1 + pad - offset >= 0 else 0
-    if hi[0] > n_out:
-        hi[0] = n_out
-    if lo[0] > hi[0]:
-        lo[0] = hi[0]
+cdef extern from "depthwise.h" nogil:
+    void lamina_dw_plane_f(const float* x, long H, long W, const float* w, long kh, long kw, long sh, long sw,
+                           long ph, long pw, long dh, long dw, float* y, long oH, long oW)
+    void lamina_dw_plane_d(const double* x, long H, long W, const double* w, long kh, long kw, long sh, long sw,
+                           long ph, long pw, long dh, long dw, double* y, long oH, long oW)
+    void lamina_dw_plane_back_f(const float* dy, long oH, long oW, const float* w, long kh, long kw, long sh,
+                                long sw, long ph, long pw, long dh, long dw, float* dx, long H, long W)
+    void lamina_dw_plane_back_d(const double* dy, long oH, long oW, const double* w, long kh, long kw, long sh,
+                                long sw, long ph, long pw, long dh, long dw, double* dx, long H, long W)
+    void lamina_dw_plane_taps_f(const float* x, long H, long W, const float* dy, long oH, long oW, long kh, long kw,
+                                long sh, long sw, long ph, long pw, long dh, long dw, double* sums)
+    void lamina_dw_plane_taps_d(const double* x, long H, long W, const double* dy, long oH, long oW, long kh,
+                                long kw, long sh, long sw, long ph, long pw, long dh, long dw, double* sums)
 
 
 def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint relu,
@@ -1289,38 +1292,35 @@ def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, 
     where relu is set): every output is written."""
     cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef Py_ssize_t D = x.shape[2], H = x.shape[3], W = x.shape[4], mult = O // x.shape[1]
-    cdef Py_ssize_t task, n, o, c, od, oh, ow, a, b, e, i_d, i_h, lo, hi
-    cdef real wv, b0
+    cdef Py_ssize_t task, n, o, od, a, i_d, j, plane = oH * oW
+    cdef real b0
+    cdef real* out
     cdef const real[::1] bv
     cdef bint has_bias = bias is not None
     if has_bias:
         bv = bias
-    for task in prange(N * O, nogil=True, schedule="static", use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
+    for task in prange(N * O, nogil=True, schedule="static",
+                       use_threads_if=N * O * oD * plane * kd * kh * kw > PARALLEL_MIN):
         n = task // O
         o = task % O
-        c = o // mult
         b0 = bv[o] if has_bias else 0
         for od in range(oD):
-            for oh in range(oH):
-                for ow in range(oW):
-                    y[n, o, od, oh, ow] = b0
-                for a in range(kd):
-                    i_d = od * sd - pd + a * dd
-                    if i_d < 0 or i_d >= D:
-                        continue
-                    for b in range(kh):
-                        i_h = oh * sh - ph + b * dh
-                        if i_h < 0 or i_h >= H:
-                            continue
-                        for e in range(kw):
-                            wv = w[o, (a * kh + b) * kw + e]
-                            _depthwise_span(oW, W, sw, pw, e * dw, &lo, &hi)
-                            for ow in range(lo, hi):
-                                y[n, o, od, oh, ow] = y[n, o, od, oh, ow] + wv * x[n, c, i_d, i_h, ow * sw - pw + e * dw]
-                if relu:
-                    for ow in range(oW):
-                        if y[n, o, od, oh, ow] < 0:
-                            y[n, o, od, oh, ow] = 0
+            out = &y[n, o, od, 0, 0]
+            for j in range(plane):
+                out[j] = b0
+            for a in range(kd):
+                i_d = od * sd - pd + a * dd
+                if 0 <= i_d < D:
+                    if real is float:
+                        lamina_dw_plane_f(&x[n, o // mult, i_d, 0, 0], H, W, &w[o, a * kh * kw], kh, kw, sh, sw,
+                                          ph, pw, dh, dw, out, oH, oW)
+                    else:
+                        lamina_dw_plane_d(&x[n, o // mult, i_d, 0, 0], H, W, &w[o, a * kh * kw], kh, kw, sh, sw,
+                                          ph, pw, dh, dw, out, oH, oW)
+            if relu:
+                for j in range(plane):
+                    if out[j] < 0:
+                        out[j] = 0
 
 
 def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1] w, real[:, :, :, :, ::1] dx,
@@ -1330,65 +1330,52 @@ def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1]
     inputs each output read."""
     cdef Py_ssize_t N = dx.shape[0], C = dx.shape[1], D = dx.shape[2], H = dx.shape[3], W = dx.shape[4]
     cdef Py_ssize_t oD = dy.shape[2], oH = dy.shape[3], oW = dy.shape[4], mult = dy.shape[1] // C
-    cdef Py_ssize_t task, n, c, o, od, oh, ow, a, b, e, i_d, i_h, i_w, lo, hi
-    cdef real wv
-    for task in prange(N * C, nogil=True, schedule="static", use_threads_if=N * dy.shape[1] * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
+    cdef Py_ssize_t task, n, c, o, od, a, i_d, j, volume = D * H * W
+    cdef real* target
+    for task in prange(N * C, nogil=True, schedule="static",
+                       use_threads_if=N * dy.shape[1] * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
         n = task // C
         c = task % C
-        for i_d in range(D):
-            for i_h in range(H):
-                for i_w in range(W):
-                    dx[n, c, i_d, i_h, i_w] = 0 if beta == 0 else <real>(beta * dx[n, c, i_d, i_h, i_w])
+        target = &dx[n, c, 0, 0, 0]
+        for j in range(volume):
+            target[j] = 0 if beta == 0 else <real>(beta * target[j])
         for o in range(c * mult, (c + 1) * mult):
             for od in range(oD):
                 for a in range(kd):
                     i_d = od * sd - pd + a * dd
-                    if i_d < 0 or i_d >= D:
-                        continue
-                    for oh in range(oH):
-                        for b in range(kh):
-                            i_h = oh * sh - ph + b * dh
-                            if i_h < 0 or i_h >= H:
-                                continue
-                            for e in range(kw):
-                                wv = w[o, (a * kh + b) * kw + e]
-                                _depthwise_span(oW, W, sw, pw, e * dw, &lo, &hi)
-                                for ow in range(lo, hi):
-                                    i_w = ow * sw - pw + e * dw
-                                    dx[n, c, i_d, i_h, i_w] = dx[n, c, i_d, i_h, i_w] + wv * dy[n, o, od, oh, ow]
+                    if 0 <= i_d < D:
+                        if real is float:
+                            lamina_dw_plane_back_f(&dy[n, o, od, 0, 0], oH, oW, &w[o, a * kh * kw], kh, kw, sh, sw,
+                                                   ph, pw, dh, dw, &dx[n, c, i_d, 0, 0], H, W)
+                        else:
+                            lamina_dw_plane_back_d(&dy[n, o, od, 0, 0], oH, oW, &w[o, a * kh * kw], kh, kw, sh, sw,
+                                                   ph, pw, dh, dw, &dx[n, c, i_d, 0, 0], H, W)
 
 
 def depthwise_conv_weight_grad(const real[:, :, :, :, ::1] x, const real[:, :, :, :, ::1] dy, real[:, ::1] dwt,
-                               double beta, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw,
+                               double[:, ::1] sums, double beta, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw,
                                int dd, int dh, int dw):
-    """dwt[o, tap] = beta dwt[o, tap] + Σ over samples and outputs of dy · the input the tap read
-    (summed in double)."""
+    """dwt[o, tap] = beta dwt[o, tap] + Σ over samples and outputs of dy · the input the tap read,
+    summed in double in sums (scratch of dwt's shape: each channel's task owns its row)."""
     cdef Py_ssize_t N = x.shape[0], D = x.shape[2], H = x.shape[3], W = x.shape[4]
     cdef Py_ssize_t O = dy.shape[1], oD = dy.shape[2], oH = dy.shape[3], oW = dy.shape[4], mult = O // x.shape[1]
-    cdef Py_ssize_t o, c, n, od, oh, ow, a, b, e, i_d, i_h, lo, hi
-    cdef double acc
-    for o in prange(O, nogil=True, schedule="static", use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
-        c = o // mult
-        for a in range(kd):
-            for b in range(kh):
-                for e in range(kw):
-                    acc = 0
-                    _depthwise_span(oW, W, sw, pw, e * dw, &lo, &hi)
-                    for n in range(N):
-                        for od in range(oD):
-                            i_d = od * sd - pd + a * dd
-                            if i_d < 0 or i_d >= D:
-                                continue
-                            for oh in range(oH):
-                                i_h = oh * sh - ph + b * dh
-                                if i_h < 0 or i_h >= H:
-                                    continue
-                                for ow in range(lo, hi):
-                                    acc = acc + dy[n, o, od, oh, ow] * x[n, c, i_d, i_h, ow * sw - pw + e * dw]
-                    if beta == 0:
-                        dwt[o, (a * kh + b) * kw + e] = <real>acc
-                    else:
-                        dwt[o, (a * kh + b) * kw + e] = <real>(acc + beta * dwt[o, (a * kh + b) * kw + e])
+    cdef Py_ssize_t o, n, od, a, i_d, t, taps = kd * kh * kw
+    for o in prange(O, nogil=True, schedule="static", use_threads_if=N * O * oD * oH * oW * taps > PARALLEL_MIN):
+        for t in range(taps):
+            sums[o, t] = 0
+        for n in range(N):
+            for od in range(oD):
+                for a in range(kd):
+                    i_d = od * sd - pd + a * dd
+                    if 0 <= i_d < D:
+                        if real is float:
+                            lamina_dw_plane_taps_f(&x[n, o // mult, i_d, 0, 0], H, W, &dy[n, o, od, 0, 0], oH, oW,
+                                                   kh, kw, sh, sw, ph, pw, dh, dw, &sums[o, a * kh * kw])
+                        else:
+                            lamina_dw_plane_taps_d(&x[n, o // mult, i_d, 0, 0], H, W, &dy[n, o, od, 0, 0], oH, oW,
+                                                   kh, kw, sh, sw, ph, pw, dh, dw, &sums[o, a * kh * kw])
+        for t in range(taps):
+            dwt[o, t] = <real>sums[o, t] if beta == 0 else <real>(sums[o, t] + beta * dwt[o, t])
 
 
 # resampling runs over tasks of (outer index, a span of this many inner positions)

@@ -3,6 +3,8 @@ depthwise layers, a channel multiplier allowed), where the column path would run
 per channel. Each (sample, channel) plane is one task of the compiled kernels; the forward adds
 the bias and applies a ReLU as it stores, the input gradient spreads dy back over each plane
 (with beta) and the weight gradient sums each channel's taps over the batch."""
+import numpy as np
+
 from .compiled import _kernels
 from ..columns import as_volumes
 
@@ -37,5 +39,6 @@ def backward(geom, weight, ctx):
         _kernels.depthwise_conv_input_grad(dy, _taps(weight, geom), as_volumes(dx.array), dx.beta, *_windows(geom))
     dw = ctx.param_grad("weight")
     if dw is not None:
-        _kernels.depthwise_conv_weight_grad(as_volumes(ctx.inputs[0]), dy, dw.array.reshape(geom.out_channels, -1),
-                                            dw.beta, *_windows(geom))
+        taps = dw.array.reshape(geom.out_channels, -1)
+        sums = ctx.workspace("depthwise weight sums", taps.shape, np.float64)
+        _kernels.depthwise_conv_weight_grad(as_volumes(ctx.inputs[0]), dy, taps, sums, dw.beta, *_windows(geom))
