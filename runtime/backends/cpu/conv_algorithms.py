@@ -75,11 +75,17 @@ def candidates(geom):
 # transposed convolution runs as sub-pixel phases when it has groups, whose GEMMs are small, else
 # as columns, whose one GEMM runs at the sgemm peak where the direct kernel does not.
 WINOGRAD_MIN_CHANNELS = 8
+# ... and a batch of at least this many output positions (samples x the output grid): below it the
+# transforms cost more than they save and columns run faster (ResNet-18's 3x3 layers, ms, Winograd
+# / direct / columns: batch 1 at 56x56 1.69 / 3.53 / 1.41, at 7x7 2.25 / 7.33 / 1.69; batch 32 at
+# 56x56 28.3 / 60.4 / 38.2, 28x28 22.1 / 62.9 / 31.2, 14x14 31.0 / 58.8 / 31.4, 7x7 36.0 / 112 / 36.6)
+WINOGRAD_MIN_POSITIONS = 8192
 _RULE = ("depthwise", "winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
 
-def _pick(geom, found):
-    """Of the algorithms that apply, the one forced, else the rule's first."""
+def _pick(geom, found, positions=None):
+    """Of the algorithms that apply, the one forced, else the rule's first; `positions` (the
+    batch's output positions, where known) rules out Winograd on a small batch."""
     if _setting["mode"] in found:
         return _setting["mode"]
     if geom.pointwise and "columns" in found:
@@ -87,14 +93,18 @@ def _pick(geom, found):
     skip = set()
     if min(geom.in_channels, geom.out_channels) < WINOGRAD_MIN_CHANNELS:
         skip.add("winograd")
+    elif positions is not None and positions < WINOGRAD_MIN_POSITIONS:
+        skip.update(("winograd", "direct"))  # (the direct kernel is slower still on these)
     if geom.groups == 1:
         skip.add("sub-pixel")
     return next((name for name in _RULE if name in found and name not in skip), None)
 
 
-def forward_algorithm(geom):
-    """The algorithm the rule (or a forced setting) runs a convolution's forward with."""
-    return _pick(geom, candidates(geom))
+def forward_algorithm(geom, batch=None):
+    """The algorithm the rule (or a forced setting) runs a convolution's forward with, for a
+    batch of `batch` samples (None: any)."""
+    positions = None if batch is None else batch * math.prod(geom.out_size)
+    return _pick(geom, candidates(geom), positions)
 
 
 def _input_grad_algorithm(geom):
@@ -137,7 +147,7 @@ def forward_pooled(geom, weight, ctx, bias, activation, pool):
     padding, sizes rounded down: the kernel stores each window's maximum and nothing else (the
     pool's input is never written). True if it ran; else the caller runs the convolution and the
     pool."""
-    algorithm = forward_algorithm(geom)
+    algorithm = forward_algorithm(geom, ctx.inputs[0].shape[0])
     if (_setting["mode"] == "measure" or algorithm not in ("winograd", "direct")
             or (activation is not None and activation[0] not in ("relu", "linear"))):
         return False
@@ -158,9 +168,9 @@ def forward_pooled(geom, weight, ctx, bias, activation, pool):
 
 
 def _choose_forward(geom, weight, ctx):
-    if _setting["mode"] != "measure":
-        return forward_algorithm(geom)
     x = ctx.inputs[0]
+    if _setting["mode"] != "measure":
+        return forward_algorithm(geom, x.shape[0])
     key = (geom, x.shape[0], x.dtype.str, get_num_threads())
     choice = _measured.get(key)
     if choice is None:
