@@ -78,7 +78,7 @@ class Resize(Layer):
         self.scales = None if scales is None else tuple(float(s) for s in scales)
         if self.scales is not None and (len(self.scales) != len(self.size) or
                                         not all(math.isfinite(s) and s > 0 for s in self.scales)):
-            raise ValueError(f"Resize: scales must be {len(self.size)} positive numbers, found {list(scales)}")
+            raise ValueError(f"Resize: scales must be {len(self.size)} positive numbers, found {list(self.scales)}")
         self._tables = None  # per spatial axis: (taps, weights by dtype) or None where it is the identity
 
     def config(self):
