@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 
 def _prefixes():
@@ -125,9 +125,8 @@ if mkl is not None:
     ))
 
 setup(
-    packages=["lamina", "lamina.backends", "lamina.backends.cpu", "lamina.layers", "lamina.io", "lamina.io.onnx",
-              "lamina.zoo", "lamina.distributed", "lamina.serve", "lamina.serve.grpc", "lamina.opencl",
-              "lamina.models"],
+    # every package under runtime/ (a new subpackage ships without being listed here)
+    packages=["lamina"] + [f"lamina.{name}" for name in find_packages("runtime")] + ["lamina.opencl", "lamina.models"],
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl", "lamina.models": "models"},
     package_data={"lamina.opencl": ["*.cl", "*.h"], "lamina.models": ["*/model.lamina", "*/README.md"],
                   "lamina": ["py.typed"], "lamina.backends.cpu": ["*.pyi"], "lamina.serve.grpc": ["inference.proto"]},

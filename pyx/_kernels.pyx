@@ -1383,23 +1383,34 @@ cdef enum:
     RESAMPLE_SPAN = 256
 
 
+cdef struct ResampleTask:
+    Py_ssize_t outer, first, last  # inner positions [first, last)
+
+
+cdef inline ResampleTask _resample_task(Py_ssize_t task, Py_ssize_t spans, Py_ssize_t inner) noexcept nogil:
+    cdef ResampleTask t
+    t.outer = task // spans
+    t.first = (task % spans) * RESAMPLE_SPAN
+    t.last = min(t.first + RESAMPLE_SPAN, inner)
+    return t
+
+
 def resample_axis(real[:, :, ::1] x, const int[:, ::1] taps, const real[:, ::1] weights, real[:, :, ::1] y):
     """y[o, j, i] = Σ_k weights[j, k] x[o, taps[j, k], i] (taps checked by the caller to lie in
     [0, x.shape[1]))."""
     cdef Py_ssize_t outer = y.shape[0], m = y.shape[1], inner = y.shape[2], K = taps.shape[1]
-    cdef Py_ssize_t spans = (inner + RESAMPLE_SPAN - 1) // RESAMPLE_SPAN, task, o, j, k, i, i0, i1
+    cdef Py_ssize_t spans = (inner + RESAMPLE_SPAN - 1) // RESAMPLE_SPAN, task, j, k, i
+    cdef ResampleTask t
     cdef double acc
     for task in prange(outer * spans, nogil=True, schedule="static",
                        use_threads_if=outer * m * inner * K > PARALLEL_MIN):
-        o = task // spans
-        i0 = (task % spans) * RESAMPLE_SPAN
-        i1 = min(i0 + RESAMPLE_SPAN, inner)
+        t = _resample_task(task, spans, inner)
         for j in range(m):
-            for i in range(i0, i1):
+            for i in range(t.first, t.last):
                 acc = 0
                 for k in range(K):
-                    acc = acc + weights[j, k] * x[o, taps[j, k], i]
-                y[o, j, i] = <real>acc
+                    acc = acc + weights[j, k] * x[t.outer, taps[j, k], i]
+                y[t.outer, j, i] = <real>acc
 
 
 def resample_axis_backward(const real[:, :, ::1] dy, const int[:, ::1] taps, const real[:, ::1] weights,
@@ -1408,22 +1419,21 @@ def resample_axis_backward(const real[:, :, ::1] dy, const int[:, ::1] taps, con
     task owns its (outer index, span) of dx, so the sums need no atomics."""
     cdef Py_ssize_t outer = dx.shape[0], n = dx.shape[1], inner = dx.shape[2]
     cdef Py_ssize_t m = dy.shape[1], K = taps.shape[1]
-    cdef Py_ssize_t spans = (inner + RESAMPLE_SPAN - 1) // RESAMPLE_SPAN, task, o, j, k, i, t, i0, i1
+    cdef Py_ssize_t spans = (inner + RESAMPLE_SPAN - 1) // RESAMPLE_SPAN, task, j, k, i, src
+    cdef ResampleTask t
     cdef real w
     for task in prange(outer * spans, nogil=True, schedule="static",
                        use_threads_if=outer * m * inner * K > PARALLEL_MIN):
-        o = task // spans
-        i0 = (task % spans) * RESAMPLE_SPAN
-        i1 = min(i0 + RESAMPLE_SPAN, inner)
-        for t in range(n):
-            for i in range(i0, i1):
-                dx[o, t, i] = 0 if beta == 0 else <real>(beta * dx[o, t, i])
+        t = _resample_task(task, spans, inner)
+        for src in range(n):
+            for i in range(t.first, t.last):
+                dx[t.outer, src, i] = 0 if beta == 0 else <real>(beta * dx[t.outer, src, i])
         for j in range(m):
             for k in range(K):
-                t = taps[j, k]
+                src = taps[j, k]
                 w = weights[j, k]
-                for i in range(i0, i1):
-                    dx[o, t, i] = dx[o, t, i] + w * dy[o, j, i]
+                for i in range(t.first, t.last):
+                    dx[t.outer, src, i] = dx[t.outer, src, i] + w * dy[t.outer, j, i]
 
 
 def vol2col(real[:, :, :, ::1] x, real[:, ::1] col, int kd, int kh, int kw, int sd, int sh, int sw,
