@@ -280,3 +280,76 @@ def test_static_export_fine_tunes(name):
     opt = lm.optim.Adam(net, lr=0.01)
     losses = [net.train_step(feeds, opt) for _ in range(5)]
     assert losses[-1] < losses[0], losses
+
+
+def _damaged(model, rng, count):
+    """(what was done, model) for `count` damaged copies of an exported model: a node dropped, an
+    attribute set to an odd value, or a node's input rewired to another tensor (or none)."""
+    import onnx
+    made = 0
+    while made < count:
+        damaged = onnx.ModelProto()
+        damaged.CopyFrom(model)
+        i = int(rng.integers(len(damaged.graph.node)))
+        node = damaged.graph.node[i]
+        kind = ("drop", "attribute", "input")[int(rng.integers(3))]
+        if kind == "drop":
+            del damaged.graph.node[i]
+        elif kind == "attribute" and node.attribute:
+            a = node.attribute[int(rng.integers(len(node.attribute)))]
+            if a.type == onnx.AttributeProto.INT:
+                a.i = int(rng.choice([-1, 0, 2, 7, 2 ** 31 - 1]))
+            elif a.type == onnx.AttributeProto.FLOAT:
+                a.f = float(rng.choice([-1.0, 0.0, np.nan, 1e30]))
+            elif a.type == onnx.AttributeProto.INTS and a.ints:
+                a.ints[int(rng.integers(len(a.ints)))] = int(rng.choice([-1, 0, 3, 100]))
+            elif a.type == onnx.AttributeProto.STRING:
+                a.s = b"bogus"
+            else:
+                continue
+        elif kind == "input" and len(node.input) > 1:
+            tensors = [t for n in damaged.graph.node for t in n.output] + [""]
+            node.input[int(rng.integers(len(node.input)))] = tensors[int(rng.integers(len(tensors)))]
+        else:
+            continue
+        made += 1
+        yield f"{kind} at node #{i} ({node.op_type})", damaged
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "shufflenet", "segmentation", "lstm", "gru", "language_model"])
+def test_damaged_exports_are_refused_by_node(name):
+    """Exports with a node dropped, an attribute changed or an input rewired either load or are
+    refused with the importer's errors (every problem naming its node), never another exception."""
+    import onnx
+    from lamina.errors import ModelFileError, UnsupportedModelError
+    rng = np.random.default_rng(sorted(MODELS).index(name))
+    model, make = build(name), MODELS[name][1]
+    for dynamo in (False, True):
+        exported = onnx.load_model_from_string(export(model, make(2), dynamo))
+        for what, damaged in _damaged(exported, rng, 8):
+            try:
+                lm.onnx.load(damaged)
+            except ModelFileError:
+                pass
+            except UnsupportedModelError as e:
+                assert e.problems and all(where for where, _, _ in e.problems), what
+
+
+def test_shape_arithmetic_on_the_wrong_tensor_is_refused_by_node():
+    """The TorchScript LSTM export computes its zero states' shapes (Shape, Gather, Unsqueeze,
+    Concat): an Unsqueeze or Gather given a shape vector as its axes or indices is refused,
+    naming the node, not a numpy error."""
+    import onnx
+    from lamina.errors import UnsupportedModelError
+    exported = onnx.load_model_from_string(export(build("lstm"), MODELS["lstm"][1](2), dynamo=False))
+    shape_of = next(n.output[0] for n in exported.graph.node if n.op_type == "Shape")
+    targets = [i for i, n in enumerate(exported.graph.node) if n.op_type in ("Unsqueeze", "Gather") and
+               len(n.input) == 2 and any(m.op_type == "Shape" for m in exported.graph.node)]
+    assert targets
+    for i in targets:
+        damaged = onnx.ModelProto()
+        damaged.CopyFrom(exported)
+        damaged.graph.node[i].input[1] = shape_of
+        with pytest.raises(UnsupportedModelError) as refusal:
+            lm.onnx.load(damaged)
+        assert all(where for where, _, _ in refusal.value.problems)

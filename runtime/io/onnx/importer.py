@@ -350,18 +350,11 @@ class Importer:
         elif self.quantized_ops.handles(node, inputs) and any(isinstance(v, Unknown) for v in inputs):
             outs = [Unknown() for _ in node.output]  # (behind a refused node)
         elif self.quantized_ops.handles(node, inputs):
-            try:
-                outs = self.quantized_ops.convert(self, node, inputs, self.attributes(node))
-            except Refused as e:
-                self.problems.append((node.name, node.op_type, str(e)))
-                outs = [Unknown() for _ in node.output]
+            outs = self._attempt(node, self.quantized_ops.convert, inputs, self.attributes(node))
         elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros)) for v in inputs)
               and not any(isinstance(v, (Value, Unknown)) for v in inputs)):
-            try:  # shape arithmetic with the batch or time size
-                outs = self.shapes.symbolic(self, node, inputs, self.attributes(node))
-            except Refused as e:
-                self.problems.append((node.name, node.op_type, str(e)))
-                outs = [Unknown() for _ in node.output]
+            # shape arithmetic with the batch or time size
+            outs = self._attempt(node, self.shapes.symbolic, inputs, self.attributes(node))
         else:
             # behind a refused node the values are unknown: the operator and its attribute names
             # are still checked, so one error lists as much as can be known
@@ -378,22 +371,26 @@ class Importer:
             elif any(isinstance(v, Unknown) for v in inputs):
                 outs = [Unknown() for _ in node.output]
             else:
-                try:
-                    outs = converter(self, node, inputs, attrs)
-                except Refused as e:
-                    self.problems.append((node.name, node.op_type, str(e)))
-                    outs = [Unknown() for _ in node.output]
-                except KeyError as e:  # an attribute the operator requires (LSTM's hidden_size)
-                    self.problems.append((node.name, node.op_type, f"the required attribute {e} is missing"))
-                    outs = [Unknown() for _ in node.output]
-                except (ValueError, TypeError, IndexError, ArithmeticError) as e:  # a layer refused the
-                    # configuration the attributes give it (a stride of 0, negative pads) or the
-                    # initializers it was handed
-                    self.problems.append((node.name, node.op_type, str(e)))
-                    outs = [Unknown() for _ in node.output]
+                outs = self._attempt(node, converter, inputs, attrs)
         for name, v in zip(node.output, outs):
             if name:
                 self.env[name] = v
+
+    def _attempt(self, node, convert, inputs, attrs):
+        """convert(self, node, inputs, attrs), a refusal of any kind recorded against the node:
+        Refused, a required attribute missing (KeyError), or what a layer or numpy raised for the
+        configuration the attributes and initializers give (a stride of 0, negative pads, an axis
+        out of range, a shape computed from the wrong tensor)."""
+        try:
+            return convert(self, node, inputs, attrs)
+        except Refused as e:
+            why = str(e)
+        except KeyError as e:
+            why = f"the required attribute {e} is missing"
+        except (ValueError, TypeError, IndexError, ArithmeticError) as e:
+            why = str(e) or type(e).__name__
+        self.problems.append((node.name, node.op_type, why))
+        return [Unknown() for _ in node.output]
 
     def _fold(self, node, inputs):
         """Evaluate a node of constants now (onnx's reference evaluator), after onnx's shape
