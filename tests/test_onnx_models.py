@@ -353,3 +353,31 @@ def test_shape_arithmetic_on_the_wrong_tensor_is_refused_by_node():
         with pytest.raises(UnsupportedModelError) as refusal:
             lm.onnx.load(damaged)
         assert all(where for where, _, _ in refusal.value.problems)
+
+
+@pytest.mark.parametrize("lengths,loads", [([5, 5, 5], True), ([5, 3, 5], False)], ids=["whole", "ragged"])
+def test_constant_sequence_lengths(lengths, loads):
+    """An LSTM node whose sequence_lens is a constant: every sequence whole (the fixed time size)
+    loads and runs as in ONNX Runtime; other constant lengths are refused by name."""
+    from onnx import TensorProto, helper, numpy_helper
+    from lamina.errors import UnsupportedModelError
+    T_, N_, C_, H_ = 5, 3, 4, 6
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(a.astype(np.float32), name) for a, name in
+             ((rng.standard_normal((1, 4 * H_, C_)), "W"), (rng.standard_normal((1, 4 * H_, H_)), "R"),
+              (rng.standard_normal((1, 8 * H_)), "B"))]
+    inits.append(numpy_helper.from_array(np.array(lengths, np.int32), "lens"))
+    node = helper.make_node("LSTM", ["X", "W", "R", "B", "lens"], ["Y", "Y_h"], hidden_size=H_, name="lstm")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [T_, N_, C_])],
+                              [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [1, N_, H_])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if not loads:
+        with pytest.raises(UnsupportedModelError, match="lstm.*constant sequence_lens"):
+            lm.onnx.load(model)
+        return
+    net = lm.onnx.load(model)
+    x = rng.standard_normal((T_, N_, C_)).astype(np.float32)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    out = net.run(lm.onnx.feeds(net, {"X": x}))
+    ours = lm.onnx.to_onnx_layout(out["Y_h"], net.onnx_axes["Y_h"])
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -13,9 +13,9 @@ GATE_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2), "RNN": (0,)}
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 
 
-def _zero_or_absent(x, what):
+def _zero_or_absent(x, what, why="lamina's initial states are zero or inputs"):
     if x is not None and not isinstance(x, shapes.Zeros) and (not isinstance(x, np.ndarray) or np.any(x)):
-        raise Refused(f"{what} a constant other than zero (lamina's initial states are zero or inputs)")
+        raise Refused(f"{what} other than zero ({why})")
 
 
 def _initial_states(imp, given, directions, hidden, layout):
@@ -74,13 +74,18 @@ def recurrent(imp, node, inputs, attrs):
         raise Refused("clip")
     if attrs.get("input_forget", 0):
         raise Refused("input_forget=1")
-    if lengths is not None:
+    if isinstance(lengths, np.ndarray):  # constant lengths: every sequence whole (the fixed time size)
+        full = imp.static.get("T")
+        if full is None or lengths.ndim != 1 or np.any(lengths != full):
+            raise Refused(f"constant sequence_lens {lengths.tolist()} other than the fixed time size "
+                          f"{full} for every sequence (lamina takes lengths from its Sequences)")
+    elif lengths is not None:
         if not (isinstance(lengths, Value) and lengths.producer is None and lengths.spec.kind == "int32"
                 and lengths.spec.shape == () and not lengths.spec.sequence):
             raise Refused("sequence_lens other than an input of one length per sequence")
         # the lengths of the Sequences lamina is fed: the input is read by lm.onnx.feeds, not the layers
         imp.length_inputs.add(lengths.name)
-    _zero_or_absent(peep, "peepholes P")
+    _zero_or_absent(peep, "peepholes P", "lamina's LSTM has no peephole connections")
     if w.shape[0] != directions:
         raise Refused(f"W holds {w.shape[0]} directions, direction={direction}")
     states = _initial_states(imp, [h0, c0] if op == "LSTM" else [h0], directions, hidden, layout)
