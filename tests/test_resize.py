@@ -101,3 +101,65 @@ def test_resize_exports_as_onnx_resize(options, tmp_path):
     back = lm.onnx.load(tmp_path / "resize.onnx")
     assert [layer.kind for layer in back.layers] == ["resize"]
     np.testing.assert_array_equal(back.run({"x": x})["y"], ours)
+
+
+PAD_CASES = [((2, 5), ((0, 0), (2, 3)), "constant", "constant"), ((2, 5), ((0, 0), (3, 1)), "reflect", "reflect"),
+             ((2, 4, 5), ((0, 0), (1, 2), (2, 0)), "edge", "replicate"),
+             ((2, 4, 5), ((0, 0), (2, 1), (1, 3)), "wrap", "circular"),
+             ((2, 4, 5), ((1, 0), (-1, 2), (0, -2)), "constant", "constant"),
+             ((2, 3, 4, 5), ((0, 0), (1, 1), (2, 0), (0, 3)), "reflect", "reflect")]
+PAD_IDS = [f"{m}-{len(s) - 1}d" + ("-crop" if any(b < 0 or a < 0 for b, a in p) else "") for s, p, m, _ in PAD_CASES]
+
+
+@pytest.mark.parametrize("shape,pads,mode,torch_mode", PAD_CASES, ids=PAD_IDS)
+def test_pad_follows_pytorch(shape, pads, mode, torch_mode):
+    """Every mode against torch.nn.functional.pad (negative pads crop) on the CPU and OpenCL, and
+    float64 gradients."""
+    from conftest import OPENCL_DEVICES
+    net = lm.Network()
+    net.outputs(y=lm.layers.Pad(pads, mode=mode)(net.input("x", shape)))
+    x = np.random.default_rng(len(shape)).standard_normal((3,) + shape).astype(np.float32)
+    flat = [v for b, a in reversed(pads[1:] if torch_mode != "constant" else pads) for v in (b, a)]
+    if torch_mode == "constant":
+        expected = F.pad(torch.from_numpy(x), flat).numpy()
+    else:  # (PyTorch's non-constant modes pad the spatial axes of [N, C, *spatial])
+        expected = F.pad(torch.from_numpy(x), flat, mode=torch_mode).numpy()
+    for device in ["cpu"] + (["opencl"] if OPENCL_DEVICES else []):
+        np.testing.assert_allclose(net.to(device).run({"x": x})["y"], expected, rtol=0, atol=0, err_msg=device)
+    net, feeds, _ = probed(lambda v: lm.layers.Pad(pads, mode=mode)(v), [shape])
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_exports_and_imports_back(mode, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    net = lm.Network()
+    net.outputs(y=lm.layers.Pad(((0, 0), (1, 2), (2, 1)), mode=mode)(net.input("x", (2, 4, 5))))
+    lm.onnx.save(net, tmp_path / "pad.onnx")
+    x = np.random.default_rng(2).standard_normal((3, 2, 4, 5)).astype(np.float32)
+    ours = net.run({"x": x})["y"]
+    theirs = ort.InferenceSession(str(tmp_path / "pad.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(theirs, ours)
+    back = lm.onnx.load(tmp_path / "pad.onnx")
+    assert [layer.kind for layer in back.layers] == ["pad"]
+    np.testing.assert_array_equal(back.run({"x": x})["y"], ours)
+
+
+def test_a_pad_value_other_than_zero_imports_as_a_fixed_bias():
+    """torch's F.pad(x, value=1.5) (a constant Pad with a value): ONNX Runtime's answer, and the
+    fill is not trained."""
+    import io
+    ort = pytest.importorskip("onnxruntime")
+    f = io.BytesIO()
+    torch.onnx.export(_PadValue(), (torch.randn(2, 3, 4, 5),), f, dynamo=False, input_names=["x"])
+    net = lm.onnx.load(f.getvalue())
+    x = np.random.default_rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    theirs = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    (name,) = net.output_values
+    np.testing.assert_allclose(net.run({"x": x})[name], theirs, rtol=1e-6, atol=1e-6)
+    assert all(p.frozen for layer in net.layers if layer.kind == "bias" for p in layer.params.values())
+
+
+class _PadValue(torch.nn.Module):
+    def forward(self, x):
+        return F.pad(x, (1, 2, 0, 1), value=1.5) * 2

@@ -326,6 +326,16 @@ def pool(g, layer, ins, specs, node):
     return g.node("MaxPool", ins, name=node.name, **attrs)
 
 
+@exporter("pad")
+def pad(g, layer, ins, specs, node):
+    """ONNX's Pad: no padding of the batch (and time) axes, the layer's pairs after them."""
+    lead = [(0, 0)] * sample_axis(specs[0])
+    pairs = lead + list(layer.pads)
+    pads = [b for b, _ in pairs] + [a for _, a in pairs]
+    return g.node("Pad", [ins[0], g.constant(f"{node.name}.pads", pads, dtype=np.int64)], name=node.name,
+                  mode=layer.mode)
+
+
 @exporter("resize")
 def resize(g, layer, ins, specs, node):
     """ONNX's Resize: the layer's scales where it has them, else its sizes for the spatial axes

@@ -28,7 +28,7 @@ import numpy as np
 
 from ...graph import Value
 from .operators import dense, recurrent, volumes
-from .registry import Refused
+from .registry import Refused, fixed_bias
 
 
 @dataclass(eq=False)
@@ -228,9 +228,7 @@ def _dequantized_value(imp, node, q, scale, zero_point):
     zero = 0.0 if zero_point is None else float(_const(zero_point, "x_zero_point").reshape(()))
     axes = getattr(q, "onnx_axes", None)  # (a value transposed before: its axes stay as they were)
     if zero:
-        shift = L.Bias(q.spec.shape)
-        shift.params["bias"].assign(np.full(q.spec.shape, -zero, np.float32))
-        q = imp.net.add(shift, [q])
+        q = imp.net.add(fixed_bias(q.spec.shape, -zero), [q])
     out = imp.add(L.Scale(float(scale.reshape(()))), [q], node)
     if axes is not None:
         out.onnx_axes = axes

@@ -5,6 +5,7 @@ converter's inputs. Converters live one module per operator family in `operators
 looks them up here."""
 import numpy as np
 
+from ... import layers as L
 from ...graph import Value
 
 
@@ -100,3 +101,15 @@ def bias_of(c, shape, negate):
     except ValueError:
         return None
     return -full if negate else full
+
+
+def fixed_bias(shape, values):
+    """A Bias layer adding `values` (a scalar, or one value per position of a sample), frozen: a
+    fixed part of an operator (a clip's shift, a pad's fill value, a zero point), not a parameter
+    to train."""
+    layer = L.Bias(shape)
+    bias = layer.params["bias"]
+    values = np.asarray(values, np.float32)
+    bias.assign(values.reshape(bias.shape) if values.size == bias.size else np.broadcast_to(values, bias.shape).copy())
+    bias.frozen = True
+    return layer

@@ -7,7 +7,7 @@ import numpy as np
 from .... import layers as L
 from ....graph import Value
 from .. import shapes
-from ..registry import Refused, assign, bias_of, const, converter, text, value
+from ..registry import Refused, fixed_bias, assign, bias_of, const, converter, text, value
 
 
 @converter("Identity")
@@ -91,7 +91,7 @@ def _clip_from_below(imp, x, lo, hi, node):
     if lo == 0:
         return last(act, x)
     y = imp.net.add(act, [_shift(imp, x, -lo)])
-    return last(_shift_layer(y.spec.shape, lo), y)
+    return last(fixed_bias(y.spec.shape, lo), y)
 
 
 def _bound(given, attribute, name, default):
@@ -104,17 +104,8 @@ def _bound(given, attribute, name, default):
     return float(bound.reshape(()))
 
 
-def _shift_layer(shape, amount):
-    """A Bias layer adding `amount` everywhere, frozen (a fixed part of an operator)."""
-    layer = L.Bias(shape)
-    bias = layer.params["bias"]
-    bias.assign(np.full(bias.shape, amount, np.float32))
-    bias.frozen = True
-    return layer
-
-
 def _shift(imp, x, amount):
-    return imp.net.add(_shift_layer(x.spec.shape, amount), [x])
+    return imp.net.add(fixed_bias(x.spec.shape, amount), [x])
 
 
 @converter("HardSigmoid", attributes={"alpha", "beta"})

@@ -5,10 +5,10 @@ import math
 import numpy as np
 
 from .... import layers as L
-from ....layers.resize import COORDINATES, ROUNDINGS
+from ....layers.resize import COORDINATES, PAD_MODES, ROUNDINGS, padding_table
 from ....graph import Value
 from .. import shapes
-from ..registry import Refused, assign, const, converter, default_axes, onnx_shape_text, text, value
+from ..registry import Refused, fixed_bias, assign, const, converter, default_axes, onnx_shape_text, text, value
 
 
 def _spatial(imp, x, what):
@@ -51,6 +51,49 @@ def resize(imp, node, inputs, attrs):
     coordinates = text(attrs, "coordinate_transformation_mode", "half_pixel" if imp.opset >= 11 else "asymmetric")
     return [_resized(imp, node, x, text(attrs, "mode", "nearest"), coordinates,
                      text(attrs, "nearest_mode", "round_prefer_floor"), scales, sizes)]
+
+
+@converter("Pad", attributes={"mode", "pads", "value"})
+def pad(imp, node, inputs, attrs):
+    """lamina's Pad over a value's own axes (the batch and time axes stay unpadded): pads from the
+    input (opset 11) or the attribute, opset 18's axes, modes constant (a non-zero value added
+    outside the input as a fixed bias), edge, reflect and wrap."""
+    x = value(inputs[0], "data")
+    mode = text(attrs, "mode", "constant")
+    if mode not in PAD_MODES:
+        raise Refused(f"mode {mode!r}")
+    layout = imp.axes_of(x)
+    rank = len(layout)
+    pads = shapes.constant_ints(inputs[1], "pads") if len(inputs) > 1 and inputs[1] is not None else attrs.get("pads")
+    if pads is None:
+        raise Refused("no pads")
+    axes = (shapes.constant_ints(inputs[3], "axes") if len(inputs) > 3 and inputs[3] is not None
+            else list(range(rank)))
+    axes = [a + rank if a < 0 else a for a in axes]
+    if len(pads) != 2 * len(axes) or not all(0 <= a < rank for a in axes):
+        raise Refused(f"pads {list(pads)} for axes {axes} of a rank-{rank} value")
+    per_axis = [(0, 0)] * len(x.spec.shape)
+    for a, before, after in zip(axes, pads[:len(axes)], pads[len(axes):]):
+        if isinstance(layout[a], str):
+            if before or after:
+                raise Refused(f"pads {before}, {after} on the {'batch' if layout[a] == 'N' else 'time'} axis")
+            continue
+        per_axis[layout[a]] = (before, after)
+    fill = 0.0
+    if len(inputs) > 2 and inputs[2] is not None and np.size(inputs[2]):
+        fill = float(const(inputs[2], "constant_value").reshape(-1)[0])
+    elif "value" in attrs:
+        fill = float(attrs["value"])
+    fill = fill if mode == "constant" else 0.0
+    y = imp.add(L.Pad(per_axis, mode=mode), [x], node) if not fill else imp.net.add(L.Pad(per_axis, mode=mode), [x])
+    if fill:  # the value outside the input: a fixed bias there
+        inside = np.ones(())
+        for n, (before, after) in zip(x.spec.shape, per_axis):
+            inside = np.multiply.outer(inside, padding_table(n, before, after, "constant")[1][:, 0])
+        y = imp.add(fixed_bias(y.spec.shape, fill * (1.0 - inside)), [y], node)
+    if layout != default_axes(x.spec):
+        y.onnx_axes = layout
+    return [y]
 
 
 @converter("Upsample", attributes={"mode", "scales"})
