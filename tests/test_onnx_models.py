@@ -1,9 +1,9 @@
 """The models users bring: small PyTorch models built from the blocks of the architectures people
 export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, ShuffleNet, the 3-D video
-ResNets, LRASPP's and FCN's upsampling heads, a 3-D U-Net, and recurrent classifiers and language
-models), each exported by both of PyTorch's exporters, with the example input's static shapes
-(what `torch.onnx.export(model, (x,), path)` writes) and with a dynamic batch. Each loads,
-matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
+ResNets, LRASPP's and FCN's upsampling heads, a 3-D U-Net, ESPCN's pixel shuffle, and recurrent
+classifiers and language models), each exported by both of PyTorch's exporters, with the example
+input's static shapes (what `torch.onnx.export(model, (x,), path)` writes) and with a dynamic
+batch. Each loads, matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
 import io
 import warnings
 
@@ -140,6 +140,20 @@ class UNet3d(nn.Module):
         return y + F.interpolate(F.avg_pool3d(y, 2), scale_factor=2, mode="nearest")
 
 
+class SuperResolution(nn.Module):
+    """ESPCN's pixel shuffle (DepthToSpace, CRD) after a convolution, its inverse (pixel unshuffle),
+    and a channel repeat (Tile)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 12, 3, padding=1), nn.Conv2d(6, 3, 3, padding=1)
+        self.shuffle, self.unshuffle = nn.PixelShuffle(2), nn.PixelUnshuffle(2)
+
+    def forward(self, x):
+        up = self.shuffle(torch.tanh(self.c1(x)))  # [N, 3, 2H, 2W]
+        return self.c2(torch.cat([up, self.shuffle(self.unshuffle(up))], 1)) + x.repeat(1, 1, 2, 2)
+
+
 class LSTMClassifier(nn.Module):
     """Batch-first features through a 2-layer LSTM; the last step classified."""
 
@@ -188,6 +202,7 @@ MODELS = {
     "r3d": (VideoResNetStem, lambda n: torch.randn(n, 3, 4, 16, 16), 0),
     "segmentation": (SegmentationHead, _images, 0),
     "unet3d": (UNet3d, lambda n: torch.randn(n, 1, 8, 8, 8), 0),
+    "superres": (SuperResolution, lambda n: torch.randn(n, 3, 8, 8), 0),
     "lstm": (LSTMClassifier, lambda n: torch.randn(n, 6, 8), 0),
     "gru": (GRUClassifier, lambda n: torch.randn(6, n, 8), 1),
     "language_model": (LanguageModel, lambda n: torch.randint(0, 30, (n, 7)), 0),

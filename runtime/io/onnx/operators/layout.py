@@ -8,7 +8,7 @@ import numpy as np
 from .... import layers as L
 from ....graph import Value
 from .. import shapes
-from ..registry import Refused, assign, const, converter, default_axes, onnx_shape_text, value
+from ..registry import Refused, assign, const, converter, default_axes, onnx_shape_text, text, value
 
 
 @converter("Concat", attributes={"axis"})
@@ -96,6 +96,51 @@ def split(imp, node, inputs, attrs):
         outs.append(_sample_slice(imp, node, x, axis, start, start + n, squeeze=False) if name else None)
         start += n
     return outs
+
+
+@converter("DepthToSpace", "SpaceToDepth", attributes={"blocksize", "mode"})
+def depth_space(imp, node, inputs, attrs):
+    """Channels to blocks of the plane (DepthToSpace; PyTorch's pixel shuffle is its CRD mode) or
+    back (SpaceToDepth), as Reshape, Transpose and Reshape of each sample [C, H, W]."""
+    x = value(inputs[0], "input")
+    if x.spec.sequence or len(x.spec.shape) != 3:
+        raise Refused(f"input must be [N, C, H, W], found {onnx_shape_text(imp, x)}")
+    b, (c, h, w) = attrs["blocksize"], x.spec.shape
+    mode = text(attrs, "mode", "DCR")
+    if b < 1 or mode not in ("DCR", "CRD"):
+        raise Refused(f"blocksize {b}, mode {mode!r}")
+    if node.op_type == "DepthToSpace":
+        if c % (b * b):
+            raise Refused(f"{c} channels in blocks of {b} x {b}")
+        split, perm = ((b, b, c // (b * b), h, w), (2, 3, 0, 4, 1)) if mode == "DCR" else \
+            ((c // (b * b), b, b, h, w), (0, 3, 1, 4, 2))
+        out = (c // (b * b), h * b, w * b)
+    else:
+        if h % b or w % b:
+            raise Refused(f"a plane of {h} x {w} in blocks of {b}")
+        split, out = (c, h // b, b, w // b, b), (c * b * b, h // b, w // b)
+        perm = (2, 4, 0, 1, 3) if mode == "DCR" else (0, 2, 4, 1, 3)
+    y = imp.net.add(L.Transpose(perm), [imp.net.add(L.Reshape(split), [x])])
+    return [imp.add(L.Reshape(out), [y], node)]
+
+
+@converter("Tile")
+def tile(imp, node, inputs, attrs):
+    """A value repeated along its own axes: each axis wrapped around to its repeated length (lamina's
+    Pad, mode wrap); the batch (and time) axes are not repeated."""
+    x = value(inputs[0], "input")
+    repeats = shapes.constant_ints(inputs[1], "repeats")
+    layout = imp.axes_of(x)
+    if len(repeats) != len(layout) or min(repeats) < 1:
+        raise Refused(f"repeats {repeats} for a rank-{len(layout)} value")
+    pads = [(0, 0)] * len(x.spec.shape)
+    for axis, r in zip(layout, repeats):
+        if isinstance(axis, str):
+            if r != 1:
+                raise Refused(f"repeats {repeats}: the {'batch' if axis == 'N' else 'time'} axis repeated")
+            continue
+        pads[axis] = (0, x.spec.shape[axis] * (r - 1))
+    return [imp.add(L.Pad(pads, mode="wrap"), [x], node)]
 
 
 converter("Shape", attributes={"start", "end"})(shapes.shape)
