@@ -6,6 +6,7 @@ input's static shapes (what `torch.onnx.export(model, (x,), path)` writes) and w
 batch. Each loads, matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
 import io
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -210,7 +211,7 @@ MODELS = {
 
 
 def build(name):
-    torch.manual_seed(sorted(MODELS).index(name))
+    torch.manual_seed(zlib.crc32(name.encode()))  # (a seed of its own: adding a model changes no other)
     model = MODELS[name][0]().eval()
     with torch.no_grad():  # batch norm statistics that are not the identity, so folding them matters
         for m in model.modules():
@@ -270,7 +271,8 @@ def test_exported_model_runs_as_in_onnx_runtime(name, dynamo, shapes):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_static_export_fine_tunes(name):
     """The static export (PyTorch's default exporter) with a loss attached trains: 5 Adam steps on
-    one batch lower the loss (cross-entropy on class scores, squared error on maps)."""
+    one batch lower the loss (cross-entropy on class scores; squared error on maps, summed over
+    thousands of values per sample, at a tenth of the step)."""
     model = build(name)
     make = MODELS[name][1]
     example = make(2)
@@ -292,7 +294,7 @@ def test_static_export_fine_tunes(name):
             feeds["labels"] = lm.Sequences.from_list([rng.integers(0, classes, n).astype(np.int32) for n in lengths])
         else:
             feeds["labels"] = rng.integers(0, classes, 2).astype(np.int32)
-    opt = lm.optim.Adam(net, lr=0.01)
+    opt = lm.optim.Adam(net, lr=0.01 if len(out.spec.shape) == 1 or out.spec.sequence else 0.001)
     losses = [net.train_step(feeds, opt) for _ in range(5)]
     assert losses[-1] < losses[0], losses
 
@@ -337,7 +339,7 @@ def test_damaged_exports_are_refused_by_node(name):
     refused with the importer's errors (every problem naming its node), never another exception."""
     import onnx
     from lamina.errors import ModelFileError, UnsupportedModelError
-    rng = np.random.default_rng(sorted(MODELS).index(name))
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     model, make = build(name), MODELS[name][1]
     for dynamo in (False, True):
         exported = onnx.load_model_from_string(export(model, make(2), dynamo))

@@ -163,3 +163,49 @@ def test_a_pad_value_other_than_zero_imports_as_a_fixed_bias():
 class _PadValue(torch.nn.Module):
     def forward(self, x):
         return F.pad(x, (1, 2, 0, 1), value=1.5) * 2
+
+
+@pytest.mark.parametrize("axes,mode", [((1,), "mean"), ((0, 2), "sum"), ((0, 1, 2), "mean")])
+def test_reduce_follows_pytorch(axes, mode):
+    """Sum and mean over any of a sample's axes (kept with size 1) on the CPU and OpenCL, float64
+    gradients."""
+    from conftest import OPENCL_DEVICES
+    net = lm.Network()
+    net.outputs(y=lm.layers.Reduce(axes, mode=mode)(net.input("x", (3, 4, 5))))
+    x = np.random.default_rng(5).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    t = torch.from_numpy(x)
+    dims = tuple(a + 1 for a in axes)
+    expected = (t.mean(dims, keepdim=True) if mode == "mean" else t.sum(dims, keepdim=True)).numpy()
+    for device in ["cpu"] + (["opencl"] if OPENCL_DEVICES else []):
+        np.testing.assert_allclose(net.to(device).run({"x": x})["y"], expected, rtol=1e-5, atol=1e-6, err_msg=device)
+    net, feeds, _ = probed(lambda v: lm.layers.Reduce(axes, mode=mode)(v), [(3, 4, 5)])
+    check_gradients(net, feeds)
+
+
+def test_reduce_exports_and_imports_back(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    net = lm.Network()
+    x = net.input("x", (3, 4, 5))
+    net.outputs(m=lm.layers.Reduce((2,))(x), s=lm.layers.Reduce((0, 1), mode="sum")(x))
+    lm.onnx.save(net, tmp_path / "reduce.onnx")
+    feed = np.random.default_rng(6).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    ours = net.run({"x": feed})
+    session = ort.InferenceSession(str(tmp_path / "reduce.onnx"), providers=["CPUExecutionProvider"])
+    for name, theirs in zip([o.name for o in session.get_outputs()], session.run(None, {"x": feed})):
+        np.testing.assert_allclose(theirs, ours[name], rtol=1e-5, atol=1e-6)
+    back = lm.onnx.load(tmp_path / "reduce.onnx").run({"x": feed})
+    for name in ("m", "s"):
+        np.testing.assert_allclose(back[name], ours[name], rtol=1e-6, atol=1e-6)
+
+
+def test_an_output_sized_past_the_limit_is_refused_before_it_is_made():
+    """A Resize whose sizes ask for a 2^20 x 2^20 plane (a damaged or hostile file) is refused by
+    name at import, before any table or buffer of that size exists."""
+    from onnx import TensorProto, helper, numpy_helper
+    sizes = numpy_helper.from_array(np.array([1, 2, 1 << 20, 1 << 20], np.int64), "sizes")
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="huge")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1 << 20, 1 << 20])], [sizes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(lm.onnx.UnsupportedModelError, match="huge.*more than the"):
+        lm.onnx.load(model)

@@ -5,7 +5,7 @@ from .conv import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from .dense import Activation, Add, Bias, Concat, Dropout, Linear, Multiply, PReLU, Scale
 from .shape import Broadcast, Reshape, Slice, Transpose
 from .recurrent import GRU, LSTM, RNN
-from .resize import Pad, Resize
+from .resize import Pad, Reduce, Resize
 from .selective import SelectedCrossEntropy, SelectiveLinear, SelfNormalizedCost
 from .sequence import Embedding, SequencePool, SequenceSoftmax
 from .volume import AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, ConcatChannels, MaxPool2d, MaxPool3d
@@ -14,4 +14,4 @@ __all__ = ["REGISTRY", "Layer", "register", "Linear", "Add", "Concat", "Activati
            "Scale", "Reshape", "Bias", "Multiply", "Broadcast", "PReLU", "Slice", "Transpose", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits", "RNN", "LSTM", "GRU",
            "Embedding", "SequencePool", "SequenceSoftmax", "Conv3d", "Conv2d", "ConvTranspose3d",
            "ConvTranspose2d", "MaxPool3d", "MaxPool2d", "AvgPool3d", "AvgPool2d", "BatchNorm3d",
-           "BatchNorm2d", "ConcatChannels", "Pad", "Resize", "SelectiveLinear", "SelectedCrossEntropy", "SelfNormalizedCost"]
+           "BatchNorm2d", "ConcatChannels", "Pad", "Reduce", "Resize", "SelectiveLinear", "SelectedCrossEntropy", "SelfNormalizedCost"]

@@ -1,6 +1,7 @@
 """Layers that resample a sample's axes one at a time: Resize (upsampling in segmentation heads,
-U-Nets and super-resolution; ONNX's Resize and Upsample, torch.nn.functional.interpolate) and Pad
-(zeros, edge, reflection or wrap-around; negative amounts crop; ONNX's Pad, torch's F.pad).
+U-Nets and super-resolution; ONNX's Resize and Upsample, torch.nn.functional.interpolate), Pad
+(zeros, edge, reflection or wrap-around; negative amounts crop; ONNX's Pad, torch's F.pad) and
+Reduce (the sum or mean over axes, kept with size 1: each output reads every input of its axis).
 
 Each is separable: every axis it changes is resampled in turn, by a table of input taps and
 weights per output position (`resampling_table`, `padding_table`) that the backend's
@@ -167,6 +168,35 @@ class Pad(_Resampling):
                                                                       size))
         self._tables = tables
         return Spec(tuple(shape), sequence=x.sequence)
+
+
+@register
+class Reduce(_Resampling):
+    """y = the sum or mean of x over some of a sample's axes (`axes`, numbered within a sample),
+    each kept with size 1 (torch's x.sum(dims, keepdim=True); reshape to drop them)."""
+
+    kind = "reduce"
+
+    def __init__(self, axes: Sequence[int], mode: str = "mean", name: Optional[str] = None) -> None:
+        super().__init__(name)
+        self.axes = tuple(sorted(int(a) for a in axes))
+        if mode not in ("sum", "mean") or not self.axes or len(set(self.axes)) != len(self.axes) or self.axes[0] < 0:
+            raise ValueError(f"Reduce: mode 'sum' or 'mean' over distinct axes, found {mode!r}, {list(axes)}")
+        self.mode = mode
+
+    def config(self):
+        return {"axes": list(self.axes), "mode": self.mode}
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if self.axes[-1] >= len(x.shape):
+            raise ValueError(f"axes {list(self.axes)} of a sample of {len(x.shape)} axes, found {x}")
+        self._tables = [None if axis not in self.axes else
+                        self._table(np.arange(n, dtype=np.int32)[None, :],
+                                    np.full((1, n), 1.0 / n if self.mode == "mean" else 1.0), 1)
+                        for axis, n in enumerate(x.shape)]
+        return Spec(tuple(1 if axis in self.axes else n for axis, n in enumerate(x.shape)), sequence=x.sequence)
 
 
 @register

@@ -336,6 +336,13 @@ def pad(g, layer, ins, specs, node):
                   mode=layer.mode)
 
 
+@exporter("reduce")
+def reduce(g, layer, ins, specs, node):
+    axes = [a + sample_axis(specs[0]) for a in layer.axes]
+    return g.node("ReduceMean" if layer.mode == "mean" else "ReduceSum",
+                  [ins[0], g.constant(f"{node.name}.axes", axes, dtype=np.int64)], name=node.name, keepdims=1)
+
+
 @exporter("resize")
 def resize(g, layer, ins, specs, node):
     """ONNX's Resize: the layer's scales where it has them, else its sizes for the spatial axes

@@ -322,7 +322,11 @@ class Importer:
             self.problems.append((inp.name, "input", f"dynamic axes after the batch{' and time' if order else ''} "
                                                      f"in shape {['?' if d is None else d for d in dims]}"))
             return Unknown()
-        value = self.net.input(inp.name, tuple(dims[lead:]), dtype=kind, sequence=bool(order))
+        try:
+            value = self.net.input(inp.name, tuple(dims[lead:]), dtype=kind, sequence=bool(order))
+        except ValueError as e:  # an axis of size 0
+            self.problems.append((inp.name, "input", str(e)))
+            return Unknown()
         for label, size in zip(order or "N", dims):
             if size is not None:
                 self.static.setdefault(label, size)

@@ -19,6 +19,22 @@ ATTRIBUTES: dict[str, tuple] = {}  # operator -> the attributes its converter re
 NEVER_FOLD: frozenset[str] = frozenset()
 
 
+# bytes one sample of a value an operator makes may take (its size comes from the file's
+# attributes or constants: a damaged sizes input must not make the importer allocate gigabytes)
+SAMPLE_LIMIT = 256 << 20
+
+
+def bounded_sample(shape, what):
+    """shape, or Refused where one float32 sample of it would pass SAMPLE_LIMIT bytes."""
+    count = 1
+    for n in shape:
+        count *= int(n)
+    if count * 4 > SAMPLE_LIMIT:
+        raise Refused(f"{what} of shape {list(shape)} per sample: {count * 4:,} bytes, more than the "
+                      f"{SAMPLE_LIMIT:,} lamina allows one sample an operator makes")
+    return shape
+
+
 def default_axes(spec):
     """The ONNX axes of a lamina value in the usual layout: batch (and time) first."""
     return ("N",) + (("T",) if spec.sequence else ()) + tuple(range(len(spec.shape)))

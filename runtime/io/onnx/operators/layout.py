@@ -8,7 +8,7 @@ import numpy as np
 from .... import layers as L
 from ....graph import Value
 from .. import shapes
-from ..registry import Refused, assign, const, converter, default_axes, onnx_shape_text, text, value
+from ..registry import Refused, assign, bounded_sample, const, converter, default_axes, onnx_shape_text, text, value
 
 
 @converter("Concat", attributes={"axis"})
@@ -140,6 +140,7 @@ def tile(imp, node, inputs, attrs):
                 raise Refused(f"repeats {repeats}: the {'batch' if axis == 'N' else 'time'} axis repeated")
             continue
         pads[axis] = (0, x.spec.shape[axis] * (r - 1))
+    bounded_sample([n + a for n, (_, a) in zip(x.spec.shape, pads)], "an output")
     return [imp.add(L.Pad(pads, mode="wrap"), [x], node)]
 
 

@@ -88,6 +88,12 @@ def recurrent(imp, node, inputs, attrs):
     _zero_or_absent(peep, "peepholes P", "lamina's LSTM has no peephole connections")
     if w.shape[0] != directions:
         raise Refused(f"W holds {w.shape[0]} directions, direction={direction}")
+    gates = len(GATE_ORDER[op])
+    if w.shape != (directions, gates * hidden, x.spec.shape[0]) or r.shape != (directions, gates * hidden, hidden):
+        # (checked before the layer is made: its parameters are sized by hidden_size)
+        raise Refused(f"W {list(w.shape)} and R {list(r.shape)} for hidden_size {hidden}, {directions} direction(s) "
+                      f"and {x.spec.shape[0]} inputs: expected W {[directions, gates * hidden, x.spec.shape[0]]} "
+                      f"and R {[directions, gates * hidden, hidden]}")
     states = _initial_states(imp, [h0, c0] if op == "LSTM" else [h0], directions, hidden, layout)
     kind = {"LSTM": L.LSTM, "GRU": L.GRU, "RNN": L.RNN}[op]
     kw = {"nonlinearity": nonlinearity} if op == "RNN" else {}

@@ -8,7 +8,8 @@ from .... import layers as L
 from ....layers.resize import COORDINATES, PAD_MODES, ROUNDINGS, padding_table
 from ....graph import Value
 from .. import shapes
-from ..registry import Refused, fixed_bias, assign, const, converter, default_axes, onnx_shape_text, text, value
+from ..registry import (Refused, assign, bounded_sample, const, converter, default_axes, fixed_bias,
+                        onnx_shape_text, text, value)
 
 
 def _spatial(imp, x, what):
@@ -84,6 +85,7 @@ def pad(imp, node, inputs, attrs):
         fill = float(const(inputs[2], "constant_value").reshape(-1)[0])
     elif "value" in attrs:
         fill = float(attrs["value"])
+    bounded_sample([n + b + a for n, (b, a) in zip(x.spec.shape, per_axis)], "an output")
     fill = fill if mode == "constant" else 0.0
     y = imp.add(L.Pad(per_axis, mode=mode), [x], node) if not fill else imp.net.add(L.Pad(per_axis, mode=mode), [x])
     if fill:  # the value outside the input: a fixed bias there
@@ -132,6 +134,7 @@ def _resized(imp, node, x, mode, coordinates, rounding, scales, sizes):
         size = [int(math.floor(n * s)) for n, s in zip(spatial, given_scales)]
     if min(size) < 1:
         raise Refused(f"an output of spatial size {size}")
+    bounded_sample([x.spec.shape[0]] + size, "an output")
     return imp.add(L.Resize(size, mode=mode, coordinates=coordinates, rounding=rounding, scales=given_scales),
                    [x], node)
 
@@ -314,22 +317,48 @@ def global_average_pool(imp, node, inputs, attrs):
     return [imp.add(layer, [x], node)]
 
 
-@converter("ReduceMean", attributes={"axes", "keepdims", "noop_with_empty_axes"})
-@lifted_to_2d
-def reduce_mean(imp, node, inputs, attrs):
-    """The mean over every spatial axis of [N, C, *spatial] (what PyTorch's exporter writes for
-    AdaptiveAvgPool(1) and x.mean((2, 3))): a global average pool."""
+@converter("ReduceMean", "ReduceSum", attributes={"axes", "keepdims", "noop_with_empty_axes"})
+def reduce_mean_sum(imp, node, inputs, attrs):
+    """The mean or sum over a value's own axes: over every spatial axis of [N, C, *spatial] a mean is
+    a global average pool (what PyTorch's exporter writes for AdaptiveAvgPool(1)); otherwise
+    lamina's Reduce, then a Reshape dropping the axes unless keepdims."""
     x = value(inputs[0], "data")
-    nd = _spatial(imp, x, "data")
+    layout = imp.axes_of(x)
+    rank = len(layout)
     axes = shapes.constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
-    rank = len(x.spec.shape) + 1
-    if axes is None or sorted(a + rank if a < 0 else a for a in axes) != list(range(2, rank)):
-        raise Refused(f"axes {axes} (lamina averages over every spatial axis of [N, C, *spatial])")
-    spatial = x.spec.shape[1:]
-    y = imp.add((L.AvgPool2d if nd == 2 else L.AvgPool3d)(spatial, spatial, 0), [x], node)
-    if not attrs.get("keepdims", 1):
-        y = imp.net.add(L.Reshape((x.spec.shape[0],)), [y])
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            return [imp.add(L.Scale(1.0), [x], node)]
+        axes = list(range(rank))
+    axes = sorted(a + rank if a < 0 else a for a in axes)
+    if not all(0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+        raise Refused(f"axes {axes} of a rank-{rank} value")
+    if any(isinstance(layout[a], str) for a in axes):
+        raise Refused(f"axes {axes} include the batch or time axis (lamina reduces within each sample)")
+    own = [layout[a] for a in axes]
+    keep = attrs.get("keepdims", 1)
+    if node.op_type == "ReduceMean" and not x.spec.sequence and layout == default_axes(x.spec) and \
+            len(x.spec.shape) in (3, 4) and own == list(range(1, len(x.spec.shape))):
+        return [_global_average(imp, node, x, keep)]
+    y = imp.add(L.Reduce(own, mode="mean" if node.op_type == "ReduceMean" else "sum"), [x], node)
+    if not keep:
+        rest = [a for a in layout if isinstance(a, str) or a not in own]
+        kept = [k for k in range(len(x.spec.shape)) if k not in own]
+        if not kept:
+            raise Refused(f"axes {axes}: every axis of a sample reduced without keepdims (lamina keeps one)")
+        y = imp.net.add(L.Reshape(tuple(x.spec.shape[k] for k in kept)), [y])
+        labels = tuple(a if isinstance(a, str) else kept.index(a) for a in rest)
+        if labels != default_axes(y.spec):
+            y.onnx_axes = labels
+    elif layout != default_axes(x.spec):
+        y.onnx_axes = layout
     return [y]
+
+
+def _global_average(imp, node, x, keep):
+    spatial = x.spec.shape[1:]
+    y = imp.add((L.AvgPool2d if len(spatial) == 2 else L.AvgPool3d)(spatial, spatial, 0), [x], node)
+    return y if keep else imp.net.add(L.Reshape((x.spec.shape[0],)), [y])
 
 
 @converter("BatchNormalization", attributes={"epsilon", "momentum", "training_mode", "spatial"})
