@@ -1286,6 +1286,21 @@ cdef extern from "depthwise.h" nogil:
                                 long kw, long sh, long sw, long ph, long pw, long dh, long dw, double* sums)
 
 
+cdef _check_depthwise(str where, Py_ssize_t n_x, Py_ssize_t C, Py_ssize_t n_y, Py_ssize_t O, Py_ssize_t w_rows,
+                      Py_ssize_t w_cols, int kd, int kh, int kw, int sd, int sh, int sw, int dd, int dh, int dw):
+    """Raise unless the sizes fit: reads of the inputs are bounded by the planes' own sizes in the
+    kernels; the weights, channels and windows are checked here."""
+    if min(kd, kh, kw, sd, sh, sw, dd, dh, dw) < 1:
+        raise ValueError(f"{where}: kernel, strides and dilation must be at least 1, found {(kd, kh, kw)}, "
+                         f"{(sd, sh, sw)}, {(dd, dh, dw)}")
+    if C < 1 or O % C:
+        raise ValueError(f"{where}: {O} output channels for {C} input channels (a whole multiple of them expected)")
+    if w_rows != O or w_cols != kd * kh * kw:
+        raise ValueError(f"{where}: the weights must be [{O}, {kd * kh * kw}], found [{w_rows}, {w_cols}]")
+    if n_x != n_y:
+        raise ValueError(f"{where}: {n_x} input samples for {n_y} output samples")
+
+
 def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint relu,
                    int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw, int dd, int dh, int dw):
     """y[n, o] = Σ_taps w[o, tap] x[n, o // mult] at the tap's offset (+ bias[o], through a ReLU
@@ -1297,8 +1312,12 @@ def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, 
     cdef real* out
     cdef const real[::1] bv
     cdef bint has_bias = bias is not None
+    _check_depthwise("depthwise_conv", x.shape[0], x.shape[1], N, O, w.shape[0], w.shape[1], kd, kh, kw, sd, sh, sw,
+                     dd, dh, dw)
     if has_bias:
         bv = bias
+        if bv.shape[0] != O:
+            raise ValueError(f"depthwise_conv: bias must hold {O} values, found {bv.shape[0]}")
     for task in prange(N * O, nogil=True, schedule="static",
                        use_threads_if=N * O * oD * plane * kd * kh * kw > PARALLEL_MIN):
         n = task // O
@@ -1332,6 +1351,8 @@ def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1]
     cdef Py_ssize_t oD = dy.shape[2], oH = dy.shape[3], oW = dy.shape[4], mult = dy.shape[1] // C
     cdef Py_ssize_t task, n, c, o, od, a, i_d, j, volume = D * H * W
     cdef real* target
+    _check_depthwise("depthwise_conv_input_grad", N, C, dy.shape[0], dy.shape[1], w.shape[0], w.shape[1], kd, kh, kw,
+                     sd, sh, sw, dd, dh, dw)
     for task in prange(N * C, nogil=True, schedule="static",
                        use_threads_if=N * dy.shape[1] * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
         n = task // C
@@ -1360,6 +1381,11 @@ def depthwise_conv_weight_grad(const real[:, :, :, :, ::1] x, const real[:, :, :
     cdef Py_ssize_t N = x.shape[0], D = x.shape[2], H = x.shape[3], W = x.shape[4]
     cdef Py_ssize_t O = dy.shape[1], oD = dy.shape[2], oH = dy.shape[3], oW = dy.shape[4], mult = O // x.shape[1]
     cdef Py_ssize_t o, n, od, a, i_d, t, taps = kd * kh * kw
+    _check_depthwise("depthwise_conv_weight_grad", N, x.shape[1], dy.shape[0], O, dwt.shape[0], dwt.shape[1], kd, kh,
+                     kw, sd, sh, sw, dd, dh, dw)
+    if sums.shape[0] != O or sums.shape[1] != taps:
+        raise ValueError(f"depthwise_conv_weight_grad: sums must be [{O}, {taps}], found [{sums.shape[0]}, "
+                         f"{sums.shape[1]}]")
     for o in prange(O, nogil=True, schedule="static", use_threads_if=N * O * oD * oH * oW * taps > PARALLEL_MIN):
         for t in range(taps):
             sums[o, t] = 0

@@ -599,22 +599,24 @@ class CPUBackend(HostStatistics, Backend):
         return [*kernel, *stride, *padding, *dilation, *grid, r0, r1]
 
     def resample_axis(self, x, taps, weights, y):
-        K.resample_axis(*self._resampling("resample_axis", x, taps, weights, y))
+        self._resampling("resample_axis", ("x", x), taps, weights, ("y", y))
+        K.resample_axis(x, taps, weights, y)
 
     def resample_axis_backward(self, dy, taps, weights, dx, beta=0.0):
-        dx, taps, weights, dy = self._resampling("resample_axis_backward", dx, taps, weights, dy)
+        self._resampling("resample_axis_backward", ("dx", dx), taps, weights, ("dy", dy))
         K.resample_axis_backward(dy, taps, weights, dx, beta)
 
     @staticmethod
-    def _resampling(where, x, taps, weights, y):
-        """(x, taps, weights, y) checked: x [outer, n, inner] and y [outer, m, inner] of one float
-        type, taps int32 [m, K] in [0, n), weights [m, K] of x's type."""
-        _float(where, "x", x, ndim=3)
+    def _resampling(where, inputs, taps, weights, outputs):
+        """Check the arrays of a resampling: the input side (name, [outer, n, inner]) and the
+        output side (name, [outer, m, inner]) of one float type, taps int32 [m, K] in [0, n),
+        weights [m, K] of their type."""
+        (src_name, src), (dst_name, dst) = inputs, outputs
+        _float(where, src_name, src, ndim=3)
         check_array(where, "taps", taps, dtype=np.int32, ndim=2)
-        check_array(where, "weights", weights, dtype=x.dtype, shape=taps.shape)
-        check_array(where, "y", y, dtype=x.dtype, shape=(x.shape[0], taps.shape[0], x.shape[2]))
-        check_index(where, "taps", taps, x.shape[1])
-        return x, taps, weights, y
+        check_array(where, "weights", weights, dtype=src.dtype, shape=taps.shape)
+        check_array(where, dst_name, dst, dtype=src.dtype, shape=(src.shape[0], taps.shape[0], src.shape[2]))
+        check_index(where, "taps", taps, src.shape[1])
 
     def vol2col(self, x, col, geometry, rows=None):
         K.vol2col(x, col, *self._volume("vol2col", x, col, geometry, rows))

@@ -69,11 +69,11 @@ def candidates(geom):
 # convolution has one group per input channel (the column path runs a GEMM per channel);
 # Winograd wherever it applies with at least WINOGRAD_MIN_CHANNELS channels in and out (fewer,
 # and its vectors of channels are mostly padding: a single input channel is padded to a vector
-# of eight); then the direct kernel,
-# depth taps, depth to space, columns. A width stride runs as columns (the width phases lose to
-# one large GEMM); a transposed kernel equal to its stride as depth to space. A strided
-# transposed convolution runs as sub-pixel phases when it has groups, whose GEMMs are small, else
-# as columns, whose one GEMM runs at the sgemm peak where the direct kernel does not.
+# of eight); then the direct kernel, depth taps, depth to space, columns. A width stride runs as
+# columns (the width phases lose to one large GEMM); a transposed kernel equal to its stride as
+# depth to space. A strided transposed convolution runs as sub-pixel phases when it has groups,
+# whose GEMMs are small, else as columns, whose one GEMM runs at the sgemm peak where the direct
+# kernel does not.
 WINOGRAD_MIN_CHANNELS = 8
 # ... and a batch of at least this many output positions (samples x the output grid): below it the
 # transforms cost more than they save and columns run faster (ResNet-18's 3x3 layers, ms, Winograd

@@ -348,7 +348,7 @@ class Importer:
             self.problems.append((node.name, node.op_type, f"reads '{missing[0]}', which nothing defines"))
             outs = [Unknown() for _ in node.output]
         elif all(v is None or isinstance(v, np.ndarray) for v in inputs) and node.op_type not in registry.NEVER_FOLD:
-            outs = self._fold(node, inputs)
+            outs = self.fold(node, inputs)
             if node.op_type == "DequantizeLinear" and inputs[0].dtype in (np.int8, np.uint8):
                 self.quantized = True  # int8 weights (a QDQ model)
         elif self.quantized_ops.handles(node, inputs) and any(isinstance(v, Unknown) for v in inputs):
@@ -396,7 +396,7 @@ class Importer:
         self.problems.append((node.name, node.op_type, why))
         return [Unknown() for _ in node.output]
 
-    def _fold(self, node, inputs):
+    def fold(self, node, inputs):
         """Evaluate a node of constants now (onnx's reference evaluator), after onnx's shape
         inference has said how large its outputs are: a node whose outputs would pass FOLD_LIMIT
         bytes (a ConstantOfShape of [20000, 20000]), or that would take the model's folded

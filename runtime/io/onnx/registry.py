@@ -3,6 +3,8 @@ registry (`converter` records one function per operator and the attributes it re
 attribute is refused), the Refused exception a converter raises, and the helpers that check a
 converter's inputs. Converters live one module per operator family in `operators/`; the importer
 looks them up here."""
+import math
+
 import numpy as np
 
 from ... import layers as L
@@ -26,9 +28,7 @@ SAMPLE_LIMIT = 256 << 20
 
 def bounded_sample(shape, what):
     """shape, or Refused where one float32 sample of it would pass SAMPLE_LIMIT bytes."""
-    count = 1
-    for n in shape:
-        count *= int(n)
+    count = math.prod(int(n) for n in shape)
     if count * 4 > SAMPLE_LIMIT:
         raise Refused(f"{what} of shape {list(shape)} per sample: {count * 4:,} bytes, more than the "
                       f"{SAMPLE_LIMIT:,} lamina allows one sample an operator makes")

@@ -36,7 +36,8 @@ def constant_ints(x, what):
     return [int(i) for i in np.atleast_1d(x)]
 
 
-def _symbolic(x):
+def entries(x):
+    """A shape tensor's entries (ints, and "N" / "T" for a Symbolic) as an object array."""
     return x.values if isinstance(x, Symbolic) else np.asarray(x, dtype=object)
 
 
@@ -71,10 +72,10 @@ def symbolic(imp, node, inputs, attrs):
         if not isinstance(inputs[0], np.ndarray) or np.any(inputs[0]):
             raise Refused("Expand of a non-zero constant to a shape with the batch or time size")
         return [Zeros()]
-    vals = [_symbolic(v) if v is not None else None for v in inputs]
+    vals = [entries(v) if v is not None else None for v in inputs]
     if not any(isinstance(e, str) for v in vals if v is not None for e in np.ravel(v)):
         # sizes within a sample only (a channel count read by Shape): plain numbers, folded
-        return imp._fold(node, [v.astype(np.int64) if v is not None else None for v in vals])
+        return imp.fold(node, [v.astype(np.int64) if v is not None else None for v in vals])
     if op in ("Identity", "Cast"):
         return [Symbolic(vals[0])]
     if op == "Gather":
@@ -223,7 +224,7 @@ def reshape_value(imp, node, inputs, attrs):
     (per-step) axes take the new sizes (-1 and 0 resolved)."""
     x, target = inputs
     axes = imp.axes_of(x)
-    target = list(_symbolic(target)) if isinstance(target, Symbolic) else [int(t) for t in target]
+    target = list(entries(target)) if isinstance(target, Symbolic) else [int(t) for t in target]
     names = [a for a in axes if isinstance(a, str)]
     lead = axes[:len(names)]
     if tuple(lead) != tuple(names):

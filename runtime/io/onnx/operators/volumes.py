@@ -44,9 +44,9 @@ def resize(imp, node, inputs, attrs):
             full = np.ones(rank, np.float32)
             full[axes] = const(scales, "scales").reshape(-1)
             scales = full
-        if sizes is not None and np.size(shapes._symbolic(sizes)):
+        if sizes is not None and np.size(shapes.entries(sizes)):
             full = ["N"] + list(x.spec.shape)
-            for a, n in zip(axes, shapes._symbolic(sizes).reshape(-1)):
+            for a, n in zip(axes, shapes.entries(sizes).reshape(-1)):
                 full[a] = n
             sizes = shapes.Symbolic(full)
     coordinates = text(attrs, "coordinate_transformation_mode", "half_pixel" if imp.opset >= 11 else "asymmetric")
@@ -93,8 +93,6 @@ def pad(imp, node, inputs, attrs):
         for n, (before, after) in zip(x.spec.shape, per_axis):
             inside = np.multiply.outer(inside, padding_table(n, before, after, "constant")[1][:, 0])
         y = imp.add(fixed_bias(y.spec.shape, fill * (1.0 - inside)), [y], node)
-    if layout != default_axes(x.spec):
-        y.onnx_axes = layout
     return [y]
 
 
@@ -115,12 +113,10 @@ def _resized(imp, node, x, mode, coordinates, rounding, scales, sizes):
         raise Refused(f"coordinate_transformation_mode {coordinates!r}")
     if rounding not in ROUNDINGS:
         raise Refused(f"nearest_mode {rounding!r}")
-    if imp.axes_of(x) != default_axes(x.spec):
-        raise Refused(f"X has its axes as {imp.axes_of(x)} (lamina resizes [N, C, *spatial])")
     spatial = x.spec.shape[1:]
     given_scales = None
-    if isinstance(sizes, (np.ndarray, shapes.Symbolic)) and np.size(shapes._symbolic(sizes)):
-        full = list(shapes._symbolic(sizes))
+    if isinstance(sizes, (np.ndarray, shapes.Symbolic)) and np.size(shapes.entries(sizes)):
+        full = list(shapes.entries(sizes))
         if len(full) != len(spatial) + 2 or any(isinstance(s, str) for s in full[1:]) or full[1] != x.spec.shape[0]:
             raise Refused(f"sizes {full} for X {onnx_shape_text(imp, x)} (lamina resizes the spatial axes)")
         size = [int(s) for s in full[2:]]
@@ -340,19 +336,11 @@ def reduce_mean_sum(imp, node, inputs, attrs):
     if node.op_type == "ReduceMean" and not x.spec.sequence and layout == default_axes(x.spec) and \
             len(x.spec.shape) in (3, 4) and own == list(range(1, len(x.spec.shape))):
         return [_global_average(imp, node, x, keep)]
+    kept = [k for k in range(len(x.spec.shape)) if k not in own]
+    if not keep and not kept:
+        raise Refused(f"axes {axes}: every axis of a sample reduced without keepdims (lamina keeps one)")
     y = imp.add(L.Reduce(own, mode="mean" if node.op_type == "ReduceMean" else "sum"), [x], node)
-    if not keep:
-        rest = [a for a in layout if isinstance(a, str) or a not in own]
-        kept = [k for k in range(len(x.spec.shape)) if k not in own]
-        if not kept:
-            raise Refused(f"axes {axes}: every axis of a sample reduced without keepdims (lamina keeps one)")
-        y = imp.net.add(L.Reshape(tuple(x.spec.shape[k] for k in kept)), [y])
-        labels = tuple(a if isinstance(a, str) else kept.index(a) for a in rest)
-        if labels != default_axes(y.spec):
-            y.onnx_axes = labels
-    elif layout != default_axes(x.spec):
-        y.onnx_axes = layout
-    return [y]
+    return [y if keep else imp.net.add(L.Reshape(tuple(x.spec.shape[k] for k in kept)), [y])]
 
 
 def _global_average(imp, node, x, keep):
