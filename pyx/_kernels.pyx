@@ -1225,6 +1225,132 @@ def sequence_softmax_backward(real[::1] y, real[::1] dy, const int[::1] starts, 
                 dx[t] = <real>(y[t] * (dy[t] - d) + beta * dx[t])
 
 
+# ---------------------------------------------------------------- attention and layer normalization
+
+cdef extern from "attention.h" nogil:
+    void attention_head_f(const float* qkv, long E, long d, long h, long heads, long a, long b, float scale,
+                          int causal, float* out, float* lse, float* kt)
+    void attention_head_d(const double* qkv, long E, long d, long h, long heads, long a, long b, double scale,
+                          int causal, double* out, double* lse, double* kt)
+    void attention_head_backward_f(const float* qkv, const float* out, const float* lse, const float* dout, long E,
+                                   long d, long h, long heads, long a, long b, float scale, int causal,
+                                   float* dqkv, float* kt, float* vt)
+    void attention_head_backward_d(const double* qkv, const double* out, const double* lse, const double* dout,
+                                   long E, long d, long h, long heads, long a, long b, double scale, int causal,
+                                   double* dqkv, double* kt, double* vt)
+
+
+def attention(const real[:, ::1] qkv, const int[::1] starts, int heads, double scale, bint causal,
+              real[:, ::1] out, real[:, ::1] lse, real[:, ::1] scratch):
+    """out and lse of attention within each sequence (attention.h), one task per (sequence,
+    head), longest first across the threads; scratch [threads, d * longest sequence] holds each
+    thread's transposed keys."""
+    cdef long E = out.shape[1], d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
+    cdef long work = _attention_work(starts, E)
+    cdef real* kt
+    with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
+        kt = &scratch[openmp.omp_get_thread_num(), 0]
+        for p in prange(n * heads, schedule="dynamic"):
+            s, h = p // heads, p % heads
+            a, b = starts[s], starts[s + 1]
+            if b > a:
+                if real is float:
+                    attention_head_f(&qkv[0, 0], E, d, h, heads, a, b, <float>scale, causal, &out[0, 0], &lse[0, 0],
+                                     kt)
+                else:
+                    attention_head_d(&qkv[0, 0], E, d, h, heads, a, b, scale, causal, &out[0, 0], &lse[0, 0], kt)
+
+
+def attention_backward(const real[:, ::1] qkv, const real[:, ::1] out, const real[:, ::1] lse,
+                       const real[:, ::1] dout, const int[::1] starts, int heads, double scale, bint causal,
+                       real[:, ::1] dqkv, real[:, ::1] scratch):
+    """dqkv (written, not added) of attention within each sequence, one task per (sequence,
+    head); scratch [threads, 2 * d * longest sequence] holds each thread's transposed keys and
+    values."""
+    cdef long E = out.shape[1], d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
+    cdef long half = scratch.shape[1] // 2
+    cdef long work = _attention_work(starts, E)
+    cdef real* kt
+    with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
+        kt = &scratch[openmp.omp_get_thread_num(), 0]
+        for p in prange(n * heads, schedule="dynamic"):
+            s, h = p // heads, p % heads
+            a, b = starts[s], starts[s + 1]
+            if b > a:
+                if real is float:
+                    attention_head_backward_f(&qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], E, d, h, heads, a, b,
+                                              <float>scale, causal, &dqkv[0, 0], kt, kt + half)
+                else:
+                    attention_head_backward_d(&qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], E, d, h, heads, a, b,
+                                              scale, causal, &dqkv[0, 0], kt, kt + half)
+
+
+cdef long _attention_work(const int[::1] starts, long E) noexcept nogil:
+    """Σ length² E: the multiply-adds of a batch's attention."""
+    cdef long total = 0, s, t
+    for s in range(starts.shape[0] - 1):
+        t = starts[s + 1] - starts[s]
+        total += t * t * E
+    return total
+
+
+cdef extern from "norms.h" nogil:
+    enum: NORM_CHUNK
+    void layer_norm_row_f(const float* x, long n, double eps, int center, const float* gamma, const float* beta,
+                          float* y, float* mean, float* rstd)
+    void layer_norm_row_d(const double* x, long n, double eps, int center, const double* gamma,
+                          const double* beta, double* y, double* mean, double* rstd)
+    void layer_norm_row_backward_f(const float* x, const float* dy, long n, float mean, float rstd, int center,
+                                   const float* gamma, float* dx, double beta)
+    void layer_norm_row_backward_d(const double* x, const double* dy, long n, double mean, double rstd, int center,
+                                   const double* gamma, double* dx, double beta)
+    void layer_norm_param_grads_f(const float* x, const float* dy, const float* mean, const float* rstd, long rows,
+                                  long n, long j0, long j1, float* dgamma, double gamma_beta, float* dbeta,
+                                  double beta_beta)
+    void layer_norm_param_grads_d(const double* x, const double* dy, const double* mean, const double* rstd,
+                                  long rows, long n, long j0, long j1, double* dgamma, double gamma_beta,
+                                  double* dbeta, double beta_beta)
+
+
+def layer_norm(const real[:, ::1] x, const real[::1] gamma, const real[::1] beta, double eps, bint center,
+               real[:, ::1] y, real[::1] mean, real[::1] rstd):
+    """Each row normalised (norms.h): y = (x - mean) rstd gamma + beta; an empty gamma or beta is
+    absent (1, 0)."""
+    cdef Py_ssize_t i, rows = x.shape[0], n = x.shape[1]
+    cdef const real* g = &gamma[0] if gamma.shape[0] else NULL
+    cdef const real* b = &beta[0] if beta.shape[0] else NULL
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
+        if real is float:
+            layer_norm_row_f(&x[i, 0], n, eps, center, g, b, &y[i, 0], &mean[i], &rstd[i])
+        else:
+            layer_norm_row_d(&x[i, 0], n, eps, center, g, b, &y[i, 0], &mean[i], &rstd[i])
+
+
+def layer_norm_backward(const real[:, ::1] x, const real[:, ::1] dy, const real[::1] mean, const real[::1] rstd,
+                        const real[::1] gamma, bint center, real[:, ::1] dx, double dx_beta, real[::1] dgamma,
+                        double dgamma_beta, real[::1] dbeta, double dbeta_beta):
+    """dx by rows, dgamma and dbeta by blocks of columns, each written with its beta; an empty
+    gamma is absent (1), an empty target is not computed."""
+    cdef Py_ssize_t i, c, rows = x.shape[0], n = x.shape[1], chunks = (n + NORM_CHUNK - 1) // NORM_CHUNK
+    cdef const real* g = &gamma[0] if gamma.shape[0] else NULL
+    cdef real* dg = &dgamma[0] if dgamma.shape[0] else NULL
+    cdef real* db = &dbeta[0] if dbeta.shape[0] else NULL
+    if dx.shape[0]:
+        for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
+            if real is float:
+                layer_norm_row_backward_f(&x[i, 0], &dy[i, 0], n, mean[i], rstd[i], center, g, &dx[i, 0], dx_beta)
+            else:
+                layer_norm_row_backward_d(&x[i, 0], &dy[i, 0], n, mean[i], rstd[i], center, g, &dx[i, 0], dx_beta)
+    if dg != NULL or db != NULL:
+        for c in prange(chunks, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
+            if real is float:
+                layer_norm_param_grads_f(&x[0, 0], &dy[0, 0], &mean[0], &rstd[0], rows, n, c * NORM_CHUNK,
+                                         min((c + 1) * NORM_CHUNK, n), dg, dgamma_beta, db, dbeta_beta)
+            else:
+                layer_norm_param_grads_d(&x[0, 0], &dy[0, 0], &mean[0], &rstd[0], rows, n, c * NORM_CHUNK,
+                                         min((c + 1) * NORM_CHUNK, n), dg, dgamma_beta, db, dbeta_beta)
+
+
 # ---------------------------------------------------------------- volumes: vol2col / col2vol
 # A volume is one sample's [C, D, H, W]; a 2-D image is the same with D = 1 and a kernel of depth 1.
 # The column matrix has one row per (channel, kd, kh, kw) and one column per window position

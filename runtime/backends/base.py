@@ -283,6 +283,34 @@ class Backend(ABC):
     def sequence_softmax_backward(self, y, dy, starts, dx, beta=0.0):
         """dx = y (dy - Σ dy y) within each sequence (with beta)."""
 
+    # -- attention within sequences, and normalization of rows
+    @abstractmethod
+    def attention(self, qkv, starts, heads, scale, causal, out, lse):
+        """Multi-head attention within each sequence. qkv [rows, 3E] holds every row's query, key
+        and value, each `heads` blocks of d = E / heads columns (head h's query is
+        qkv[:, h*d:(h+1)*d], its key E columns on, its value 2E on); the rows of sequence s are
+        starts[s] .. starts[s+1]. Query i attends to the keys j of its own sequence (j <= i when
+        causal): out[i, h*d:(h+1)*d] = Σ_j softmax_j(scale q_i·k_j) v_j, and
+        lse[i, h] = log Σ_j exp(scale q_i·k_j) is kept for backward. out [rows, E], lse [rows, heads]."""
+
+    @abstractmethod
+    def attention_backward(self, qkv, out, lse, dout, starts, heads, scale, causal, dqkv):
+        """dqkv [rows, 3E] = the gradient of attention's out (for dout [rows, E]) with respect to
+        qkv, written (not added)."""
+
+    @abstractmethod
+    def layer_norm(self, x, gamma, beta, eps, y, mean, rstd, center=True):
+        """Each row of x [rows, C] normalised: y = (x - μ) rstd γ + β, μ the row's mean and
+        rstd = 1 / sqrt(mean((x - μ)²) + eps); center False (RMSNorm): μ = 0. gamma and beta [C]
+        or None (absent); mean and rstd [rows] are kept for backward."""
+
+    @abstractmethod
+    def layer_norm_backward(self, x, dy, mean, rstd, gamma, dx=None, dx_beta=0.0, dgamma=None, dgamma_beta=0.0,
+                            dbeta=None, dbeta_beta=0.0, center=True):
+        """The gradients of layer_norm for dy: dx = rstd (g - mean(g) - x̂ mean(g x̂)) with
+        g = dy γ and x̂ = (x - μ) rstd (no mean(g) term without centring), dgamma = Σ_rows dy x̂,
+        dbeta = Σ_rows dy, each written with its beta; a target None is not computed."""
+
     # -- selections (lamina.selection): entry e of row i lies in starts[i] <= e < starts[i + 1];
     #    its column is cols[e] (per-row selections), or cols[e - starts[i]] where `shared`
     @abstractmethod

@@ -104,3 +104,37 @@ def check_by_column(where, by_column, entries, rows, columns):
                               f"found {len(bucket)}")
     check_index(where, "by_column entries", entry_ids, entries)
     check_index(where, "by_column entry_rows", entry_rows, rows)
+
+
+def check_attention(where, qkv, starts, heads, out, lse, **others):
+    """The shapes of an attention kernel's arrays (Backend.attention): qkv [rows, 3E], out and
+    the arrays in `others` [rows, E] or [rows, 3E] as named, lse [rows, heads], E a multiple of
+    heads, and the offsets of the rows."""
+    rows, E = out.shape if len(out.shape) == 2 else (None, None)
+    if E is None or heads < 1 or E % heads:
+        raise ValueError(f"{where}: out must be [rows, E] with E a multiple of heads={heads}, found {out.shape}")
+    expected = {"qkv": (qkv, (rows, 3 * E)), "lse": (lse, (rows, heads))}
+    expected.update({name: (a, (rows, 3 * E if name.endswith("qkv") else E)) for name, a in others.items()})
+    for name, (a, shape) in expected.items():
+        if tuple(a.shape) != shape:
+            raise ValueError(f"{where}: {name} must have shape {shape} (out is {tuple(out.shape)}, heads={heads}), "
+                             f"found {tuple(a.shape)}")
+        if a.dtype != out.dtype:
+            raise TypeError(f"{where}: {name} must be {out.dtype} like out, found {a.dtype}")
+    check_offsets(where, "starts", starts, rows)
+
+
+def check_layer_norm(where, x, mean, rstd, params, others):
+    """The shapes of a layer-norm kernel's arrays: x [rows, C], mean and rstd [rows], each of
+    `params` [C] or None, each of `others` like x or None."""
+    if len(x.shape) != 2:
+        raise ValueError(f"{where}: x must be [rows, C], found {tuple(x.shape)}")
+    rows, C = x.shape
+    for name, a, shape in ([("mean", mean, (rows,)), ("rstd", rstd, (rows,))] +
+                           [(n, a, (C,)) for n, a in params.items()] + [(n, a, (rows, C)) for n, a in others.items()]):
+        if a is None:
+            continue
+        if tuple(a.shape) != shape:
+            raise ValueError(f"{where}: {name} must have shape {shape} (x is {tuple(x.shape)}), found {tuple(a.shape)}")
+        if a.dtype != x.dtype:
+            raise TypeError(f"{where}: {name} must be {x.dtype} like x, found {a.dtype}")

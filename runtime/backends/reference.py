@@ -9,7 +9,8 @@ import numpy as np
 
 from .base import Backend, HostStatistics, Snapshot, check_activation
 from ..precision import check_precision, quantize_rows, round_bfloat16
-from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection
+from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
+                     check_selection)
 
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805
@@ -241,6 +242,62 @@ class ReferenceBackend(HostStatistics, Backend):
             sl = slice(starts[s], starts[s + 1])
             grad[sl] = y[sl] * (dy[sl] - (dy[sl] * y[sl]).sum())
         _with_beta(dx, grad, beta)
+
+    # -- attention and layer normalization
+    @staticmethod
+    def _heads(qkv, starts, heads, causal):
+        """Per (sequence slice, head): the query, key and value blocks (float64) and the mask of
+        the keys each query may see."""
+        E = qkv.shape[1] // 3
+        d = E // heads
+        for s in range(len(starts) - 1):
+            rows = slice(starts[s], starts[s + 1])
+            n = rows.stop - rows.start
+            seen = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+            for h in range(heads):
+                q, k, v = (qkv[rows, part * E + h * d:part * E + (h + 1) * d].astype(np.float64) for part in range(3))
+                yield rows, slice(h * d, (h + 1) * d), h, q, k, v, seen
+
+    def attention(self, qkv, starts, heads, scale, causal, out, lse):
+        check_attention("attention", qkv, starts, heads, out, lse)
+        for rows, cols, h, q, k, v, seen in self._heads(qkv, starts, heads, causal):
+            s = np.where(seen, scale * (q @ k.T), -np.inf)
+            top = s.max(axis=1, keepdims=True)
+            total = np.exp(s - top).sum(axis=1, keepdims=True)
+            out[rows, cols] = (np.exp(s - top) / total) @ v
+            lse[rows, h] = (top + np.log(total))[:, 0]
+
+    def attention_backward(self, qkv, out, lse, dout, starts, heads, scale, causal, dqkv):
+        check_attention("attention_backward", qkv, starts, heads, out, lse, dout=dout, dqkv=dqkv)
+        E = out.shape[1]
+        for rows, cols, h, q, k, v, seen in self._heads(qkv, starts, heads, causal):
+            p = np.where(seen, np.exp(scale * (q @ k.T) - lse[rows, h, None]), 0.0)
+            g = dout[rows, cols].astype(np.float64)
+            ds = p * (g @ v.T - (g * out[rows, cols]).sum(axis=1, keepdims=True))
+            for part, grad in enumerate((scale * ds @ k, scale * ds.T @ q, p.T @ g)):
+                dqkv[rows, part * E + cols.start:part * E + cols.stop] = grad
+
+    def layer_norm(self, x, gamma, beta, eps, y, mean, rstd, center=True):
+        check_layer_norm("layer_norm", x, mean, rstd, {"gamma": gamma, "beta": beta}, {"y": y})
+        x64 = x.astype(np.float64)
+        mu = x64.mean(axis=1) if center else np.zeros(len(x))
+        r = 1 / np.sqrt(((x64 - mu[:, None]) ** 2).mean(axis=1) + eps)
+        y[...] = (x64 - mu[:, None]) * r[:, None] * (1 if gamma is None else gamma) + (0 if beta is None else beta)
+        mean[...], rstd[...] = mu, r
+
+    def layer_norm_backward(self, x, dy, mean, rstd, gamma, dx=None, dx_beta=0.0, dgamma=None, dgamma_beta=0.0,
+                            dbeta=None, dbeta_beta=0.0, center=True):
+        check_layer_norm("layer_norm_backward", x, mean, rstd, {"gamma": gamma, "dgamma": dgamma, "dbeta": dbeta},
+                         {"dy": dy, "dx": dx})
+        xhat = (x.astype(np.float64) - mean[:, None]) * rstd[:, None]
+        g = dy * (1 if gamma is None else gamma)
+        if dx is not None:
+            centred = g - g.mean(axis=1, keepdims=True) if center else g
+            _with_beta(dx, rstd[:, None] * (centred - xhat * (g * xhat).mean(axis=1, keepdims=True)), dx_beta)
+        if dgamma is not None:
+            _with_beta(dgamma, (dy * xhat).sum(axis=0), dgamma_beta)
+        if dbeta is not None:
+            _with_beta(dbeta, dy.sum(axis=0, dtype=np.float64), dbeta_beta)
 
     # -- selections
     @staticmethod

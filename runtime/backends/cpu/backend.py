@@ -10,7 +10,8 @@ from .compiled import _kernels as K
 from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
 from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
-from ..checks import check_by_column, check_index, check_offsets, check_positions, check_selection, gemm_sizes
+from ..checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
+                      check_selection, gemm_sizes)
 from .blas import default_provider, mkl, provider
 from ...threads import free_threads, get_num_threads, split_work
 from . import conv_algorithms, fused_recurrence
@@ -485,6 +486,55 @@ class CPUBackend(HostStatistics, Backend):
         check_array("sequence_softmax_backward", "starts", starts, dtype=np.int32, ndim=1)
         check_offsets("sequence_softmax_backward", "starts", starts, y.size)
         K.sequence_softmax_backward(_flat(y), _flat(dy), starts, _flat(dx), beta)
+
+    # -- attention and layer normalization
+    def attention(self, qkv, starts, heads, scale, causal, out, lse):
+        self._attention_arrays("attention", qkv, starts, heads, out, lse)
+        K.attention(qkv, starts, heads, scale, causal, out, lse, self._attention_scratch(out, starts, heads, 1))
+
+    def attention_backward(self, qkv, out, lse, dout, starts, heads, scale, causal, dqkv):
+        self._attention_arrays("attention_backward", qkv, starts, heads, out, lse, dout=dout, dqkv=dqkv)
+        K.attention_backward(qkv, out, lse, dout, starts, heads, scale, causal, dqkv,
+                             self._attention_scratch(out, starts, heads, 2))
+
+    @staticmethod
+    def _attention_arrays(where, qkv, starts, heads, out, lse, **others):
+        _float(where, "out", out, ndim=2)
+        for name, a in dict(qkv=qkv, lse=lse, **others).items():
+            check_array(where, name, a, dtype=out.dtype)
+        check_array(where, "starts", starts, dtype=np.int32, ndim=1)
+        check_attention(where, qkv, starts, heads, out, lse, **others)
+
+    def _attention_scratch(self, out, starts, heads, copies):
+        """Each thread's transposed keys (and values): copies x d x the longest sequence."""
+        longest = int(np.diff(starts).max()) if len(starts) > 1 else 0
+        return self.scratch("attention", (get_num_threads(), max(1, copies * out.shape[1] // heads * longest)),
+                            out.dtype)
+
+    def layer_norm(self, x, gamma, beta, eps, y, mean, rstd, center=True):
+        self._norm_arrays("layer_norm", x, mean, rstd, {"gamma": gamma, "beta": beta}, {"y": y})
+        K.layer_norm(x, self._present(gamma, x), self._present(beta, x), eps, center, y, mean, rstd)
+
+    def layer_norm_backward(self, x, dy, mean, rstd, gamma, dx=None, dx_beta=0.0, dgamma=None, dgamma_beta=0.0,
+                            dbeta=None, dbeta_beta=0.0, center=True):
+        self._norm_arrays("layer_norm_backward", x, mean, rstd, {"gamma": gamma, "dgamma": dgamma, "dbeta": dbeta},
+                          {"dy": dy, "dx": dx})
+        K.layer_norm_backward(x, dy, mean, rstd, self._present(gamma, x), center,
+                              dx if dx is not None else np.empty((0, x.shape[1]), x.dtype), dx_beta,
+                              self._present(dgamma, x), dgamma_beta, self._present(dbeta, x), dbeta_beta)
+
+    @staticmethod
+    def _norm_arrays(where, x, mean, rstd, params, others):
+        _float(where, "x", x, ndim=2)
+        for name, a in dict(mean=mean, rstd=rstd, **params, **others).items():
+            if a is not None:
+                check_array(where, name, a, dtype=x.dtype)
+        check_layer_norm(where, x, mean, rstd, params, others)
+
+    @staticmethod
+    def _present(a, like):
+        """An optional vector for the compiled kernels: None becomes an empty one (absent)."""
+        return a if a is not None else np.empty(0, like.dtype)
 
     # -- selections (columns are checked against the layer's width by lamina.Selection.check)
     @staticmethod
