@@ -188,7 +188,7 @@ class Network:
                                  f"found {type(v).__name__}")
         uses = self._layer_uses.get(id(layer), 0)
         if layer.name is None:
-            layer.name = self._fresh_name(layer.kind)
+            layer.name = self.fresh_name(layer.kind)
         self._layer_names.add(layer.name)
         node_name = name or (layer.name if uses == 0 else f"{layer.name}#{uses}")
         self._claim(node_name, f"layer '{node_name}'")
@@ -234,7 +234,7 @@ class Network:
         if name in self.values:
             raise GraphError(f"{what}: the name '{name}' is already used in this network")
 
-    def _fresh_name(self, kind):
+    def fresh_name(self, kind):
         """'<kind><i>' for the first i that names no layer or value, counting on from the last
         name given to this kind (so n layers get their names in O(n), not O(n^2))."""
         i = self._next_of_kind.get(kind, 0)

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..errors import OpenCLError
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
-from .checks import check_by_column, check_index, check_offsets, check_positions, check_selection, gemm_sizes
+from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
+                     check_selection, gemm_sizes)
 
 KERNEL_DIR = Path(str(importlib.resources.files("lamina.opencl")))
 # Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
@@ -511,6 +512,47 @@ class OpenCLBackend(Backend):
                   self._offsets(starts, "sequence_softmax_backward", y.size), dx,
                   y.dtype.type(beta), np.int32(n))
 
+    # -- attention within sequences, layer normalization (attention.cl)
+    def attention(self, qkv, starts, heads, scale, causal, out, lse):
+        rows, E = out.shape
+        check_attention("attention", qkv, starts, heads, out, lse)
+        self._run("attention", "attention", out.dtype, self._grid(rows, heads), qkv,
+                  self._offsets(starts, "attention", rows), out, lse, out.dtype.type(scale), np.int32(causal),
+                  np.int32(len(starts) - 1), np.int32(rows), np.int32(heads), np.int32(E), local=(16, 16))
+
+    def attention_backward(self, qkv, out, lse, dout, starts, heads, scale, causal, dqkv):
+        rows, E = out.shape
+        check_attention("attention_backward", qkv, starts, heads, out, lse, dout=dout, dqkv=dqkv)
+        starts_d, delta = self._offsets(starts, "attention_backward", rows), self.scratch("delta", lse.shape, lse.dtype)
+        sizes = [out.dtype.type(scale), np.int32(causal), np.int32(len(starts) - 1), np.int32(rows), np.int32(heads),
+                 np.int32(E)]
+        self._run("attention", "attention_backward_query", out.dtype, self._grid(rows, heads), qkv, out, lse, dout,
+                  starts_d, dqkv, delta, *sizes, local=(16, 16))
+        self._run("attention", "attention_backward_key", out.dtype, self._grid(rows, heads), qkv, lse, dout,
+                  starts_d, delta, dqkv, *sizes, local=(16, 16))
+
+    def layer_norm(self, x, gamma, beta, eps, y, mean, rstd, center=True):
+        check_layer_norm("layer_norm", x, mean, rstd, {"gamma": gamma, "beta": beta}, {"y": y})
+        rows, C = x.shape
+        self._run("attention", "layer_norm", x.dtype, self._global(rows), x, _or(gamma, x), _or(beta, x), y, mean,
+                  rstd, x.dtype.type(eps), np.int32(center), np.int32(gamma is not None), np.int32(beta is not None),
+                  np.int32(rows), np.int32(C))
+
+    def layer_norm_backward(self, x, dy, mean, rstd, gamma, dx=None, dx_beta=0.0, dgamma=None, dgamma_beta=0.0,
+                            dbeta=None, dbeta_beta=0.0, center=True):
+        check_layer_norm("layer_norm_backward", x, mean, rstd, {"gamma": gamma, "dgamma": dgamma, "dbeta": dbeta},
+                         {"dy": dy, "dx": dx})
+        rows, C = x.shape
+        r = x.dtype.type
+        if dx is not None:
+            self._run("attention", "layer_norm_backward", x.dtype, self._global(rows), x, dy, mean, rstd,
+                      _or(gamma, x), dx, r(dx_beta), np.int32(center), np.int32(gamma is not None), np.int32(rows),
+                      np.int32(C))
+        if dgamma is not None or dbeta is not None:
+            self._run("attention", "layer_norm_param_grads", x.dtype, self._global(C), x, dy, mean, rstd,
+                      _or(dgamma, x), r(dgamma_beta), _or(dbeta, x), r(dbeta_beta), np.int32(dgamma is not None),
+                      np.int32(dbeta is not None), np.int32(rows), np.int32(C))
+
     # -- optimizer updates of listed rows (sparse gradients)
     def sgd_update_rows(self, p, g, v, rows, lr, momentum=0.0, dampening=0.0, nesterov=False):
         r, cols = p.dtype.type, p.size // p.shape[0]
@@ -742,3 +784,9 @@ def _rows(a):
 def _last_axis(a):
     """A 2-D view of rows along the last axis (softmax normalises each such row)."""
     return a.reshape(a.size // a.shape[-1], a.shape[-1]) if a.ndim != 2 else a
+
+
+def _or(a, other):
+    """An optional array argument: where it is absent (None), another array of the kernel's type
+    stands in, and a flag tells the kernel not to read it."""
+    return other if a is None else a

@@ -46,6 +46,40 @@ class _Activated(Layer):
         return {"activation": self.activation, "slope": self.slope}
 
 
+def affine(layer, ctx, x, wname, y, bname=None, beta=0.0):
+    """y = x Wᵀ + b + beta y for the layer's parameters W [out, in] and b [out] (bname None: no b).
+    From W's pack where the run multiplies in another precision (made again after each update, in
+    training), or at inference where the backend computes faster from it
+    (Backend.packs_fixed_weights)."""
+    be, w = ctx.be, layer.params[wname]
+    bias = layer.params[bname].buffer if bname else None
+    if ctx.precision != "float32" or (not ctx.training and be.packs_fixed_weights(x.shape[0], *reversed(w.shape))):
+        packed = layer.packed_weight(be, w, True, x.shape[0], ctx.precision)
+        if bias is not None:
+            be.packed_gemm_bias(x, packed, y, bias)
+        else:
+            be.packed_gemm(x, packed, y, beta=beta)
+    elif bias is not None:
+        be.gemm_bias(x, w.buffer, y, bias, trans_b=True)
+    else:
+        be.gemm(x, w.buffer, y, trans_b=True, beta=beta)
+
+
+def affine_backward(layer, ctx, dz, x, wname, bname, dx):
+    """The gradients of affine for dz = dL/dy: dx = dz W (a GradTarget or None), dW = dzᵀ x and
+    db = Σ_rows dz into the parameters' targets, in the run's product precision (float32, or
+    bfloat16 under Network.autocast)."""
+    be, precision = ctx.be, ctx.precision
+    if dx is not None:
+        be.gemm_in(precision, dz, layer.params[wname].buffer, dx.array, beta=dx.beta)
+    dw = ctx.param_grad(wname)
+    if dw is not None:
+        be.gemm_in(precision, dz, x, dw.array, trans_a=True, beta=dw.beta)
+    db = ctx.param_grad(bname) if bname else None
+    if db is not None:
+        be.bias_grad(dz, db.array, db.beta)
+
+
 @register
 class Linear(_Activated):
     """y = act(sum_i x_i W_iᵀ + b); x_i [N, in_i], W_i [out, in_i] (torch.nn.Linear's layout),
@@ -92,40 +126,15 @@ class Linear(_Activated):
         return tuple(self.weight_names)
 
     def forward(self, ctx):
-        """From the weights' packs where the run multiplies in another precision (made again
-        after each update, in training), or at inference where the backend computes faster from
-        them (Backend.packs_fixed_weights)."""
-        be, y = ctx.be, ctx.output
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
-            w, beta = self.params[wname], 0.0 if i == 0 else 1.0
-            bias = self.params["bias"].buffer if i == 0 and self.has_bias else None
-            if ctx.precision != "float32" or (not ctx.training and be.packs_fixed_weights(x.shape[0],
-                                                                                        *reversed(w.shape))):
-                packed = self.packed_weight(be, w, True, x.shape[0], ctx.precision)
-                if bias is not None:
-                    be.packed_gemm_bias(x, packed, y, bias)
-                else:
-                    be.packed_gemm(x, packed, y, beta=beta)
-            elif bias is not None:
-                be.gemm_bias(x, w.buffer, y, bias, trans_b=True)
-            else:
-                be.gemm(x, w.buffer, y, trans_b=True, beta=beta)
+            first = i == 0
+            affine(self, ctx, x, wname, ctx.output, "bias" if first and self.has_bias else None, 0.0 if first else 1.0)
         self._activate(ctx)
 
     def backward(self, ctx):
-        be, precision = ctx.be, ctx.precision  # (float32, or bfloat16 under Network.autocast)
         dz = self._grad_pre_activation(ctx)
         for i, (x, wname) in enumerate(zip(ctx.inputs, self.weight_names)):
-            dx = ctx.input_grad(i)
-            if dx is not None:  # dx = dz W
-                be.gemm_in(precision, dz, self.params[wname].buffer, dx.array, beta=dx.beta)
-            dw = ctx.param_grad(wname)
-            if dw is not None:  # dW = dzᵀ x
-                be.gemm_in(precision, dz, x, dw.array, trans_a=True, beta=dw.beta)
-        if self.has_bias:
-            db = ctx.param_grad("bias")
-            if db is not None:
-                be.bias_grad(dz, db.array, db.beta)
+            affine_backward(self, ctx, dz, x, wname, "bias" if i == 0 and self.has_bias else None, ctx.input_grad(i))
 
     def config(self):
         return {"in_features": self.in_features if self.multi else self.in_features[0],
@@ -303,6 +312,10 @@ class Dropout(Layer):
 
     def output_spec(self, specs):
         return same_specs(specs, "Dropout")
+
+    def is_view(self):
+        """At inference the output is the input."""
+        return True
 
     def forward(self, ctx):
         x, y = ctx.inputs[0], ctx.output

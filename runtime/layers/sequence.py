@@ -63,6 +63,65 @@ class Embedding(Layer):
 
 
 @register
+class PositionalEmbedding(Layer):
+    """y[i] = x[i] + W[position of row i within its sequence] (a learned position embedding, as
+    BERT's): x a sequence batch of [embedding_dim] rows, or [T, embedding_dim] per sample
+    (positions 0 .. T-1); W [num_positions, embedding_dim], initialised N(0, 1). Its gradient is
+    sparse, as Embedding's."""
+
+    kind = "positional_embedding"
+
+    def __init__(self, num_positions: int, embedding_dim: int, name: Optional[str] = None) -> None:
+        super().__init__(name)
+        self.num_positions, self.embedding_dim = int(num_positions), int(embedding_dim)
+        if min(self.num_positions, self.embedding_dim) < 1:
+            raise ValueError(f"PositionalEmbedding: sizes must be at least 1, found {num_positions}, {embedding_dim}")
+        self.add_param("weight", Init((self.num_positions, self.embedding_dim),
+                                      lambda shape: generator().standard_normal(shape))).row_gradients = True
+
+    def config(self):
+        return {"num_positions": self.num_positions, "embedding_dim": self.embedding_dim}
+
+    def output_spec(self, specs):
+        x = specs[0]
+        require_float(x, "input 0")
+        if x.shape[-1:] != (self.embedding_dim,) or len(x.shape) != (1 if x.sequence else 2):
+            raise ValueError(f"input 0 must be a sequence batch of [{self.embedding_dim}] rows or "
+                             f"[T, {self.embedding_dim}] per sample, found {x}")
+        if not x.sequence and x.shape[0] > self.num_positions:
+            raise ValueError(f"input 0 has {x.shape[0]} positions, more than num_positions={self.num_positions}")
+        return x
+
+    def _positions(self, ctx):
+        """Each row's position in its sequence (int32, host), checked against num_positions."""
+        x = ctx.inputs[0]
+        if ctx.starts is None:
+            return np.tile(np.arange(x.shape[1], dtype=np.int32), x.shape[0])
+        starts = ctx.starts
+        positions = np.arange(starts[-1], dtype=np.int32) - np.repeat(starts[:-1], np.diff(starts))
+        if len(positions) and positions.max() >= self.num_positions:
+            longest = int(np.diff(starts).max())
+            raise InputError(f"{ctx.node.describe()}: a sequence of {longest} rows is longer than "
+                             f"num_positions={self.num_positions}")
+        return positions
+
+    def forward(self, ctx):
+        rows = ctx.output.reshape(-1, self.embedding_dim)
+        ctx.be.gather_rows(self.params["weight"].buffer, self._positions(ctx), rows)
+        ctx.be.axpby(1.0, ctx.inputs[0].reshape(rows.shape), 1.0, rows)
+
+    def backward(self, ctx):
+        dy = ctx.grad_output.reshape(-1, self.embedding_dim)
+        dx = ctx.input_grad(0)
+        if dx is not None:
+            ctx.be.axpby(1.0, dy, dx.beta, dx.array.reshape(dy.shape))
+        positions = self._positions(ctx)
+        grad = ctx.sparse_param_grad("weight", positions)
+        if grad is not None:
+            ctx.be.scatter_add_rows(dy, positions, grad)
+
+
+@register
 class SequencePool(Layer):
     """One row per sequence: the last, first, average, sum or max of its rows."""
 
