@@ -32,6 +32,7 @@ EXPECTED_CORE = {
     "segment_self_normalized_backward",
     "sequence_pool", "sequence_pool_backward", "sequence_softmax", "sequence_softmax_backward",  # sequences
     "vol2col", "col2vol", "resample_axis", "resample_axis_backward",  # volumes
+    "attention", "attention_backward", "layer_norm", "layer_norm_backward",  # transformers
     "lstm_step", "lstm_step_backward", "gru_step", "gru_step_backward",  # cells
     "sgd_update", "adam_update", "adagrad_update", "rmsprop_update",  # optimizer updates
 }
@@ -86,7 +87,7 @@ LAYER_TESTS = ["test_layers_agree_with_the_cpu", "test_training_from_one_start",
                "test_sparse_row_updates_agree_with_the_cpu", "test_selective_layer_agrees_with_the_cpu",
                "test_convolutions_agree_with_the_cpu", "test_a_convolution_with_its_activation_fused_agrees_with_the_cpu",
                "test_pooling_agrees_with_the_cpu", "test_a_users_layer_written_against_the_interface_runs_on_opencl",
-               "test_shipped_language_model_runs_on_the_device"]
+               "test_shipped_language_model_runs_on_the_device", "test_transformer_layers_agree_with_the_cpu"]
 for _name in LAYER_TESTS:
     globals()[_name] = getattr(device_tests, _name)
 

@@ -101,6 +101,17 @@ def test_resample_taps(be, bad):
 
 
 @pytest.mark.parametrize("bad", BAD)
+def test_attention_offsets(be, bad):
+    """An offset out of the rows (or going back) would make the kernels read and write other
+    rows' heads."""
+    qkv, out, lse = data(be, R, 6), data(be, R, 2, seed=1), data(be, R, 1, seed=2)
+    starts = spoil([0, 2, 4, R], bad, R + 1)
+    refused(be, lambda: be.attention(qkv, starts, 1, 1.0, False, out, lse), out, lse)
+    dqkv = data(be, R, 6, seed=3)
+    refused(be, lambda: be.attention_backward(qkv, out, lse, out, starts, 1, 1.0, False, dqkv), dqkv)
+
+
+@pytest.mark.parametrize("bad", BAD)
 def test_softmax_cross_entropy_labels(be, bad):
     x, probs, cost = data(be, 3, C), data(be, 3, C, seed=1), data(be, 3, seed=2)
     labels = spoil([0, 1, 2], bad, C)

@@ -583,6 +583,28 @@ def test_selective_layer_agrees_with_the_cpu(cl, path, shared, activation, cost)
                                    atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_layers_agree_with_the_cpu(cl, norm_first):
+    """Embedding, positions, RMSNorm, a causal encoder layer (attention, LayerNorm, GELU) and
+    pooling: one training step on a ragged batch."""
+    def build():
+        lm.manual_seed(6)
+        net = lm.Network()
+        ids, y = net.input("ids", dtype="int32", sequence=True), net.input("y", dtype="int32")
+        h = lm.layers.PositionalEmbedding(9, 8)(lm.layers.Embedding(11, 8)(ids))
+        h = lm.layers.RMSNorm(8, eps=1e-6)(h)
+        h = lm.layers.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", norm_first=norm_first,
+                                              causal=True, name="enc")(h)
+        logits = Linear(8, 3)(lm.layers.SequencePool("average")(h))
+        net.outputs(loss=SoftmaxCrossEntropy()(logits, y))
+        return net
+
+    rng = np.random.default_rng(12)
+    feeds = {"ids": lm.Sequences.from_list([rng.integers(0, 11, n).astype(np.int32) for n in (3, 1, 9, 4)]),
+             "y": rng.integers(0, 3, 4).astype(np.int32)}
+    same_training_step(build(), build().to(cl), feeds)
+
+
 def same_training_step(cpu, dev, feeds):
     """One training step on each: the same loss, every parameter's gradient, and the parameters
     after the update (the loss alone is computed before the update, so it cannot show a wrong
