@@ -7,11 +7,11 @@ import argparse
 import importlib.util
 import sys
 
-from . import conv, distributed, fc, onnx, opencl, overrides, precision, rnn, selective, serve
+from . import conv, distributed, fc, onnx, opencl, overrides, precision, rnn, selective, serve, transformer
 from .harness import Bench, print_table, write_json
 
 SUITES = {"fc": fc.run, "rnn": rnn.run, "conv": conv.run, "selective": selective.run, "opencl": opencl.run,
-          "onnx": onnx.run, "precision": precision.run}
+          "onnx": onnx.run, "precision": precision.run, "transformer": transformer.run}
 # suites with their own processes and table (`--threads` does not apply)
 OWN_TABLE = {"distributed": distributed.run, "serve": serve.run, "overrides": overrides.run}
 
@@ -47,7 +47,7 @@ def main(argv=None):
             peaks[threads], peak_rows = bench.peak(threads)
             rows += peak_rows
             for suite in suites:
-                peers = {"have_ort": have_ort} if suite in ("rnn", "onnx") else {}
+                peers = {"have_ort": have_ort} if suite in ("rnn", "onnx", "transformer") else {}
                 rows += SUITES[suite](bench, threads, args.rounds, have_torch, **peers)
     finally:
         bench.close()

@@ -234,7 +234,7 @@ class Network:
         if name in self.values:
             raise GraphError(f"{what}: the name '{name}' is already used in this network")
 
-    def fresh_name(self, kind):
+    def fresh_name(self, kind: str) -> str:
         """'<kind><i>' for the first i that names no layer or value, counting on from the last
         name given to this kind (so n layers get their names in O(n), not O(n^2))."""
         i = self._next_of_kind.get(kind, 0)

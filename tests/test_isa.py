@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # the tests of the compiled CPU kernels: conformance, convolutions, the recurrence, selective
 # rows, pools, bfloat16 conversion
 KERNEL_TESTS = ["tests/test_kernels.py", "tests/test_conv_algorithms.py", "tests/test_recurrent.py",
-                "tests/test_selective.py", "tests/test_volume.py", "tests/test_precision.py", "tests/test_quantize.py"]
+                "tests/test_selective.py", "tests/test_volume.py", "tests/test_precision.py", "tests/test_quantize.py",
+                "tests/test_transformer.py"]
 
 
 def run_python(code, **env):

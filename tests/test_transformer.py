@@ -275,3 +275,49 @@ def test_encoder_classifier_trains_and_round_trips(tmp_path):
     lm.save(net, tmp_path / "encoder.lamina")
     again = lm.load(tmp_path / "encoder.lamina")
     np.testing.assert_array_equal(again.run(test)["logits"], net.run(test)["logits"])
+
+
+# ---------------------------------------------------------------- ONNX
+
+@pytest.mark.parametrize("pool", ["average", "first", "last", "max", "sum"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_encoder_exports_to_onnx_runtime(tmp_path, pool, causal):
+    """An encoder classifier exported with lamina.onnx.save runs in ONNX Runtime on the padded
+    batch (ids [N, T] and lengths) and gives lamina's outputs on the ragged one."""
+    import onnxruntime as ort
+    lm.manual_seed(13)
+    net = lm.Network()
+    ids = net.input("ids", dtype="int32", sequence=True)
+    h = lm.layers.LayerNorm(16)(lm.layers.PositionalEmbedding(12, 16)(lm.layers.Embedding(20, 16)(ids)))
+    h = lm.layers.TransformerEncoderLayer(16, 4, 24, activation="gelu", norm_first=causal, causal=causal)(h)
+    net.outputs(y=lm.layers.Linear(16, 3)(lm.layers.SequencePool(pool)(h)))
+    rng = np.random.default_rng(14)
+    seqs = [rng.integers(0, 20, n).astype(np.int32) for n in (5, 1, 9, 3)]
+    want = net.run({"ids": lm.Sequences.from_list(seqs)})["y"]
+    lm.onnx.save(net, tmp_path / "encoder.onnx")
+    padded = np.zeros((4, 9), np.int64)
+    for i, s in enumerate(seqs):
+        padded[i, :len(s)] = s
+    session = ort.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(["y"], {"ids": padded, "lengths": np.array([len(s) for s in seqs], np.int64)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_norms_round_trip_through_onnx(tmp_path):
+    """LayerNorm and RMSNorm export as LayerNormalization and RMSNormalization, run in ONNX
+    Runtime, and import back as the same layers."""
+    import onnxruntime as ort
+    net = lm.Network()
+    x = net.input("x", shape=(3, 8))
+    a, b = lm.layers.LayerNorm(8, eps=1e-6), lm.layers.RMSNorm((3, 8), eps=1e-5)
+    net.outputs(y=b(a(x)))
+    for p in net.parameters():
+        p.assign(np.random.default_rng(15).standard_normal(p.shape).astype(np.float32))
+    data = np.random.default_rng(16).standard_normal((5, 3, 8)).astype(np.float32)
+    want = net.run({"x": data})["y"]
+    lm.onnx.save(net, tmp_path / "norms.onnx")
+    session = ort.InferenceSession(str(tmp_path / "norms.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(["y"], {"x": data})[0], want, rtol=1e-5, atol=1e-5)
+    again = lm.onnx.load(tmp_path / "norms.onnx")
+    assert sorted(type(n.layer).__name__ for n in again.scheduler.order) == ["LayerNorm", "RMSNorm"]
+    np.testing.assert_allclose(again.run({"x": data})["y"], want, rtol=1e-6, atol=1e-6)

@@ -369,6 +369,118 @@ def batch_norm(g, layer, ins, specs, node):
     return g.node("BatchNormalization", args, name=node.name, epsilon=float(layer.eps))
 
 
+@exporter("layer_norm", "rms_norm")
+def layer_norm(g, layer, ins, specs, node):
+    """ONNX's LayerNormalization (opset 17) or RMSNormalization (opset 23) over the trailing
+    normalized_shape axes."""
+    shape = layer.normalized_shape
+    args = [ins[0], g.constant(f"{node.name}.weight",
+                               param(layer, "weight") if layer.elementwise_affine else np.ones(shape, np.float32))]
+    if layer.has_bias:
+        args.append(g.constant(f"{node.name}.bias", param(layer, "bias")))
+    rms = layer.kind == "rms_norm"
+    if rms:
+        g.opset = max(g.opset, 23)  # ONNX's RMSNormalization came with opset 23
+    eps = layer.eps if layer.eps is not None else float(np.finfo(np.float32).eps)
+    return g.node("RMSNormalization" if rms else "LayerNormalization", args, name=node.name, axis=-len(shape),
+                  epsilon=float(eps))
+
+
+def _positions(g, x, name):
+    """0, 1, .., T-1 (int64) for the time axis (axis 1) of x."""
+    t = g.node("Gather", [g.node("Shape", [x], name=f"{name}_shape"), g.constant(f"{name}.time_axis", 1, np.int64)],
+               name=f"{name}_length", axis=0)
+    return g.node("Range", [g.constant(f"{name}.zero", 0, np.int64), t, g.constant(f"{name}.one", 1, np.int64)],
+                  name=f"{name}_positions")
+
+
+@exporter("positional_embedding")
+def positional_embedding(g, layer, ins, specs, node):
+    """x + W[0 .. T-1] on the padded [batch, time, dim] (or per-sample [T, dim]) layout."""
+    rows = g.node("Gather", [g.constant(f"{node.name}.weight", param(layer, "weight")),
+                             _positions(g, ins[0], node.name)], name=f"{node.name}_rows", axis=0)
+    return g.node("Add", [ins[0], rows], name=node.name)
+
+
+@exporter("multihead_attention")
+def multihead_attention(g, layer, ins, specs, node):
+    """On [batch, time, E]: one MatMul to the queries, keys and values, heads split by Reshape
+    and Transpose, scores scaled, masked (padding past each sequence's length, and later rows
+    where causal), Softmax, the weighted sum, heads merged, the output projection."""
+    E, H, d, n = layer.embed_dim, layer.num_heads, layer.head_dim, node.name
+    c = lambda what, v, dtype=np.int64: g.constant(f"{n}.{what}", v, dtype)  # noqa: E731
+    qkv = g.node("MatMul", [ins[0], g.weight(f"{n}.in_proj_weight", param(layer, "in_proj_weight"), transposed=True)],
+                 name=f"{n}_in_proj")
+    if layer.has_bias:
+        qkv = g.node("Add", [qkv, c("in_proj_bias", param(layer, "in_proj_bias"), np.float32)], name=f"{n}_in_bias")
+    heads = g.node("Reshape", [qkv, c("heads_shape", [0, 0, 3, H, d])], name=f"{n}_split_heads")
+    q, k, v = (g.node("Gather", [heads, c(f"part{i}", i)], name=f"{n}_{part}", axis=2)
+               for i, part in enumerate("qkv"))  # [batch, time, H, d] each
+    q = g.node("Transpose", [q], name=f"{n}_q_heads", perm=[0, 2, 1, 3])
+    k = g.node("Transpose", [k], name=f"{n}_k_heads", perm=[0, 2, 3, 1])
+    v = g.node("Transpose", [v], name=f"{n}_v_heads", perm=[0, 2, 1, 3])
+    scores = g.node("Mul", [g.node("MatMul", [q, k], name=f"{n}_scores"), c("scale", layer._scale(), np.float32)],
+                    name=f"{n}_scaled")
+    positions = _positions(g, ins[0], n)
+    blocked = None  # [batch or 1, 1, time or 1, time]: true where a query may not see a key
+    if specs[0].sequence:
+        lengths = g.node("Unsqueeze", [g.node("Cast", [g.lengths], name=f"{n}_lengths", to=7), c("lengths_axis", [1])],
+                         name=f"{n}_lengths_column")
+        blocked = g.node("Unsqueeze", [g.node("GreaterOrEqual", [g.node("Unsqueeze", [positions, c("key_axis", [0])],
+                                                                        name=f"{n}_key_row"), lengths],
+                                              name=f"{n}_padding"), c("mask_axes", [1, 2])], name=f"{n}_padding_mask")
+    if layer.causal:
+        later = g.node("Greater", [g.node("Unsqueeze", [positions, c("query_axis", [0])], name=f"{n}_keys"),
+                                   g.node("Unsqueeze", [positions, c("key_axis_c", [1])], name=f"{n}_queries")],
+                       name=f"{n}_later")
+        blocked = later if blocked is None else g.node("Or", [blocked, later], name=f"{n}_blocked")
+    if blocked is not None:
+        scores = g.node("Where", [blocked, c("blocked", -np.inf, np.float32), scores], name=f"{n}_masked")
+    attended = g.node("MatMul", [g.node("Softmax", [scores], name=f"{n}_softmax", axis=-1), v], name=f"{n}_attend")
+    merged = g.node("Reshape", [g.node("Transpose", [attended], name=f"{n}_merge", perm=[0, 2, 1, 3]),
+                                c("merged_shape", [0, 0, E])], name=f"{n}_merged")
+    out = g.node("MatMul", [merged, g.weight(f"{n}.out_proj.weight", param(layer, "out_proj.weight"), transposed=True)],
+                 name=f"{n}_out_proj")
+    if layer.has_bias:
+        out = g.node("Add", [out, c("out_proj_bias", param(layer, "out_proj.bias"), np.float32)], name=n)
+    return out
+
+
+@exporter("sequence_pool")
+def sequence_pool(g, layer, ins, specs, node):
+    """One row per sequence of the padded [batch, time, ...] input, reading only the steps within
+    each sequence's length."""
+    n, x, rank = node.name, ins[0], 2 + len(specs[0].shape)
+    c = lambda what, v, dtype=np.int64: g.constant(f"{n}.{what}", v, dtype)  # noqa: E731
+    if layer.mode == "first":
+        return g.node("Gather", [x, c("first", 0)], name=n, axis=1)
+    lengths = g.node("Cast", [g.lengths], name=f"{n}_lengths", to=7)
+    column = g.node("Reshape", [lengths, c("column", [-1] + [1] * (rank - 1))], name=f"{n}_lengths_column")
+    if layer.mode == "last":  # x[i, lengths[i] - 1]
+        index = g.node("Sub", [column, c("one", 1)], name=f"{n}_last_step")
+        one_step = g.node("Concat", [g.node("Slice", [g.node("Shape", [x], name=f"{n}_shape"), c("s0", [0]), c("s1", [1])],
+                                            name=f"{n}_batch"), c("step", [1]),
+                                     g.node("Slice", [g.node("Shape", [x], name=f"{n}_shape2"), c("s2", [2]),
+                                                      c("end", [rank])], name=f"{n}_features")],
+                          name=f"{n}_index_shape", axis=0)
+        index = g.node("Expand", [index, one_step], name=f"{n}_index")
+        return g.node("Squeeze", [g.node("GatherElements", [x, index], name=f"{n}_gather", axis=1), c("axis", [1])],
+                      name=n)
+    positions = _positions(g, x, n)
+    inside = g.node("Less", [g.node("Reshape", [positions, c("row", [1, -1] + [1] * (rank - 2))], name=f"{n}_steps"),
+                             column], name=f"{n}_inside")
+    if layer.mode == "max":
+        kept = g.node("Where", [inside, x, c("lowest", -np.inf, np.float32)], name=f"{n}_kept")
+        return g.node("ReduceMax", [kept, c("axes", [1])], name=n, keepdims=0)
+    total = g.node("ReduceSum", [g.node("Mul", [x, g.node("Cast", [inside], name=f"{n}_weights", to=1)],
+                                        name=f"{n}_masked"), c("axes", [1])], name=f"{n}_sum", keepdims=0)
+    if layer.mode == "sum":
+        return total
+    count = g.node("Reshape", [g.node("Cast", [lengths], name=f"{n}_count", to=1), c("count_shape", [-1] + [1] * (rank - 2))],
+                   name=f"{n}_count_column")
+    return g.node("Div", [total, count], name=n)
+
+
 @exporter("multiply")
 def multiply(g, layer, ins, specs, node):
     return g.node("Mul", ins, name=node.name)
