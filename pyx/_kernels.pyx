@@ -350,9 +350,26 @@ cdef inline double _gelu_tanh_grad(double x) noexcept nogil:
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_TANH_C * (1.0 + 3.0 * 0.044715 * x * x)
 
 
+cdef extern from "activations.h" nogil:
+    float lamina_fast_erff(float x)
+    void lamina_erf_activation_f(int kind, const float* x, float* y, long n)
+    void lamina_erf_activation_grad_f(int kind, const float* x, const float* dy, float* dx, long n, float beta)
+
+
+# element-wise spans of this many values per task in the vectorised activations
+cdef enum:
+    ACTIVATION_SPAN = 8192
+
+
+def fast_erf(float[::1] x, float[::1] y):
+    """y = erf(x) by activations.h's float32 approximation (tested against math.erf)."""
+    lamina_erf_activation_f(ERF, &x[0], &y[0], x.shape[0])
+
+
 def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
     """y = f(x), element-wise (x and y may be the same buffer). float32 tanh and sigmoid use the
-    fast tanh of cells.h (vectorised); everything else libm in double."""
+    fast tanh of cells.h, float32 GELU (both forms) and erf activations.h (vectorised);
+    everything else libm in double."""
     cdef Py_ssize_t i, n = x.shape[0]
     if kind == BOUNDED_RELU:  # the bound as the values hold it: backward tells it from y
         slope = <real>slope
@@ -369,6 +386,11 @@ def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
     elif real is float and kind == SIGMOID:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             y[i] = <float>0.5 + <float>0.5 * lamina_fast_tanhf(<float>0.5 * x[i])
+    elif real is float and (kind == GELU or kind == GELU_TANH or kind == ERF):
+        for i in prange((n + ACTIVATION_SPAN - 1) // ACTIVATION_SPAN, nogil=True, schedule="static",
+                        use_threads_if=n > PARALLEL_MIN // 8):
+            lamina_erf_activation_f(kind, &x[i * ACTIVATION_SPAN], &y[i * ACTIVATION_SPAN],
+                                    min(ACTIVATION_SPAN, n - i * ACTIVATION_SPAN))
     else:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             y[i] = <real>_act(kind, x[i], slope)
@@ -386,6 +408,12 @@ def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, doubl
     elif kind == BOUNDED_RELU and beta == 0:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             dx[i] = dy[i] if 0 < y[i] < cap else 0
+    elif real is float and (kind == GELU or kind == GELU_TANH or kind == ERF):  # y is the input x
+        for i in prange((n + ACTIVATION_SPAN - 1) // ACTIVATION_SPAN, nogil=True, schedule="static",
+                        use_threads_if=n > PARALLEL_MIN // 8):
+            lamina_erf_activation_grad_f(kind, &y[i * ACTIVATION_SPAN], &dy[i * ACTIVATION_SPAN],
+                                         &dx[i * ACTIVATION_SPAN], min(ACTIVATION_SPAN, n - i * ACTIVATION_SPAN),
+                                         <float>beta)
     elif beta == 0:
         for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope))
@@ -1228,25 +1256,47 @@ def sequence_softmax_backward(real[::1] y, real[::1] dy, const int[::1] starts, 
 # ---------------------------------------------------------------- attention and layer normalization
 
 cdef extern from "attention.h" nogil:
+    long attention_scratch(long n, long d)
+    long attention_backward_scratch(long n, long d)
     void attention_head_f(const float* qkv, long E, long d, long h, long heads, long a, long b, float scale,
                           int causal, float* out, float* lse, float* kt)
     void attention_head_d(const double* qkv, long E, long d, long h, long heads, long a, long b, double scale,
                           int causal, double* out, double* lse, double* kt)
     void attention_head_backward_f(const float* qkv, const float* out, const float* lse, const float* dout, long E,
                                    long d, long h, long heads, long a, long b, float scale, int causal,
-                                   float* dqkv, float* kt, float* vt)
+                                   float* dqkv, float* kt)
     void attention_head_backward_d(const double* qkv, const double* out, const double* lse, const double* dout,
                                    long E, long d, long h, long heads, long a, long b, double scale, int causal,
-                                   double* dqkv, double* kt, double* vt)
+                                   double* dqkv, double* kt)
+
+
+def attention_scratch_size(long longest, long d, bint backward):
+    """Values of scratch per thread for sequences of up to `longest` rows and heads of d, the
+    forward's or backward's (attention.h)."""
+    return attention_backward_scratch(longest, d) if backward else attention_scratch(longest, d)
+
+
+def _check_scratch(scratch, long longest, long d, bint backward):
+    if scratch.shape[1] < attention_scratch_size(longest, d, backward):
+        raise ValueError(f"attention scratch of {scratch.shape[1]} values per thread, needs "
+                         f"{attention_scratch_size(longest, d, backward)}")
+
+
+cdef long _longest(const int[::1] starts) noexcept nogil:
+    cdef long s, best = 0
+    for s in range(starts.shape[0] - 1):
+        best = max(best, starts[s + 1] - starts[s])
+    return best
 
 
 def attention(const real[:, ::1] qkv, const int[::1] starts, int heads, double scale, bint causal,
               real[:, ::1] out, real[:, ::1] lse, real[:, ::1] scratch):
     """out and lse of attention within each sequence (attention.h), one task per (sequence,
-    head), longest first across the threads; scratch [threads, d * longest sequence] holds each
-    thread's transposed keys."""
+    head), spread over the threads; scratch [threads, attention_scratch_size(...)] holds each
+    thread's transposed keys and running outputs."""
     cdef long E = out.shape[1], d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
     cdef long work = _attention_work(starts, E)
+    _check_scratch(scratch, _longest(starts), d, False)
     cdef real* kt
     with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
         kt = &scratch[openmp.omp_get_thread_num(), 0]
@@ -1265,11 +1315,11 @@ def attention_backward(const real[:, ::1] qkv, const real[:, ::1] out, const rea
                        const real[:, ::1] dout, const int[::1] starts, int heads, double scale, bint causal,
                        real[:, ::1] dqkv, real[:, ::1] scratch):
     """dqkv (written, not added) of attention within each sequence, one task per (sequence,
-    head); scratch [threads, 2 * d * longest sequence] holds each thread's transposed keys and
+    head); scratch [threads, attention_scratch_size(...)] holds each thread's transposed keys and
     values."""
     cdef long E = out.shape[1], d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
-    cdef long half = scratch.shape[1] // 2
     cdef long work = _attention_work(starts, E)
+    _check_scratch(scratch, _longest(starts), d, True)
     cdef real* kt
     with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
         kt = &scratch[openmp.omp_get_thread_num(), 0]
@@ -1279,10 +1329,10 @@ def attention_backward(const real[:, ::1] qkv, const real[:, ::1] out, const rea
             if b > a:
                 if real is float:
                     attention_head_backward_f(&qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], E, d, h, heads, a, b,
-                                              <float>scale, causal, &dqkv[0, 0], kt, kt + half)
+                                              <float>scale, causal, &dqkv[0, 0], kt)
                 else:
                     attention_head_backward_d(&qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], E, d, h, heads, a, b,
-                                              scale, causal, &dqkv[0, 0], kt, kt + half)
+                                              scale, causal, &dqkv[0, 0], kt)
 
 
 cdef long _attention_work(const int[::1] starts, long E) noexcept nogil:

@@ -3,12 +3,29 @@
 #ifndef LAMINA_ATTENTION_H
 #define LAMINA_ATTENTION_H
 #include <math.h>
+#include <string.h>
 #include "clones.h"
 #include "softmax.h"
 
 /* keys whose scores are held at once: a query's scores against more keys are taken in blocks of
  * this many, with a running maximum and sum */
 #define ATTENTION_BLOCK 128
+/* queries taken together, and keys (and value columns) per vector, in the forward's blocks */
+#define ATTENTION_ROWS 4
+#define ATTENTION_KEYS 16
+
+/* the forward's scratch per thread for a sequence of n rows and heads of d: its keys
+ * transposed, slack for the last group of keys, and a group of rows' running outputs and scaled
+ * queries */
+static inline long attention_scratch(long n, long d) {
+    return d * n + ATTENTION_KEYS + 2 * ATTENTION_ROWS * d;
+}
+
+/* backward's: the keys and values transposed, each with slack, and a group of rows' scaled
+ * queries, output gradients and query gradients */
+static inline long attention_backward_scratch(long n, long d) {
+    return 2 * (d * n + ATTENTION_KEYS) + 3 * ATTENTION_ROWS * d;
+}
 
 #define LAMINA_IMPL "attention_impl.h"
 #include "instantiate.h"

@@ -16,6 +16,39 @@ static void SUFFIXED(transpose_head)(const REAL* qkv, long ld, long col, long a,
     }
 }
 
+/* LANES values from p, which need not be aligned */
+static inline VEC SUFFIXED(load)(const REAL* p) {
+    VEC v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the largest of x[0 .. n) (-inf for none) and their sum, in LANES independent lanes (one running
+ * value is a chain the compiler may not reorder), so both loops vectorise */
+static inline REAL SUFFIXED(span_max)(const REAL* x, long n) {
+    REAL top[LANES];
+    long j = 0, whole = n - n % LANES;
+    for (int k = 0; k < LANES; k++) top[k] = -INFINITY;
+    for (; j < whole; j += LANES)
+        for (int k = 0; k < LANES; k++) top[k] = x[j + k] > top[k] ? x[j + k] : top[k];
+    for (; j < n; j++) top[0] = x[j] > top[0] ? x[j] : top[0];
+    REAL m = top[0];
+    for (int k = 1; k < LANES; k++) m = top[k] > m ? top[k] : m;
+    return m;
+}
+
+static inline REAL SUFFIXED(span_sum)(const REAL* x, long n) {
+    REAL acc[LANES];
+    long j = 0, whole = n - n % LANES;
+    for (int k = 0; k < LANES; k++) acc[k] = 0;
+    for (; j < whole; j += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] += x[j + k];
+    for (; j < n; j++) acc[0] += x[j];
+    REAL total = 0;
+    for (int k = 0; k < LANES; k++) total += acc[k];
+    return total;
+}
+
 /* s[0:w] = (scale q)·k_j for the keys j0 .. j0 + w of a head transposed into kt (n keys) */
 LAMINA_CLONES static void SUFFIXED(head_scores)(const REAL* q, REAL scale, const REAL* kt, long n, long d, long j0,
                                                 long w, REAL* s) {
@@ -27,88 +60,205 @@ LAMINA_CLONES static void SUFFIXED(head_scores)(const REAL* q, REAL scale, const
     }
 }
 
-/* out and lse (one value per row and head, [rows, heads]) of one (sequence, head); keys in
- * blocks of ATTENTION_BLOCK, the block's scores rescaling the running sum and output whenever
- * the running maximum rises */
+/* scores[r][0 .. w) = q_r·k_j for the ATTENTION_ROWS (scaled) query rows q_r, each of d values,
+ * and the keys j0 .. j0+w of a head transposed into kt (n keys): ATTENTION_KEYS keys at a time,
+ * the rows' partial sums held in vector registers while the head's d columns pass, so each load
+ * of keys serves every row. Groups past w are computed too (kt has ATTENTION_KEYS values of
+ * slack) and never read. */
+LAMINA_CLONES static void SUFFIXED(block_scores)(const REAL* qs, const REAL* kt, long n, long d, long j0, long w,
+                                                 REAL scores[][ATTENTION_BLOCK + ATTENTION_KEYS]) {
+    enum { V = ATTENTION_KEYS / LANES };
+    for (long jj = 0; jj < w; jj += ATTENTION_KEYS) {
+        VEC t[ATTENTION_ROWS][V];
+#pragma GCC unroll 16
+        for (int r = 0; r < ATTENTION_ROWS; r++)
+#pragma GCC unroll 16
+            for (int v = 0; v < V; v++) t[r][v] = (VEC){0};
+        for (long c = 0; c < d; c++) {
+            VEC kv[V];
+#pragma GCC unroll 16
+            for (int v = 0; v < V; v++) kv[v] = SUFFIXED(load)(kt + c * n + j0 + jj + v * LANES);
+#pragma GCC unroll 16
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                const VEC qc = (VEC){0} + qs[r * d + c];
+#pragma GCC unroll 16
+                for (int v = 0; v < V; v++) t[r][v] += qc * kv[v];
+            }
+        }
+        for (int r = 0; r < ATTENTION_ROWS; r++)
+            for (int v = 0; v < V; v++) memcpy(&scores[r][jj + v * LANES], &t[r][v], sizeof(VEC));
+    }
+}
+
+/* acc[r][0 .. d) += Σ_j p[r][j] v_j for the keys j0 .. j0+w (v_j at v + j * ld): ATTENTION_KEYS
+ * columns at a time, the rows' sums held in vector registers while the keys pass */
+LAMINA_CLONES static void SUFFIXED(block_values)(const REAL p[][ATTENTION_BLOCK + ATTENTION_KEYS], const REAL* v,
+                                                 long ld, long w, long d, REAL* acc) {
+    enum { V = ATTENTION_KEYS / LANES };
+    long c0 = 0;
+    for (; c0 + ATTENTION_KEYS <= d; c0 += ATTENTION_KEYS) {
+        VEC o[ATTENTION_ROWS][V];
+#pragma GCC unroll 16
+        for (int r = 0; r < ATTENTION_ROWS; r++)
+#pragma GCC unroll 16
+            for (int k = 0; k < V; k++) o[r][k] = SUFFIXED(load)(acc + r * d + c0 + k * LANES);
+        for (long j = 0; j < w; j++) {
+            VEC vj[V];
+#pragma GCC unroll 16
+            for (int k = 0; k < V; k++) vj[k] = SUFFIXED(load)(v + j * ld + c0 + k * LANES);
+#pragma GCC unroll 16
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                const VEC pj = (VEC){0} + p[r][j];
+#pragma GCC unroll 16
+                for (int k = 0; k < V; k++) o[r][k] += pj * vj[k];
+            }
+        }
+        for (int r = 0; r < ATTENTION_ROWS; r++)
+            for (int k = 0; k < V; k++) memcpy(acc + r * d + c0 + k * LANES, &o[r][k], sizeof(VEC));
+    }
+    for (long j = 0; j < w && c0 < d; j++)
+        for (int r = 0; r < ATTENTION_ROWS; r++)
+            for (long c = c0; c < d; c++) acc[r * d + c] += p[r][j] * v[j * ld + c];
+}
+
+/* out and lse (one value per row and head, [rows, heads]) of one (sequence, head), ATTENTION_ROWS
+ * queries at a time (the last group repeats its last row, whose copies are not written) against
+ * blocks of ATTENTION_BLOCK keys, each row's running maximum and sum rescaling its output
+ * whenever the maximum rises. kt: scratch of attention_scratch(n, d) values. */
 LAMINA_CLONES static void SUFFIXED(attention_head)(const REAL* qkv, long E, long d, long h, long heads, long a,
                                                    long b, REAL scale, int causal, REAL* out, REAL* lse, REAL* kt) {
     const long ld = 3 * E, n = b - a;
-    REAL s[ATTENTION_BLOCK];
+    REAL s[ATTENTION_ROWS][ATTENTION_BLOCK + ATTENTION_KEYS], m[ATTENTION_ROWS], l[ATTENTION_ROWS];
+    REAL* acc = kt + d * n + ATTENTION_KEYS;  /* ATTENTION_ROWS x d running outputs */
+    REAL* qs = acc + ATTENTION_ROWS * d;      /* ATTENTION_ROWS x d scaled queries */
+    const REAL* values = qkv + a * ld + 2 * E + h * d;
     SUFFIXED(transpose_head)(qkv, ld, E + h * d, a, n, d, kt);
-    for (long i = 0; i < n; i++) {
-        const REAL* q = qkv + (a + i) * ld + h * d;
-        REAL* o = out + (a + i) * E + h * d;
-        const long end = causal ? i + 1 : n;
-        REAL m = -INFINITY, l = 0;
-        for (long c = 0; c < d; c++) o[c] = 0;
+    for (long i0 = 0; i0 < n; i0 += ATTENTION_ROWS) {
+        const long rows = n - i0 < ATTENTION_ROWS ? n - i0 : ATTENTION_ROWS;
+        for (int r = 0; r < ATTENTION_ROWS; r++) {
+            const REAL* q = qkv + (a + i0 + (r < rows ? r : rows - 1)) * ld + h * d;
+            for (long c = 0; c < d; c++) qs[r * d + c] = q[c] * scale;
+            m[r] = -INFINITY;
+            l[r] = 0;
+        }
+        for (long c = 0; c < ATTENTION_ROWS * d; c++) acc[c] = 0;
+        const long end = causal ? i0 + rows : n;  /* the keys some row of the group sees */
         for (long j0 = 0; j0 < end; j0 += ATTENTION_BLOCK) {
             const long w = end - j0 < ATTENTION_BLOCK ? end - j0 : ATTENTION_BLOCK;
-            SUFFIXED(head_scores)(q, scale, kt, n, d, j0, w, s);
-            REAL top = s[0];
-            for (long j = 1; j < w; j++) top = s[j] > top ? s[j] : top;
-            if (top > m) {
-                const REAL f = m == -INFINITY ? 0 : EXP(m - top);
-                l *= f;
-                for (long c = 0; c < d; c++) o[c] *= f;
-                m = top;
+            SUFFIXED(block_scores)(qs, kt, n, d, j0, w, s);
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                long seen = causal ? i0 + r + 1 - j0 : w;  /* this row's keys in the block */
+                seen = r >= rows || seen < 0 ? 0 : (seen > w ? w : seen);
+                const REAL top = SUFFIXED(span_max)(s[r], seen);
+                if (top > m[r]) {
+                    const REAL f = m[r] == -INFINITY ? 0 : EXP(m[r] - top);
+                    l[r] *= f;
+                    for (long c = 0; c < d; c++) acc[r * d + c] *= f;
+                    m[r] = top;
+                }
+                const REAL mr = m[r];
+                for (long j = 0; j < seen; j++) s[r][j] = EXP(s[r][j] - mr);
+                for (long j = seen; j < w; j++) s[r][j] = 0;
+                l[r] += SUFFIXED(span_sum)(s[r], w);
             }
-            for (long j = 0; j < w; j++) s[j] = EXP(s[j] - m);
-            for (long j = 0; j < w; j++) {
-                const REAL* v = qkv + (a + j0 + j) * ld + 2 * E + h * d;
-                const REAL p = s[j];
-                l += p;
-                for (long c = 0; c < d; c++) o[c] += p * v[c];
-            }
+            SUFFIXED(block_values)(s, values + j0 * ld, ld, w, d, acc);
         }
-        const REAL inv = 1 / l;
-        for (long c = 0; c < d; c++) o[c] *= inv;
-        lse[(a + i) * heads + h] = m + (REAL)log((double)l);
+        for (long r = 0; r < rows; r++) {
+            REAL* o = out + (a + i0 + r) * E + h * d;
+            const REAL inv = 1 / l[r];
+            for (long c = 0; c < d; c++) o[c] = acc[r * d + c] * inv;
+            lse[(a + i0 + r) * heads + h] = m[r] + (REAL)log((double)l[r]);
+        }
+    }
+}
+
+/* dk_j += Σ_r ds[r][j] qs_r and dv_j += Σ_r p[r][j] g_r for the keys j0 .. j0+w of one head
+ * (dk_j at dk + j * ld, dv_j E values after it), LANES columns at a time */
+LAMINA_CLONES static void SUFFIXED(block_key_grads)(const REAL ds[][ATTENTION_BLOCK + ATTENTION_KEYS],
+                                                    const REAL p[][ATTENTION_BLOCK + ATTENTION_KEYS], const REAL* qs,
+                                                    const REAL* gs, long w, long d, REAL* dk, long ld, long E) {
+    for (long j = 0; j < w; j++) {
+        REAL* k = dk + j * ld;
+        REAL* v = k + E;
+        long c = 0;
+        for (; c + LANES <= d; c += LANES) {
+            VEC gk = SUFFIXED(load)(k + c), gv = SUFFIXED(load)(v + c);
+#pragma GCC unroll 16
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                gk += ((VEC){0} + ds[r][j]) * SUFFIXED(load)(qs + r * d + c);
+                gv += ((VEC){0} + p[r][j]) * SUFFIXED(load)(gs + r * d + c);
+            }
+            memcpy(k + c, &gk, sizeof gk);
+            memcpy(v + c, &gv, sizeof gv);
+        }
+        for (; c < d; c++)
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                k[c] += ds[r][j] * qs[r * d + c];
+                v[c] += p[r][j] * gs[r * d + c];
+            }
     }
 }
 
 /* The gradient of attention_head for one (sequence, head), written (not added) into dqkv's
  * head-h columns of rows [a, b): with D_i = dout_i·out_i and ds_ij = p_ij (dout_i·v_j - D_i),
  *     dq_i = scale Σ_j ds_ij k_j,   dk_j = scale Σ_i ds_ij q_i,   dv_j = Σ_i p_ij dout_i.
- * The probabilities are computed again from lse. */
+ * The probabilities are computed again from lse, ATTENTION_ROWS queries at a time against blocks
+ * of keys, as the forward. kt: scratch of attention_backward_scratch(n, d) values. */
 LAMINA_CLONES static void SUFFIXED(attention_head_backward)(const REAL* qkv, const REAL* out, const REAL* lse,
                                                             const REAL* dout, long E, long d, long h, long heads,
                                                             long a, long b, REAL scale, int causal, REAL* dqkv,
-                                                            REAL* kt, REAL* vt) {
+                                                            REAL* kt) {
     const long ld = 3 * E, n = b - a;
-    REAL p[ATTENTION_BLOCK], dp[ATTENTION_BLOCK];
+    REAL p[ATTENTION_ROWS][ATTENTION_BLOCK + ATTENTION_KEYS], ds[ATTENTION_ROWS][ATTENTION_BLOCK + ATTENTION_KEYS];
+    REAL L[ATTENTION_ROWS], D[ATTENTION_ROWS];
+    REAL* vt = kt + d * n + ATTENTION_KEYS;
+    REAL* qs = vt + d * n + ATTENTION_KEYS;  /* ATTENTION_ROWS x d: scaled queries, */
+    REAL* gs = qs + ATTENTION_ROWS * d;      /* their output gradients, */
+    REAL* dq = gs + ATTENTION_ROWS * d;      /* and their gradients' running sums */
     SUFFIXED(transpose_head)(qkv, ld, E + h * d, a, n, d, kt);
     SUFFIXED(transpose_head)(qkv, ld, 2 * E + h * d, a, n, d, vt);
     for (long j = 0; j < n; j++) {
         REAL* dk = dqkv + (a + j) * ld + E + h * d;
         for (long c = 0; c < d; c++) dk[c] = dk[E + c] = 0;
     }
-    for (long i = 0; i < n; i++) {
-        const long r = a + i, end = causal ? i + 1 : n;
-        const REAL* q = qkv + r * ld + h * d;
-        const REAL* o = out + r * E + h * d;
-        const REAL* g = dout + r * E + h * d;
-        REAL* dq = dqkv + r * ld + h * d;
-        const REAL L = lse[r * heads + h];
-        REAL D = 0;
-        for (long c = 0; c < d; c++) D += g[c] * o[c];
-        for (long c = 0; c < d; c++) dq[c] = 0;
+    for (long i0 = 0; i0 < n; i0 += ATTENTION_ROWS) {
+        const long rows = n - i0 < ATTENTION_ROWS ? n - i0 : ATTENTION_ROWS;
+        for (int r = 0; r < ATTENTION_ROWS; r++) {
+            const long i = a + i0 + (r < rows ? r : rows - 1);
+            const REAL* q = qkv + i * ld + h * d;
+            const REAL* g = dout + i * E + h * d;
+            const REAL* o = out + i * E + h * d;
+            REAL dot = 0;
+            for (long c = 0; c < d; c++) {
+                qs[r * d + c] = q[c] * scale;
+                gs[r * d + c] = r < rows ? g[c] : 0;  /* a repeated row adds nothing to dk, dv */
+                dot += g[c] * o[c];
+            }
+            L[r] = lse[i * heads + h];
+            D[r] = dot;
+        }
+        for (long c = 0; c < ATTENTION_ROWS * d; c++) dq[c] = 0;
+        const long end = causal ? i0 + rows : n;
         for (long j0 = 0; j0 < end; j0 += ATTENTION_BLOCK) {
             const long w = end - j0 < ATTENTION_BLOCK ? end - j0 : ATTENTION_BLOCK;
-            SUFFIXED(head_scores)(q, scale, kt, n, d, j0, w, p);
-            SUFFIXED(head_scores)(g, 1, vt, n, d, j0, w, dp);
-            for (long j = 0; j < w; j++) p[j] = EXP(p[j] - L);
-            for (long j = 0; j < w; j++) {
-                const long kr = a + j0 + j;
-                const REAL* k = qkv + kr * ld + E + h * d;
-                REAL* dk = dqkv + kr * ld + E + h * d;
-                REAL* dv = dk + E;
-                const REAL ds = p[j] * (dp[j] - D) * scale, pj = p[j];
-                for (long c = 0; c < d; c++) {
-                    dq[c] += ds * k[c];
-                    dk[c] += ds * q[c];
-                    dv[c] += pj * g[c];
+            SUFFIXED(block_scores)(qs, kt, n, d, j0, w, p);
+            SUFFIXED(block_scores)(gs, vt, n, d, j0, w, ds);
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                long seen = causal ? i0 + r + 1 - j0 : w;
+                seen = r >= rows || seen < 0 ? 0 : (seen > w ? w : seen);
+                const REAL Lr = L[r], Dr = D[r];
+                for (long j = 0; j < seen; j++) {
+                    p[r][j] = EXP(p[r][j] - Lr);
+                    ds[r][j] = p[r][j] * (ds[r][j] - Dr);
                 }
+                for (long j = seen; j < w; j++) p[r][j] = ds[r][j] = 0;
             }
+            SUFFIXED(block_values)(ds, qkv + (a + j0) * ld + E + h * d, ld, w, d, dq);
+            SUFFIXED(block_key_grads)(ds, p, qs, gs, w, d, dqkv + (a + j0) * ld + E + h * d, ld, E);
+        }
+        for (long r = 0; r < rows; r++) {
+            REAL* target = dqkv + (a + i0 + r) * ld + h * d;
+            for (long c = 0; c < d; c++) target[c] = dq[r * d + c] * scale;
         }
     }
 }

@@ -490,12 +490,12 @@ class CPUBackend(HostStatistics, Backend):
     # -- attention and layer normalization
     def attention(self, qkv, starts, heads, scale, causal, out, lse):
         self._attention_arrays("attention", qkv, starts, heads, out, lse)
-        K.attention(qkv, starts, heads, scale, causal, out, lse, self._attention_scratch(out, starts, heads, 1))
+        K.attention(qkv, starts, heads, scale, causal, out, lse, self._attention_scratch(out, starts, heads, False))
 
     def attention_backward(self, qkv, out, lse, dout, starts, heads, scale, causal, dqkv):
         self._attention_arrays("attention_backward", qkv, starts, heads, out, lse, dout=dout, dqkv=dqkv)
         K.attention_backward(qkv, out, lse, dout, starts, heads, scale, causal, dqkv,
-                             self._attention_scratch(out, starts, heads, 2))
+                             self._attention_scratch(out, starts, heads, True))
 
     @staticmethod
     def _attention_arrays(where, qkv, starts, heads, out, lse, **others):
@@ -505,11 +505,11 @@ class CPUBackend(HostStatistics, Backend):
         check_array(where, "starts", starts, dtype=np.int32, ndim=1)
         check_attention(where, qkv, starts, heads, out, lse, **others)
 
-    def _attention_scratch(self, out, starts, heads, copies):
-        """Each thread's transposed keys (and values): copies x d x the longest sequence."""
+    def _attention_scratch(self, out, starts, heads, backward):
+        """Each thread's scratch: the transposed keys (and values, backward) of its sequence."""
         longest = int(np.diff(starts).max()) if len(starts) > 1 else 0
-        return self.scratch("attention", (get_num_threads(), max(1, copies * out.shape[1] // heads * longest)),
-                            out.dtype)
+        size = K.attention_scratch_size(longest, out.shape[1] // heads, backward)
+        return self.scratch("attention", (get_num_threads(), max(1, size)), out.dtype)
 
     def layer_norm(self, x, gamma, beta, eps, y, mean, rstd, center=True):
         self._norm_arrays("layer_norm", x, mean, rstd, {"gamma": gamma, "beta": beta}, {"y": y})
