@@ -382,3 +382,35 @@ def test_serve_command_errors(tmp_path, capsys):
     assert "expected NAME=SIZE[:DELAY_MS]" in capsys.readouterr().err
     from lamina.serve import model_name
     assert model_name("models/python_lm/model.lamina") == "python_lm" and model_name("a/b/net.onnx") == "net"
+
+
+def test_an_encoder_server_packs_requests_and_answers_each_its_pooled_embedding(tmp_path):
+    """A transformer encoder (embeddings, 2 layers, mean pooling) behind `lamina serve`: 24
+    concurrent requests of 3..60 tokens share batches, packed without padding (attention stays
+    within each request), and each gets its own pooled embedding, a lone net.run's to 1e-5 of
+    the scale."""
+    lm.manual_seed(21)
+    net = lm.Network()
+    ids = net.input("ids", dtype="int32", sequence=True)
+    h = lm.layers.LayerNorm(32)(lm.layers.PositionalEmbedding(64, 32)(lm.layers.Embedding(100, 32)(ids)))
+    layer = lm.layers.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation="gelu")
+    net.outputs(pooled=lm.layers.SequencePool("average")(lm.layers.TransformerEncoder(layer, 2, name="enc")(h)))
+    lm.save(net, tmp_path / "encoder.lamina")
+    s = Server(f"encoder={tmp_path / 'encoder.lamina'}", "--max-delay-ms", "30")
+    try:
+        rng = np.random.default_rng(22)
+        requests = [rng.integers(0, 100, rng.integers(3, 61)).astype(np.int32) for _ in range(24)]
+        count0, total0 = batch_sizes(s.http, "encoder")
+
+        def ask(steps):
+            with Client(s.url) as c:
+                return c.infer("encoder", {"ids": steps}, outputs=["pooled"])["pooled"]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(ask, requests))
+        count1, total1 = batch_sizes(s.http, "encoder")
+        assert total1 - total0 == len(requests) and (total1 - total0) / (count1 - count0) > 1
+        for steps, got in zip(requests, answers):
+            want = net.run({"ids": lm.Sequences(steps, np.array([0, len(steps)], np.int32))})["pooled"]
+            assert_close(got, want, 1e-5, "pooled")
+    finally:
+        assert s.stop()
