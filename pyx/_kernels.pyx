@@ -1301,7 +1301,7 @@ def attention(const real[:, ::1] qkv, const int[::1] starts, int heads, double s
     with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
         kt = &scratch[openmp.omp_get_thread_num(), 0]
         for p in prange(n * heads, schedule="dynamic"):
-            s, h = p // heads, p % heads
+            s, h = p % n, p // n  # neighbouring tasks take other sequences: no rows shared
             a, b = starts[s], starts[s + 1]
             if b > a:
                 if real is float:
@@ -1324,7 +1324,7 @@ def attention_backward(const real[:, ::1] qkv, const real[:, ::1] out, const rea
     with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
         kt = &scratch[openmp.omp_get_thread_num(), 0]
         for p in prange(n * heads, schedule="dynamic"):
-            s, h = p // heads, p % heads
+            s, h = p % n, p // n  # neighbouring tasks take other sequences: no rows shared
             a, b = starts[s], starts[s + 1]
             if b > a:
                 if real is float:

@@ -54,24 +54,39 @@ LAMINA_CLONES static void lamina_erf_activation_f(int kind, const float* x, floa
         for (long i = 0; i < n; i++) y[i] = lamina_fast_erff(x[i]);
 }
 
-/* dx = dy f'(x) + beta dx over n values (beta 0 never reads dx) */
+/* f'(x) of each kind */
+static inline float lamina_gelu_grad(float v) {
+    return 0.5f * (1.0f + lamina_fast_erff(v * 0.7071067811865476f)) +
+           v * lamina_fast_expf(-0.5f * v * v) * 0.3989422804014327f;
+}
+
+static inline float lamina_gelu_tanh_grad(float v) {
+    const float t = lamina_fast_tanhf(lamina_gelu_tanh_inner(v));
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * v * v);
+}
+
+static inline float lamina_erf_grad(float v) {
+    return 1.1283791670955126f * lamina_fast_expf(-v * v);
+}
+
+/* dx = dy f'(x) + beta dx over n values (beta 0 never reads dx): one loop per kind and beta, so
+ * each vectorises */
+#define LAMINA_GRAD_LOOP(grad)                                                  \
+    do {                                                                        \
+        if (beta == 0)                                                          \
+            for (long i = 0; i < n; i++) dx[i] = dy[i] * grad(x[i]);            \
+        else                                                                    \
+            for (long i = 0; i < n; i++) dx[i] = dy[i] * grad(x[i]) + beta * dx[i]; \
+    } while (0)
+
 LAMINA_CLONES static void lamina_erf_activation_grad_f(int kind, const float* x, const float* dy, float* dx, long n,
                                                        float beta) {
-    for (long i = 0; i < n; i++) {
-        const float v = x[i];
-        float g;
-        if (kind == LAMINA_GELU) {
-            g = 0.5f * (1.0f + lamina_fast_erff(v * 0.7071067811865476f)) +
-                v * lamina_fast_expf(-0.5f * v * v) * 0.3989422804014327f;
-        } else if (kind == LAMINA_GELU_TANH) {
-            const float t = lamina_fast_tanhf(lamina_gelu_tanh_inner(v));
-            g = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * v * v);
-        } else {
-            g = 1.1283791670955126f * lamina_fast_expf(-v * v);
-        }
-        const float d = dy[i] * g;
-        dx[i] = beta == 0 ? d : d + beta * dx[i];
-    }
+    if (kind == LAMINA_GELU)
+        LAMINA_GRAD_LOOP(lamina_gelu_grad);
+    else if (kind == LAMINA_GELU_TANH)
+        LAMINA_GRAD_LOOP(lamina_gelu_tanh_grad);
+    else
+        LAMINA_GRAD_LOOP(lamina_erf_grad);
 }
 
 #endif

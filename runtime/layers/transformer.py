@@ -43,15 +43,18 @@ class TransformerEncoderLayer:
         norm1 = layer(LayerNorm, "norm1", d, eps=eps, bias=bias)
         norm2 = layer(LayerNorm, "norm2", d, eps=eps, bias=bias)
 
+        def dropout(local, h):  # (none at all where p is 0: in training a dropout of 0 would copy)
+            return layer(Dropout, local, p)(h) if p else h
+
         def attend(h):
             h = layer(MultiheadAttention, "self_attn", d, self.nhead, bias=bias, causal=self.causal)(h)
-            return layer(Dropout, "dropout1", p)(h)
+            return dropout("dropout1", h)
 
         def feed_forward(h):
             h = layer(Linear, "linear1", d, self.dim_feedforward, bias=bias)(h)
             h = layer(Activation, "activation", FEED_FORWARD_ACTIVATIONS[self.activation])(h)
-            h = layer(Linear, "linear2", self.dim_feedforward, d, bias=bias)(layer(Dropout, "dropout", p)(h))
-            return layer(Dropout, "dropout2", p)(h)
+            h = layer(Linear, "linear2", self.dim_feedforward, d, bias=bias)(dropout("dropout", h))
+            return dropout("dropout2", h)
 
         if self.norm_first:
             x = layer(Add, "residual1")(x, attend(norm1(x)))
