@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lamina as lm
-from lamina.zoo import denoise, language
+from lamina.zoo import denoise, language, lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,15 +59,37 @@ def test_quickstart_example_learns_the_spirals():
 
 
 @pytest.mark.slow
+def test_line_classifier_holds_its_held_out_accuracy():
+    metrics = card("line_kind")
+    net = lm.load(ROOT / "models/line_kind/model.lamina")
+    _, held_files = language.stdlib_split()
+    held = lines.held_out_sample(lines.labelled_lines(language.read_texts(held_files)), metrics["held_out_lines"])
+    predicted = lines.predict(net, lines.encode(language.tokenizer(net), [line for line, _ in held]))
+    accuracy = float(np.mean(predicted == np.array([kind for _, kind in held])))
+    assert abs(accuracy - metrics["held_out_accuracy"]) <= 1 / metrics["held_out_lines"], accuracy
+
+
+def test_line_classifier_names_statement_kinds():
+    """The shipped encoder on lines it can tell apart only by what follows their first token."""
+    net = lm.load(ROOT / "models/line_kind/model.lamina")
+    cases = {"x = compute(a, b)": "assign", "total += step": "augmented assign", "compute(a, b)": "expression",
+             "return x + 1": "return", "for item in items:": "loop", "import os": "import",
+             "def parse(self, text):": "def", "raise ValueError(message)": "raise"}
+    predicted = lines.predict(net, lines.encode(language.tokenizer(net), list(cases)))
+    assert [lines.KINDS[k] for k in predicted] == list(cases.values())
+
+
+@pytest.mark.slow
 def test_demo_runs_and_reports_the_cards_figures(tmp_path):
     out = run_example(ROOT / "examples/demo.py", "--steps", "5")
     ppl = float(re.search(r"held-out perplexity ([0-9.]+)", out).group(1))
     assert 4 < ppl < 12  # a quarter of the held-out files (the card: 7.03 on 2000 chunks of all)
     before, after = map(float, re.search(r"PSNR .*: noisy ([0-9.]+) dB -> denoised ([0-9.]+) dB", out).groups())
     assert after > before + 10
+    assert float(re.search(r"held-out accuracy ([0-9.]+) on 2000 lines", out).group(1)) > 0.95
 
 
-@pytest.mark.parametrize("name", ["python_lm", "denoise3d"])
+@pytest.mark.parametrize("name", ["python_lm", "denoise3d", "line_kind"])
 def test_shipped_models_carry_a_digest_of_their_whole_content(name):
     from lamina.io.model import VERSION, _read, digest
     metadata, tensors = _read(ROOT / "models" / name / "model.lamina")

@@ -1,0 +1,84 @@
+"""Trains models/line_kind/model.lamina: a small transformer encoder that tells which kind of
+statement a line of Python starts (import, assign, return, if, loop, def, class, ...; the kinds
+of lamina.zoo.lines), trained on the Python standard library's own source (every machine with
+Python has it; files held out as for models/python_lm).
+
+Tokens: lamina.text, vocabulary = the 2048 most frequent tokens of the training files. Model:
+Embedding(2048, 64) + learned positions -> LayerNorm -> 2 encoder layers (4 heads, feed-forward
+128, GELU, dropout 0.1) -> mean over the line -> Linear(64, 12). Batches of 128 lines, packed
+without padding; Adam 2e-3 with cosine decay. Held-out accuracy on 5000 held-out lines.
+
+    .venv/bin/python models/line_kind/train.py [--steps 2500] [--out models/line_kind/model.lamina]
+"""
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+import lamina as lm
+from lamina.text import PythonTokenizer
+from lamina.training import fit
+from lamina.zoo import language, lines
+
+HERE = Path(__file__).resolve().parent
+VOCAB, BATCH, HELD_OUT = 2048, 128, 5000
+
+
+class Lines:
+    """The training lines as a lamina.training data set."""
+
+    def __init__(self, ids, labels):
+        self.ids, self.labels = ids, labels
+
+    def __len__(self):
+        return len(self.ids)
+
+    def batch(self, index, rng):
+        return lines.feeds([self.ids[i] for i in index], self.labels[index])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2500, help="training steps (batches)")
+    parser.add_argument("--out", default=str(HERE / "model.lamina"))
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        lm.set_num_threads(args.threads)
+    lm.manual_seed(0)
+    train_files, held_files = language.stdlib_split()
+    train_texts = language.read_texts(train_files)
+    tok = PythonTokenizer.build(train_texts, VOCAB)
+    train = lines.labelled_lines(train_texts)
+    held = lines.held_out_sample(lines.labelled_lines(language.read_texts(held_files)), HELD_OUT)
+    train_ids = lines.encode(tok, [line for line, _ in train])
+    train_labels = np.array([kind for _, kind in train], np.int32)
+    print(f"{len(train)} training lines from {len(train_files)} files; {len(held)} held-out lines")
+
+    net = lines.build(VOCAB)
+    net.assets = {"vocabulary": tok.vocabulary, "tokenizer": "lamina.text.PythonTokenizer",
+                  "kinds": list(lines.KINDS)}
+    opt = lm.optim.Adam(net, lr=2e-3, schedule=lm.optim.CosineWarmup(min(100, args.steps // 2), args.steps,
+                                                                      min_factor=0.05))
+    start = time.perf_counter()
+    losses = fit(net, Lines(train_ids, train_labels), opt, epochs=100, batch_size=BATCH, max_steps=args.steps)
+    minutes = (time.perf_counter() - start) / 60
+    predicted = lines.predict(net, lines.encode(tok, [line for line, _ in held]))
+    accuracy = float(np.mean(predicted == np.array([kind for _, kind in held])))
+    print(f"{len(losses)} steps in {minutes:.1f} min; held-out accuracy {accuracy:.4f} ({len(held)} lines)")
+    net.assets.update(held_out_accuracy=accuracy, training_steps=len(losses), training_minutes=round(minutes, 1))
+    lm.save(net, args.out)
+    (HERE / "metrics.json").write_text(json.dumps({
+        "steps": len(losses), "minutes": round(minutes, 1), "held_out_accuracy": round(accuracy, 4),
+        "held_out_lines": len(held), "training_lines": len(train), "vocabulary": VOCAB,
+        "train_files": len(train_files), "held_out_files": len(held_files),
+        "final_train_loss": round(float(np.mean(losses[-100:])), 4),
+        "size_bytes": os.path.getsize(args.out)}, indent=1) + "\n")
+    print(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
