@@ -81,7 +81,7 @@ def test_version_and_missing_extras_are_one_line(monkeypatch, capsys):
 
 
 def test_shipped_models_by_name():
-    assert lm.models.names() == ["python_lm", "denoise3d"]
+    assert lm.models.names() == ["python_lm", "denoise3d", "line_kind"]
     assert lm.models.path("python_lm").name == "model.lamina" and lm.models.path("python_lm").exists()
     with pytest.raises(KeyError, match="no shipped model named 'gpt'; lamina ships python_lm, denoise3d"):
         lm.models.path("gpt")
