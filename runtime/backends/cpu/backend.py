@@ -196,18 +196,15 @@ class CPUBackend(HostStatistics, Backend):
         if bias is not None:
             check_array("gemm_bias", "bias", bias, dtype=c.dtype, shape=(n,))
 
-        if bias is not None:  # the product, then the bias added to every row (a parallel pass)
-            self._gemm(a, b, c, trans_a, trans_b, alpha, 0.0, None)
-            K.add_bias(c, bias)
-            return
-
-        def block(a, b, c):
-            """c = alpha op(a) op(b) + beta c."""
+        def block(a, b, c, bias):
+            """c = alpha op(a) op(b) + (bias rows, or beta c)."""
+            if bias is not None:
+                np.copyto(c, bias)  # (the product adds to it)
             if k:
-                self.blas.gemm(a, b, c, trans_a, trans_b, alpha, beta)
-            elif beta == 0:  # the product is empty
+                self.blas.gemm(a, b, c, trans_a, trans_b, alpha, 1.0 if bias is not None else beta)
+            elif bias is None and beta == 0:  # the product is empty
                 c.fill(0)
-            else:
+            elif bias is None:
                 np.multiply(c, beta, out=c)
         # OpenBLAS runs on one thread (lamina.threads says why): a large product is split into
         # blocks of c's longer side, one per free thread, each block reading the whole of the other
@@ -216,12 +213,13 @@ class CPUBackend(HostStatistics, Backend):
         threads = free_threads() if big else 1
         if threads == 1:
             self._mkl_threads_start()
-            block(a, b, c)
+            block(a, b, c, bias)
             return
         if m > n:
-            _over_blocks(m, threads, 8, lambda rows: block(a[:, rows] if trans_a else a[rows], b, c[rows]))
+            _over_blocks(m, threads, 8, lambda rows: block(a[:, rows] if trans_a else a[rows], b, c[rows], bias))
         else:
-            _over_blocks(n, threads, 16, lambda cols: block(a, b[cols] if trans_b else b[:, cols], c[:, cols]))
+            _over_blocks(n, threads, 16, lambda cols: block(a, b[cols] if trans_b else b[:, cols], c[:, cols],
+                                                            None if bias is None else bias[cols]))
 
     def _mkl_threads_start(self):
         """Before a product MKL threads itself: the compiled team's workers (team.h) sleep at once
