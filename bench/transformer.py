@@ -12,8 +12,10 @@ requests, inference and a fine-tuning step, three ways:
   and optimised by ONNX Runtime's transformer optimizer (`model_type="bert"`: fused Attention,
   SkipLayerNormalization, BiasGelu where it finds them), same padded feeds.
 
-Cases: lengths uniform in 8..128 ("ragged"), and every length 128 ("uniform"); "train" is one
-step of a two-class classifier on the mean-pooled output (cross-entropy, SGD) on the ragged batch.
+Cases: lengths uniform in 8..128 ("ragged"), and every length 128 ("uniform"); "bf16" runs the
+products in bfloat16 (lamina's network precision; PyTorch's CPU autocast), where the CPU has
+AVX512-BF16 or AMX; "train" is one step of a two-class classifier on the mean-pooled output
+(cross-entropy, SGD) on the ragged batch.
 Requires transformers, torch and onnxruntime (the bench extra); the ONNX file is written once into
 build/bench/transformer/.
 """
@@ -69,9 +71,9 @@ def lamina_encoder(train=False):
     return net
 
 
-def lamina_infer(kind):
+def lamina_infer(kind, precision="float32"):
     import lamina as lm
-    net = lamina_encoder()
+    net = lamina_encoder().set_precision(precision)
     feeds = {"ids": lm.Sequences.from_list(_ids(LENGTHS[kind]))}
     return lambda: net.run(feeds)
 
@@ -110,13 +112,14 @@ def _bert(attention="sdpa"):
     return MeanPooled()
 
 
-def torch_infer(kind):
+def torch_infer(kind, precision="float32"):
     import torch
     model = _bert().eval()
     ids, mask = (torch.from_numpy(a) for a in _padded(LENGTHS[kind]))
+    reduced = precision == "bfloat16"
 
     def step():
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=reduced):
             model(ids, mask)
     return step
 
@@ -189,6 +192,10 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
                  "onnxruntime": ("bench.transformer:ort_infer", [kind, threads])}
         rows += bench.time_case("transformer", f"minilm infer b{BATCH} {kind}", threads, impls,
                                 flops(LENGTHS[kind]), rounds)
+    impls = {"lamina": ("bench.transformer:lamina_infer", ["ragged", "bfloat16"]),
+             "pytorch-sdpa": ("bench.transformer:torch_infer", ["ragged", "bfloat16"])}
+    rows += bench.time_case("transformer", f"minilm infer b{BATCH} ragged bf16", threads, impls,
+                            flops(LENGTHS["ragged"]), rounds)
     impls = {"lamina": ("bench.transformer:lamina_train", ["ragged"]),
              "pytorch-sdpa": ("bench.transformer:torch_train", ["ragged"])}
     rows += bench.time_case("transformer", f"minilm train b{BATCH} ragged", threads, impls,

@@ -321,3 +321,22 @@ def test_norms_round_trip_through_onnx(tmp_path):
     again = lm.onnx.load(tmp_path / "norms.onnx")
     assert sorted(type(n.layer).__name__ for n in again.scheduler.order) == ["LayerNorm", "RMSNorm"]
     np.testing.assert_allclose(again.run({"x": data})["y"], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8"])
+def test_encoder_runs_in_reduced_precision(precision):
+    """The projections and feed-forward products of an encoder in bfloat16 or int8 (the
+    attention and normalization stay float32): close to float32, and not equal to it."""
+    lm.manual_seed(17)
+    net = lm.Network()
+    ids = net.input("ids", dtype="int32", sequence=True)
+    h = lm.layers.LayerNorm(32)(lm.layers.PositionalEmbedding(40, 32)(lm.layers.Embedding(50, 32)(ids)))
+    h = lm.layers.TransformerEncoder(lm.layers.TransformerEncoderLayer(32, 4, 64, dropout=0.0), 2)(h)
+    net.outputs(y=lm.layers.SequencePool("average")(h))
+    rng = np.random.default_rng(18)
+    feeds = {"ids": lm.Sequences.from_list([rng.integers(0, 50, n).astype(np.int32) for n in (7, 30, 2, 15)])}
+    want = net.run(feeds)["y"]
+    low = lm.quantize(net) if precision == "int8" else net.set_precision(precision)
+    got = low.run(feeds)["y"]
+    error = np.abs(got - want).max() / np.abs(want).max()
+    assert 1e-5 < error < 3e-2, error
