@@ -80,7 +80,7 @@ LAMINA_CLONES static void SUFFIXED(block_scores)(const REAL* qs, const REAL* kt,
             for (int v = 0; v < V; v++) kv[v] = SUFFIXED(load)(kt + c * n + j0 + jj + v * LANES);
 #pragma GCC unroll 16
             for (int r = 0; r < ATTENTION_ROWS; r++) {
-                const VEC qc = (VEC){0} + qs[r * d + c];
+                const REAL qc = qs[r * d + c];  /* (a scalar operand is broadcast) */
 #pragma GCC unroll 16
                 for (int v = 0; v < V; v++) t[r][v] += qc * kv[v];
             }
@@ -108,7 +108,7 @@ LAMINA_CLONES static void SUFFIXED(block_values)(const REAL p[][ATTENTION_BLOCK 
             for (int k = 0; k < V; k++) vj[k] = SUFFIXED(load)(v + j * ld + c0 + k * LANES);
 #pragma GCC unroll 16
             for (int r = 0; r < ATTENTION_ROWS; r++) {
-                const VEC pj = (VEC){0} + p[r][j];
+                const REAL pj = p[r][j];
 #pragma GCC unroll 16
                 for (int k = 0; k < V; k++) o[r][k] += pj * vj[k];
             }
@@ -185,8 +185,8 @@ LAMINA_CLONES static void SUFFIXED(block_key_grads)(const REAL ds[][ATTENTION_BL
             VEC gk = SUFFIXED(load)(k + c), gv = SUFFIXED(load)(v + c);
 #pragma GCC unroll 16
             for (int r = 0; r < ATTENTION_ROWS; r++) {
-                gk += ((VEC){0} + ds[r][j]) * SUFFIXED(load)(qs + r * d + c);
-                gv += ((VEC){0} + p[r][j]) * SUFFIXED(load)(gs + r * d + c);
+                gk += ds[r][j] * SUFFIXED(load)(qs + r * d + c);
+                gv += p[r][j] * SUFFIXED(load)(gs + r * d + c);
             }
             memcpy(k + c, &gk, sizeof gk);
             memcpy(v + c, &gv, sizeof gv);
