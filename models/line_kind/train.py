@@ -8,9 +8,8 @@ Embedding(2048, 64) + learned positions -> LayerNorm -> 2 encoder layers (4 head
 128, GELU, dropout 0.1) -> mean over the line -> Linear(64, 12). Batches of 128 lines, packed
 without padding; Adam 2e-3 with cosine decay. Held-out accuracy on 5000 held-out lines.
 
-    .venv/bin/python models/line_kind/train.py [--steps 2500] [--out models/line_kind/model.lamina]
+    .venv/bin/python models/line_kind/train.py [--steps 3000] [--out models/line_kind/model.lamina]
 """
-import argparse
 import json
 import os
 import time
@@ -21,7 +20,7 @@ import numpy as np
 import lamina as lm
 from lamina.text import PythonTokenizer
 from lamina.training import fit
-from lamina.zoo import language, lines
+from lamina.zoo import language, lines, script_options
 
 HERE = Path(__file__).resolve().parent
 VOCAB, BATCH, HELD_OUT = 2048, 128, 5000
@@ -41,14 +40,7 @@ class Lines:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2500, help="training steps (batches)")
-    parser.add_argument("--out", default=str(HERE / "model.lamina"))
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    if args.threads:
-        lm.set_num_threads(args.threads)
-    lm.manual_seed(0)
+    args = script_options(__doc__, 3000, HERE / "model.lamina")
     train_files, held_files = language.stdlib_split()
     train_texts = language.read_texts(train_files)
     tok = PythonTokenizer.build(train_texts, VOCAB)

@@ -11,7 +11,6 @@ Held-out perplexity is measured with the full softmax.
 
     .venv/bin/python models/python_lm/train.py [--steps 3000] [--out models/python_lm/model.lamina]
 """
-import argparse
 import json
 import os
 import time
@@ -22,7 +21,7 @@ import numpy as np
 import lamina as lm
 from lamina.text import PythonTokenizer
 from lamina.training import fit
-from lamina.zoo import language
+from lamina.zoo import language, script_options
 
 HERE = Path(__file__).resolve().parent
 VOCAB, CHUNK, BATCH, NEGATIVES = 4096, 48, 32, 128
@@ -40,14 +39,7 @@ class Chunks:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3000, help="training steps (batches)")
-    parser.add_argument("--out", default=str(HERE / "model.lamina"))
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-    if args.threads:
-        lm.set_num_threads(args.threads)
-    lm.manual_seed(0)
+    args = script_options(__doc__, 3000, HERE / "model.lamina")
     train_files, held_files = language.stdlib_split()
     train_texts, held_texts = language.read_texts(train_files), language.read_texts(held_files)
     tok = PythonTokenizer.build(train_texts, VOCAB)
