@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -25,6 +26,20 @@ from .selection import Selection
 from .sequence import Sequences
 
 CHECKPOINT = "checkpoint.lamina"
+
+
+class Samples:
+    """A data set of `count` samples whose batches make_batch(index, randomness) builds (index:
+    the batch's sample numbers; randomness: a BatchRandomness for what a batch draws)."""
+
+    def __init__(self, count: int, make_batch: Callable) -> None:
+        self.count, self.make_batch = int(count), make_batch
+
+    def __len__(self) -> int:
+        return self.count
+
+    def batch(self, index, randomness):
+        return self.make_batch(index, randomness)
 
 
 class ArrayData:

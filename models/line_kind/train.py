@@ -19,24 +19,11 @@ import numpy as np
 
 import lamina as lm
 from lamina.text import PythonTokenizer
-from lamina.training import fit
+from lamina.training import Samples, fit
 from lamina.zoo import language, lines, script_options
 
 HERE = Path(__file__).resolve().parent
 VOCAB, BATCH, HELD_OUT = 2048, 128, 5000
-
-
-class Lines:
-    """The training lines as a lamina.training data set."""
-
-    def __init__(self, ids, labels):
-        self.ids, self.labels = ids, labels
-
-    def __len__(self):
-        return len(self.ids)
-
-    def batch(self, index, rng):
-        return lines.feeds([self.ids[i] for i in index], self.labels[index])
 
 
 def main():
@@ -56,7 +43,9 @@ def main():
     opt = lm.optim.Adam(net, lr=2e-3, schedule=lm.optim.CosineWarmup(min(100, args.steps // 2), args.steps,
                                                                       min_factor=0.05))
     start = time.perf_counter()
-    losses = fit(net, Lines(train_ids, train_labels), opt, epochs=100, batch_size=BATCH, max_steps=args.steps)
+    data = Samples(len(train_ids), lambda index, rng: lines.feeds([train_ids[i] for i in index],
+                                                                  train_labels[index]))
+    losses = fit(net, data, opt, epochs=100, batch_size=BATCH, max_steps=args.steps)
     minutes = (time.perf_counter() - start) / 60
     predicted = lines.predict(net, lines.encode(tok, [line for line, _ in held]))
     accuracy = float(np.mean(predicted == np.array([kind for _, kind in held])))

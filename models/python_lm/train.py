@@ -20,24 +20,11 @@ import numpy as np
 
 import lamina as lm
 from lamina.text import PythonTokenizer
-from lamina.training import fit
+from lamina.training import Samples, fit
 from lamina.zoo import language, script_options
 
 HERE = Path(__file__).resolve().parent
 VOCAB, CHUNK, BATCH, NEGATIVES = 4096, 48, 32, 128
-class Chunks:
-    """Training chunks as a lamina.training data set: each batch gets fresh sampled negatives."""
-
-    def __init__(self, net, chunks):
-        self.net, self.chunks = net, chunks
-
-    def __len__(self):
-        return len(self.chunks)
-
-    def batch(self, index, rng):
-        return language.training_feeds(self.net, [self.chunks[i] for i in index], NEGATIVES, rng)
-
-
 def main():
     args = script_options(__doc__, 3000, HERE / "model.lamina")
     train_files, held_files = language.stdlib_split()
@@ -54,7 +41,9 @@ def main():
     opt = lm.optim.Adam(net, lr=2e-3, clip_norm=5.0,
                         schedule=lm.optim.CosineWarmup(min(100, args.steps // 2), args.steps, min_factor=0.05))
     start = time.perf_counter()
-    losses = fit(net, Chunks(net, train_chunks), opt, epochs=100, batch_size=BATCH, max_steps=args.steps)
+    data = Samples(len(train_chunks), lambda index, rng: language.training_feeds(
+        net, [train_chunks[i] for i in index], NEGATIVES, rng))  # fresh sampled negatives per batch
+    losses = fit(net, data, opt, epochs=100, batch_size=BATCH, max_steps=args.steps)
     step = len(losses)
     minutes = (time.perf_counter() - start) / 60
     ppl = language.perplexity(net, held_eval)
