@@ -10,8 +10,6 @@ without padding; Adam 2e-3 with cosine decay. Held-out accuracy on 5000 held-out
 
     .venv/bin/python models/line_kind/train.py [--steps 3000] [--out models/line_kind/model.lamina]
 """
-import json
-import os
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import numpy as np
 import lamina as lm
 from lamina.text import PythonTokenizer
 from lamina.training import Samples, fit
-from lamina.zoo import language, lines, script_options
+from lamina.zoo import language, lines, script_options, write_metrics
 
 HERE = Path(__file__).resolve().parent
 VOCAB, BATCH, HELD_OUT = 2048, 128, 5000
@@ -52,13 +50,9 @@ def main():
     print(f"{len(losses)} steps in {minutes:.1f} min; held-out accuracy {accuracy:.4f} ({len(held)} lines)")
     net.assets.update(held_out_accuracy=accuracy, training_steps=len(losses), training_minutes=round(minutes, 1))
     lm.save(net, args.out)
-    (HERE / "metrics.json").write_text(json.dumps({
-        "steps": len(losses), "minutes": round(minutes, 1), "held_out_accuracy": round(accuracy, 4),
-        "held_out_lines": len(held), "training_lines": len(train), "vocabulary": VOCAB,
-        "train_files": len(train_files), "held_out_files": len(held_files),
-        "final_train_loss": round(float(np.mean(losses[-100:])), 4),
-        "size_bytes": os.path.getsize(args.out)}, indent=1) + "\n")
-    print(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+    write_metrics(HERE, args.out, losses, steps=len(losses), minutes=round(minutes, 1),
+                  held_out_accuracy=round(accuracy, 4), held_out_lines=len(held), training_lines=len(train),
+                  vocabulary=VOCAB, train_files=len(train_files), held_out_files=len(held_files))
 
 
 if __name__ == "__main__":

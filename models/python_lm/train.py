@@ -11,8 +11,6 @@ Held-out perplexity is measured with the full softmax.
 
     .venv/bin/python models/python_lm/train.py [--steps 3000] [--out models/python_lm/model.lamina]
 """
-import json
-import os
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import numpy as np
 import lamina as lm
 from lamina.text import PythonTokenizer
 from lamina.training import Samples, fit
-from lamina.zoo import language, script_options
+from lamina.zoo import language, script_options, write_metrics
 
 HERE = Path(__file__).resolve().parent
 VOCAB, CHUNK, BATCH, NEGATIVES = 4096, 48, 32, 128
@@ -51,13 +49,9 @@ def main():
           f"({sum(len(c) - 1 for c in held_eval)} tokens, full softmax)")
     net.assets.update(held_out_perplexity=ppl, training_steps=step, training_minutes=round(minutes, 1))
     lm.save(net, args.out, half=True)
-    (HERE / "metrics.json").write_text(json.dumps({
-        "steps": step, "minutes": round(minutes, 1), "held_out_perplexity": round(ppl, 3),
-        "held_out_tokens": int(sum(len(c) - 1 for c in held_eval)), "vocabulary": VOCAB,
-        "train_files": len(train_files), "held_out_files": len(held_files),
-        "final_train_loss": round(float(np.mean(losses[-100:])), 4),
-        "size_bytes": os.path.getsize(args.out)}, indent=1) + "\n")
-    print(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+    write_metrics(HERE, args.out, losses, steps=step, minutes=round(minutes, 1), held_out_perplexity=round(ppl, 3),
+                  held_out_tokens=int(sum(len(c) - 1 for c in held_eval)), vocabulary=VOCAB,
+                  train_files=len(train_files), held_out_files=len(held_files))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The networks and data of the shipped models (models/): built, fed and measured here, so the
 training scripts, the demo, the command and the tests share one definition."""
 import argparse
+import json
+import os
 from typing import Any, Callable, Optional
 
 
@@ -21,3 +23,14 @@ def script_options(doc: str, steps: int, out: Any, add: Optional[Callable[[argpa
         set_num_threads(args.threads)
     manual_seed(0)
     return args
+
+
+def write_metrics(folder: Any, model: Any, losses: list, **figures: Any) -> None:
+    """A shipped model's metrics.json in `folder`: the figures given, the mean training loss of
+    the last 100 steps and the model file's size; says where the model was written."""
+    size = os.path.getsize(model)
+    record = {**figures, "final_train_loss": round(float(sum(losses[-100:]) / max(1, len(losses[-100:]))), 4),
+              "size_bytes": size}
+    with open(os.path.join(folder, "metrics.json"), "w") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {model} ({size / 1e6:.1f} MB)")
