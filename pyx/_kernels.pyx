@@ -1291,48 +1291,47 @@ cdef long _longest(const int[::1] starts) noexcept nogil:
 
 def attention(const real[:, ::1] qkv, const int[::1] starts, int heads, double scale, bint causal,
               real[:, ::1] out, real[:, ::1] lse, real[:, ::1] scratch):
-    """out and lse of attention within each sequence (attention.h), one task per (sequence,
-    head), spread over the threads; scratch [threads, attention_scratch_size(...)] holds each
-    thread's transposed keys and running outputs."""
-    cdef long E = out.shape[1], d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
-    cdef long work = _attention_work(starts, E)
-    _check_scratch(scratch, _longest(starts), d, False)
-    cdef real* kt
-    with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
-        kt = &scratch[openmp.omp_get_thread_num(), 0]
-        for p in prange(n * heads, schedule="dynamic"):
-            s, h = p % n, p // n  # neighbouring tasks take other sequences: no rows shared
-            a, b = starts[s], starts[s + 1]
-            if b > a:
-                if real is float:
-                    attention_head_f(&qkv[0, 0], E, d, h, heads, a, b, <float>scale, causal, &out[0, 0], &lse[0, 0],
-                                     kt)
-                else:
-                    attention_head_d(&qkv[0, 0], E, d, h, heads, a, b, scale, causal, &out[0, 0], &lse[0, 0], kt)
+    """out and lse of attention within each sequence (attention.h); scratch [threads,
+    attention_scratch_size(...)] holds each thread's transposed keys and running outputs."""
+    _check_scratch(scratch, _longest(starts), out.shape[1] // heads, False)
+    _attention_tasks(False, &qkv[0, 0], &out[0, 0], &lse[0, 0], NULL, NULL, starts, out.shape[1], heads, scale,
+                     causal, scratch)
 
 
-def attention_backward(const real[:, ::1] qkv, const real[:, ::1] out, const real[:, ::1] lse,
+def attention_backward(const real[:, ::1] qkv, real[:, ::1] out, real[:, ::1] lse,
                        const real[:, ::1] dout, const int[::1] starts, int heads, double scale, bint causal,
                        real[:, ::1] dqkv, real[:, ::1] scratch):
-    """dqkv (written, not added) of attention within each sequence, one task per (sequence,
-    head); scratch [threads, attention_scratch_size(...)] holds each thread's transposed keys and
-    values."""
-    cdef long E = out.shape[1], d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
-    cdef long work = _attention_work(starts, E)
-    _check_scratch(scratch, _longest(starts), d, True)
+    """dqkv (written, not added) of attention within each sequence (attention.h); scratch
+    [threads, attention_scratch_size(...)] holds each thread's transposed keys and values."""
+    _check_scratch(scratch, _longest(starts), out.shape[1] // heads, True)
+    _attention_tasks(True, &qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], &dqkv[0, 0], starts, out.shape[1], heads,
+                     scale, causal, scratch)
+
+
+cdef void _attention_tasks(bint backward, const real* qkv, real* out, real* lse, const real* dout, real* dqkv,
+                           const int[::1] starts, long E, long heads, double scale, bint causal,
+                           real[:, ::1] scratch) noexcept nogil:
+    """One task per (sequence, head) over the threads, forward (out and lse written) or backward
+    (dqkv written from out, lse and dout)."""
+    cdef long d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
     cdef real* kt
-    with nogil, parallel(num_threads=scratch.shape[0], use_threads_if=work > PARALLEL_MIN):
+    with parallel(num_threads=scratch.shape[0], use_threads_if=_attention_work(starts, E) > PARALLEL_MIN):
         kt = &scratch[openmp.omp_get_thread_num(), 0]
         for p in prange(n * heads, schedule="dynamic"):
             s, h = p % n, p // n  # neighbouring tasks take other sequences: no rows shared
             a, b = starts[s], starts[s + 1]
-            if b > a:
-                if real is float:
-                    attention_head_backward_f(&qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], E, d, h, heads, a, b,
-                                              <float>scale, causal, &dqkv[0, 0], kt)
+            if b <= a:
+                continue
+            if real is float:
+                if backward:
+                    attention_head_backward_f(qkv, out, lse, dout, E, d, h, heads, a, b, <float>scale, causal, dqkv, kt)
                 else:
-                    attention_head_backward_d(&qkv[0, 0], &out[0, 0], &lse[0, 0], &dout[0, 0], E, d, h, heads, a, b,
-                                              scale, causal, &dqkv[0, 0], kt)
+                    attention_head_f(qkv, E, d, h, heads, a, b, <float>scale, causal, out, lse, kt)
+            else:
+                if backward:
+                    attention_head_backward_d(qkv, out, lse, dout, E, d, h, heads, a, b, scale, causal, dqkv, kt)
+                else:
+                    attention_head_d(qkv, E, d, h, heads, a, b, scale, causal, out, lse, kt)
 
 
 cdef long _attention_work(const int[::1] starts, long E) noexcept nogil:
