@@ -49,14 +49,19 @@ def test_a_bad_lamina_isa_is_one_clear_error():
         in proc.stderr
 
 
-def test_the_kernel_tests_pass_on_every_lower_path():
+# the float32 cases in the default run (what inference and training take); every case in the
+# slow run (make test-all): the float64 kernels (gradient checks) are their own vectorised code
+@pytest.mark.parametrize("cases", ["not float64", pytest.param("", marks=pytest.mark.slow)],
+                         ids=["float32", "all"])
+def test_the_kernel_tests_pass_on_every_lower_path(cases):
     """Each path below the one this run takes, in a process of its own, all at once (each is
     mostly one busy Python thread)."""
     lower = [p for p in PATHS[1:] if p != PATH and runnable(p)]
     if not lower:
         pytest.skip(f"this CPU runs only the {PATH} path, which this run takes")
+    selection = "not opencl and not reference-core" + (f" and {cases}" if cases else "")
     runs = {path: subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                    *KERNEL_TESTS, "-k", "not opencl and not reference-core", "-m", "not slow"],
+                                    *KERNEL_TESTS, "-k", selection, "-m", "not slow"],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env={**os.environ, "LAMINA_ISA": path}) for path in lower}
     for path, proc in runs.items():
