@@ -84,8 +84,8 @@ class MultiheadAttention(Layer):
         affine(self, ctx, attended, "out_proj.weight", y, "out_proj.bias" if bias else None)
 
     def backward(self, ctx):
-        x, dy, starts, qkv, attended, lse = self._arrays(ctx)
-        dy = ctx.grad_output.reshape(dy.shape)
+        x, out, starts, qkv, attended, lse = self._arrays(ctx)
+        dy = ctx.grad_output.reshape(out.shape)
         be, bias = ctx.be, self.has_bias
         d_attended = ctx.workspace("d_attended", attended.shape)
         affine_backward(self, ctx, dy, attended, "out_proj.weight", "out_proj.bias" if bias else None,
@@ -96,7 +96,6 @@ class MultiheadAttention(Layer):
         dx = ctx.input_grad(0)
         affine_backward(self, ctx, dqkv, x, "in_proj_weight", "in_proj_bias" if bias else None,
                         None if dx is None else GradTarget(dx.array.reshape(x.shape), dx.beta))
-
 
 
 @functools.lru_cache(maxsize=64)
