@@ -120,18 +120,6 @@ def test_forward_kernels_check_their_bias():
     with pytest.raises(ValueError, match="a bias or a ReLU applies when the output is overwritten"):
         _kernels.direct_conv_padded(xp, packed, y, 1, 3, 3, 3, 1, 1, 1, 1, 1, accumulate=True, relu=True)
     x = np.zeros((1, 2, 3, 4, 5), f)
-    v, w9 = np.zeros((2, 3, 1, 4, 5), f), np.zeros((3, 9), f)  # depthwise: 3 channels, 3 x 3 taps
-    for bad, match in ((dict(w=np.zeros((3, 8), f)), r"weights must be \[3, 9\], found \[3, 8\]"),
-                       (dict(y=np.zeros((2, 4, 1, 2, 3), f), w=np.zeros((4, 9), f)), "4 output channels for 3"),
-                       (dict(y=np.zeros((1, 3, 1, 2, 3), f)), "2 input samples for 1 output"),
-                       (dict(stride=0), "strides and dilation must be at least 1")):
-        args = dict(w=w9, y=np.zeros((2, 3, 1, 2, 3), f), stride=1) | bad
-        with pytest.raises(ValueError, match=match):
-            _kernels.depthwise_conv(v, args["w"], args["y"], None, False, 1, 3, 3, 1, args["stride"], 1, 0, 0, 0,
-                                    1, 1, 1)
-    with pytest.raises(ValueError, match=r"sums must be \[3, 9\]"):
-        _kernels.depthwise_conv_weight_grad(v, np.zeros((2, 3, 1, 2, 3), f), w9, np.zeros((3, 8)), 0.0, 1, 3, 3, 1,
-                                            1, 1, 0, 0, 0, 1, 1, 1)
     sizes = _kernels.winograd_workspace(2, 4, 3, 4, 5, 1, 1, 1, True, 6, True)
     buffers = [[np.zeros(n, f)] for n in sizes[:3]] + [np.zeros(sizes[3], f)]
     with pytest.raises(ValueError, match=r"winograd_conv: bias must hold one value per output channel \(4\)"):
