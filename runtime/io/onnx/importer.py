@@ -23,7 +23,7 @@ import numpy as np
 
 from ...graph import Network, Value
 from ...errors import ModelFileError, UnsupportedModelError
-from . import operators, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
+from . import attention, operators, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
 from .registry import Refused, default_axes
 
 
@@ -129,15 +129,17 @@ def to_onnx_layout(value: Any, axes: Sequence[Any]) -> np.ndarray:
 def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     """Feeds for an imported network from arrays as the ONNX model takes them: a sequence input
     may be a padded array in the model's layout (`net.onnx_axes`), with its lengths in the
-    model's sequence_lens input (`net.onnx_lengths`; without it, every sequence is full length);
+    model's sequence_lens input (`net.onnx_lengths`) or attention mask (`net.onnx_masks`, ones
+    then zeros in each row; without either, every sequence is full length);
     it becomes a lamina.Sequences. Sequences pass as they are (lengths fed beside them must
     agree); other inputs pass unchanged."""
     from ...errors import InputError
     from ...sequence import SequenceError, Sequences
     arrays = dict(arrays)
-    given = [arrays.pop(n) for n in getattr(net, "onnx_lengths", ()) if n in arrays]
+    given = [(n, arrays.pop(n)) for n in getattr(net, "onnx_lengths", ()) if n in arrays]
+    given += [(n, _mask_lengths(n, arrays.pop(n))) for n in getattr(net, "onnx_masks", ()) if n in arrays]
     lengths = None
-    for name, a in zip(getattr(net, "onnx_lengths", ()), given):
+    for name, a in given:
         a = np.asarray(a)
         if a.ndim != 1 or a.dtype.kind not in "iu":
             raise InputError(f"input '{name}': expected one integer length per sequence, found {a.dtype} {a.shape}")
@@ -168,6 +170,24 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
         except SequenceError as e:
             raise InputError(f"input '{name}': {e}") from None
     return out
+
+
+def _mask_lengths(name, mask):
+    """The lengths an attention mask [N, T] gives: each row ones (nonzero) then zeros, as a padded
+    batch's mask is; any other mask is an InputError (lamina packs each sequence's own rows)."""
+    from ...errors import InputError
+    mask = np.asarray(mask)
+    if mask.ndim != 2 or mask.dtype.kind not in "biuf":
+        raise InputError(f"input '{name}': expected an attention mask [N, T] of ones and zeros, found "
+                         f"{mask.dtype} {mask.shape}")
+    keep = mask != 0
+    lengths = keep.sum(1)
+    wrong = np.flatnonzero(((np.arange(mask.shape[1])[None, :] < lengths[:, None]) != keep).any(1))
+    if len(wrong):
+        raise InputError(f"input '{name}': row {int(wrong[0])} of the attention mask is not ones followed by zeros "
+                         f"({mask[wrong[0]].tolist()}); lamina takes each sequence as its first rows, without "
+                         f"padding inside it")
+    return lengths
 
 
 # operators that keep their input's leading axes in place (element-wise on one value, or over
@@ -252,6 +272,11 @@ class Importer:
         self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
         for name, order in sequence_inputs(model.graph).items():
             self.sequences.setdefault(name, order)
+        # self-attention subgraphs, each converted whole into one layer (io/onnx/attention.py)
+        self.regions, self.absorbed, self.mask_nodes, encoded = attention.find(model.graph)
+        for name, order in encoded.items():
+            self.sequences.setdefault(name, order)
+        self.mask_inputs = set()  # inputs read only as attention masks: the batch's lengths
 
     # ------------------------------------------------------------------ building
     def build(self):
@@ -283,11 +308,13 @@ class Importer:
         return self.net
 
     def _drop_length_inputs(self):
-        """An input read only as sequence_lens is no input of the lamina network: a Sequences batch
-        carries its lengths. `net.onnx_lengths` names it for `feeds` (padded arrays + lengths)."""
+        """An input read only as sequence_lens, or only as an attention mask, is no input of the
+        lamina network: a Sequences batch carries its lengths. `net.onnx_lengths` and
+        `net.onnx_masks` name them for `feeds` (padded arrays with lengths or masks)."""
         read = {name for node in self.net.nodes for name in node.input_names}
         self.net.onnx_lengths = sorted(n for n in self.length_inputs if n not in read)
-        for name in self.net.onnx_lengths:
+        self.net.onnx_masks = sorted(n for n in self.mask_inputs if n not in read and n in self.net.values)
+        for name in self.net.onnx_lengths + self.net.onnx_masks:
             self.net.input_names.remove(name)
             del self.net.values[name]
         self.net._invalidate()
@@ -342,6 +369,15 @@ class Importer:
         self.index += 1
 
     def _convert_node(self, node):
+        region = self.absorbed.get(self.index)
+        if region is not None or self.index in self.mask_nodes:
+            outs = [attention.Inside() for _ in node.output]
+            if region is not None and region.output in node.output:
+                outs[list(node.output).index(region.output)] = self._attention(region)
+            for name, v in zip(node.output, outs):
+                if name:
+                    self.env[name] = v
+            return
         inputs = [self.env.get(name) if name else None for name in node.input]
         missing = [name for name, v in zip(node.input, inputs) if name and v is None]
         if missing:
@@ -379,6 +415,18 @@ class Importer:
         for name, v in zip(node.output, outs):
             if name:
                 self.env[name] = v
+
+    def _attention(self, region):
+        """The MultiheadAttention layer of an attention region, or Unknown (the refusal recorded
+        against its Softmax)."""
+        if isinstance(self.env.get(region.x), Unknown):
+            return Unknown()
+        softmax = self.graph.node[region.softmax]
+        try:
+            return attention.build(self, region)
+        except Refused as e:
+            self.problems.append((softmax.name or f"#{region.softmax} Softmax", "Softmax", f"attention: {e}"))
+            return Unknown()
 
     def _attempt(self, node, convert, inputs, attrs):
         """convert(self, node, inputs, attrs), a refusal of any kind recorded against the node:

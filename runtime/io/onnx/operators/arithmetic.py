@@ -42,6 +42,10 @@ def add_sub(imp, node, inputs, attrs):
             raise Refused("a constant minus an input")
         a, b, tensor = b, a, node.input[1]
     bias = bias_of(b, a.spec.shape, node.op_type == "Sub")
+    if bias is None and _per_position(imp, a, b) is not None:
+        layer = L.PositionalEmbedding(*_per_position(imp, a, b).shape)
+        assign(layer, "weight", -_per_position(imp, a, b) if node.op_type == "Sub" else _per_position(imp, a, b))
+        return [imp.add(layer, [a], node)]
     if bias is None:
         raise Refused(f"a constant of shape {list(b.shape)} that does not broadcast over one sample "
                       f"{list(a.spec.shape)}")
@@ -56,6 +60,17 @@ def add_sub(imp, node, inputs, attrs):
     bias_layer = L.Bias(a.spec.shape)
     assign(bias_layer, "bias", bias)
     return [imp.add(bias_layer, [a], node)]
+
+
+def _per_position(imp, a, c):
+    """A constant added to each sequence by position, as [T, E] (from [T, E], [1, T, E], or [N, T, E]
+    alike for every sample: position and token-type embeddings folded at a fixed length T), or
+    None where c is not that for the sequence batch a of [E] rows."""
+    if not a.spec.sequence or len(a.spec.shape) != 1 or imp.axes_of(a) != ("N", "T", 0):
+        return None
+    if c.ndim == 3 and np.all(c == c[:1]):
+        c = c[0]
+    return c if c.ndim == 2 and c.shape[1] == a.spec.shape[0] else None
 
 
 @converter("Mul", "Div")

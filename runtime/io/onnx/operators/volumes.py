@@ -329,6 +329,8 @@ def reduce_mean_sum(imp, node, inputs, attrs):
     axes = sorted(a + rank if a < 0 else a for a in axes)
     if not all(0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
         raise Refused(f"axes {axes} of a rank-{rank} value")
+    if x.spec.sequence and [layout[a] for a in axes] == ["T"]:
+        return [_over_time(imp, node, x, layout, attrs.get("keepdims", 1))]
     if any(isinstance(layout[a], str) for a in axes):
         raise Refused(f"axes {axes} include the batch or time axis (lamina reduces within each sample)")
     own = [layout[a] for a in axes]
@@ -341,6 +343,18 @@ def reduce_mean_sum(imp, node, inputs, attrs):
         raise Refused(f"axes {axes}: every axis of a sample reduced without keepdims (lamina keeps one)")
     y = imp.add(L.Reduce(own, mode="mean" if node.op_type == "ReduceMean" else "sum"), [x], node)
     return [y if keep else imp.net.add(L.Reshape(tuple(x.spec.shape[k] for k in kept)), [y])]
+
+
+def _over_time(imp, node, x, layout, keep):
+    """The mean or sum over each sequence's steps: a SequencePool (each sequence over its own
+    length: padding is never counted)."""
+    if keep:
+        raise Refused("keepdims=1 over the time axis (lamina's pooled value has no time axis)")
+    y = imp.add(L.SequencePool("average" if node.op_type == "ReduceMean" else "sum"), [x], node)
+    rest = tuple(a for a in layout if a != "T")
+    if rest != default_axes(y.spec):
+        y.onnx_axes = rest
+    return y
 
 
 def _global_average(imp, node, x, keep):

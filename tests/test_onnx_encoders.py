@@ -1,0 +1,263 @@
+"""The encoders users bring as ONNX: `torch.nn.TransformerEncoder` classifiers and Hugging Face
+BERT, DistilBERT and RoBERTa models built from small configs (random weights, nothing
+downloaded), each exported by both of PyTorch's exporters with the example input's static shapes
+(PyTorch's default). Each loads with its attention subgraphs as MultiheadAttention layers and its
+attention mask as the batch's lengths, matches ONNX Runtime on the padded batch to 1e-4 of the
+output's scale, runs ragged batches as each sequence alone, fine-tunes, and exports back."""
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import lamina as lm
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+transformers = pytest.importorskip("transformers")
+nn = torch.nn
+
+VOCAB, WIDTH, HEADS, FEED_FORWARD, POSITIONS = 50, 32, 4, 64, 40
+BATCH, STEPS = 3, 7  # the example input's static shape
+
+
+class EncoderClassifier(nn.Module):
+    """Token embeddings, a 2-layer nn.TransformerEncoder (batch first), mean over time, a linear
+    head: the classifier users write with torch.nn."""
+
+    def __init__(self, norm_first=False, activation="relu"):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        layer = nn.TransformerEncoderLayer(WIDTH, HEADS, FEED_FORWARD, dropout=0.0, batch_first=True,
+                                           norm_first=norm_first, activation=activation)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(WIDTH, 3)
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.embed(ids)).mean(1))
+
+
+class HiddenStates(nn.Module):
+    """A Hugging Face encoder's last hidden states from input_ids and attention_mask."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def hugging_face(kind):
+    t = transformers
+    sizes = dict(vocab_size=VOCAB, max_position_embeddings=POSITIONS)
+    if kind == "distilbert":
+        config = t.DistilBertConfig(dim=WIDTH, n_layers=2, n_heads=HEADS, hidden_dim=FEED_FORWARD, dropout=0.0,
+                                    attention_dropout=0.0, **sizes)
+        return HiddenStates(t.DistilBertModel(config))
+    common = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=HEADS, intermediate_size=FEED_FORWARD,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **sizes)
+    if kind == "bert":
+        return HiddenStates(t.BertModel(t.BertConfig(**common), add_pooling_layer=False))
+    if kind == "bert-classifier":
+        return t.BertForSequenceClassification(t.BertConfig(num_labels=3, **common))
+    return HiddenStates(t.RobertaModel(t.RobertaConfig(**common), add_pooling_layer=False))
+
+
+MODELS = {
+    "torch-post-norm": lambda: EncoderClassifier(),
+    "torch-pre-norm-gelu": lambda: EncoderClassifier(norm_first=True, activation="gelu"),
+    "bert": lambda: hugging_face("bert"),
+    "distilbert": lambda: hugging_face("distilbert"),
+    "roberta": lambda: hugging_face("roberta"),
+}
+MASKED = {"bert", "distilbert", "roberta"}  # taking an attention mask beside the ids
+CASES = [(name, dynamo) for name in MODELS for dynamo in (True, False)]
+IDS = [f"{n}-{'dynamo' if d else 'torchscript'}" for n, d in CASES]
+
+
+def build(name):
+    torch.manual_seed(sum(map(ord, name)))
+    model = MODELS[name]().eval()
+    with torch.no_grad():  # LayerNorm weights and biases off their initial ones and zeros
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.2, 0.2)
+    return model
+
+
+def padded(lengths, steps=STEPS, seed=0):
+    """ids [N, steps] (no padding id 1 among the tokens) and the prefix attention mask."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, VOCAB, (len(lengths), steps)).astype(np.int64)
+    mask = (np.arange(steps)[None, :] < np.asarray(lengths)[:, None]).astype(np.int64)
+    return np.where(mask == 1, ids, 1), mask
+
+
+_EXPORTS = {}
+
+
+def export(name, dynamo):
+    """The model's ONNX bytes, exported at the example input's static shapes (cached per run)."""
+    if (name, dynamo) not in _EXPORTS:
+        model = build(name)
+        ids, mask = padded([STEPS, STEPS - 2, 4])
+        args = (torch.from_numpy(ids), torch.from_numpy(mask)) if name in MASKED else (torch.from_numpy(ids),)
+        names = ["ids", "mask"][:len(args)]
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, args, f, dynamo=dynamo, input_names=names, verbose=False)
+        _EXPORTS[name, dynamo] = model, f.getvalue()
+    return _EXPORTS[name, dynamo]
+
+
+def run_padded(net, ids, mask=None):
+    feeds = {net.input_names[0]: ids} if mask is None else {net.input_names[0]: ids, net.onnx_masks[0]: mask}
+    (key, out), = net.run(lm.onnx.feeds(net, feeds)).items()
+    return lm.onnx.to_onnx_layout(out, net.onnx_axes[key])
+
+
+def assert_close(ours, theirs, where=None):
+    if where is not None:
+        ours, theirs = ours[where], theirs[where]
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * max(float(np.abs(theirs).max()), 1e-3))
+
+
+@pytest.mark.parametrize("name,dynamo", CASES, ids=IDS)
+def test_encoder_imports_and_matches_onnx_runtime(name, dynamo):
+    """Every attention becomes one MultiheadAttention layer (no Softmax left); on the padded batch
+    the rows inside each sequence equal ONNX Runtime's and PyTorch's."""
+    model, blob = export(name, dynamo)
+    net = lm.onnx.load(blob)
+    kinds = [node.layer.kind for node in net.nodes]
+    assert kinds.count("multihead_attention") == 2 and "softmax" not in kinds
+    ids, mask = padded([STEPS, STEPS - 2, 4], seed=1)
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    if name in MASKED:
+        assert net.input_names == ["ids"] and net.onnx_masks == ["mask"]
+        theirs = session.run(None, {"ids": ids, "mask": mask})[0]
+        ours = run_padded(net, ids, mask)
+        assert_close(ours, theirs, mask.astype(bool))
+        with torch.no_grad():
+            assert_close(ours, model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy(), mask.astype(bool))
+    else:
+        theirs = session.run(None, {"ids": ids})[0]
+        ours = run_padded(net, ids)
+        assert_close(ours, theirs)
+        with torch.no_grad():
+            assert_close(ours, model(torch.from_numpy(ids)).numpy())
+
+
+@pytest.mark.parametrize("name,dynamo", [c for c in CASES if c[1]], ids=[i for i, c in zip(IDS, CASES) if c[1]])
+def test_ragged_batch_equals_each_sequence_alone(name, dynamo):
+    """A batch of sequences of 1 to 7 tokens packed without padding: each sequence's output equals
+    that sequence run alone, and (the models taking a mask) ONNX Runtime's on the padded batch."""
+    _, blob = export(name, dynamo)
+    net = lm.onnx.load(blob)
+    lengths = [5, 1, 7, 3, 6]
+    ids, mask = padded(lengths, seed=2)
+    batch = lm.Sequences.from_list([ids[i, :n].astype(np.int32) for i, n in enumerate(lengths)])
+    (key, out), = net.run({"ids": batch}).items()
+    rows = out.to_list() if isinstance(out, lm.Sequences) else list(out)
+    for i, n in enumerate(lengths):
+        (_, alone), = net.run({"ids": lm.Sequences.from_list([ids[i, :n].astype(np.int32)])}).items()
+        alone = alone.to_list()[0] if isinstance(alone, lm.Sequences) else alone[0]
+        np.testing.assert_allclose(rows[i], alone, rtol=0, atol=1e-5 * max(float(np.abs(alone).max()), 1e-3))
+    if name in MASKED:
+        theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(
+            None, {"ids": ids[:BATCH], "mask": mask[:BATCH]})[0]
+        ours = lm.onnx.to_onnx_layout(lm.Sequences.from_list(rows[:BATCH]), net.onnx_axes[key])
+        theirs = theirs[:, :ours.shape[1]]
+        assert_close(ours, theirs, mask[:BATCH, :ours.shape[1]].astype(bool))
+
+
+def test_a_mask_with_padding_inside_a_sequence_is_refused():
+    _, blob = export("bert", True)
+    net = lm.onnx.load(blob)
+    ids, mask = padded([STEPS, STEPS, STEPS])
+    mask[1, 2] = 0
+    with pytest.raises(lm.InputError, match=r"input 'mask': row 1 of the attention mask is not ones followed by zeros"):
+        lm.onnx.feeds(net, {"ids": ids, "mask": mask})
+
+
+def test_a_sequence_longer_than_the_exported_positions_is_refused():
+    """BERT's position embeddings were folded at the export's length: a longer sequence is an
+    InputError naming the layer, not a silent wrong answer."""
+    _, blob = export("bert", True)
+    net = lm.onnx.load(blob)
+    ids = lm.Sequences.from_list([np.arange(3, 3 + STEPS + 1, dtype=np.int32)])
+    with pytest.raises(lm.InputError, match="longer than num_positions=7"):
+        net.run({"ids": ids})
+
+
+@pytest.mark.parametrize("name", ["torch-post-norm", "bert"])
+def test_imported_encoder_fine_tunes(name):
+    """The imported encoder with a loss attached trains: Adam steps on one ragged batch lower the
+    loss, and every attention parameter receives a gradient."""
+    _, blob = export(name, True)
+    net = lm.onnx.load(blob)
+    (out_name,), = [tuple(net.output_values)]
+    out = net.values[net.output_values[out_name]]
+    rng = np.random.default_rng(3)
+    lengths = [7, 4, 2, 6]
+    ids = lm.Sequences.from_list([rng.integers(3, VOCAB, n).astype(np.int32) for n in lengths])
+    if out.spec.sequence:  # hidden states: a per-token regression target
+        target = net.input("target", out.spec.shape, sequence=True)
+        net.outputs(loss=lm.layers.SquareError()(out, target))
+        feeds = {"ids": ids, "target": lm.Sequences.from_list(
+            [rng.standard_normal((n, WIDTH)).astype(np.float32) for n in lengths])}
+    else:
+        labels = net.input("labels", dtype="int32")
+        net.outputs(loss=lm.layers.SoftmaxCrossEntropy()(out, labels))
+        feeds = {"ids": ids, "labels": np.array([0, 1, 2, 1], np.int32)}
+    opt = lm.optim.Adam(net, lr=0.01)
+    losses = [net.train_step(feeds, opt) for _ in range(6)]
+    assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("name", ["torch-pre-norm-gelu", "distilbert"])
+def test_imported_encoder_exports_back(name):
+    """lamina's export of the imported encoder runs in ONNX Runtime as lamina runs it."""
+    _, blob = export(name, True)
+    net = lm.onnx.load(blob)
+    ids, mask = padded([STEPS, 3, 5], seed=4)
+    ours = run_padded(net, ids, mask if name in MASKED else None)
+    again = lm.onnx.save(net).SerializeToString()
+    session = ort.InferenceSession(again, providers=["CPUExecutionProvider"])
+    lengths = mask.sum(1).astype(np.int64) if name in MASKED else np.full(len(ids), STEPS, np.int64)
+    feeds = {i.name: ids if i.name == "ids" else lengths for i in session.get_inputs()}
+    theirs = session.run(None, feeds)[0]
+    if name in MASKED:
+        assert_close(ours, theirs[:, :STEPS] if theirs.ndim == 3 else theirs, mask.astype(bool))
+    else:
+        assert_close(ours, theirs)
+
+
+class BiasedAttention(nn.Module):
+    """Attention with a learned bias added to the scores (as T5's relative positions): not what
+    lamina's layer computes, so the importer refuses it by the Softmax's name."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.qkv, self.out = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+        self.bias = nn.Parameter(torch.randn(STEPS, STEPS))
+
+    def forward(self, ids):
+        q, k, v = self.qkv(self.embed(ids)).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2) / WIDTH ** 0.5 + self.bias
+        return self.out(scores.softmax(-1) @ v)
+
+
+def test_attention_that_lamina_does_not_compute_is_refused_by_name():
+    torch.manual_seed(0)
+    ids = torch.from_numpy(padded([STEPS] * 2)[0])
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(BiasedAttention().eval(), (ids,), f, dynamo=False)
+    with pytest.raises(lm.UnsupportedModelError, match=r"\(Softmax\): attention: the subgraph around this Softmax is "
+                                                        r"not multi-head self-attention"):
+        lm.onnx.load(f.getvalue())
