@@ -37,6 +37,17 @@ class EncoderClassifier(nn.Module):
         return self.head(self.encoder(self.embed(ids)).mean(1))
 
 
+class Logits(nn.Module):
+    """A Hugging Face classifier's logits (its first token pooled) from input_ids and attention_mask."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask).logits
+
+
 class HiddenStates(nn.Module):
     """A Hugging Face encoder's last hidden states from input_ids and attention_mask."""
 
@@ -60,7 +71,7 @@ def hugging_face(kind):
     if kind == "bert":
         return HiddenStates(t.BertModel(t.BertConfig(**common), add_pooling_layer=False))
     if kind == "bert-classifier":
-        return t.BertForSequenceClassification(t.BertConfig(num_labels=3, **common))
+        return Logits(t.BertForSequenceClassification(t.BertConfig(num_labels=3, **common)))
     return HiddenStates(t.RobertaModel(t.RobertaConfig(**common), add_pooling_layer=False))
 
 
@@ -70,8 +81,9 @@ MODELS = {
     "bert": lambda: hugging_face("bert"),
     "distilbert": lambda: hugging_face("distilbert"),
     "roberta": lambda: hugging_face("roberta"),
+    "bert-classifier": lambda: hugging_face("bert-classifier"),
 }
-MASKED = {"bert", "distilbert", "roberta"}  # taking an attention mask beside the ids
+MASKED = {"bert", "distilbert", "roberta", "bert-classifier"}  # taking an attention mask beside the ids
 CASES = [(name, dynamo) for name in MODELS for dynamo in (True, False)]
 IDS = [f"{n}-{'dynamo' if d else 'torchscript'}" for n, d in CASES]
 
@@ -120,7 +132,9 @@ def run_padded(net, ids, mask=None):
 
 
 def assert_close(ours, theirs, where=None):
-    if where is not None:
+    """Equal to 1e-4 of the output's scale; `where` the tokens inside the sequences (an output of
+    hidden states)."""
+    if where is not None and theirs.ndim == 3:
         ours, theirs = ours[where], theirs[where]
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * max(float(np.abs(theirs).max()), 1e-3))
 
@@ -168,9 +182,12 @@ def test_ragged_batch_equals_each_sequence_alone(name, dynamo):
     if name in MASKED:
         theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(
             None, {"ids": ids[:BATCH], "mask": mask[:BATCH]})[0]
-        ours = lm.onnx.to_onnx_layout(lm.Sequences.from_list(rows[:BATCH]), net.onnx_axes[key])
-        theirs = theirs[:, :ours.shape[1]]
-        assert_close(ours, theirs, mask[:BATCH, :ours.shape[1]].astype(bool))
+        if isinstance(out, lm.Sequences):  # hidden states, padded to the longest of the three
+            ours = lm.onnx.to_onnx_layout(lm.Sequences.from_list(rows[:BATCH]), net.onnx_axes[key])
+            theirs = theirs[:, :ours.shape[1]]
+        else:
+            ours = np.stack(rows[:BATCH])
+        assert_close(ours, theirs, mask[:BATCH, :STEPS].astype(bool))
 
 
 def test_a_mask_with_padding_inside_a_sequence_is_refused():
@@ -179,6 +196,18 @@ def test_a_mask_with_padding_inside_a_sequence_is_refused():
     ids, mask = padded([STEPS, STEPS, STEPS])
     mask[1, 2] = 0
     with pytest.raises(lm.InputError, match=r"input 'mask': row 1 of the attention mask is not ones followed by zeros"):
+        lm.onnx.feeds(net, {"ids": ids, "mask": mask})
+
+
+def test_the_padding_id_inside_a_sequence_is_refused():
+    """RoBERTa numbers positions by skipping its padding id: lamina's sequences hold no padding, so
+    that id inside a sequence is an InputError rather than other positions than the model's."""
+    _, blob = export("roberta", True)
+    net = lm.onnx.load(blob)
+    assert net.onnx_reserved_ids == {"ids": [1]}
+    ids, mask = padded([STEPS, 4, 2])
+    ids[0, 3] = 1
+    with pytest.raises(lm.InputError, match=r"input 'ids': id 1 appears inside a sequence"):
         lm.onnx.feeds(net, {"ids": ids, "mask": mask})
 
 

@@ -78,7 +78,10 @@ class Inside:
     own nodes read it."""
 
 
-class _Graph:
+class Graph:
+    """An ONNX graph's nodes with who makes and who reads each tensor, and which tensors depend on
+    the inputs' values."""
+
     def __init__(self, graph):
         self.nodes = list(graph.node)
         self.made = {out: i for i, n in enumerate(self.nodes) for out in n.output if out}
@@ -131,10 +134,9 @@ class _Graph:
         return cs[0] if len(cs) == 1 and name not in self.outputs else None
 
 
-def find(graph):
+def find(g):
     """(regions, node index -> region for every node a region absorbs, indices of mask nodes,
-    {graph input: "NT"} for the inputs the regions' x come from)."""
-    g = _Graph(graph)
+    {graph input: "NT"} for the inputs the regions' x come from) in a Graph."""
     regions, taken = [], {}
     for i, n in enumerate(g.nodes):
         if n.op_type != "Softmax" or i in taken:
@@ -497,44 +499,47 @@ def _in_projection(imp, region, E):
 
 
 def _evaluate(imp, region, x, lengths, sizes):
-    """(the region's output, the Softmax's input) from onnx's reference evaluator over the
-    region's and its mask's nodes, x and a prefix attention mask of the given lengths fed."""
+    """(the region's output, the Softmax's input) over the region's and its mask's nodes, x and a
+    prefix attention mask of the given lengths fed."""
+    helper = imp.onnx.helper
+    given = {region.x: x}
+    for name in region.mask_inputs:
+        elem = next(i for i in imp.graph.input if i.name == name).type.tensor_type.elem_type
+        given[name] = (np.arange(sizes["T"])[None, :] < lengths[:, None]).astype(helper.tensor_dtype_to_np_dtype(elem))
+    return evaluate(imp, set(region.nodes) | set(region.mask_nodes), given, (region.output, region.scores), sizes,
+                    f"the attention reads '{{}}', computed from the model's inputs, besides its input '{region.x}' "
+                    f"and an attention mask")
+
+
+def evaluate(imp, indices, given, outputs, sizes, unknown):
+    """The outputs of the graph's nodes `indices` from onnx's reference evaluator: the arrays
+    `given` fed, constants as folded, shapes with the batch and time sizes at `sizes`; reading
+    any other value is Refused(unknown.format(name))."""
     from onnx.reference import ReferenceEvaluator
     from . import shapes
     helper = imp.onnx.helper
-    nodes = [imp.graph.node[k] for k in sorted(set(region.nodes) | set(region.mask_nodes))]
+    nodes = [imp.graph.node[k] for k in sorted(indices)]
     made = {o for n in nodes for o in n.output if o}
     feeds = {}
-    inputs = {i.name: i for i in imp.graph.input}
-    for n in nodes:
-        for name in n.input:
-            if not name or name in made or name in feeds:
-                continue
-            v = imp.env.get(name)
-            if name == region.x:
-                feeds[name] = x
-            elif name in region.mask_inputs:
-                elem = inputs[name].type.tensor_type.elem_type
-                mask = np.arange(sizes["T"])[None, :] < lengths[:, None]
-                feeds[name] = mask.astype(helper.tensor_dtype_to_np_dtype(elem))
-            elif isinstance(v, np.ndarray):
-                feeds[name] = v
-            elif isinstance(v, shapes.Symbolic):
-                feeds[name] = np.array([sizes.get(e, e) if isinstance(e, str) else e
-                                        for e in np.ravel(v.values)], np.int64).reshape(np.shape(v.values))
-            else:
-                raise Refused(f"the attention reads '{name}', computed from the model's inputs, besides its "
-                              f"input '{region.x}' and an attention mask")
-    infos = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), None)
-             for k, v in feeds.items()]
-    outs = [helper.make_tensor_value_info(k, 0, None) for k in (region.output, region.scores)]
-    model = helper.make_model(helper.make_graph(nodes, "attention", infos, outs),
+    for name in (x for n in nodes for x in n.input if x and x not in made):
+        v = imp.env.get(name)
+        if name in given:
+            feeds[name] = given[name]
+        elif isinstance(v, np.ndarray):
+            feeds[name] = v
+        elif isinstance(v, shapes.Symbolic):
+            feeds[name] = np.array([sizes.get(e, e) if isinstance(e, str) else e
+                                    for e in np.ravel(v.values)], np.int64).reshape(np.shape(v.values))
+        else:
+            raise Refused(unknown.format(name))
+    infos = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), None) for k, v in feeds.items()]
+    model = helper.make_model(helper.make_graph(nodes, "part", infos, [helper.make_tensor_value_info(k, 0, None)
+                                                                        for k in outputs]),
                               opset_imports=[helper.make_opsetid("", imp.opset)])
     try:
-        output, scores = ReferenceEvaluator(model).run(None, feeds)
+        return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
     except Exception as e:  # the reference evaluator raises what numpy raises
-        raise Refused(f"could not evaluate the attention subgraph at N={sizes['N']}, T={sizes['T']} ({e})") from None
-    return np.asarray(output), np.asarray(scores)
+        raise Refused(f"could not evaluate the subgraph at N={sizes['N']}, T={sizes['T']} ({e})") from None
 
 
 def _layouts(output, layout, n, t):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...graph import Network, Value
 from ...errors import ModelFileError, UnsupportedModelError
-from . import attention, operators, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
+from . import attention, operators, positions, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
 from .registry import Refused, default_axes
 
 
@@ -169,6 +169,13 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = Sequences.from_padded(batch_first, n)
         except SequenceError as e:
             raise InputError(f"input '{name}': {e}") from None
+    for name, reserved in getattr(net, "onnx_reserved_ids", {}).items():
+        ids = out.get(name)
+        found = np.isin(ids.values if isinstance(ids, Sequences) else np.asarray(ids), reserved) if ids is not None \
+            else None
+        if found is not None and found.any():
+            raise InputError(f"input '{name}': id {', '.join(map(str, reserved))} appears inside a sequence; the model "
+                             f"numbers its positions by skipping it (its padding id), and lamina's sequences hold no padding")
     return out
 
 
@@ -273,10 +280,14 @@ class Importer:
         for name, order in sequence_inputs(model.graph).items():
             self.sequences.setdefault(name, order)
         # self-attention subgraphs, each converted whole into one layer (io/onnx/attention.py)
-        self.regions, self.absorbed, self.mask_nodes, encoded = attention.find(model.graph)
+        graph = attention.Graph(model.graph)
+        self.regions, self.absorbed, self.mask_nodes, encoded = attention.find(graph)
         for name, order in encoded.items():
             self.sequences.setdefault(name, order)
         self.mask_inputs = set()  # inputs read only as attention masks: the batch's lengths
+        # position ids computed from token ids (io/onnx/positions.py), and the ids they set apart
+        self.index_subgraphs = positions.find(graph, encoded, self.absorbed)
+        self.reserved_ids = {}
 
     # ------------------------------------------------------------------ building
     def build(self):
@@ -303,6 +314,7 @@ class Importer:
         self.net.validate()
         if self.quantized:
             self.net.set_precision("int8")
+        self.net.onnx_reserved_ids = {k: sorted(v) for k, v in self.reserved_ids.items() if k in self.net.values}
         self.net.onnx_axes = {name: self.axes_of(v) for name, v in
                               [(i, self.net.values[i]) for i in self.net.input_names] + list(outputs.items())}
         return self.net
@@ -378,6 +390,13 @@ class Importer:
                 if name:
                     self.env[name] = v
             return
+        sub = self.index_subgraphs.get(self.index)
+        if sub is not None:
+            for name in node.output:
+                self.env[name] = attention.Inside()
+            if sub.output in node.output:
+                self.env[sub.output] = self._positions(sub, node)
+            return
         inputs = [self.env.get(name) if name else None for name in node.input]
         missing = [name for name, v in zip(node.input, inputs) if name and v is None]
         if missing:
@@ -426,6 +445,17 @@ class Importer:
             return attention.build(self, region)
         except Refused as e:
             self.problems.append((softmax.name or f"#{region.softmax} Softmax", "Softmax", f"attention: {e}"))
+            return Unknown()
+
+    def _positions(self, sub, node):
+        """The position ids an index subgraph computes, as a constant, or Unknown (the refusal
+        recorded against its last node)."""
+        if isinstance(self.env.get(sub.source), Unknown):
+            return Unknown()
+        try:
+            return positions.fold(self, sub)
+        except Refused as e:
+            self.problems.append((node.name or f"#{self.index} {node.op_type}", node.op_type, str(e)))
             return Unknown()
 
     def _attempt(self, node, convert, inputs, attrs):
