@@ -5,7 +5,8 @@ with whatever queued meanwhile), lamina with batching
 off, and ONNX Runtime running the exported model per request behind the same server code
 (bench.serve_server). Cases: the language model scoring 10..200 tokens (each step's negative
 log-likelihood of the token that follows), the same tokens with every logit back, and encoding
-them (final state back); the denoiser on 24³ volumes. For each: requests/s, p50 and p99
+them (final state back); the denoiser on 24³ volumes; the MiniLM-L6-shaped text encoder of suite
+`transformer` (random weights) embedding 8..128 tokens (the mean-pooled output back). For each: requests/s, p50 and p99
 latency, and the mean batch size (from the server's /metrics)."""
 import json
 import os
@@ -21,21 +22,23 @@ from .serve_load import OUTPUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"python_lm": ROOT / "models" / "python_lm" / "model.lamina",
-          "denoise3d": ROOT / "models" / "denoise3d" / "model.lamina"}
-CASES = [("python_lm", "score"), ("python_lm", "logits"), ("python_lm", "encode"), ("denoise3d", "denoise")]
+          "denoise3d": ROOT / "models" / "denoise3d" / "model.lamina",
+          "encoder": None}  # bench.transformer's encoder, saved into the run's folder
+CASES = [("python_lm", "score"), ("python_lm", "logits"), ("python_lm", "encode"), ("denoise3d", "denoise"),
+         ("encoder", "embed")]
 SERVERS = ["lamina", "nobatch", "ort"]
 CLIENTS = (1, 8, 32)
 
 
-def _start(kind, model, onnx_path, threads):
+def _start(kind, model_path, onnx_path, threads):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "bench.serve_server", kind, str(MODELS[model]), str(onnx_path),
+    proc = subprocess.Popen([sys.executable, "-m", "bench.serve_server", kind, str(model_path), str(onnx_path),
                              "--threads", str(threads)], stdout=subprocess.PIPE, text=True, env=env,
                             stdin=subprocess.DEVNULL)
     url = proc.stdout.readline().strip()
     if not url.startswith("http://"):
         proc.kill()
-        raise RuntimeError(f"bench.serve_server {kind} {model} did not start")
+        raise RuntimeError(f"bench.serve_server {kind} {model_path} did not start")
     return proc, url
 
 
@@ -46,19 +49,24 @@ def _batches(url, model):
 
 
 def run(rounds=1, seconds=3.0, threads=2, only=None):
-    """`only`: run the cases whose name (score, logits, encode, denoise) contains it."""
+    """`only`: run the cases whose name (score, logits, encode, denoise, embed) contains it."""
     import lamina as lm
     results = []
     cases = [(model, case) for model, case in CASES if only is None or only in case]
     with tempfile.TemporaryDirectory() as tmp:
-        onnx = {}
+        onnx, paths = {}, dict(MODELS)
+        if any(model == "encoder" for model, _ in cases):
+            from .transformer import lamina_encoder
+            paths["encoder"] = Path(tmp) / "encoder" / "model.lamina"
+            paths["encoder"].parent.mkdir()
+            lm.save(lamina_encoder(), paths["encoder"])
         for model, case in cases:  # what a do-it-yourself service would export: the outputs it serves
             onnx[case] = Path(tmp) / f"{model}-{case}.onnx"
-            lm.onnx.save(lm.load(MODELS[model]), onnx[case], OUTPUTS[case])
+            lm.onnx.save(lm.load(paths[model]), onnx[case], OUTPUTS[case])
         for model, case in cases:
             for clients in CLIENTS:
                 for kind in SERVERS:
-                    proc, url = _start(kind, model, onnx[case], threads)
+                    proc, url = _start(kind, paths[model], onnx[case], threads)
                     try:
                         before = _batches(url, model)
                         out = subprocess.run([sys.executable, "-m", "bench.serve_load", url, model, case, "--clients",

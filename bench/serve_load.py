@@ -6,7 +6,8 @@ prints JSON with requests/s, p50 and p99 latency (ms) and errors.
     python -m bench.serve_load URL MODEL CASE --clients 8 --seconds 3
 CASE: score (the language model: 10..200 tokens and the tokens that follow them, each step's
 negative log-likelihood back), logits (the same tokens, every step's 4096 logits back), encode
-(the same tokens, the final state back), denoise (one 24³ volume).
+(the same tokens, the final state back), denoise (one 24³ volume), embed (the text encoder:
+8..128 tokens, the mean-pooled embedding back).
 """
 import argparse
 import asyncio
@@ -17,7 +18,8 @@ import numpy as np
 
 
 # what each case asks for (the ONNX Runtime server runs a model exported with these outputs)
-OUTPUTS = {"score": ["nll"], "logits": ["logits"], "encode": ["last", "cell"], "denoise": ["denoised"]}
+OUTPUTS = {"score": ["nll"], "logits": ["logits"], "encode": ["last", "cell"], "denoise": ["denoised"],
+           "embed": ["pooled"]}
 
 
 def bodies(case, count=64):
@@ -28,6 +30,8 @@ def bodies(case, count=64):
     for _ in range(count):
         if case == "denoise":
             inputs = {"noisy": rng.standard_normal((1, 1, 24, 24, 24)).astype(np.float32)}
+        elif case == "embed":
+            inputs = {"ids": rng.integers(0, 8192, int(rng.integers(8, 129))).astype(np.int32)}
         else:
             z = np.zeros((1, 1, 256), np.float32)
             tokens = rng.integers(0, 4096, int(rng.integers(11, 202))).astype(np.int32)

@@ -29,9 +29,13 @@ def ort_model(name, net, onnx_path, threads):
             for p in batch:
                 feeds = {}
                 for k, a in p.arrays.items():
-                    if self.net.values[k].spec.sequence:  # one sequence: a batch of one, its length
-                        feeds[k] = a[None].astype(np.int64) if a.dtype.kind in "iu" else a[None]
-                        feeds["lengths"] = np.array([len(a)], np.int64)
+                    if self.net.values[k].spec.sequence:  # the request's sequences, padded, and their lengths
+                        seqs = a if isinstance(a, list) else [a]
+                        padded = np.zeros((len(seqs), max(map(len, seqs))) + seqs[0].shape[1:], seqs[0].dtype)
+                        for i, one in enumerate(seqs):
+                            padded[i, :len(one)] = one
+                        feeds[k] = padded.astype(np.int64) if padded.dtype.kind in "iu" else padded
+                        feeds["lengths"] = np.array([len(one) for one in seqs], np.int64)
                     else:
                         feeds[k] = a
                 outs = self.session.run(list(p.outputs), {k: v for k, v in feeds.items() if k in self.names})
