@@ -98,29 +98,33 @@ class Graph:
             t = info.type.tensor_type
             if t.HasField("shape"):
                 self.rank[info.name] = len(t.shape.dim)
-        self._dependent = {}
+        self._dependent, self._derived = {}, {}
 
     def dependent(self, name):
         """Whether a tensor's values depend on a graph input (a Shape's output does not)."""
-        if name in self._dependent:
-            return self._dependent[name]
-        stack, order = [name], []
+        return self._reaches(name, self._dependent, through_shapes=False)
+
+    def derived(self, name):
+        """Whether a tensor depends on a graph input, its values or its shape (not a constant)."""
+        return self._reaches(name, self._derived, through_shapes=True)
+
+    def _reaches(self, name, memo, through_shapes):
+        stack = [name]
         while stack:  # iterative: deep graphs must not exhaust Python's recursion
             t = stack.pop()
-            if t in self._dependent:
+            if t in memo:
                 continue
             i = self.made.get(t)
-            if i is None or self.nodes[i].op_type in ("Shape", "Size"):
-                self._dependent[t] = t in self.inputs
+            if i is None or (not through_shapes and self.nodes[i].op_type in ("Shape", "Size")):
+                memo[t] = t in self.inputs
                 continue
-            pending = [x for x in self.nodes[i].input if x and x not in self._dependent]
+            pending = [x for x in self.nodes[i].input if x and x not in memo]
             if pending:
                 stack.append(t)
                 stack.extend(pending)
-                order.append(t)
                 continue
-            self._dependent[t] = any(self._dependent[x] for x in self.nodes[i].input if x)
-        return self._dependent[name]
+            memo[t] = any(memo[x] for x in self.nodes[i].input if x)
+        return memo[name]
 
     def node(self, name):
         i = self.made.get(name)
@@ -130,7 +134,8 @@ class Graph:
         return bool(name) and not self.dependent(name)
 
     def sole_consumer(self, name):
-        cs = self.consumers.get(name, [])
+        """The one node reading the tensor's values (a Shape of it aside), or None."""
+        cs = [c for c in self.consumers.get(name, []) if self.nodes[c].op_type not in ("Shape", "Size")]
         return cs[0] if len(cs) == 1 and name not in self.outputs else None
 
 
@@ -146,7 +151,7 @@ def find(g):
             regions.append(region)
             taken.update((k, region) for k in region.nodes)
     while True:  # each mask's nodes, with their shape readers; read only by masks and regions
-        kept, ancestors = [], {id(r): _ancestors(g, r.mask_tensors) for r in regions}
+        kept, ancestors = [], {id(r): _ancestors(g, r.mask_tensors, set(taken)) for r in regions}
         every = set(taken).union(*ancestors.values())
         for region in regions:
             nodes = _closed(g, ancestors[id(region)], every)
@@ -338,16 +343,28 @@ def _to_output(g, name):
     return None
 
 
-def _ancestors(g, tensors):
-    """The nodes computing the tensors from graph inputs (their ancestors whose values depend on
-    an input)."""
-    nodes, stack = set(), [t for t in tensors if g.dependent(t)]
+def _ancestors(g, tensors, regions):
+    """The nodes computing the mask tensors: their ancestors that depend on a graph input, and
+    those computed from shapes (a Range over the time size) that only masks and regions read;
+    a Shape itself, and shape arithmetic read elsewhere, stay with the importer."""
+    nodes, stack = set(), [t for t in tensors if g.derived(t)]
     while stack:
         i = g.made.get(stack.pop())
-        if i is not None and i not in nodes:
+        if i is None or i in nodes:
+            continue
+        n = g.nodes[i]
+        if n.op_type not in ("Shape", "Size"):
             nodes.add(i)
-            stack.extend(x for x in g.nodes[i].input if x and g.dependent(x))
-    return nodes
+            stack.extend(x for x in n.input if x and g.derived(x))
+        elif not g.dependent(n.input[0]):  # the shape of a mask's own shape arithmetic
+            stack.append(n.input[0])
+    while True:
+        shared = {k for k in nodes if not any(g.dependent(o) for o in g.nodes[k].output if o) and
+                  any(c not in nodes and c not in regions and g.nodes[c].op_type not in ("Shape", "Size")
+                      for o in g.nodes[k].output if o for c in g.consumers.get(o, []))}
+        if not shared:
+            return nodes
+        nodes -= shared
 
 
 def _closed(g, members, stop, keep=None):
@@ -528,8 +545,8 @@ def evaluate(imp, indices, given, outputs, sizes, unknown):
         elif isinstance(v, np.ndarray):
             feeds[name] = v
         elif isinstance(v, shapes.Symbolic):
-            feeds[name] = np.array([sizes.get(e, e) if isinstance(e, str) else e
-                                    for e in np.ravel(v.values)], np.int64).reshape(np.shape(v.values))
+            feeds[name] = np.array([shapes.size_of(e, sizes) for e in np.ravel(v.values)],
+                                   np.int64).reshape(np.shape(v.values))
         else:
             raise Refused(unknown.format(name))
     infos = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), None) for k, v in feeds.items()]
@@ -539,7 +556,8 @@ def evaluate(imp, indices, given, outputs, sizes, unknown):
     try:
         return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
     except Exception as e:  # the reference evaluator raises what numpy raises
-        raise Refused(f"could not evaluate the subgraph at N={sizes['N']}, T={sizes['T']} ({e})") from None
+        raise Refused(f"could not evaluate the subgraph at N={sizes['N']}, T={sizes['T']} ({e}); where the "
+                      f"model's inputs declare these sizes dynamic, the export may have fixed them") from None
 
 
 def _layouts(output, layout, n, t):

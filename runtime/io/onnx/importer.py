@@ -410,7 +410,7 @@ class Importer:
             outs = [Unknown() for _ in node.output]  # (behind a refused node)
         elif self.quantized_ops.handles(node, inputs):
             outs = self._attempt(node, self.quantized_ops.convert, inputs, self.attributes(node))
-        elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros)) for v in inputs)
+        elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros, self.shapes.PerPosition)) for v in inputs)
               and not any(isinstance(v, (Value, Unknown)) for v in inputs)):
             # shape arithmetic with the batch or time size
             outs = self._attempt(node, self.shapes.symbolic, inputs, self.attributes(node))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import shapes
 from .attention import evaluate
 from .registry import Refused
 
@@ -26,6 +27,7 @@ class IndexSubgraph:
     source: str  # the sequence input of token ids it is computed from
     nodes: frozenset  # node indices
     reserved: tuple  # the constants the ids are compared with
+    readers: tuple = ()  # the Gather / GatherElements nodes indexing a constant by it
 
 
 def find(g, sequences, taken):
@@ -52,28 +54,64 @@ def find(g, sequences, taken):
             continue
         inner = {o for k in nodes for o in g.nodes[k].output if o}
         readers = {c for t in inner for c in g.consumers.get(t, [])} - nodes
+        readers = {c for c in readers if g.nodes[c].op_type != "Shape" or g.nodes[c].input[0] != index}
         if inner & g.outputs or any(g.nodes[c].op_type not in ("Gather", "GatherElements") or
                                     g.nodes[c].input[1] != index or not g.fixed(g.nodes[c].input[0]) for c in readers):
             continue
         source = sources.pop()
         reserved = tuple(sorted({x for k in nodes if g.nodes[k].op_type == "Equal"
                                  for x in g.nodes[k].input if x and g.fixed(x)}))
-        sub = IndexSubgraph(index, source, frozenset(nodes), reserved)
+        sub = IndexSubgraph(index, source, frozenset(nodes), reserved, tuple(sorted(readers)))
         found.update((k, sub) for k in nodes)
     return found
 
 
 def fold(imp, sub):
-    """The index subgraph's output as a constant (see the module docstring), or Refused."""
-    n, t = imp.static.get("N"), imp.static.get("T")
-    if n is None or t is None:
-        raise Refused(f"position ids computed from '{sub.source}' with its batch or time size not fixed")
+    """The index subgraph's output as a constant, or as a PerPosition where the time size is not
+    fixed (see the module docstring), or Refused."""
     reserved = set()
     for name in sub.reserved:
         v = imp.env.get(name)
         if not isinstance(v, np.ndarray):
             raise Refused(f"'{sub.source}' is compared with '{name}', which is not a constant")
         reserved.update(int(x) for x in np.ravel(v))
+    n, t = imp.static.get("N"), imp.static.get("T")
+    if n is not None and t is not None:
+        values = _positions(imp, sub, reserved, n, t)
+    else:  # up to the length the indexed tables allow
+        sizes = [r for r in (_rows(imp, imp.graph.node[k]) for k in sub.readers) if r is not None]
+        if not sizes:
+            raise Refused(f"position ids computed from '{sub.source}' index no constant of a known size")
+        rows = min(sizes)
+        probe = _positions(imp, sub, reserved, 2, rows)
+        inside = np.flatnonzero((probe[0] < 0) | (probe[0] >= rows))
+        length = int(inside[0]) if len(inside) else rows
+        if length < 2:
+            raise Refused(f"position ids computed from '{sub.source}' index past the tables from the first steps")
+        values = probe[:, :length]
+        if not np.array_equal(_positions(imp, sub, reserved, 2, length - 1), values[:, :-1]):
+            raise Refused(f"position ids computed from '{sub.source}' that change with the sequence's length")
+    imp.reserved_ids.setdefault(sub.source, set()).update(reserved)
+    return values if n is not None and t is not None else shapes.PerPosition(values[:1], 1, batch=0)
+
+
+def _rows(imp, node):
+    """How many entries the constant a reader indexes has along the indexed axis; None for zeros
+    of a shape that involves the batch size (any index reads a zero) and for a constant the
+    importer has not reached yet (its size bounds the model's sequences as well)."""
+    data = imp.env.get(node.input[0])
+    if data is None or isinstance(data, shapes.Zeros):  # (not converted yet: a later node's)
+        return None
+    data = data.values if isinstance(data, shapes.PerPosition) else data
+    if not isinstance(data, np.ndarray):
+        raise Refused(f"position ids index '{node.input[0]}', which is not a constant")
+    axis = imp.attributes(node).get("axis", 0)
+    return data.shape[axis]
+
+
+def _positions(imp, sub, reserved, n, t):
+    """The subgraph's output [n, t] on two random id batches avoiding the reserved ids; Refused
+    where they differ or a sample's differs from the first's."""
     elem = next(i for i in imp.graph.input if i.name == sub.source).type.tensor_type.elem_type
     dtype = imp.onnx.helper.tensor_dtype_to_np_dtype(elem)
     rng = np.random.default_rng(0)
@@ -85,9 +123,7 @@ def fold(imp, sub):
         results.append(evaluate(imp, sub.nodes, {sub.source: ids.astype(dtype)}, [sub.output], {"N": n, "T": t},
                                 f"position ids computed from '{sub.source}' and '{{}}', another computed value")[0])
     first = results[0]
-    if not np.array_equal(first, results[1]) or first.ndim != 2 or first.shape != (n, t) or \
-            not np.all(first == first[:1]):
+    if not np.array_equal(first, results[1]) or first.shape != (n, t) or not np.all(first == first[:1]):
         raise Refused(f"indices computed from the token ids '{sub.source}' that depend on the ids themselves, not "
                       f"only on each token's position")
-    imp.reserved_ids.setdefault(sub.source, set()).update(reserved)
     return first

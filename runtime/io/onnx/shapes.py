@@ -30,6 +30,24 @@ class Zeros:
     """A tensor of zeros of a shape that involves the batch or time size."""
 
 
+class PerPosition:
+    """A constant with an axis over the time steps: a buffer sliced to the sequence's length
+    (BERT's position ids and token types, `buffer[:, :T]`). `values` holds it at the buffer's
+    full length; at time size T it is the first T entries along `axis`. Where it has a batch
+    axis (`batch`: size 1 in `values`), every sample's entries are alike."""
+
+    def __init__(self, values, axis, batch=None):
+        self.values, self.axis, self.batch = np.asarray(values), axis, batch
+
+    @property
+    def length(self):
+        return self.values.shape[self.axis]
+
+    def at(self, t, n=1):
+        out = np.take(self.values, np.arange(t), axis=self.axis)
+        return out if self.batch is None else np.repeat(out, n, axis=self.batch)
+
+
 def constant_ints(x, what):
     if not isinstance(x, np.ndarray):
         raise Refused(f"{what} must be a constant")
@@ -41,12 +59,55 @@ def entries(x):
     return x.values if isinstance(x, Symbolic) else np.asarray(x, dtype=object)
 
 
+def factors(e):
+    """(whole factor, names) of a shape entry: 4 -> (4, ()), "N" -> (1, ("N",)), "4*N*T" -> (4, ("N", "T"))."""
+    if not isinstance(e, str):
+        return int(e), ()
+    parts = e.split("*")
+    return math.prod(int(p) for p in parts if p.isdigit()), tuple(sorted(p for p in parts if not p.isdigit()))
+
+
+def product(whole, names):
+    """The shape entry whole x names (an int where no name is left): products of the batch or
+    time size with others ("4*N": PyTorch's heads folded into the batch axis) stay symbolic."""
+    if not names or whole == 0:
+        return whole
+    return "*".join(([str(whole)] if whole != 1 else []) + sorted(names))
+
+
+def size_of(e, sizes):
+    """A shape entry's number with the batch and time sizes at `sizes` ({"N": n, "T": t})."""
+    whole, names = factors(e)
+    return whole * math.prod(sizes[n] for n in names)
+
+
+def _equal(a, b):
+    """a == b for shape entries, where it is known whatever the batch and time sizes (>= 1)."""
+    if not isinstance(a, str) and not isinstance(b, str):
+        return int(a) == int(b)
+    if isinstance(a, str) and isinstance(b, str) and factors(a) == factors(b):
+        return True
+    if (not isinstance(a, str) and int(a) < 1) or (not isinstance(b, str) and int(b) < 1):
+        return False
+    raise Refused(f"Equal of the batch or time size and another size ({a}, {b}): it depends on the batch")
+
+
 def _mul(a, b):
-    if isinstance(a, str) or isinstance(b, str):
-        if a == 1 or b == 1:
-            return b if a == 1 else a
-        raise Refused(f"a product of the batch or time size ({a} x {b})")
-    return int(a) * int(b)
+    (x, m), (y, n) = factors(a), factors(b)
+    return product(x * y, m + n)
+
+
+def _div(a, b):
+    """a / b where it is whole: (4*N) / 4 = N, (N*T) / T = N."""
+    (x, m), (y, n) = factors(a), factors(b)
+    left = list(m)
+    for name in n:
+        if name not in left:
+            raise Refused(f"Div of the batch or time size ({a} / {b}) that does not divide it")
+        left.remove(name)
+    if y == 0 or x % y:
+        raise Refused(f"Div of the batch or time size ({a} / {b}) that does not divide it")
+    return product(x // y, tuple(left))
 
 
 def shape(imp, node, inputs, attrs):
@@ -57,8 +118,14 @@ def shape(imp, node, inputs, attrs):
 
 
 def symbolic(imp, node, inputs, attrs):
-    """An operator on shape tensors or zeros (see the module docstring)."""
+    """An operator on shape tensors, zeros, or constants over the time steps (see the module
+    docstring)."""
     op = node.op_type
+    if op == "Slice" and isinstance(inputs[0], np.ndarray) and isinstance(inputs[2], Symbolic) and \
+            list(inputs[2].values.ravel()) == ["T"]:
+        return [_to_time_size(inputs, attrs)]
+    if any(isinstance(v, PerPosition) for v in inputs):
+        return _per_position_op(imp, node, inputs)
     if any(isinstance(v, Zeros) for v in inputs):
         if op in ("Slice", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Cast"):
             return [Zeros()]
@@ -72,7 +139,15 @@ def symbolic(imp, node, inputs, attrs):
         if not isinstance(inputs[0], np.ndarray) or np.any(inputs[0]):
             raise Refused("Expand of a non-zero constant to a shape with the batch or time size")
         return [Zeros()]
+    if op == "Shape" and isinstance(inputs[0], Symbolic):  # the shape of a shape tensor is known
+        return [np.array(inputs[0].values.shape, np.int64)[slice(attrs.get("start", 0), attrs.get("end"))]]
     vals = [entries(v) if v is not None else None for v in inputs]
+    if op == "Equal":  # sizes are positive: N == -1 is false (PyTorch's expand checks for -1)
+        a, b = np.broadcast_arrays(vals[0], vals[1])
+        return [np.array([_equal(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))]).reshape(a.shape)]
+    if op == "Where" and isinstance(inputs[0], np.ndarray):
+        c, a, b = np.broadcast_arrays(inputs[0].astype(bool), vals[1], vals[2])
+        return [Symbolic(np.where(c, a, b))]
     if not any(isinstance(e, str) for v in vals if v is not None for e in np.ravel(v)):
         # sizes within a sample only (a channel count read by Shape): plain numbers, folded
         return imp.fold(node, [v.astype(np.int64) if v is not None else None for v in vals])
@@ -105,16 +180,86 @@ def symbolic(imp, node, inputs, attrs):
                                   dtype=object).reshape(a.shape))]
     if op == "Reshape":
         return [Symbolic(vals[0].reshape(constant_ints(inputs[1], "shape")))]
-    if op in ("Add", "Sub", "Div"):  # the size itself: N + 0, N - 0, N / 1
+    if op == "Div":
         a, b = np.broadcast_arrays(vals[0], vals[1])
-        unit = 1 if op == "Div" else 0
+        return [Symbolic(np.array([_div(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))],
+                                  dtype=object).reshape(a.shape))]
+    if op in ("Add", "Sub"):  # the size itself: N + 0, N - 0
+        a, b = np.broadcast_arrays(vals[0], vals[1])
         out = []
         for x, y in zip(a.reshape(-1), b.reshape(-1)):
-            if isinstance(y, str) or (isinstance(x, str) and y != unit):
+            if isinstance(y, str) or (isinstance(x, str) and y != 0):
                 raise Refused(f"{op} of the batch or time size ({x}, {y}) (lamina folds shapes that keep it whole)")
-            out.append(x if isinstance(x, str) else (x // y if op == "Div" else x + y if op == "Add" else x - y))
+            out.append(x if isinstance(x, str) else (x + y if op == "Add" else x - y))
         return [Symbolic(np.array(out, dtype=object).reshape(a.shape))]
     raise Refused(f"{op} with the batch or time size among its inputs")
+
+
+def _to_time_size(inputs, attrs):
+    """data[..., :T, ...] of a constant: a PerPosition along that axis."""
+    data = inputs[0]
+    starts = constant_ints(inputs[1], "starts")
+    axes = constant_ints(inputs[3], "axes") if len(inputs) > 3 and inputs[3] is not None else [0]
+    steps = constant_ints(inputs[4], "steps") if len(inputs) > 4 and inputs[4] is not None else [1]
+    if starts != [0] or steps != [1] or len(axes) != 1:
+        raise Refused(f"a slice of a constant to the time size from {starts}, step {steps} (lamina takes the first "
+                      f"T entries of one axis)")
+    axis = axes[0] + data.ndim if axes[0] < 0 else axes[0]
+    if not 0 <= axis < data.ndim or data.shape[axis] < 2:
+        raise Refused(f"a slice to the time size along axis {axes[0]} of a constant of shape {list(data.shape)}")
+    return PerPosition(data, axis)
+
+
+def _per_position_op(imp, node, inputs):
+    """An operator on constants over the time steps, evaluated at the buffers' full length L and
+    at L - 1, and at batch sizes 1 and 2. An output whose size along one axis follows the length,
+    and whose shorter form is the longer one's first entries along it, is a PerPosition; one
+    whose size along an axis follows the batch size, every sample alike, has that batch axis."""
+    if node.op_type == "Shape":
+        x = inputs[0]
+        dims = [("T" if k == x.axis else "N" if k == x.batch else n) for k, n in enumerate(x.values.shape)]
+        attrs = imp.attributes(node)
+        return [Symbolic(dims[slice(attrs.get("start", 0), attrs.get("end", len(dims)))])]
+    if node.op_type in ("Gather", "GatherElements") and isinstance(inputs[0], Zeros) and \
+            isinstance(inputs[1], PerPosition):  # entries of zeros are zeros
+        return [PerPosition(np.zeros_like(inputs[1].values), inputs[1].axis, inputs[1].batch)]
+    full = min(v.length for v in inputs if isinstance(v, PerPosition))
+    results = {}
+    for t, n in ((full, 1), (full - 1, 1), (full, 2)):
+        vals = []
+        for v in inputs:
+            if isinstance(v, Zeros):
+                raise Refused(f"{node.op_type} of zeros and a constant over the time steps")
+            vals.append(v.at(t, n) if isinstance(v, PerPosition) else np.array(
+                [size_of(e, {"N": n, "T": t}) for e in np.ravel(v.values)], np.int64).reshape(np.shape(v.values))
+                if isinstance(v, Symbolic) else v)
+        results[t, n] = imp.fold(node, vals)
+    outs = []
+    for base, short, wide in zip(results[full, 1], results[full - 1, 1], results[full, 2]):
+        if not all(isinstance(r, np.ndarray) for r in (base, short, wide)):
+            return list(results[full, 1])  # (the fold's refusal is recorded)
+        time, batch = _follows(base, short, full), _follows(base, wide, 1)
+        if time is False or batch is False:
+            raise Refused(f"{node.op_type} of a constant over the time steps whose result does not follow them")
+        outs.append(base if time is None and batch is None else PerPosition(base, time, batch))
+    return outs
+
+
+def _follows(base, other, size):
+    """The axis along which `other` differs from `base` (size `size` in base): None where they are
+    equal, False where they differ otherwise than by base's entries being other's first ones
+    (time) or being each of other's (batch)."""
+    if base.ndim != other.ndim:
+        return False
+    axes = [k for k in range(base.ndim) if base.shape[k] != other.shape[k]]
+    if not axes:
+        return None if np.array_equal(base, other) else False
+    if len(axes) != 1 or base.shape[axes[0]] != size:
+        return False
+    k = axes[0]
+    if other.shape[k] < size:  # time: base's first entries are other
+        return k if np.array_equal(np.take(base, np.arange(other.shape[k]), axis=k), other) else False
+    return k if all(np.array_equal(np.take(other, [i], axis=k), base) for i in range(other.shape[k])) else False
 
 
 def transpose(imp, node, inputs, attrs):

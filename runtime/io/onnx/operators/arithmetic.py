@@ -41,7 +41,7 @@ def add_sub(imp, node, inputs, attrs):
         if node.op_type == "Sub":
             raise Refused("a constant minus an input")
         a, b, tensor = b, a, node.input[1]
-    bias = bias_of(b, a.spec.shape, node.op_type == "Sub")
+    bias = None if isinstance(b, shapes.PerPosition) else bias_of(b, a.spec.shape, node.op_type == "Sub")
     if bias is None and _per_position(imp, a, b) is not None:
         layer = L.PositionalEmbedding(*_per_position(imp, a, b).shape)
         assign(layer, "weight", -_per_position(imp, a, b) if node.op_type == "Sub" else _per_position(imp, a, b))
@@ -64,10 +64,15 @@ def add_sub(imp, node, inputs, attrs):
 
 def _per_position(imp, a, c):
     """A constant added to each sequence by position, as [T, E] (from [T, E], [1, T, E], or [N, T, E]
-    alike for every sample: position and token-type embeddings folded at a fixed length T), or
+    alike for every sample: position and token-type embeddings folded at a fixed length T, or a
+    PerPosition of those up to the length of the model's buffer), or
     None where c is not that for the sequence batch a of [E] rows."""
     if not a.spec.sequence or len(a.spec.shape) != 1 or imp.axes_of(a) != ("N", "T", 0):
         return None
+    if isinstance(c, shapes.PerPosition):  # over the time steps up to the buffer's length
+        if c.axis != c.values.ndim - 2 or c.batch not in (None, c.axis - 1):
+            return None
+        c = c.values
     if c.ndim == 3 and np.all(c == c[:1]):
         c = c[0]
     return c if c.ndim == 2 and c.shape[1] == a.spec.shape[0] else None
