@@ -37,26 +37,16 @@ class EncoderClassifier(nn.Module):
         return self.head(self.encoder(self.embed(ids)).mean(1))
 
 
-class Logits(nn.Module):
-    """A Hugging Face classifier's logits (its first token pooled) from input_ids and attention_mask."""
+class Wrapped(nn.Module):
+    """A Hugging Face model's `field` (last_hidden_state, or a classifier's logits) from input_ids
+    and attention_mask."""
 
-    def __init__(self, model):
+    def __init__(self, model, field="last_hidden_state"):
         super().__init__()
-        self.model = model
+        self.model, self.field = model, field
 
     def forward(self, ids, mask):
-        return self.model(input_ids=ids, attention_mask=mask).logits
-
-
-class HiddenStates(nn.Module):
-    """A Hugging Face encoder's last hidden states from input_ids and attention_mask."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, mask):
-        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return getattr(self.model(input_ids=ids, attention_mask=mask), self.field)
 
 
 def hugging_face(kind):
@@ -65,14 +55,14 @@ def hugging_face(kind):
     if kind == "distilbert":
         config = t.DistilBertConfig(dim=WIDTH, n_layers=2, n_heads=HEADS, hidden_dim=FEED_FORWARD, dropout=0.0,
                                     attention_dropout=0.0, **sizes)
-        return HiddenStates(t.DistilBertModel(config))
+        return Wrapped(t.DistilBertModel(config))
     common = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=HEADS, intermediate_size=FEED_FORWARD,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **sizes)
     if kind == "bert":
-        return HiddenStates(t.BertModel(t.BertConfig(**common), add_pooling_layer=False))
+        return Wrapped(t.BertModel(t.BertConfig(**common), add_pooling_layer=False))
     if kind == "bert-classifier":
-        return Logits(t.BertForSequenceClassification(t.BertConfig(num_labels=3, **common)))
-    return HiddenStates(t.RobertaModel(t.RobertaConfig(**common), add_pooling_layer=False))
+        return Wrapped(t.BertForSequenceClassification(t.BertConfig(num_labels=3, **common)), "logits")
+    return Wrapped(t.RobertaModel(t.RobertaConfig(**common), add_pooling_layer=False))
 
 
 MODELS = {
