@@ -316,3 +316,22 @@ def test_attention_that_lamina_does_not_compute_is_refused_by_name():
     with pytest.raises(lm.UnsupportedModelError, match=r"\(Softmax\): attention: the subgraph around this Softmax is "
                                                         r"not multi-head self-attention"):
         lm.onnx.load(f.getvalue())
+
+
+def test_gather_elements_of_more_than_64_entries_folds():
+    """onnx's reference GatherElements (np.choose) takes at most 64 entries along the axis and
+    returns a wrong shape past them; BERT's token types gather from a buffer of 512: the
+    importer folds it right."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    data = np.arange(300, dtype=np.float32)[None] * 0.5
+    picks = np.array([[3, 70, 299, -1]], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("GatherElements", ["data", "picks"], ["row"], axis=1),
+         helper.make_node("Add", ["x", "row"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(data, "data"), numpy_helper.from_array(picks, "picks")])
+    net = lm.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.zeros((2, 4), np.float32)
+    np.testing.assert_array_equal(net.run({"x": x})["y"], np.tile([[1.5, 35.0, 149.5, 149.5]], (2, 1)))

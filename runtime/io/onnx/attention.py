@@ -532,8 +532,8 @@ def evaluate(imp, indices, given, outputs, sizes, unknown):
     """The outputs of the graph's nodes `indices` from onnx's reference evaluator: the arrays
     `given` fed, constants as folded, shapes with the batch and time sizes at `sizes`; reading
     any other value is Refused(unknown.format(name))."""
-    from onnx.reference import ReferenceEvaluator
     from . import shapes
+    from .evaluator import reference_evaluator
     helper = imp.onnx.helper
     nodes = [imp.graph.node[k] for k in sorted(indices)]
     made = {o for n in nodes for o in n.output if o}
@@ -554,7 +554,7 @@ def evaluate(imp, indices, given, outputs, sizes, unknown):
                                                                         for k in outputs]),
                               opset_imports=[helper.make_opsetid("", imp.opset)])
     try:
-        return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
+        return [np.asarray(r) for r in reference_evaluator(model).run(None, feeds)]
     except Exception as e:  # the reference evaluator raises what numpy raises
         raise Refused(f"could not evaluate the subgraph at N={sizes['N']}, T={sizes['T']} ({e}); where the "
                       f"model's inputs declare these sizes dynamic, the export may have fixed them") from None

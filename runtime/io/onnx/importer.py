@@ -479,7 +479,7 @@ class Importer:
         inference has said how large its outputs are: a node whose outputs would pass FOLD_LIMIT
         bytes (a ConstantOfShape of [20000, 20000]), or that would take the model's folded
         constants past FOLD_BUDGET, is refused before anything is allocated."""
-        from onnx.reference import ReferenceEvaluator
+        from .evaluator import reference_evaluator
         feeds = {name: v for name, v in zip(node.input, inputs) if name}
         size = self._folded_size(node, feeds)
         if size is not None and (size > FOLD_LIMIT or self.folded + size > FOLD_BUDGET):
@@ -488,7 +488,7 @@ class Importer:
             self.problems.append((node.name, node.op_type, f"folding this node of constants would allocate {what}"))
             return [Unknown() for _ in node.output]
         try:
-            results = [np.asarray(r) for r in ReferenceEvaluator(node, opsets={"": self.opset}).run(None, feeds)]
+            results = [np.asarray(r) for r in reference_evaluator(node, opsets={"": self.opset}).run(None, feeds)]
         except Exception as e:
             self.problems.append((node.name, node.op_type, f"could not fold this node of constants ({e})"))
             return [Unknown() for _ in node.output]
