@@ -12,6 +12,9 @@ requests, inference and a fine-tuning step, three ways:
   and optimised by ONNX Runtime's transformer optimizer (`model_type="bert"`: fused Attention,
   SkipLayerNormalization, BiasGelu where it finds them), same padded feeds.
 
+lamina-onnx is lamina running that same export (before ONNX Runtime's optimizer), imported: each
+attention one layer, the mask the batch's lengths, the decomposed GELU one activation.
+
 Cases: lengths uniform in 8..128 ("ragged"), and every length 128 ("uniform"); "bf16" runs the
 products in bfloat16 (lamina's network precision; PyTorch's CPU autocast), where the CPU has
 AVX512-BF16 or AMX; "train" is one step of a two-class classifier on the mean-pooled output
@@ -169,6 +172,16 @@ def fused_operators():
     return {op: n for op in fused if (n := sum(node.op_type == op for node in graph.node))}
 
 
+def lamina_onnx_infer(kind):
+    """lamina running the ONNX export of the Hugging Face model (as onnxruntime's unoptimised
+    input): each attention imported as one layer, the mask as the batch's lengths."""
+    import lamina as lm
+    net = lm.onnx.load(os.path.join(FOLDER, "bert.onnx"))
+    ids, mask = _padded(LENGTHS[kind])
+    feeds = lm.onnx.feeds(net, {"ids": ids, "mask": mask})
+    return lambda: net.run(feeds)
+
+
 def ort_infer(kind, threads):
     import onnxruntime as ort
     options = ort.SessionOptions()
@@ -188,6 +201,7 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
     rows = []
     for kind in LENGTHS:
         impls = {"lamina": ("bench.transformer:lamina_infer", [kind]),
+                 "lamina-onnx": ("bench.transformer:lamina_onnx_infer", [kind]),
                  "pytorch-sdpa": ("bench.transformer:torch_infer", [kind]),
                  "onnxruntime": ("bench.transformer:ort_infer", [kind, threads])}
         rows += bench.time_case("transformer", f"minilm infer b{BATCH} {kind}", threads, impls,

@@ -49,6 +49,20 @@ class Wrapped(nn.Module):
         return getattr(self.model(input_ids=ids, attention_mask=mask), self.field)
 
 
+class MeanPooled(nn.Module):
+    """A sentence embedding as sentence-transformers computes it: BERT's hidden states averaged
+    over each sequence's real tokens (weighted by the mask, divided by its sum clamped at 1e-9)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * weights).sum(1) / torch.clamp(weights.sum(1), min=1e-9)
+
+
 def hugging_face(kind):
     t = transformers
     sizes = dict(vocab_size=VOCAB, max_position_embeddings=POSITIONS)
@@ -60,6 +74,8 @@ def hugging_face(kind):
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **sizes)
     if kind == "bert":
         return Wrapped(t.BertModel(t.BertConfig(**common), add_pooling_layer=False))
+    if kind == "bert-mean-pooled":
+        return MeanPooled(t.BertModel(t.BertConfig(**common), add_pooling_layer=False))
     if kind == "bert-classifier":
         return Wrapped(t.BertForSequenceClassification(t.BertConfig(num_labels=3, **common)), "logits")
     return Wrapped(t.RobertaModel(t.RobertaConfig(**common), add_pooling_layer=False))
@@ -72,8 +88,9 @@ MODELS = {
     "distilbert": lambda: hugging_face("distilbert"),
     "roberta": lambda: hugging_face("roberta"),
     "bert-classifier": lambda: hugging_face("bert-classifier"),
+    "bert-mean-pooled": lambda: hugging_face("bert-mean-pooled"),
 }
-MASKED = {"bert", "distilbert", "roberta", "bert-classifier"}  # taking an attention mask beside the ids
+MASKED = {"bert", "distilbert", "roberta", "bert-classifier", "bert-mean-pooled"}  # taking an attention mask beside the ids
 CASES = [(name, dynamo) for name in MODELS for dynamo in (True, False)]
 IDS = [f"{n}-{'dynamo' if d else 'torchscript'}" for n, d in CASES]
 
@@ -100,10 +117,10 @@ def padded(lengths, steps=STEPS, seed=0):
 _EXPORTS = {}
 
 
-def export(name, dynamo, dynamic=False):
+def export(name, dynamo, dynamic=False, opset=None):
     """The model's ONNX bytes, exported at the example input's static shapes, or with the batch
     and time axes dynamic (cached per run)."""
-    if (name, dynamo, dynamic) not in _EXPORTS:
+    if (name, dynamo, dynamic, opset) not in _EXPORTS:
         model = build(name)
         ids, mask = padded([STEPS, STEPS - 2, 4])
         args = (torch.from_numpy(ids), torch.from_numpy(mask)) if name in MASKED else (torch.from_numpy(ids),)
@@ -117,9 +134,11 @@ def export(name, dynamo, dynamic=False):
         f = io.BytesIO()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if opset is not None:
+                kw["opset_version"] = opset
             torch.onnx.export(model, args, f, dynamo=dynamo, input_names=names, verbose=False, **kw)
-        _EXPORTS[name, dynamo, dynamic] = model, f.getvalue()
-    return _EXPORTS[name, dynamo, dynamic]
+        _EXPORTS[name, dynamo, dynamic, opset] = model, f.getvalue()
+    return _EXPORTS[name, dynamo, dynamic, opset]
 
 
 def run_padded(net, ids, mask=None):
@@ -335,3 +354,36 @@ def test_gather_elements_of_more_than_64_entries_folds():
     net = lm.onnx.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     x = np.zeros((2, 4), np.float32)
     np.testing.assert_array_equal(net.run({"x": x})["y"], np.tile([[1.5, 35.0, 149.5, 149.5]], (2, 1)))
+
+
+def test_decomposed_gelu_is_one_activation():
+    """PyTorch's TorchScript exporter at opset 17 writes GELU as Div, Erf, Add, Mul, Mul: it loads
+    as one GELU activation (which the product before it fuses), and the model still matches."""
+    model, blob = export("bert-mean-pooled", False, opset=17)
+    ops = {n.op_type for n in __import__("onnx").load_from_string(blob).graph.node}
+    assert "Erf" in ops and "Gelu" not in ops
+    net = lm.onnx.load(blob)
+    kinds = [(node.layer.kind, node.layer.config().get("activation")) for node in net.nodes]
+    assert kinds.count(("activation", "gelu")) == 2 and ("activation", "erf") not in kinds
+    ids, mask = padded([STEPS, 2, 5], seed=6)
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"ids": ids, "mask": mask})[0]
+    assert_close(run_padded(net, ids, mask), theirs)
+
+
+class AlmostGelu(nn.Module):
+    """0.5 x (1 + erf(x / 2)): the shape of GELU's decomposition, not GELU."""
+
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.erf(x / 2))
+
+
+def test_an_element_wise_subgraph_that_is_not_gelu_stays_as_it_is():
+    x = torch.linspace(-3, 3, 12).reshape(2, 6)
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(AlmostGelu(), (x,), f, dynamo=False, opset_version=17)
+    net = lm.onnx.load(f.getvalue())
+    assert ("activation", "erf") in [(n.layer.kind, n.layer.config().get("activation")) for n in net.nodes]
+    (_, ours), = net.run({net.input_names[0]: x.numpy()}).items()
+    np.testing.assert_allclose(ours, AlmostGelu()(x).numpy(), rtol=1e-6, atol=1e-6)

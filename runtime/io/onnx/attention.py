@@ -99,6 +99,17 @@ class Graph:
             if t.HasField("shape"):
                 self.rank[info.name] = len(t.shape.dim)
         self._dependent, self._derived = {}, {}
+        self.sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
+        for n in self.nodes:
+            if n.op_type == "Constant" and n.attribute:
+                a = n.attribute[0]
+                self.sizes[n.output[0]] = (int(np.prod(a.t.dims)) if a.name == "value" else
+                                           len(a.floats) or len(a.ints) if a.name in ("value_floats", "value_ints")
+                                           else 1)
+
+    def size(self, name):
+        """How many entries a constant tensor holds (None where the graph does not say)."""
+        return self.sizes.get(name)
 
     def dependent(self, name):
         """Whether a tensor's values depend on a graph input (a Shape's output does not)."""

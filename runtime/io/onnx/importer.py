@@ -21,9 +21,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ... import layers as L
 from ...graph import Network, Value
 from ...errors import ModelFileError, UnsupportedModelError
-from . import attention, operators, positions, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
+from . import attention, fusions, operators, positions, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
 from .registry import Refused, default_axes
 
 
@@ -285,9 +286,13 @@ class Importer:
         for name, order in encoded.items():
             self.sequences.setdefault(name, order)
         self.mask_inputs = set()  # inputs read only as attention masks: the batch's lengths
+        self.masks_read = {name for r in self.regions for name in r.mask_inputs}  # ones, read elsewhere
         # position ids computed from token ids (io/onnx/positions.py), and the ids they set apart
         self.index_subgraphs = positions.find(graph, encoded, self.absorbed)
         self.reserved_ids = {}
+        # element-wise subgraphs computing one activation (io/onnx/fusions.py)
+        self.fusions = fusions.find(graph, {**self.absorbed, **dict.fromkeys(self.mask_nodes),
+                                            **self.index_subgraphs})
 
     # ------------------------------------------------------------------ building
     def build(self):
@@ -390,6 +395,13 @@ class Importer:
                 if name:
                     self.env[name] = v
             return
+        fusion = self.fusions.get(self.index)
+        if fusion is not None:
+            for name in node.output:
+                self.env[name] = attention.Inside()
+            if self.index == fusion.last:
+                self._fuse(fusion)
+            return
         sub = self.index_subgraphs.get(self.index)
         if sub is not None:
             for name in node.output:
@@ -397,7 +409,8 @@ class Importer:
             if sub.output in node.output:
                 self.env[sub.output] = self._positions(sub, node)
             return
-        inputs = [self.env.get(name) if name else None for name in node.input]
+        inputs = [(self.shapes.MaskOnes() if name in self.masks_read else self.env.get(name)) if name else None
+                  for name in node.input]
         missing = [name for name, v in zip(node.input, inputs) if name and v is None]
         if missing:
             self.problems.append((node.name, node.op_type, f"reads '{missing[0]}', which nothing defines"))
@@ -410,7 +423,8 @@ class Importer:
             outs = [Unknown() for _ in node.output]  # (behind a refused node)
         elif self.quantized_ops.handles(node, inputs):
             outs = self._attempt(node, self.quantized_ops.convert, inputs, self.attributes(node))
-        elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros, self.shapes.PerPosition)) for v in inputs)
+        elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros, self.shapes.PerPosition,
+                                 self.shapes.MaskOnes, self.shapes.Lengths)) for v in inputs)
               and not any(isinstance(v, (Value, Unknown)) for v in inputs)):
             # shape arithmetic with the batch or time size
             outs = self._attempt(node, self.shapes.symbolic, inputs, self.attributes(node))
@@ -446,6 +460,28 @@ class Importer:
         except Refused as e:
             self.problems.append((softmax.name or f"#{region.softmax} Softmax", "Softmax", f"attention: {e}"))
             return Unknown()
+
+    def _fuse(self, fusion):
+        """The longest of a fusion's candidates that computes an activation becomes that layer;
+        the nodes it leaves out (all of them where none does) are converted one by one."""
+        chosen = None
+        for candidate in fusion.candidates:
+            x = self.env.get(candidate.x)
+            kind = fusions.activation_of(self, candidate) if isinstance(x, Value) and x.spec.kind == "float" else None
+            if kind is not None:
+                producer = self.graph.node[max(candidate.nodes)]
+                y = self.add(L.Activation(kind), [x], producer)
+                if getattr(x, "onnx_axes", None):
+                    y.onnx_axes = x.onnx_axes
+                self.env[candidate.output] = y
+                chosen = candidate
+                break
+        resume = self.index
+        for k in sorted(fusion.nodes - (chosen.nodes if chosen else frozenset())):
+            del self.fusions[k]
+            self.index = k
+            self._convert(self.graph.node[k])
+        self.index = resume
 
     def _positions(self, sub, node):
         """The position ids an index subgraph computes, as a constant, or Unknown (the refusal

@@ -48,6 +48,46 @@ class PerPosition:
         return out if self.batch is None else np.repeat(out, n, axis=self.batch)
 
 
+class MaskOnes:
+    """An attention mask read outside the attention (a mean pooling's weights): over a packed
+    batch it is ones [N, T] (then `extra` axes of size 1), sequences holding no padding."""
+
+    def __init__(self, extra=0):
+        self.extra = extra
+
+
+class Lengths:
+    """Each sequence's length, the sum of a mask over the time axis: [N] then `extra` axes of size 1."""
+
+    def __init__(self, extra=0):
+        self.extra = extra
+
+
+def _mask_op(imp, node, inputs, attrs):
+    """Operators on a mask outside the attention and on the lengths summed from it."""
+    op, x = node.op_type, inputs[0]
+    if op in ("Cast", "Identity"):
+        return [x]
+    if op == "Unsqueeze" and isinstance(x, MaskOnes):
+        axes = constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs["axes"]
+        rank = 2 + x.extra + len(axes)
+        if any((a + rank if a < 0 else a) < 2 for a in axes):
+            raise Refused(f"axes {axes} of an attention mask: new axes before its batch and time axes")
+        return [MaskOnes(x.extra + len(axes))]
+    if op == "ReduceSum" and isinstance(x, MaskOnes):
+        axes = constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
+        if [a + 2 + x.extra if a < 0 else a for a in (axes or [])] != [1]:
+            raise Refused(f"a sum of an attention mask over axes {axes} (lamina takes the sum over time: the lengths)")
+        return [Lengths(x.extra + (1 if attrs.get("keepdims", 1) else 0))]
+    if op in ("Clip", "Max") and isinstance(x, Lengths):  # a floor at or below 1: lengths are at least 1
+        bounds = [v for v in inputs[1:] if v is not None]
+        if all(isinstance(b, np.ndarray) and b.size == 1 for b in bounds) and \
+                (op == "Max" or len(bounds) < 2) and all(float(b.reshape(())) <= 1 for b in bounds[:1]):
+            return [x]
+    raise Refused(f"{op} of an attention mask outside the attention (lamina's sequences hold no padding: it "
+                  f"takes the mask's sum over time, and its product with the sequence)")
+
+
 def constant_ints(x, what):
     if not isinstance(x, np.ndarray):
         raise Refused(f"{what} must be a constant")
@@ -121,6 +161,8 @@ def symbolic(imp, node, inputs, attrs):
     """An operator on shape tensors, zeros, or constants over the time steps (see the module
     docstring)."""
     op = node.op_type
+    if inputs and isinstance(inputs[0], (MaskOnes, Lengths)):
+        return _mask_op(imp, node, inputs, attrs)
     if op == "Slice" and isinstance(inputs[0], np.ndarray) and isinstance(inputs[2], Symbolic) and \
             list(inputs[2].values.ravel()) == ["T"]:
         return [_to_time_size(inputs, attrs)]

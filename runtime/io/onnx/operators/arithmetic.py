@@ -80,6 +80,8 @@ def _per_position(imp, a, c):
 
 @converter("Mul", "Div")
 def mul_div(imp, node, inputs, attrs):
+    if any(isinstance(v, (shapes.MaskOnes, shapes.Lengths)) for v in inputs):
+        return [_masked(imp, node, inputs)]
     if node.op_type == "Div" and isinstance(inputs[1], Value):  # a / b = a · (1 / b)
         inputs = [inputs[0], imp.net.add(L.Activation("reciprocal"), [value(inputs[1], "input 1")])]
         if not isinstance(inputs[0], Value):  # a constant over a value: its reciprocal scaled
@@ -90,6 +92,26 @@ def mul_div(imp, node, inputs, attrs):
     if not isinstance(a, Value):
         a, b = b, a
     return _scaled(imp, node, a, b, node.op_type)
+
+
+def _masked(imp, node, inputs):
+    """A sequence times an attention mask (ones: nothing is padding) is the sequence; a sum over
+    time divided by the lengths (a masked mean pooling, sentence-transformers') is the average."""
+    a, b = inputs
+    if node.op_type == "Mul" and isinstance(a, shapes.MaskOnes):
+        a, b = b, a
+    if node.op_type == "Mul" and isinstance(b, shapes.MaskOnes) and isinstance(a, Value) and a.spec.sequence and \
+            imp.axes_of(a)[:2] == ("N", "T") and b.extra <= len(a.spec.shape):
+        return a
+    producer = a.producer.layer if isinstance(a, Value) and a.producer is not None else None
+    if node.op_type == "Div" and isinstance(b, shapes.Lengths) and \
+            isinstance(producer, L.SequencePool) and producer.mode == "sum":
+        y = imp.add(L.SequencePool("average"), [imp.net.values[a.producer.input_names[0]]], node)
+        if getattr(a, "onnx_axes", None):
+            y.onnx_axes = a.onnx_axes
+        return y
+    raise Refused(f"{node.op_type} with an attention mask (lamina takes the product of a batch-first sequence and "
+                  f"its mask, and a sum over time divided by the mask's sum)")
 
 
 def _scaled(imp, node, a, b, op):
