@@ -8,6 +8,7 @@ import pytest
 
 import lamina as lm
 from lamina.backends.cpu import CPUBackend
+from lamina.backends.cpu.backend import MKL_PACK_ROWS
 from lamina.layers import Linear, SquareError
 from lamina.packing import PackedWeight
 
@@ -136,9 +137,10 @@ def test_recurrent_network_moves_between_providers(kind):
 
 @pytest.mark.parametrize("blas", PROVIDERS)
 def test_linear_inference_follows_training_and_assign(blas):
-    """At inference a Linear computes from its weight's pack where the backend says so (few rows
-    on lamina's panels): after a training step and after an assign, run gives the new weights'
-    result, and the pack is built once per change of values, not per run."""
+    """At inference a Linear computes from its weight's pack where the backend says so (few rows:
+    lamina's panels, or MKL's pack made for MKL_PACK_ROWS): after a training step and after an
+    assign, run gives the new weights' result, and the pack is built once per change of values,
+    not per run, nor for other batch sizes up to the rows it was made for."""
     be = CPUBackend(blas=blas)
     net = lm.Network(backend=be)
     fc = Linear(6, 4)
@@ -146,14 +148,14 @@ def test_linear_inference_follows_training_and_assign(blas):
     net.outputs(y=y, c=SquareError()(y, net.input("t", 4)))
     rng = np.random.default_rng(0)
     x, t = (rng.standard_normal((5, n)).astype(np.float32) for n in (6, 4))
-    uses_pack = be.packs_fixed_weights(5, 6, 4)
-    assert uses_pack == (blas == "openblas")
+    assert be.packs_fixed_weights(5, 6, 4) == (5 if blas == "openblas" else MKL_PACK_ROWS)
+    assert be.packs_fixed_weights(MKL_PACK_ROWS + 1, 6, 4) == (MKL_PACK_ROWS + 1 if blas == "openblas" else 0)
 
     def check(packs):
-        for _ in range(3):
-            np.testing.assert_allclose(net.run({"x": x}, ["y"])["y"], x @ fc.weight.value.T + fc.bias.value,
-                                       rtol=1e-5, atol=1e-6)
-        assert sum(p.repacks for p in fc._packs.values()) == (packs if uses_pack else 0)
+        for rows in (5, 3, 5) if blas == "mkl" else (5, 5, 5):
+            np.testing.assert_allclose(net.run({"x": x[:rows]}, ["y"])["y"],
+                                       x[:rows] @ fc.weight.value.T + fc.bias.value, rtol=1e-5, atol=1e-6)
+        assert sum(p.repacks for p in fc._packs.values()) == packs
     check(1)
     net.train_step({"x": x, "t": t}, lm.optim.SGD(net, lr=0.5))
     check(2)

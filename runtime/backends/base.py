@@ -169,9 +169,10 @@ class Backend(ABC):
         self.add_bias(c, bias)
 
     def packs_fixed_weights(self, m, k, n):
-        """Whether an m x k by k x n product with a weight that stays fixed over many calls
-        (inference) runs faster from a pack of the weight (Backend.pack): no, here."""
-        return False
+        """For an m x k by k x n product with a weight that stays fixed over many calls
+        (inference): the rows (at least m) to pack the weight for (Backend.pack) where the product
+        runs faster from that pack, else 0 (compute from the weight itself): 0, here."""
+        return 0
 
     # -- bias, element-wise, rows
     def add_bias(self, y, b):

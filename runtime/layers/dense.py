@@ -53,8 +53,10 @@ def affine(layer, ctx, x, wname, y, bname=None, beta=0.0):
     (Backend.packs_fixed_weights)."""
     be, w = ctx.be, layer.params[wname]
     bias = layer.params[bname].buffer if bname else None
-    if ctx.precision != "float32" or (not ctx.training and be.packs_fixed_weights(x.shape[0], *reversed(w.shape))):
-        packed = layer.packed_weight(be, w, True, x.shape[0], ctx.precision)
+    pack_rows = 0 if ctx.training or ctx.precision != "float32" else be.packs_fixed_weights(x.shape[0],
+                                                                                          *reversed(w.shape))
+    if ctx.precision != "float32" or pack_rows:
+        packed = layer.packed_weight(be, w, True, max(x.shape[0], pack_rows), ctx.precision)
         if bias is not None:
             be.packed_gemm_bias(x, packed, y, bias)
         else:

@@ -106,6 +106,12 @@ PANEL_ROW_SPLIT = 256
 # weight (which packs it again at every call) up to a few hundred rows; with more, OpenBLAS's own
 # blocking wins.
 PACK_MAX_ROWS = 512
+# MKL's packed product of a fixed weight beats its plain one on small batches (the plain one packs
+# the weight again at every call): 1.1-2.4x for 1 to 128 rows of a 384 x 1536 or 1536 x 384 weight,
+# from one pack made for 128 rows. MKL blocks a pack for its row count, and one made for 512 rows
+# runs 0.4-0.6x on fewer, so a pack serves up to the rows it was made for and larger products
+# use the plain one (1.0-1.1x from a pack there).
+MKL_PACK_ROWS = 128
 # int32 sums of an int8 product per block of rows (16 MiB): the scratch of a large batch stays
 # bounded; smaller blocks made MKL's product slower than the cache they save
 INT8_BLOCK = 1 << 22
@@ -253,9 +259,11 @@ class CPUBackend(HostStatistics, Backend):
         return PackedMatrix("panels", k, n, b.dtype, max(max_rows, 1), panels=panels)
 
     def packs_fixed_weights(self, m, k, n):
-        """Lamina's panels (every provider but MKL), for up to PACK_MAX_ROWS rows and a depth of up
-        to PACK_MAX_DEPTH."""
-        return self.blas_name != "mkl" and m <= PACK_MAX_ROWS and k <= PACK_MAX_DEPTH
+        """Lamina's panels (every provider but MKL) for up to PACK_MAX_ROWS rows and a depth of up
+        to PACK_MAX_DEPTH; MKL's pack, made for MKL_PACK_ROWS rows, for up to that many."""
+        if self.blas_name == "mkl":
+            return MKL_PACK_ROWS if m <= MKL_PACK_ROWS else 0
+        return m if m <= PACK_MAX_ROWS and k <= PACK_MAX_DEPTH else 0
 
     def packed_gemm(self, a, packed, c, beta=0.0):
         self._packed_product(a, packed, c, beta, None)
