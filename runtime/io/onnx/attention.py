@@ -230,8 +230,9 @@ def _score_chain(g, name):
         computed = [x for x in n.input if x and g.dependent(x)]
         if n.op_type == "MatMul":
             return (i, chain[:-1], masks) if len(computed) == 2 else None
-        if n.op_type in ("Mul", "Div", "Cast", "Identity") and len(computed) == 1 and n.input[0] == computed[0] \
-                or n.op_type == "Mul" and len(computed) == 1:
+        scaled = len(computed) == 1 and (n.op_type == "Mul" or  # by a constant, on either side
+                                         n.op_type in ("Div", "Cast", "Identity") and n.input[0] == computed[0])
+        if scaled:
             name = computed[0]
         elif n.op_type == "Add" and len(n.input) == 2:
             if len(computed) == 1:
