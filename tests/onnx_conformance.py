@@ -26,7 +26,8 @@ DATA_INPUTS = {
     "RNN": (0,), "LSTM": (0,), "GRU": (0,), "Pow": (0,), "ReduceMean": (0,), "Slice": (0,), "Transpose": (0,), "Expand": (0,),
     "SoftmaxCrossEntropyLoss": (0, 1), "Clip": (0,), "Split": (0,), "Resize": (0,), "Upsample": (0,), "Pad": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Tile": (0,), "ReduceSum": (0,),
     "Sqrt": (0,), "Reciprocal": (0,), "Log": (0,), "Abs": (0,), "Erf": (0,), "Neg": (0,), "Exp": (0,), "Unsqueeze": (0,),
-    "Squeeze": (0,), "LayerNormalization": (0,), "RMSNormalization": (0,),
+    "Squeeze": (0,), "LayerNormalization": (0,), "RMSNormalization": (0,), "InstanceNormalization": (0,),
+    "GroupNormalization": (0,),
 }
 
 

@@ -1,7 +1,8 @@
 """The models users bring: small PyTorch models built from the blocks of the architectures people
 export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, ShuffleNet, the 3-D video
-ResNets, LRASPP's and FCN's upsampling heads, a 3-D U-Net, ESPCN's pixel shuffle, and recurrent
-classifiers and language models), each exported by both of PyTorch's exporters, with the example
+ResNets, LRASPP's and FCN's upsampling heads, a 3-D U-Net, ESPCN's pixel shuffle, a diffusion
+U-Net's GroupNorm block, InstanceNorm over 1-D features, and recurrent classifiers and language
+models), each exported by both of PyTorch's exporters, with the example
 input's static shapes (what `torch.onnx.export(model, (x,), path)` writes) and with a dynamic
 batch. Each loads, matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
 import io
@@ -155,6 +156,42 @@ class SuperResolution(nn.Module):
         return self.c2(torch.cat([up, self.shuffle(self.unshuffle(up))], 1)) + x.repeat(1, 1, 2, 2)
 
 
+class DiffusionBlock(nn.Module):
+    """A diffusion U-Net's residual block: GroupNorm, SiLU, convolution, twice, with the skip
+    (PyTorch exports GroupNorm as Reshape, InstanceNormalization, Reshape, Mul, Add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n1, self.c1 = nn.GroupNorm(2, 8), nn.Conv2d(8, 8, 3, padding=1)
+        self.n2, self.c2 = nn.GroupNorm(4, 8), nn.Conv2d(8, 8, 3, padding=1)
+        self.stem, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 3, 1)
+        with torch.no_grad():  # the norms' weights off their initial ones and zeros
+            for n in (self.n1, self.n2):
+                n.weight.uniform_(0.5, 1.5)
+                n.bias.uniform_(-0.3, 0.3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(h + self.c2(F.silu(self.n2(self.c1(F.silu(self.n1(h)))))))
+
+
+class StyleTransfer1d(nn.Module):
+    """InstanceNorm with its affine over 1-D features (audio, style transfer), and one without."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.n1 = nn.Conv1d(4, 8, 5, padding=2), nn.InstanceNorm1d(8, affine=True)
+        self.c2, self.n2 = nn.Conv1d(8, 8, 3, padding=1), nn.InstanceNorm1d(8)
+        self.fc = nn.Linear(8, 3)
+        with torch.no_grad():
+            self.n1.weight.uniform_(0.5, 1.5)
+            self.n1.bias.uniform_(-0.3, 0.3)
+
+    def forward(self, x):
+        h = F.relu(self.n2(self.c2(F.relu(self.n1(self.c1(x))))))
+        return self.fc(h.mean(2))
+
+
 class LSTMClassifier(nn.Module):
     """Batch-first features through a 2-layer LSTM; the last step classified."""
 
@@ -207,6 +244,8 @@ MODELS = {
     "lstm": (LSTMClassifier, lambda n: torch.randn(n, 6, 8), 0),
     "gru": (GRUClassifier, lambda n: torch.randn(6, n, 8), 1),
     "language_model": (LanguageModel, lambda n: torch.randint(0, 30, (n, 7)), 0),
+    "diffusion_block": (DiffusionBlock, lambda n: torch.randn(n, 3, 8, 8), 0),
+    "style_transfer_1d": (StyleTransfer1d, lambda n: torch.randn(n, 4, 12), 0),
 }
 
 

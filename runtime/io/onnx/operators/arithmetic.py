@@ -4,7 +4,7 @@ import numpy as np
 from .... import layers as L
 from ....graph import Value
 from .. import shapes
-from ..registry import Refused, assign, bias_of, const, converter, onnx_shape_text, value
+from ..registry import Refused, assign, bias_of, const, converter, default_axes, onnx_shape_text, value
 
 
 def _operands(imp, inputs):
@@ -62,6 +62,19 @@ def add_sub(imp, node, inputs, attrs):
     return [imp.add(bias_layer, [a], node)]
 
 
+def _per_channel(a, c):
+    """c's values, one per channel, where the constant c broadcast over a's samples [C, spatial...]
+    varies along the channels only; else None."""
+    shape = a.spec.shape
+    if a.spec.sequence or len(shape) < 2 or getattr(a, "onnx_axes", None) not in (None, default_axes(a.spec)):
+        return None
+    full = bias_of(c, shape, False)
+    if full is None:
+        return None
+    per = full.reshape(shape[0], -1)
+    return np.array(per[:, 0], np.float64) if np.all(per == per[:, :1]) else None
+
+
 def _per_position(imp, a, c):
     """A constant added to each sequence by position, as [T, E] (from [T, E], [1, T, E], or [N, T, E]
     alike for every sample: position and token-type embeddings folded at a fixed length T, or a
@@ -115,9 +128,17 @@ def _masked(imp, node, inputs):
 
 
 def _scaled(imp, node, a, b, op):
-    """A value times (or over) a constant scalar."""
+    """A value times (or over) a constant scalar, or a factor per channel of a sample [C,
+    spatial...] (GroupNorm's weight in PyTorch's decomposition: a depthwise convolution)."""
     if b.size != 1:
-        raise Refused(f"a constant of shape {list(b.shape)}: only a single factor (a scalar) is supported")
+        factors = _per_channel(a, b)
+        if factors is None:
+            raise Refused(f"a constant of shape {list(b.shape)}: a single factor (a scalar) or one per channel of "
+                          f"{onnx_shape_text(imp, a)}")
+        if op == "Div" and not np.all(factors):
+            raise Refused("division by a constant with zeros")
+        from .normalization import channel_affine
+        return [channel_affine(imp, node, a, 1.0 / factors if op == "Div" else factors, None)]
     factor = float(b.reshape(()))
     if op == "Div":
         if factor == 0:
