@@ -22,11 +22,12 @@ BATCH, STEPS = 3, 7  # the example input's static shape
 
 
 class EncoderClassifier(nn.Module):
-    """Token embeddings, a 2-layer nn.TransformerEncoder (batch first), mean over time, a linear
-    head: the classifier users write with torch.nn."""
+    """Token embeddings, a 2-layer nn.TransformerEncoder (batch first), the mean (or maximum) over
+    time, a linear head: the classifier users write with torch.nn."""
 
-    def __init__(self, norm_first=False, activation="relu"):
+    def __init__(self, norm_first=False, activation="relu", pool="mean"):
         super().__init__()
+        self.pool = pool
         self.embed = nn.Embedding(VOCAB, WIDTH)
         layer = nn.TransformerEncoderLayer(WIDTH, HEADS, FEED_FORWARD, dropout=0.0, batch_first=True,
                                            norm_first=norm_first, activation=activation)
@@ -34,7 +35,8 @@ class EncoderClassifier(nn.Module):
         self.head = nn.Linear(WIDTH, 3)
 
     def forward(self, ids):
-        return self.head(self.encoder(self.embed(ids)).mean(1))
+        h = self.encoder(self.embed(ids))
+        return self.head(h.mean(1) if self.pool == "mean" else h.amax(1))
 
 
 class Wrapped(nn.Module):
@@ -84,6 +86,7 @@ def hugging_face(kind):
 MODELS = {
     "torch-post-norm": lambda: EncoderClassifier(),
     "torch-pre-norm-gelu": lambda: EncoderClassifier(norm_first=True, activation="gelu"),
+    "torch-max-pooled": lambda: EncoderClassifier(pool="max"),
     "bert": lambda: hugging_face("bert"),
     "distilbert": lambda: hugging_face("distilbert"),
     "roberta": lambda: hugging_face("roberta"),

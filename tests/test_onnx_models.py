@@ -1,7 +1,7 @@
 """The models users bring: small PyTorch models built from the blocks of the architectures people
 export (torchvision's MobileNet-V2, ResNet, EfficientNet, SqueezeNet, ShuffleNet, the 3-D video
 ResNets, LRASPP's and FCN's upsampling heads, a 3-D U-Net, ESPCN's pixel shuffle, a diffusion
-U-Net's GroupNorm block, InstanceNorm over 1-D features, and recurrent classifiers and language
+U-Net's GroupNorm block, InstanceNorm over 1-D features, global max pooling, and recurrent classifiers and language
 models), each exported by both of PyTorch's exporters, with the example
 input's static shapes (what `torch.onnx.export(model, (x,), path)` writes) and with a dynamic
 batch. Each loads, matches ONNX Runtime to 1e-4 of its output's scale, and fine-tunes."""
@@ -192,6 +192,21 @@ class StyleTransfer1d(nn.Module):
         return self.fc(h.mean(2))
 
 
+class GlobalMaxPooled(nn.Module):
+    """Global max pooling both ways PyTorch writes it (`amax` over the spatial axes: ReduceMax;
+    adaptive max pooling to 1: GlobalMaxPool or MaxPool), and over a 1-D signal."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(20, 4)
+        self.c1 = nn.Conv1d(8, 4, 3)
+
+    def forward(self, x):
+        h = self.c(x)
+        signal = self.c1(h.mean(2)).amax(2)
+        return self.fc(torch.cat([h.amax((2, 3)), F.adaptive_max_pool2d(h, 1).flatten(1), signal], 1))
+
+
 class LSTMClassifier(nn.Module):
     """Batch-first features through a 2-layer LSTM; the last step classified."""
 
@@ -246,6 +261,7 @@ MODELS = {
     "language_model": (LanguageModel, lambda n: torch.randint(0, 30, (n, 7)), 0),
     "diffusion_block": (DiffusionBlock, lambda n: torch.randn(n, 3, 8, 8), 0),
     "style_transfer_1d": (StyleTransfer1d, lambda n: torch.randn(n, 4, 12), 0),
+    "global_max": (GlobalMaxPooled, lambda n: torch.randn(n, 3, 9, 9), 0),
 }
 
 

@@ -303,14 +303,42 @@ def average_pool(imp, node, inputs, attrs):
                   count_include_pad=bool(attrs.get("count_include_pad", 0)), ceil_mode=ceil_mode)]
 
 
-@converter("GlobalAveragePool")
+@converter("GlobalAveragePool", "GlobalMaxPool")
 @lifted_to_2d
-def global_average_pool(imp, node, inputs, attrs):
+def global_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
     nd = _spatial(imp, x, "X")
     spatial = x.spec.shape[1:]
-    layer = (L.AvgPool2d if nd == 2 else L.AvgPool3d)(spatial, spatial, 0)
+    pools = (L.AvgPool2d, L.AvgPool3d) if node.op_type == "GlobalAveragePool" else (L.MaxPool2d, L.MaxPool3d)
+    layer = pools[nd - 2](spatial, spatial, 0)
     return [imp.add(layer, [x], node)]
+
+
+@converter("ReduceMax", attributes={"axes", "keepdims", "noop_with_empty_axes"})
+def reduce_max(imp, node, inputs, attrs):
+    """The largest value over every spatial axis of [N, C, *spatial] (a global max pool, what
+    `x.amax((2, 3))` exports), or over each sequence's steps (a SequencePool)."""
+    x = value(inputs[0], "data")
+    layout = imp.axes_of(x)
+    rank = len(layout)
+    axes = shapes.constant_ints(inputs[1], "axes") if len(inputs) > 1 and inputs[1] is not None else attrs.get("axes")
+    axes = sorted(a + rank if a < 0 else a for a in axes or [])
+    keep = attrs.get("keepdims", 1)
+    if x.spec.sequence and [layout[a] for a in axes] == ["T"] and not keep:
+        y = imp.add(L.SequencePool("max"), [x], node)
+        if tuple(a for a in layout if a != "T") != default_axes(y.spec):
+            y.onnx_axes = tuple(a for a in layout if a != "T")
+        return [y]
+    spatial = x.spec.shape[1:]
+    if x.spec.sequence or layout != default_axes(x.spec) or not 1 <= len(spatial) <= 3 or \
+            axes != list(range(2, rank)):
+        raise Refused(f"ReduceMax over axes {axes} of {onnx_shape_text(imp, x)} (lamina takes the maximum over "
+                      f"every spatial axis of [N, C, spatial...], or over a sequence's steps)")
+    lifted = imp.net.add(L.Reshape((x.spec.shape[0], 1, spatial[0])), [x]) if len(spatial) == 1 else x
+    window = lifted.spec.shape[1:]
+    pooled = imp.net.add((L.MaxPool3d if len(window) == 3 else L.MaxPool2d)(window, window, 0), [lifted])
+    shape = (x.spec.shape[0],) + (1,) * len(spatial) if keep else (x.spec.shape[0],)
+    return [imp.add(L.Reshape(shape), [pooled], node)]
 
 
 @converter("ReduceMean", "ReduceSum", attributes={"axes", "keepdims", "noop_with_empty_axes"})
