@@ -22,21 +22,24 @@ BATCH, STEPS = 3, 7  # the example input's static shape
 
 
 class EncoderClassifier(nn.Module):
-    """Token embeddings, a 2-layer nn.TransformerEncoder (batch first), the mean (or maximum) over
-    time, a linear head: the classifier users write with torch.nn."""
+    """Token embeddings, a 2-layer nn.TransformerEncoder (batch first; a key padding mask from the
+    ids or from a mask input), the mean, maximum or first step over time, a linear head: the
+    classifier users write with torch.nn."""
 
-    def __init__(self, norm_first=False, activation="relu", pool="mean"):
+    def __init__(self, norm_first=False, activation="relu", pool="mean", padding=None):
         super().__init__()
-        self.pool = pool
+        self.pool, self.padding = pool, padding
         self.embed = nn.Embedding(VOCAB, WIDTH)
         layer = nn.TransformerEncoderLayer(WIDTH, HEADS, FEED_FORWARD, dropout=0.0, batch_first=True,
                                            norm_first=norm_first, activation=activation)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.head = nn.Linear(WIDTH, 3)
 
-    def forward(self, ids):
-        h = self.encoder(self.embed(ids))
-        return self.head(h.mean(1) if self.pool == "mean" else h.amax(1))
+    def forward(self, ids, mask=None):
+        # the key padding mask: none, where the ids are the padding id 1, or from a mask input
+        pad = None if self.padding is None else (ids == 1) if self.padding == "ids" else (mask == 0)
+        h = self.encoder(self.embed(ids), src_key_padding_mask=pad)
+        return self.head(h.mean(1) if self.pool == "mean" else h.amax(1) if self.pool == "max" else h[:, 0])
 
 
 class Wrapped(nn.Module):
@@ -87,13 +90,15 @@ MODELS = {
     "torch-post-norm": lambda: EncoderClassifier(),
     "torch-pre-norm-gelu": lambda: EncoderClassifier(norm_first=True, activation="gelu"),
     "torch-max-pooled": lambda: EncoderClassifier(pool="max"),
+    "torch-padding-from-ids": lambda: EncoderClassifier(pool="first", padding="ids"),
+    "torch-padding-mask": lambda: EncoderClassifier(pool="first", padding="mask"),
     "bert": lambda: hugging_face("bert"),
     "distilbert": lambda: hugging_face("distilbert"),
     "roberta": lambda: hugging_face("roberta"),
     "bert-classifier": lambda: hugging_face("bert-classifier"),
     "bert-mean-pooled": lambda: hugging_face("bert-mean-pooled"),
 }
-MASKED = {"bert", "distilbert", "roberta", "bert-classifier", "bert-mean-pooled"}  # taking an attention mask beside the ids
+MASKED = {"bert", "distilbert", "roberta", "bert-classifier", "bert-mean-pooled", "torch-padding-mask"}  # taking an attention mask beside the ids
 CASES = [(name, dynamo) for name in MODELS for dynamo in (True, False)]
 IDS = [f"{n}-{'dynamo' if d else 'torchscript'}" for n, d in CASES]
 
@@ -259,6 +264,19 @@ def test_the_padding_id_inside_a_sequence_is_refused():
         lm.onnx.feeds(net, {"ids": ids, "mask": mask})
 
 
+def test_a_padding_mask_computed_from_the_ids():
+    """`src_key_padding_mask=(ids == pad)`: the padding id leaves each padded row's end (the
+    lengths, by lm.onnx.feeds) and is refused inside a sequence, as RoBERTa's."""
+    _, blob = export("torch-padding-from-ids", True)
+    net = lm.onnx.load(blob)
+    assert net.input_names == ["ids"] and net.onnx_reserved_ids == {"ids": [1]}
+    ids, _ = padded([STEPS, 3, 5])
+    assert lm.onnx.feeds(net, {"ids": ids})["ids"].lengths.tolist() == [STEPS, 3, 5]
+    ids[0, 2] = 1
+    with pytest.raises(lm.InputError, match=r"input 'ids': id 1 appears inside a sequence"):
+        lm.onnx.feeds(net, {"ids": ids})
+
+
 def test_a_sequence_longer_than_the_exported_positions_is_refused():
     """BERT's position embeddings were folded at the export's length: a longer sequence is an
     InputError naming the layer, not a silent wrong answer."""
@@ -390,3 +408,23 @@ def test_an_element_wise_subgraph_that_is_not_gelu_stays_as_it_is():
     assert ("activation", "erf") in [(n.layer.kind, n.layer.config().get("activation")) for n in net.nodes]
     (_, ours), = net.run({net.input_names[0]: x.numpy()}).items()
     np.testing.assert_allclose(ours, AlmostGelu()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["torch-post-norm", "bert", "roberta"])
+def test_damaged_encoder_exports_are_refused_by_node(name):
+    """Encoder exports with a node dropped, an attribute changed or an input rewired either load or
+    are refused with the importer's errors (every problem naming its node), never another
+    exception: the attention, position and activation subgraphs the importer evaluates included."""
+    import onnx
+    from lamina.errors import ModelFileError, UnsupportedModelError
+    from test_onnx_models import _damaged
+    rng = np.random.default_rng(sum(map(ord, name)))
+    for dynamo, dynamic in ((True, False), (False, False), (True, True)):
+        exported = onnx.load_model_from_string(export(name, dynamo, dynamic)[1])
+        for what, damaged in _damaged(exported, rng, 6):
+            try:
+                lm.onnx.load(damaged)
+            except ModelFileError:
+                pass
+            except UnsupportedModelError as e:
+                assert e.problems and all(where for where, _, _ in e.problems), what

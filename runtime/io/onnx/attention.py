@@ -70,7 +70,9 @@ class Region:
     nodes: list = field(default_factory=list)  # node indices, in graph order
     mask_tensors: list = field(default_factory=list)  # added to the scores, or selecting among them
     mask_nodes: list = field(default_factory=list)  # the mask's nodes that depend on graph inputs
-    mask_inputs: frozenset = frozenset()  # graph inputs those nodes read
+    mask_inputs: frozenset = frozenset()  # graph inputs those nodes read: attention masks of ones and zeros
+    id_masks: frozenset = frozenset()  # token ids the mask is computed from (ids == padding id)
+    reserved: tuple = ()  # the constants the ids are compared with
 
 
 class Inside:
@@ -179,6 +181,11 @@ def find(g):
     for region in regions:
         for name in _sources(g, region.x):
             sequences.setdefault(name, "NT")
+    for region in regions:  # a padding mask computed from the token ids themselves
+        region.id_masks = region.mask_inputs & set(sequences)
+        region.mask_inputs -= region.id_masks
+        region.reserved = tuple(sorted({x for k in region.mask_nodes if g.nodes[k].op_type == "Equal"
+                                        for x in g.nodes[k].input if g.fixed(x)})) if region.id_masks else ()
     return regions, taken, masks, sequences
 
 
@@ -438,12 +445,13 @@ def build(imp, region):
     in_weight, in_bias = _in_projection(imp, region, E)
     out_weight, out_bias = _weights(imp, region.out, E, E, "the output projection")
     layout = imp.axes_of(x)
-    if not x.spec.sequence and layout != ("N", 0, 1):
+    if sorted(map(str, layout)) != (["0", "N", "T"] if x.spec.sequence else ["0", "1", "N"]) or \
+            (not x.spec.sequence and layout != ("N", 0, 1)):
         raise Refused(f"attention over {onnx_shape_text(imp, x)} with its axes as {layout}")
     n = imp.static.get("N", 2)
     t = x.spec.shape[0] if not x.spec.sequence else imp.static.get("T", 5)
     lengths = np.full(n, t)
-    if region.mask_inputs:  # some sequences shorter than the padded length, to see the mask work
+    if region.mask_inputs or region.id_masks:  # some sequences shorter than the padded length, to see the mask work
         lengths = np.array([max(1, t - (k % 3) if n > 1 else t - 1) for k in range(n)])
     sizes = {"N": n, "T": t}
     x_onnx = np.random.default_rng(0).standard_normal(
@@ -495,6 +503,8 @@ def build(imp, region):
     if x.spec.sequence and axes != ("N", "T", 0):
         y.onnx_axes = axes
     imp.mask_inputs.update(region.mask_inputs)
+    for name in region.id_masks:  # the padding id is no token inside a sequence (lm.onnx.feeds)
+        imp.reserved_ids.setdefault(name, set()).update(_reserved_ids(imp, region))
     return y
 
 
@@ -532,12 +542,34 @@ def _evaluate(imp, region, x, lengths, sizes):
     prefix attention mask of the given lengths fed."""
     helper = imp.onnx.helper
     given = {region.x: x}
-    for name in region.mask_inputs:
+    inside = np.arange(sizes["T"])[None, :] < lengths[:, None]
+    for name in region.mask_inputs | region.id_masks:
         elem = next(i for i in imp.graph.input if i.name == name).type.tensor_type.elem_type
-        given[name] = (np.arange(sizes["T"])[None, :] < lengths[:, None]).astype(helper.tensor_dtype_to_np_dtype(elem))
+        if name in region.mask_inputs:
+            mask = inside
+        else:  # token ids: random ones that are no padding id inside, a padding id past each end
+            padding = _reserved_ids(imp, region)
+            ids = np.random.default_rng(1).integers(0, 1000, inside.shape)
+            while np.isin(ids, padding).any():
+                ids = np.where(np.isin(ids, padding), np.random.default_rng(2).integers(0, 1000, inside.shape), ids)
+            mask = np.where(inside, ids, padding[0])
+        given[name] = mask.astype(helper.tensor_dtype_to_np_dtype(elem))
     return evaluate(imp, set(region.nodes) | set(region.mask_nodes), given, (region.output, region.scores), sizes,
                     f"the attention reads '{{}}', computed from the model's inputs, besides its input '{region.x}' "
                     f"and an attention mask")
+
+
+def _reserved_ids(imp, region):
+    """The ids a padding mask computed from the token ids compares them with."""
+    found = []
+    for name in region.reserved:
+        v = imp.env.get(name)
+        if isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+            found += [int(i) for i in np.ravel(v)]
+    if not found:
+        raise Refused(f"a mask computed from the token ids {sorted(region.id_masks)} otherwise than by comparing them "
+                      f"with a padding id")
+    return sorted(set(found))
 
 
 def evaluate(imp, indices, given, outputs, sizes, unknown):

@@ -165,7 +165,8 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
             raise InputError(f"input '{name}': expected a padded array of axes {axes} (N batch, T time), "
                              f"found shape {a.shape}")
         batch_first = np.transpose(a, [axes.index(k) for k in default_axes(value.spec)])
-        n = lengths if lengths is not None else np.full(batch_first.shape[0], batch_first.shape[1])
+        n = lengths if lengths is not None else _unpadded_lengths(batch_first, getattr(net, "onnx_reserved_ids", {})
+                                                                  .get(name))
         try:
             out[name] = Sequences.from_padded(batch_first, n)
         except SequenceError as e:
@@ -176,8 +177,18 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
             else None
         if found is not None and found.any():
             raise InputError(f"input '{name}': id {', '.join(map(str, reserved))} appears inside a sequence; the model "
-                             f"numbers its positions by skipping it (its padding id), and lamina's sequences hold no padding")
+                             f"takes it for padding (masks it, or numbers positions past it), and lamina's sequences "
+                             f"hold no padding: give each sequence without it")
     return out
+
+
+def _unpadded_lengths(ids, padding):
+    """Each row's length: the whole row, or, for token ids with padding ids (`net.onnx_reserved_ids`:
+    the model masks or numbers positions by them), up to its last other id."""
+    if padding is None or ids.ndim != 2:
+        return np.full(ids.shape[0], ids.shape[1])
+    real = ~np.isin(ids, padding)
+    return np.where(real.any(1), ids.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
 
 
 def _mask_lengths(name, mask):

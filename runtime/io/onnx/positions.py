@@ -106,6 +106,8 @@ def _rows(imp, node):
     if not isinstance(data, np.ndarray):
         raise Refused(f"position ids index '{node.input[0]}', which is not a constant")
     axis = imp.attributes(node).get("axis", 0)
+    if not -data.ndim <= axis < data.ndim:
+        raise Refused(f"position ids index axis {axis} of '{node.input[0]}', a constant of shape {list(data.shape)}")
     return data.shape[axis]
 
 

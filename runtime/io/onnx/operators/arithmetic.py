@@ -47,8 +47,10 @@ def add_sub(imp, node, inputs, attrs):
         assign(layer, "weight", -_per_position(imp, a, b) if node.op_type == "Sub" else _per_position(imp, a, b))
         return [imp.add(layer, [a], node)]
     if bias is None:
-        raise Refused(f"a constant of shape {list(b.shape)} that does not broadcast over one sample "
-                      f"{list(a.spec.shape)}")
+        over_time = isinstance(b, shapes.PerPosition)
+        shape = b.values.shape if over_time else b.shape
+        raise Refused(f"a constant of shape {list(shape)}{' (over the time steps)' if over_time else ''} that does "
+                      f"not broadcast over one sample {list(a.spec.shape)}")
     layer = imp.linear_of.get(tensor)
     if layer is not None and not layer.has_bias and imp.uses.get(tensor) == 1 and bias.ndim == 1:
         # MatMul + Add is Linear with a bias: fold it in
@@ -130,6 +132,8 @@ def _masked(imp, node, inputs):
 def _scaled(imp, node, a, b, op):
     """A value times (or over) a constant scalar, or a factor per channel of a sample [C,
     spatial...] (GroupNorm's weight in PyTorch's decomposition: a depthwise convolution)."""
+    if not isinstance(b, np.ndarray):
+        raise Refused(f"{op} of a value by a {type(b).__name__} (lamina takes a constant factor)")
     if b.size != 1:
         factors = _per_channel(a, b)
         if factors is None:
