@@ -840,3 +840,47 @@ def test_an_imported_classifier_on_the_last_state_exports_back(tmp_path):
     theirs = ort.InferenceSession(str(tmp_path / "back.onnx")).run(None, {"x": x, "lengths": np.full(4, 6)})[0]
     np.testing.assert_allclose(theirs, mine, rtol=0, atol=1e-5)
     assert theirs.shape == (4, 3)
+
+
+def _sample_rate_model():
+    """y = x @ W1 where the scalar input sr is 16000, else relu(x @ -W1): an If on a scalar
+    input, as voice-activity detectors choose their branch by sample rate."""
+    from onnx import TensorProto, helper, numpy_helper
+    w1 = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["y_then"])], "then", [],
+                               [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "w2"], ["y_else"]),
+                                helper.make_node("Relu", ["y_else"], ["y_else2"])], "else", [],
+                               [helper.make_tensor_value_info("y_else2", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(16000, np.int64))),
+             helper.make_node("Equal", ["sr", "k"], ["is16k"]),
+             helper.make_node("If", ["is16k"], ["y"], then_branch=then_g, else_branch=else_g)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                                           helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(-w1, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w1
+
+
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_constants_at_import_choose_an_if_branch(rate):
+    """lm.onnx.load(..., constants={"sr": rate}): the scalar input is no input of the network, the
+    If's condition folds and its branch runs in its place, matching ONNX Runtime."""
+    model, w1 = _sample_rate_model()
+    net = lm.onnx.load(model, constants={"sr": rate})
+    assert net.input_names == ["x"]
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {"x": x, "sr": np.array(rate, np.int64)})[0]
+    np.testing.assert_allclose(net.run({"x": x})["y"], theirs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(theirs, x @ w1 if rate == 16000 else np.maximum(x @ -w1, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_a_scalar_input_without_a_constant_is_refused_with_the_way_out():
+    model, _ = _sample_rate_model()
+    with pytest.raises(lm.UnsupportedModelError, match=r"'sr' \(input\): a scalar input .*constants=\{'sr': \.\.\.\}"):
+        lm.onnx.load(model)
+    with pytest.raises(lm.ModelFileError, match=r"constants names 'rate', which is no input of the model"):
+        lm.onnx.load(model, constants={"rate": 16000})
+    with pytest.raises(lm.ModelFileError, match=r"constants\['sr'\] has shape \[2\]; the input is \[\]"):
+        lm.onnx.load(model, constants={"sr": [16000, 8000]})

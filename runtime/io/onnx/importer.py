@@ -88,8 +88,13 @@ def _load_external_data(model, where, folder):
                                  f"cannot be read: {e}") from None
 
 
-def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, str]] = None) -> Network:
+def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, str]] = None,
+         constants: Optional[Mapping[str, Any]] = None) -> Network:
     """A Network from an ONNX model: a path, the file's bytes, or an onnx.ModelProto.
+
+    `constants` gives inputs a value fixed at import ({"sr": 16000}: a sample rate, a flag):
+    they are no inputs of the network, what is computed from them folds, and an `If` whose
+    condition folds runs its branch.
 
     `sequences` names the inputs that are padded sequence batches and the order of their first
     two axes: {"X": "TN"} (time-major) or "NT" (batch-major); an input whose first two axes are
@@ -111,7 +116,7 @@ def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, s
         model = onnx.shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help, not a requirement
         pass
-    return Importer(model, where, dtype, sequences or {}).build()
+    return Importer(model, where, dtype, sequences or {}, constants or {}).build()
 
 
 def to_onnx_layout(value: Any, axes: Sequence[Any]) -> np.ndarray:
@@ -267,10 +272,11 @@ def opset_of(model):
 
 
 class Importer:
-    def __init__(self, model, where, dtype, sequences):
+    def __init__(self, model, where, dtype, sequences, constants=None):
         self.shapes, self.quantized_ops = shapes, quantized
         self.quantized = False  # a quantized model: the network multiplies in int8 (io/onnx/quantized.py)
         self.sequences = dict(sequences)
+        self.constants = dict(constants or {})
         self.onnx = _onnx()
         self.model, self.where, self.graph = model, where, model.graph
         self.opset = opset_of(model)
@@ -286,6 +292,7 @@ class Importer:
             self.uses[out.name] = self.uses.get(out.name, 0) + 1
         self.linear_of = {}  # ONNX tensor -> the bias-less Linear that produced it (MatMul + Add → bias)
         self.index = 0  # of the node being converted
+        self.in_branch = False  # converting the nodes of an If's branch (not indexed by self.index)
         self.folded = 0  # bytes of the constants folded so far
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
         self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
@@ -310,8 +317,14 @@ class Importer:
         nh = self.onnx.numpy_helper
         for init in self.graph.initializer:
             self.env[init.name] = nh.to_array(init)
+        names = {i.name for i in self.graph.input}
+        for name in sorted(set(self.constants) - names):
+            raise ModelFileError(f"{self.where}: constants names '{name}', which is no input of the model (its inputs: "
+                                 f"{', '.join(sorted(names - set(self.env)))})")
         for inp in self.graph.input:
-            if inp.name not in self.env:
+            if inp.name in self.constants:
+                self.env[inp.name] = self._constant_input(inp)
+            elif inp.name not in self.env:
                 self.env[inp.name] = self._input(inp)
         for node in self.graph.node:
             self._convert(node)
@@ -352,6 +365,20 @@ class Importer:
         """A value's ONNX axes (`onnx_axes`, set where they differ from default_axes)."""
         return getattr(v, "onnx_axes", None) or default_axes(v.spec)
 
+    def _constant_input(self, inp):
+        """The value `constants` gives an input, in the input's element type and shape."""
+        t = inp.type.tensor_type
+        dtype = self.onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        value = np.asarray(self.constants[inp.name])
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
+        if dims is not None and (len(dims) != value.ndim or any(d is not None and d != n for d, n in zip(dims, value.shape))):
+            raise ModelFileError(f"{self.where}: constants['{inp.name}'] has shape {list(value.shape)}; the input is "
+                                 f"{['?' if d is None else d for d in dims]}")
+        try:
+            return value.astype(dtype, casting="same_kind" if value.dtype.kind == np.dtype(dtype).kind else "unsafe")
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(f"{self.where}: constants['{inp.name}'] is not {np.dtype(dtype)} ({e})") from None
+
     def _input(self, inp):
         t = inp.type.tensor_type
         elem = self.onnx.TensorProto.DataType.Name(t.elem_type)
@@ -364,7 +391,9 @@ class Importer:
             self.problems.append((inp.name, "input", f"inputs of type {elem} (lamina takes float or integer tensors)"))
             return Unknown()
         if not dims:
-            self.problems.append((inp.name, "input", "a scalar input (lamina's inputs have a batch axis first)"))
+            self.problems.append((inp.name, "input", f"a scalar input (lamina's inputs have a batch axis first; give "
+                                                     f"its value at import: lm.onnx.load(..., constants="
+                                                     f"{{'{inp.name}': ...}}))"))
             return Unknown()
         order = self.sequences.get(inp.name)
         if order is None and len(dims) >= 2 and dims[0] is None and dims[1] is None:
@@ -397,8 +426,8 @@ class Importer:
         self.index += 1
 
     def _convert_node(self, node):
-        region = self.absorbed.get(self.index)
-        if region is not None or self.index in self.mask_nodes:
+        region = None if self.in_branch else self.absorbed.get(self.index)
+        if region is not None or (not self.in_branch and self.index in self.mask_nodes):
             outs = [attention.Inside() for _ in node.output]
             if region is not None and region.output in node.output:
                 outs[list(node.output).index(region.output)] = self._attention(region)
@@ -406,14 +435,14 @@ class Importer:
                 if name:
                     self.env[name] = v
             return
-        fusion = self.fusions.get(self.index)
+        fusion = None if self.in_branch else self.fusions.get(self.index)
         if fusion is not None:
             for name in node.output:
                 self.env[name] = attention.Inside()
             if self.index == fusion.last:
                 self._fuse(fusion)
             return
-        sub = self.index_subgraphs.get(self.index)
+        sub = None if self.in_branch else self.index_subgraphs.get(self.index)
         if sub is not None:
             for name in node.output:
                 self.env[name] = attention.Inside()
@@ -422,6 +451,8 @@ class Importer:
             return
         inputs = [(self.shapes.MaskOnes() if name in self.masks_read else self.env.get(name)) if name else None
                   for name in node.input]
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            return self._branch(node, inputs[0])
         missing = [name for name, v in zip(node.input, inputs) if name and v is None]
         if missing:
             self.problems.append((node.name, node.op_type, f"reads '{missing[0]}', which nothing defines"))
@@ -457,6 +488,30 @@ class Importer:
             else:
                 outs = self._attempt(node, converter, inputs, attrs)
         for name, v in zip(node.output, outs):
+            if name:
+                self.env[name] = v
+
+    def _branch(self, node, condition):
+        """An If whose condition folded to a constant: its branch's nodes converted in its place
+        (they read the enclosing graph's tensors by name), the branch's outputs as the If's."""
+        outs = None
+        if isinstance(condition, np.ndarray) and condition.size == 1:
+            attrs = self.attributes(node)
+            branch = attrs.get("then_branch" if bool(condition.reshape(())) else "else_branch")
+            if branch is not None:
+                saved, self.in_branch = self.in_branch, True
+                for k, inner in enumerate(branch.node):
+                    known = len(self.problems)
+                    self._convert_node(inner)
+                    where = f"{node.name or 'If'} branch #{k} {inner.op_type}"
+                    self.problems[known:] = [(n or where, op, why) for n, op, why in self.problems[known:]]
+                self.in_branch = saved
+                outs = [self.env.get(o.name, Unknown()) for o in branch.output]
+        elif not isinstance(condition, Unknown):
+            self.problems.append((node.name, "If", "a condition computed from the model's inputs (lamina runs one "
+                                                   "graph for every sample; fix the inputs it reads with "
+                                                   "lm.onnx.load(..., constants={...}))"))
+        for name, v in zip(node.output, outs or [Unknown() for _ in node.output]):
             if name:
                 self.env[name] = v
 
