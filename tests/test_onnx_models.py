@@ -393,18 +393,23 @@ def test_damaged_exports_are_refused_by_node(name):
     """Exports with a node dropped, an attribute changed or an input rewired either load or are
     refused with the importer's errors (every problem naming its node), never another exception."""
     import onnx
-    from lamina.errors import ModelFileError, UnsupportedModelError
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     model, make = build(name), MODELS[name][1]
     for dynamo in (False, True):
-        exported = onnx.load_model_from_string(export(model, make(2), dynamo))
-        for what, damaged in _damaged(exported, rng, 8):
-            try:
-                lm.onnx.load(damaged)
-            except ModelFileError:
-                pass
-            except UnsupportedModelError as e:
-                assert e.problems and all(where for where, _, _ in e.problems), what
+        loads_or_is_refused_by_node(onnx.load_model_from_string(export(model, make(2), dynamo)), rng, 8)
+
+
+def loads_or_is_refused_by_node(exported, rng, count):
+    """`count` damaged copies of the model each load, or are refused with the importer's errors
+    (every problem naming its node), never another exception."""
+    from lamina.errors import ModelFileError, UnsupportedModelError
+    for what, damaged in _damaged(exported, rng, count):
+        try:
+            lm.onnx.load(damaged)
+        except ModelFileError:
+            pass
+        except UnsupportedModelError as e:
+            assert e.problems and all(where for where, _, _ in e.problems), what
 
 
 def test_shape_arithmetic_on_the_wrong_tensor_is_refused_by_node():
