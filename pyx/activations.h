@@ -10,9 +10,11 @@
 /* erf(x) in float32 within 3e-7: for |x| < 0.5 its Taylor series to x^13 (the rest below 1e-9);
  * above, 1 - erfc(|x|) with erfc from Numerical Recipes' Chebyshev fit (relative error below
  * 1.2e-7), the sign restored. Both are computed and one selected, so loops vectorise; NaN stays
- * NaN. */
+ * NaN. erfc is taken at min(|x|, 9): erfc(9) is 4e-37 and 1 - erfc rounds to 1 from there on,
+ * while a larger |x| would make its exp's product a subnormal float, which the CPU computes
+ * many times slower. */
 static inline float lamina_fast_erff(float x) {
-    const float z = fabsf(x), s = x * x;
+    const float s = x * x, z = fabsf(x) < 9.0f ? fabsf(x) : 9.0f, zz = z * z;
     float taylor = 1.0f / 9360;
     taylor = taylor * s - 1.0f / 1320;
     taylor = taylor * s + 1.0f / 216;
@@ -30,8 +32,8 @@ static inline float lamina_fast_erff(float x) {
     p = p * t + 0.09678418f;
     p = p * t + 0.37409196f;
     p = p * t + 1.00002368f;
-    const float tail = 1.0f - t * lamina_fast_expf(-s - 1.26551223f + p * t);
-    const float far = x < 0 ? -tail : tail;
+    const float tail = 1.0f - t * lamina_fast_expf(-zz - 1.26551223f + p * t);
+    const float far = x < 0 ? -tail : (x == x ? tail : x);
     return z < 0.5f ? taylor : far;
 }
 

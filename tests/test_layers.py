@@ -396,3 +396,18 @@ def test_a_parameter_backward_did_not_reach_has_a_zero_gradient():
     p.grad[...] = 7.0  # what an earlier use of the buffer left
     np.testing.assert_array_equal(p.dense_grad(net.backend), np.zeros((2, 3), np.float32))
     assert np.abs(net.layer("used").weight.dense_grad(net.backend)).max() > 0
+
+
+@pytest.mark.parametrize("activation", ["gelu", "erf"])
+def test_erf_activations_far_from_zero(activation):
+    """Inputs of large magnitude (where erfc is far below float32's smallest normal number) give
+    the formula's values (GELU x or 0, erf ±1), NaN stays NaN, and the computation keeps to normal
+    numbers (a subnormal product made GELU several times slower)."""
+    x = np.array([[-1e4, -50.0, -13.0, -9.5, 9.5, 13.0, 50.0, 1e4, np.nan]], np.float32)
+    net = lm.Network()
+    net.outputs(y=Activation(activation)(net.input("x", x.shape[1:])))
+    got = net.run({"x": x})["y"]
+    with np.errstate(all="ignore"):
+        want = numpy_activation(activation, x.astype(np.float64), 0.01)
+    np.testing.assert_allclose(got[:, :-1], want[:, :-1], rtol=1e-6, atol=1e-30)
+    assert np.isnan(got[0, -1])
