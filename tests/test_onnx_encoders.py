@@ -420,3 +420,18 @@ def test_damaged_encoder_exports_are_refused_by_node(name):
     rng = np.random.default_rng(sum(map(ord, name)))
     for dynamo, dynamic in ((True, False), (False, False), (True, True)):
         loads_or_is_refused_by_node(onnx.load_model_from_string(export(name, dynamo, dynamic)[1]), rng, 6)
+
+
+def test_checking_an_attention_is_bounded_in_memory(monkeypatch):
+    """The importer checks each attention by evaluating it at the export's sizes; where that would
+    hold a tensor over the folding limit (an export at a huge example batch, or a damaged file
+    claiming one), the attention is refused by name before anything is allocated."""
+    from lamina.io.onnx import importer
+    _, blob = export("bert", True)
+    largest = 4 * 3 * BATCH * STEPS * WIDTH  # the queries, keys and values of x (above the scores here)
+    monkeypatch.setattr(importer, "FOLD_LIMIT", largest)
+    lm.onnx.load(blob)
+    monkeypatch.setattr(importer, "FOLD_LIMIT", largest - 1)
+    with pytest.raises(lm.UnsupportedModelError, match=r"\(Softmax\): attention: checking this attention at the "
+                                                        r"export's sizes \(N=3, T=7\) would hold 8,064 bytes"):
+        lm.onnx.load(blob)

@@ -95,11 +95,12 @@ class Graph:
         self.outputs = {o.name for o in graph.output}
         self.initializers = {t.name for t in graph.initializer}
         self.inputs = {i.name for i in graph.input if i.name not in self.initializers}
-        self.rank = {}
+        self.rank, self.dims = {}, {}  # a tensor's rank, and its sizes (None where symbolic)
         for info in list(graph.value_info) + list(graph.output) + list(graph.input):
             t = info.type.tensor_type
             if t.HasField("shape"):
                 self.rank[info.name] = len(t.shape.dim)
+                self.dims[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
         self._dependent, self._derived = {}, {}
         self.sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
         for n in self.nodes:
@@ -450,9 +451,10 @@ def build(imp, region):
         raise Refused(f"attention over {onnx_shape_text(imp, x)} with its axes as {layout}")
     n = imp.static.get("N", 2)
     t = x.spec.shape[0] if not x.spec.sequence else imp.static.get("T", 5)
+    _bounded(imp, region, n, t, E)
     lengths = np.full(n, t)
     if region.mask_inputs or region.id_masks:  # some sequences shorter than the padded length, to see the mask work
-        lengths = np.array([max(1, t - (k % 3) if n > 1 else t - 1) for k in range(n)])
+        lengths = np.maximum(1, t - np.arange(n) % 3) if n > 1 else np.array([max(1, t - 1)])
     sizes = {"N": n, "T": t}
     x_onnx = np.random.default_rng(0).standard_normal(
         [sizes[a] if isinstance(a, str) else x.spec.shape[a] for a in layout]).astype(np.float32)
@@ -506,6 +508,20 @@ def build(imp, region):
     for name in region.id_masks:  # the padding id is no token inside a sequence (lm.onnx.feeds)
         imp.reserved_ids.setdefault(name, set()).update(_reserved_ids(imp, region))
     return y
+
+
+def _bounded(imp, region, n, t, E):
+    """Refused where checking the region at these sizes would hold more than FOLD_LIMIT bytes in
+    one tensor: its queries, keys and values, or its scores (their size as shape inference gives
+    it, else one head per 8 features)."""
+    from .importer import FOLD_LIMIT
+    dims = imp.attention_graph.dims.get(region.scores)
+    scores = math.prod(dims) if dims and all(d for d in dims) else n * t * t * max(1, E // 8)
+    largest = 4 * max(scores, 3 * n * t * E)
+    if largest > FOLD_LIMIT:
+        raise Refused(f"checking this attention at the export's sizes (N={n}, T={t}) would hold {largest:,} bytes in "
+                      f"one tensor, more than the {FOLD_LIMIT:,} lamina allows; export with a smaller example input "
+                      f"or with dynamic axes")
 
 
 def _weights(imp, p, rows, cols, what):

@@ -299,7 +299,7 @@ class Importer:
         for name, order in sequence_inputs(model.graph).items():
             self.sequences.setdefault(name, order)
         # self-attention subgraphs, each converted whole into one layer (io/onnx/attention.py)
-        graph = attention.Graph(model.graph)
+        graph = self.attention_graph = attention.Graph(model.graph)
         self.regions, self.absorbed, self.mask_nodes, encoded = attention.find(graph)
         for name, order in encoded.items():
             self.sequences.setdefault(name, order)
