@@ -112,6 +112,13 @@ extensions = [
         define_macros=np_macros + macros,
     ) for suffix, macros, flags in ISA_BUILDS),
 ]
+# The OpenCL backend's step enqueuer: calls the OpenCL library pyopencl loaded through addresses
+# given at run time, so it builds without OpenCL headers or library
+extensions.append(Extension(
+    "lamina.backends._opencl_steps",
+    ["pyx/_opencl_steps.pyx"],
+    extra_compile_args=["-O2"],
+))
 if mkl is not None:
     mkl_root, mkl_runtime = mkl
     extensions.append(Extension(

@@ -58,6 +58,8 @@ class Row:
     ms_min: float
     gflops: float | None
     algorithm: str | None = None  # how lamina ran the case, where the suite says
+    host_us_per_step: float | None = None  # OpenCL recurrences: host time per time step (bench.opencl)
+    transfers_per_step: dict | None = None  # OpenCL: host <-> device transfers per call (bench.opencl)
 
 
 class Worker:
@@ -123,8 +125,10 @@ class Bench:
         for impl, ts in times.items():
             med = statistics.median(ts)
             work = 2.0 * PEAK_SIZE ** 3 if impl in PEAK_GEMM and suite != "peak" else flops
+            report = self.worker(impl).ask(cmd="report")  # what the timed callable says of itself
             rows.append(Row(suite, case, impl, threads, med * 1e3, min(ts) * 1e3,
-                            work / med / 1e9 if work else None))
+                            work / med / 1e9 if work else None,
+                            **{k: v for k, v in report.items() if k in Row.__dataclass_fields__}))
         return rows
 
     def peak(self, threads, size=PEAK_SIZE, repeats=4):
@@ -171,7 +175,9 @@ def lamina_step(net, feeds, grads, mode, device="cpu"):
         net.backward(grad_outputs=grads)
         net.zero_grad()
         done()
-    return forward if mode in ("fwd", "infer") else forward_backward
+    step = forward if mode in ("fwd", "infer") else forward_backward
+    step.net = net
+    return step
 
 
 _raw_providers = []  # the BLAS providers this worker times raw

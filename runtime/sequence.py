@@ -14,6 +14,7 @@ of step t-1.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -176,6 +177,14 @@ class BatchOrder:
 
     def index(self, reverse=False):
         return self.reverse_index if reverse else self.forward_index
+
+    @functools.cached_property
+    def previous_rows(self):
+        """For each time-major row after the first step's (rows num_sequences and on), the row of
+        the same sequence one step earlier (int32)."""
+        t_of = np.repeat(np.arange(1, self.steps), self.batch_sizes[1:])
+        rows = np.arange(self.num_sequences, int(self.step_starts[-1]))
+        return (rows - self.step_starts[t_of] + self.step_starts[t_of - 1]).astype(np.int32)
 
     def step(self, t):
         """(first row, number of rows) of step t in time-major order."""

@@ -758,3 +758,86 @@ def test_host_arrays_changed_in_place_are_copied_again(cl):
     second = net.run({"x": lm.Sequences(values, starts)})["y"]
     np.testing.assert_array_equal(first, [[2, 4], [28, 32]])
     np.testing.assert_array_equal(second, [[12, 16], [18, 20]])
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("RNN", dict(nonlinearity="tanh", bidirectional=True, num_layers=2)), ("RNN", dict(nonlinearity="relu")),
+    ("LSTM", dict(bidirectional=True, num_layers=2)), ("LSTM", dict(reverse=True)),
+    ("GRU", dict(bidirectional=True, num_layers=2)),
+    ("GRU", dict(linear_before_reset=False, bidirectional=True)),
+])
+def test_whole_sequence_path_equals_the_step_by_step_path(cl, kind, options, monkeypatch):
+    """A recurrence's steps enqueued as one recorded plan by compiled code give what enqueueing
+    them one by one from Python gives, bit for bit: outputs, last states and every gradient, over
+    ragged sequences with ties and initial states, both directions, stacked. The plans run for
+    every cell but GRU's reset-first form, whose steps fill a buffer (it runs step by step)."""
+    from lamina.backends import opencl, opencl_plan
+    layer_cls = getattr(lm.layers, kind)
+    D, L = 2 if options.get("bidirectional") else 1, options.get("num_layers", 1)
+    states = 2 if kind == "LSTM" else 1
+    rng = np.random.default_rng(3)
+    seqs = lm.Sequences.from_list([rng.standard_normal((n, 5)).astype(np.float32) for n in (6, 1, 9, 6, 3, 2)])
+    feeds = {"x": seqs, **{f"s{i}": rng.standard_normal((6, L * D, 8)).astype(np.float32) for i in range(states)}}
+    grads = {"out": rng.standard_normal((seqs.total_steps, D * 8)).astype(np.float32),
+             "last": rng.standard_normal((6, L * D, 8)).astype(np.float32)}
+    plans = []
+    enqueue = opencl_plan.Plan.enqueue
+    monkeypatch.setattr(opencl_plan.Plan, "enqueue", lambda plan, be: (plans.append(plan.steps), enqueue(plan, be)))
+    results = []
+    for whole in (True, False):
+        monkeypatch.setattr(opencl, "WHOLE_SEQUENCE", whole)
+        lm.manual_seed(5)
+        net = lm.Network()
+        x = net.input("x", 5, sequence=True)
+        inits = [net.input(f"s{i}", (L * D, 8)) for i in range(states)]
+        outs = layer_cls(5, 8, name="rec", **options)(x, *inits)
+        net.outputs(out=outs[0], last=outs[1])
+        for name in feeds:
+            net.values[name].requires_grad = True
+        net.to(cl)
+        net.forward(feeds, grad_outputs=["out", "last"])
+        net.backward(grad_outputs=grads)
+        got = net.run(feeds)
+        results.append([got["out"].values, got["last"]] + [host(net.grad(name)) for name in feeds]
+                       + [host(p.grad) for _, p in net.named_parameters()])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)
+    if kind == "GRU" and not options.get("linear_before_reset", True):
+        assert plans == []
+    else:  # forward and backward of each layer direction, and the inference run's forwards
+        assert plans == [seqs.lengths.max() - 1] * (3 * L * D)
+
+
+def test_a_recorded_plan_refuses_rows_outside_its_arrays(cl):
+    """Step rows are checked against the array they index, for every step, before anything is
+    recorded or enqueued."""
+    from lamina.backends.opencl_plan import StepRows
+    a = cl.empty((10, 4), np.float32)
+    a[StepRows([0, 4, 6], [4, 2, 4])]  # rows 0..10: inside
+    for starts, counts, step in (([0, 4, 7], [4, 2, 4], 2), ([-1, 4], [1, 1], 0), ([0, 4], [4, -1], 1)):
+        with pytest.raises(IndexError, match=f"step {step} takes rows"):
+            a[StepRows(starts, counts)]
+
+
+def test_a_training_step_makes_no_transfer_per_time_step(cl):
+    """Host <-> device transfers of an LSTM's forward and backward are the batch's own uploads
+    (its values and orders) and the loss read back at the start of backward: as many for
+    sequences of 40 steps as for sequences of 4, and none read back during the forward."""
+    counts = []
+    for steps in (4, 40):
+        lm.manual_seed(1)
+        net = lm.Network()
+        x = net.input("x", 6, sequence=True)
+        h = lm.layers.LSTM(6, 8, num_layers=2, bidirectional=True)(x)[0]
+        net.outputs(loss=lm.layers.SquareError()(lm.layers.Linear(16, 1)(h), net.input("y", 1, sequence=True)))
+        net.to(cl)
+        rng = np.random.default_rng(steps)
+        lengths = [steps, steps - 1, steps // 2, 1]
+        feeds = {"x": lm.Sequences.from_list([rng.standard_normal((n, 6)).astype(np.float32) for n in lengths]),
+                 "y": lm.Sequences.from_list([rng.standard_normal((n, 1)).astype(np.float32) for n in lengths])}
+        before = dict(cl.transfers)
+        net.forward(feeds, outputs=net.cost_outputs())
+        assert cl.transfers["to_host"] == before["to_host"]
+        net.backward()
+        counts.append({k: cl.transfers[k] - before[k] for k in ("to_device", "to_host")})
+    assert counts[0] == counts[1] and counts[1]["to_host"] == 1, counts

@@ -99,3 +99,20 @@ def test_gather_and_scatter_rows(backend):
     fresh = np.full_like(x, np.nan)
     backend.scatter_rows(tm, o.index(), fresh, beta=0.0)
     np.testing.assert_array_equal(fresh, x)
+
+
+@pytest.mark.parametrize("lengths", [[5], [3, 1, 5, 2], [2, 2, 2], [1, 1], [4, 6, 6, 1, 3]])
+def test_previous_rows_are_each_sequences_step_before(lengths):
+    """BatchOrder.previous_rows: for each row after the first step, the row that holds the same
+    sequence one step earlier (what a recurrent weight gradient reads as h_{t-1})."""
+    o = BatchOrder(np.concatenate([[0], np.cumsum(lengths)]))
+    seq_of_row = {}
+    for t in range(o.steps):
+        r0, b = o.step(t)
+        for j in range(b):
+            seq_of_row[r0 + j] = (o.order[j], t)
+    rows = range(o.num_sequences, int(o.step_starts[-1]))
+    assert o.previous_rows.dtype == np.int32 and len(o.previous_rows) == len(rows)
+    for r, p in zip(rows, o.previous_rows):
+        seq, t = seq_of_row[r]
+        assert seq_of_row[int(p)] == (seq, t - 1)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OpenCLError
+from . import opencl_plan, stepwise
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
 from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                      check_selection, gemm_sizes)
@@ -32,6 +33,9 @@ TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32,
 # counts)
 RPW, VW, CV = 8, 8, 2
 LOCAL = 256  # work-group size of 1-D kernels
+# A recurrence's steps after the first run as one recorded plan enqueued by compiled code
+# (opencl_plan); False runs them one by one from Python (the tests compare the two)
+WHOLE_SEQUENCE = True
 
 
 def _cl():
@@ -85,7 +89,13 @@ class OpenCLBackend(Backend):
         kind = "gpu" if self.device.type & cl.device_type.GPU else "cpu" if self.device.type & cl.device_type.CPU else "other"
         self.tiles = TILES[kind]
         self.cpu_device = kind == "cpu"
-        self._programs = {}
+        self._programs, self._built = {}, {}
+        self._plan_kernels = {}  # (program key, kernel name, launch) -> a Kernel object of a recorded plan's own
+        self._stepwise_only = set()  # (cell class, cell name, step) whose step code cannot be recorded
+        self._local = threading.local()  # .plan: the plan this thread records, or None
+        # host <-> device transfers since the backend was made (from_host, to_host: every one
+        # the backend makes goes through them)
+        self.transfers = {"to_device": 0, "to_host": 0, "bytes": 0}
         self._host_ids = {}  # (id(host array), tag, dtype) -> (weak reference, snapshot, device copy)
         self._dummies = {}  # dtype -> placeholder array
         # one queue and shared Kernel objects: setting a kernel's arguments and enqueueing it,
@@ -123,6 +133,7 @@ class OpenCLBackend(Backend):
                 raise OpenCLError(f"building {path} ({' '.join(options)}) for {self.device.name.strip()} "
                                   f"failed:\n{log or e}") from None
             kernels = {k.function_name: k for k in program.all_kernels()}
+            self._built[key] = program
             if not kernels:
                 raise OpenCLError(f"building {path} for {self.device.name.strip()} gave no kernels:\n"
                                   f"{program.get_build_info(self.device, self.cl.program_build_info.LOG)}")
@@ -138,47 +149,83 @@ class OpenCLBackend(Backend):
     def _kernel(self, file, name, dtype):
         return self._program(file, dtype)[name]
 
-    def _run(self, file, name, dtype, global_size, *args, local=None):
+    def _run(self, file, name, dtype, global_size, *args, local=None, hoist=False):
         """Launch a kernel; an array argument becomes (buffer, offset in elements), as every
-        kernel but the GEMMs takes them."""
+        kernel but the GEMMs takes them. While this thread records a plan (opencl_plan) the launch
+        is recorded instead, unless `hoist`: a launch that reads nothing the plan writes runs now,
+        once."""
         flat = []
         for a in args:
-            if isinstance(a, self.cl.array.Array):
+            if isinstance(a, (self.cl.array.Array, opencl_plan.StepBlock)):
                 flat += [a.base_data, np.int32(a.offset // a.dtype.itemsize)]
             else:
                 flat.append(a)
+        plan = getattr(self._local, "plan", None)
         with self._lock:
+            if plan is not None and not hoist:
+                self._program(file, dtype)
+                plan.add((file, np.dtype(dtype)), name, global_size, local, flat)
+                return
             self._kernel(file, name, dtype)(self.queue, global_size, local, *flat)
+
+    def _plan_kernel(self, program, name, launch):
+        """A Kernel object of its own for launch `launch` of recorded plans (a plan sets its
+        constant arguments once, so no other launch may share it)."""
+        key = (program, name, launch)
+        if key not in self._plan_kernels:
+            self._plan_kernels[key] = self.cl.Kernel(self._built[program], name)
+        return self._plan_kernels[key]
+
+    def _not_while_recording(self, what):
+        if getattr(self._local, "plan", None) is not None:
+            raise opencl_plan.NotRecordable(what)
 
     def _real(self, dtype, value):
         return np.dtype(dtype).type(value)
 
     @staticmethod
     def _global(n):
-        return (max(1, -(-n // LOCAL) * LOCAL),)
+        return (_at_least_one(-(-n // LOCAL) * LOCAL),)
 
     @staticmethod
     def _grid(rows, cols, tile=16):
-        return (max(1, -(-cols // tile) * tile), max(1, -(-rows // tile) * tile))
+        return (_at_least_one(-(-cols // tile) * tile), _at_least_one(-(-rows // tile) * tile))
 
     # -- arrays
     def empty(self, shape, dtype):
         with self._lock:
             return self._arrays.empty(self.queue, tuple(shape), np.dtype(dtype), self.pool)
 
+    def scratch(self, name, shape, dtype):
+        if any(isinstance(n, np.ndarray) for n in shape):
+            raise opencl_plan.NotRecordable("a scratch array of a size per step")
+        return super().scratch(name, shape, dtype)
+
     def fill(self, a, value):
+        self._not_while_recording("fill")
         with self._lock:
             a.fill(a.dtype.type(value))
 
-    def from_host(self, array):
+    def from_host(self, array, wait=True):
+        """A device copy of a host array; wait=False returns before the copy has run, and the
+        caller must not change the host array (it is read when the queue gets to the copy)."""
+        array = np.ascontiguousarray(array)
         with self._lock:
-            return self._arrays.to_device(self.queue, np.ascontiguousarray(array), self.pool)
+            self._count_transfer("to_device", array.nbytes)
+            return self._arrays.to_device(self.queue, array, self.pool, wait)
 
     def to_host(self, a):
+        self._not_while_recording("to_host")
         with self._lock:
+            self._count_transfer("to_host", a.nbytes)
             return a.get()
 
+    def _count_transfer(self, direction, nbytes):
+        self.transfers[direction] += 1
+        self.transfers["bytes"] += int(nbytes)
+
     def copy(self, src, dst):
+        self._not_while_recording("copy")
         if src.shape != dst.shape or src.dtype != dst.dtype:
             raise ValueError(f"copy: dst {dst.shape} {dst.dtype} must match src {src.shape} {src.dtype}")
         with self._lock:
@@ -207,7 +254,8 @@ class OpenCLBackend(Backend):
                 packed = self.empty((panels * k * pw,), c.dtype)
                 self._run("gemm", "pack_panels", c.dtype, self._grid(k, panels * pw), b.base_data,
                           np.int32(b.offset // size), np.int32(b.strides[0] // size), np.int32(trans_b),
-                          np.int32(k), np.int32(n), packed.data, local=(16, 16))
+                          np.int32(k), np.int32(n), packed.data, local=(16, 16),
+                          hoist=not isinstance(b, opencl_plan.StepBlock))
                 self._run("gemm", "gemm_panels", c.dtype, (-(-m // RPW), panels), np.int32(m), np.int32(n),
                           np.int32(k), real(alpha), a.base_data, np.int32(a.offset // size),
                           np.int32(a.strides[0] // size), packed.data, real(beta), c.base_data,
@@ -356,7 +404,9 @@ class OpenCLBackend(Backend):
             value = derive(snapshot) if derive is not None else snapshot
             if check is not None:
                 check(value)
-            device = self.from_host(np.ascontiguousarray(value, dtype=dtype))
+            # (without waiting: the queue may be busy with what was enqueued before, and the
+            # values uploaded are this call's own copy, never changed)
+            device = self.from_host(np.array(value, dtype=dtype, order="C"), wait=False)
             with self._lock:
                 if len(self._host_ids) > 256:  # bounded: the dead, then the oldest half
                     live = [(k, v) for k, v in self._host_ids.items() if v[0]() is not None]
@@ -685,6 +735,44 @@ class OpenCLBackend(Backend):
 
     # -- recurrent cells (a None state is absent: see _optional)
 
+    # -- the recurrence of a layer direction: the first step from Python, the others recorded
+    #    once and enqueued by compiled code (opencl_plan)
+    def recurrence_forward(self, cell, ctx, run):
+        order = ctx.order
+        stepwise.forward_step(cell, ctx, run, *stepwise.step_rows(order, 0), True)
+        self._later_steps(cell, ctx, run, stepwise.forward_step, list(range(1, order.steps)))
+        stepwise.store_output(ctx, run)
+
+    def recurrence_backward(self, cell, ctx, run):
+        order = ctx.order
+        self._later_steps(cell, ctx, run, stepwise.backward_step, list(range(order.steps - 1, 0, -1)))
+        stepwise.backward_step(cell, ctx, run, *stepwise.step_rows(order, 0), True)
+
+    def _later_steps(self, cell, ctx, run, step, steps):
+        """`step` (stepwise.forward_step or backward_step) over these steps, in this order: as one
+        recorded plan where the step code records, else one step at a time. Only float32 products
+        from the weights themselves record: recording must not be what first makes state that is
+        kept (a weight's pack), because a recording that raises NotRecordable drops its launches."""
+        key = (type(cell), cell.cell_name, step)
+        if len(steps) and WHOLE_SEQUENCE and ctx.precision == "float32" and not cell.uses_packed(self) \
+                and key not in self._stepwise_only and opencl_plan.entry_points():
+            rows, prev = opencl_plan.step_rows(ctx.order, steps)
+            plan = opencl_plan.Plan(len(steps))
+            with self._lock:
+                self._local.plan = plan
+                try:
+                    step(cell, ctx, run, rows, prev, False)
+                except opencl_plan.NotRecordable:
+                    self._stepwise_only.add(key)
+                    plan = None
+                finally:
+                    self._local.plan = None
+                if plan is not None:
+                    plan.enqueue(self)
+                    return
+        for t in steps:
+            step(cell, ctx, run, *stepwise.step_rows(ctx.order, t), False)
+
     def lstm_step(self, g, c_prev, c, h):
         rows, H = h.shape
         self._run("cells", "lstm_step", h.dtype, self._grid(rows, H), g, *self._optional(c_prev, h.dtype), c, h,
@@ -774,6 +862,11 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), p, g,
                   s, buf if momentum else p, r(lr), r(alpha), r(eps), r(weight_decay),
                   r(momentum), np.int32(p.size))
+
+
+def _at_least_one(n):
+    """max(n, 1), for a size or a size per step (opencl_plan.PerStep)."""
+    return np.maximum(n, 1) if isinstance(n, np.ndarray) else max(n, 1)
 
 
 def _rows(a):

@@ -5,11 +5,14 @@ numpy, tens of microseconds of host Python per view on every device. A recurrent
 its buffers for every time step, so on a GPU a step's host time was many times its kernels'. Here a slice of the first axis with step 1,
 and a reshape of a C-contiguous array (to a shape of the same size, one dimension may be -1),
 build the view directly (pyopencl's own fast constructor, no checks left to do); every other
-index or reshape takes pyopencl's path.
+index or reshape takes pyopencl's path. Indexed by opencl_plan.StepRows, an array gives the
+rows of many steps at once (opencl_plan.StepBlock), as a recorded plan takes them.
 """
 import math
 
 import pyopencl.array as cla
+
+from .opencl_plan import NotRecordable, PerStep, StepBlock, StepRows
 
 
 def _c_strides(shape, itemsize):
@@ -27,6 +30,10 @@ class DeviceArray(cla.Array):
                           _queue=self.queue)
 
     def __getitem__(self, index):
+        if type(index) is StepRows:  # the rows of many steps at once, for a recorded plan
+            return StepBlock(self, index)
+        if type(index) is slice and (isinstance(index.start, PerStep) or isinstance(index.stop, PerStep)):
+            raise NotRecordable("a slice of a size per step")
         if type(index) is slice and index.step in (None, 1) and self.shape:
             start, stop, _ = index.indices(self.shape[0])
             rows = max(stop - start, 0)
@@ -53,8 +60,9 @@ def empty(queue, shape, dtype, allocator):
     return DeviceArray(queue, shape, dtype, allocator=allocator)
 
 
-def to_device(queue, host, allocator):
-    """A device copy of a C-contiguous numpy array."""
+def to_device(queue, host, allocator, wait=True):
+    """A device copy of a C-contiguous numpy array; wait=False returns once the copy is enqueued
+    (the copy's event, kept with the array, holds the host array until it has run)."""
     out = DeviceArray(queue, host.shape, host.dtype, allocator=allocator)
-    out.set(host, queue=queue)
+    out.set(host, queue=queue, async_=not wait)
     return out

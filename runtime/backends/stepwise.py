@@ -35,40 +35,52 @@ def _rows(a, rows):
     return a[rows] if a is not None else None
 
 
-def forward(cell, ctx, run):
-    be, order = ctx.be, ctx.order
-    for t in range(order.steps):
-        r0, b = order.step(t)
-        rows = slice(r0, r0 + b)
-        if t == 0:
-            prev = slice(0, b)
-            prev_h, prev_c = _rows(run.init_h, prev), _rows(run.init_c, prev)
-        else:
-            p0 = int(order.step_starts[t - 1])
-            prev_h, prev_c = run.hs[p0:p0 + b], _rows(run.cs, slice(p0, p0 + b))
-        cell.cell_forward(ctx, run.sfx, run.l, run.d, rows, run.g[rows], prev_h, prev_c, run.hs[rows],
-                          _rows(run.cs, rows))
+def step_rows(order, t):
+    """(the rows of step t, the rows of their previous states: in the initial states at step 0,
+    else in the step before)."""
+    r0, b = order.step(t)
+    p0 = 0 if t == 0 else int(order.step_starts[t - 1])
+    return slice(r0, r0 + b), slice(p0, p0 + b)
+
+
+def forward_step(cell, ctx, run, rows, prev, first):
+    """The cell over `rows` from the states at `prev` (in the initial states where `first`). rows
+    and prev index the layer's buffers: slices of one step, or a backend's blocks of many."""
+    prev_h, prev_c = (_rows(run.init_h, prev), _rows(run.init_c, prev)) if first else \
+        (run.hs[prev], _rows(run.cs, prev))
+    cell.cell_forward(ctx, run.sfx, run.l, run.d, rows, run.g[rows], prev_h, prev_c, run.hs[rows],
+                      _rows(run.cs, rows))
+
+
+def backward_step(cell, ctx, run, rows, prev, first):
+    """dg and dgh of `rows` (as forward_step), then dh_{t-1} += dG_t W_hh."""
+    if first:
+        prev_h, prev_c = _rows(run.init_h, prev), _rows(run.init_c, prev)
+        dprev_h = _rows(run.dh0, prev) if prev_h is not None else None
+        dprev_c = _rows(run.dc0, prev)
+    else:
+        prev_h, dprev_h = run.hs[prev], run.dhs[prev]
+        prev_c, dprev_c = _rows(run.cs, prev), _rows(run.dcs, prev)
+    cell.cell_backward(ctx, run.sfx, run.l, run.d, rows, run.g[rows], prev_h, prev_c, run.hs[rows],
+                       _rows(run.cs, rows), run.dhs[rows], _rows(run.dcs, rows), run.dg[rows], run.dgh[rows],
+                       dprev_h, dprev_c)
+    if dprev_h is not None:
+        cell.add_recurrent_grad(ctx, run.sfx, run.dgh[rows], dprev_h)
+
+
+def store_output(ctx, run):
+    """Every step's states into run.output."""
     out, index, col = run.output
-    be.scatter_rows(run.hs, index, out, col=col)
+    ctx.be.scatter_rows(run.hs, index, out, col=col)
+
+
+def forward(cell, ctx, run):
+    for t in range(ctx.order.steps):
+        forward_step(cell, ctx, run, *step_rows(ctx.order, t), t == 0)
+    store_output(ctx, run)
 
 
 def backward(cell, ctx, run):
-    """dg and dgh of every step, walking back; dh_{t-1} += dG_t W_hh between steps."""
-    order = ctx.order
-    for t in reversed(range(order.steps)):
-        r0, b = order.step(t)
-        rows = slice(r0, r0 + b)
-        if t == 0:
-            prev = slice(0, b)
-            prev_h, prev_c = _rows(run.init_h, prev), _rows(run.init_c, prev)
-            dprev_h = _rows(run.dh0, prev) if prev_h is not None else None
-            dprev_c = _rows(run.dc0, prev)
-        else:
-            prev = slice(int(order.step_starts[t - 1]), int(order.step_starts[t - 1]) + b)
-            prev_h, dprev_h = run.hs[prev], run.dhs[prev]
-            prev_c, dprev_c = _rows(run.cs, prev), _rows(run.dcs, prev)
-        cell.cell_backward(ctx, run.sfx, run.l, run.d, rows, run.g[rows], prev_h, prev_c, run.hs[rows],
-                           _rows(run.cs, rows), run.dhs[rows], _rows(run.dcs, rows), run.dg[rows], run.dgh[rows],
-                           dprev_h, dprev_c)
-        if dprev_h is not None:
-            cell.add_recurrent_grad(ctx, run.sfx, run.dgh[rows], dprev_h)
+    """dg and dgh of every step, walking back."""
+    for t in reversed(range(ctx.order.steps)):
+        backward_step(cell, ctx, run, *step_rows(ctx.order, t), t == 0)

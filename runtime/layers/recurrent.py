@@ -277,14 +277,12 @@ class _Recurrent(Layer):
             be.gemm_in(ctx.precision, dg, xs, grad.array, trans_a=True, beta=grad.beta)
         grad = ctx.param_grad("weight_hh" + sfx)
         if grad is not None:
-            hprev = self.workspace(ctx, "hprev", l, d, H)
+            hprev = self.workspace(ctx, "hprev", l, d, H)  # each row's previous state
             first = 0 if init_h is not None else n_seq  # rows of step 0 have no previous state
             if init_h is not None:
                 be.copy(init_h, hprev[:n_seq])
-            for t in range(1, order.steps):
-                r0, b = order.step(t)
-                p0 = int(order.step_starts[t - 1])
-                be.copy(hs[p0:p0 + b], hprev[r0:r0 + b])
+            if total > n_seq:
+                be.gather_rows(hs, order.previous_rows, hprev[n_seq:total])
             self._recurrent_weight_grad(ctx, l, d, dgh[first:total], hprev[first:total], grad)
         if self.has_bias:
             for name, src in (("bias_ih" + sfx, dg), ("bias_hh" + sfx, dgh)):
