@@ -45,12 +45,14 @@ echo "device for the tests: PYOPENCL_TEST=$PYOPENCL_TEST"
 # the OpenCL tests (those of test_opencl.py and every OpenCL case elsewhere)
 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" -k opencl --timeout=300 tests 2>&1 | tee "$OUT/tests.log" | tail -5 || true
 
-# the GEMM at 4096^3 on the first GPU: median of 5 after a warm-up
-"$PY" - 2>&1 <<'EOF' | tee "$OUT/gemm.txt"
+# the GEMM at 1024^3 to 4096^3 on the first GPU, with the tiles lamina chooses for it and with
+# each other tile choice (LAMINA_OPENCL_TILES): median of 5 after a warm-up
+for tiles in "" 128,128,16,8,8 64,64,16,8,8 32,32,8,4,4; do
+LAMINA_OPENCL_TILES=$tiles "$PY" - 2>&1 <<'EOF' | tee -a "$OUT/gemm.txt"
 import statistics, time
 import numpy as np
-from lamina.backends.opencl import OpenCLBackend, devices
 import pyopencl as cl
+from lamina.backends.opencl import OpenCLBackend, devices
 index = next(i for i, d in enumerate(devices()) if d.type & cl.device_type.GPU)
 be = OpenCLBackend(index)
 for n in (1024, 2048, 4096):
@@ -60,8 +62,9 @@ for n in (1024, 2048, 4096):
     times = []
     for _ in range(5):
         t = time.perf_counter(); be.gemm(a, a, c); be.queue.finish(); times.append(time.perf_counter() - t)
-    print(f"{be.device.name.strip()} gemm {n}^3: {2 * n ** 3 / statistics.median(times) / 1e12:.2f} TFLOP/s "
-          f"(median of 5, {1e3 * statistics.median(times):.2f} ms)")
+    print(f"{be.device.name.strip()} tiles {be.tiles} gemm {n}^3: "
+          f"{2 * n ** 3 / statistics.median(times) / 1e12:.2f} TFLOP/s (median of 5, {1e3 * statistics.median(times):.2f} ms)")
 EOF
+done
 
 "$PY" -m bench opencl --threads "$(nproc)" --rounds 3 --json "$OUT/opencl.json" 2>&1 | tee "$OUT/bench.log"

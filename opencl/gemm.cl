@@ -26,6 +26,14 @@
 #ifndef WPTN
 #define WPTN 8
 #endif
+#if TSM % 4 || TSN % 4 || TSK % 4
+#error "the tiled GEMM loads its tiles four values at a time: TSM, TSN and TSK must be multiples of 4"
+#endif
+#ifdef USE_DOUBLE
+#define REAL4 double4
+#else
+#define REAL4 float4
+#endif
 #define RTSM (TSM / WPTM)
 #define RTSN (TSN / WPTN)
 #define THREADS (RTSM * RTSN)
@@ -42,24 +50,55 @@ void gemm(const int M, const int N, const int K, const REAL alpha,
     A += offa;
     B += offb;
     C += offc;
-    __local REAL Asub[TSK][TSM];
-    __local REAL Bsub[TSK][TSN];
+    /* a column of padding: work-items storing along k (A read row by row, B transposed) hit
+     * neighbouring banks instead of one bank TSM (TSN) values apart */
+    __local REAL Asub[TSK][TSM + 1];
+    __local REAL Bsub[TSK][TSN + 1];
     REAL acc[WPTM][WPTN];
     for (int wm = 0; wm < WPTM; wm++)
         for (int wn = 0; wn < WPTN; wn++)
             acc[wm][wn] = 0;
 
     for (int k0 = 0; k0 < K; k0 += TSK) {
-        /* stage op(A)[m0:m0+TSM, k0:k0+TSK] and op(B)[k0:k0+TSK, n0:n0+TSN] */
-        for (int l = tid; l < TSK * TSM; l += THREADS) {
-            const int kk = trans_a ? l / TSM : l % TSK, mm = trans_a ? l % TSM : l / TSK;
-            const int i = m0 + mm, k = k0 + kk;
-            Asub[kk][mm] = (i < M && k < K) ? (trans_a ? A[k * lda + i] : A[i * lda + k]) : (REAL)0;
+        /* stage op(A)[m0:m0+TSM, k0:k0+TSK] and op(B)[k0:k0+TSK, n0:n0+TSN]: four neighbours
+         * along the axis each operand is contiguous in with one vector load where the tile lies
+         * within the matrix along that axis (the branch is the same for the whole work-group),
+         * one value at a time at the edges */
+        if (!trans_a && k0 + TSK <= K) {
+            for (int l = tid; l < TSM * (TSK / 4); l += THREADS) {
+                const int mm = l / (TSK / 4), kk = l % (TSK / 4) * 4, i = m0 + mm;
+                const REAL4 v = i < M ? vload4(0, A + i * lda + k0 + kk) : (REAL4)0;
+                Asub[kk][mm] = v.x; Asub[kk + 1][mm] = v.y; Asub[kk + 2][mm] = v.z; Asub[kk + 3][mm] = v.w;
+            }
+        } else if (trans_a && m0 + TSM <= M) {
+            for (int l = tid; l < TSK * (TSM / 4); l += THREADS) {
+                const int kk = l / (TSM / 4), mm = l % (TSM / 4) * 4, k = k0 + kk;
+                vstore4(k < K ? vload4(0, A + k * lda + m0 + mm) : (REAL4)0, 0, &Asub[kk][mm]);
+            }
+        } else {
+            for (int l = tid; l < TSK * TSM; l += THREADS) {
+                const int kk = trans_a ? l / TSM : l % TSK, mm = trans_a ? l % TSM : l / TSK;
+                const int i = m0 + mm, k = k0 + kk;
+                Asub[kk][mm] = (i < M && k < K) ? (trans_a ? A[k * lda + i] : A[i * lda + k]) : (REAL)0;
+            }
         }
-        for (int l = tid; l < TSK * TSN; l += THREADS) {
-            const int kk = trans_b ? l % TSK : l / TSN, nn = trans_b ? l / TSK : l % TSN;
-            const int j = n0 + nn, k = k0 + kk;
-            Bsub[kk][nn] = (j < N && k < K) ? (trans_b ? B[j * ldb + k] : B[k * ldb + j]) : (REAL)0;
+        if (!trans_b && n0 + TSN <= N) {
+            for (int l = tid; l < TSK * (TSN / 4); l += THREADS) {
+                const int kk = l / (TSN / 4), nn = l % (TSN / 4) * 4, k = k0 + kk;
+                vstore4(k < K ? vload4(0, B + k * ldb + n0 + nn) : (REAL4)0, 0, &Bsub[kk][nn]);
+            }
+        } else if (trans_b && k0 + TSK <= K) {
+            for (int l = tid; l < TSN * (TSK / 4); l += THREADS) {
+                const int nn = l / (TSK / 4), kk = l % (TSK / 4) * 4, j = n0 + nn;
+                const REAL4 v = j < N ? vload4(0, B + j * ldb + k0 + kk) : (REAL4)0;
+                Bsub[kk][nn] = v.x; Bsub[kk + 1][nn] = v.y; Bsub[kk + 2][nn] = v.z; Bsub[kk + 3][nn] = v.w;
+            }
+        } else {
+            for (int l = tid; l < TSK * TSN; l += THREADS) {
+                const int kk = trans_b ? l % TSK : l / TSN, nn = trans_b ? l / TSK : l % TSN;
+                const int j = n0 + nn, k = k0 + kk;
+                Bsub[kk][nn] = (j < N && k < K) ? (trans_b ? B[j * ldb + k] : B[k * ldb + j]) : (REAL)0;
+            }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < TSK; kk++) {

@@ -14,6 +14,7 @@ from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Line
                            SoftmaxCrossEntropy, SquareError)
 
 from conftest import OPENCL_DEVICES as FOUND
+from lamina.backends.opencl import TILE_CHOICES
 
 if FOUND:
     from lamina.backends.opencl import OpenCLBackend
@@ -99,25 +100,45 @@ def test_gemm(cl):
                                                        err_msg=f"{m}x{n}x{k} ta={ta} tb={tb} beta={beta}")
 
 
-def test_gpu_gemm_kernel(cl):
-    """The tiled local-memory kernel GPUs get, run here too (PoCL executes it correctly, if
-    slowly), so its edges and transposes are checked on every machine."""
+@pytest.mark.parametrize("tiles", TILE_CHOICES, ids=lambda t: "x".join(map(str, t)))
+def test_gpu_gemm_kernel(cl, tiles):
+    """The tiled local-memory kernel GPUs get, with each tile choice a device may get, run here
+    too (PoCL executes it correctly, if slowly), so its edges and transposes are checked on every
+    machine."""
     rng = np.random.default_rng(4)
-    was = cl.cpu_device
-    cl.cpu_device = False
+    was = cl.cpu_device, cl.tiles
+    cl.cpu_device, cl.tiles = False, tiles
     try:
-        for m, n, k in ((1, 1, 1), (7, 33, 129), (129, 7, 33), (65, 130, 17)):
-            for ta in (False, True):
-                for tb in (False, True):
-                    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-                    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
-                    start = rng.standard_normal((m, n)).astype(np.float32)
-                    c = cl.from_host(start)
-                    cl.gemm(cl.from_host(a), cl.from_host(b), c, ta, tb, 0.5, 1.0)
-                    want = 0.5 * (a.T if ta else a).astype(np.float64) @ (b.T if tb else b) + start
-                    np.testing.assert_allclose(c.get(), want, rtol=1e-4, atol=1e-4, err_msg=f"{m}x{n}x{k} {ta} {tb}")
+        for dtype in dtypes(cl):
+            for m, n, k in ((1, 1, 1), (7, 33, 129), (129, 7, 33), (65, 130, 17), (257, 131, 40)):
+                for ta in (False, True):
+                    for tb in (False, True):
+                        a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+                        b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+                        start = rng.standard_normal((m, n)).astype(dtype)
+                        c = cl.from_host(start)
+                        cl.gemm(cl.from_host(a), cl.from_host(b), c, ta, tb, 0.5, 1.0)
+                        want = 0.5 * (a.T if ta else a).astype(np.float64) @ (b.T if tb else b) + start
+                        close(c.get(), want, dtype)
     finally:
-        cl.cpu_device = was
+        cl.cpu_device, cl.tiles = was
+
+
+def test_gemm_tiles_follow_the_device(monkeypatch):
+    """The largest tiles whose work-group and local memory the device takes; LAMINA_OPENCL_TILES
+    sets them, and a malformed setting is refused by name."""
+    from types import SimpleNamespace
+    from lamina.backends.opencl import gemm_tiles
+    big = SimpleNamespace(max_work_group_size=1024, max_work_item_sizes=[1024, 1024, 64], local_mem_size=49152)
+    small = SimpleNamespace(max_work_group_size=128, max_work_item_sizes=[128, 128, 64], local_mem_size=49152)
+    tiny = SimpleNamespace(max_work_group_size=16, max_work_item_sizes=[16, 16, 16], local_mem_size=4096)
+    assert [gemm_tiles(d) for d in (big, small, tiny)] == [TILE_CHOICES[0], TILE_CHOICES[1], TILE_CHOICES[2]]
+    monkeypatch.setenv("LAMINA_OPENCL_TILES", "64,32,8,4,4")
+    assert gemm_tiles(big) == (64, 32, 8, 4, 4)
+    for bad in ("64,32,8,4", "64,30,8,4,4", "a,b,c,d,e", "0,32,8,4,4"):
+        monkeypatch.setenv("LAMINA_OPENCL_TILES", bad)
+        with pytest.raises(lm.OpenCLError, match="LAMINA_OPENCL_TILES: expected"):
+            gemm_tiles(big)
 
 
 def test_elementwise_and_row_kernels(cl):

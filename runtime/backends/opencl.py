@@ -25,9 +25,12 @@ from .checks import (check_attention, check_by_column, check_index, check_layer_
                      check_selection, gemm_sizes)
 
 KERNEL_DIR = Path(str(importlib.resources.files("lamina.opencl")))
-# Tiles of the local-memory GEMM kernel per device type: (TSM, TSN, TSK, WPTM, WPTN). A CPU
-# device runs the panel kernels instead (below); its entry only builds the tiled kernel.
-TILES = {"gpu": (64, 64, 16, 8, 8), "cpu": (64, 64, 16, 8, 8), "other": (32, 32, 8, 4, 4)}
+# Tiles of the local-memory GEMM kernel, (TSM, TSN, TSK, WPTM, WPTN): a work-group computes a
+# TSM x TSN tile of C with (TSM/WPTM) x (TSN/WPTN) work-items, each a WPTM x WPTN block. A device
+# gets the first whose work-group and local tiles it takes (gemm_tiles); LAMINA_OPENCL_TILES
+# ("128,128,16,8,8") sets one. A CPU device runs the panel kernels instead (below); its tiles only
+# build the tiled kernel.
+TILE_CHOICES = ((128, 128, 16, 8, 8), (64, 64, 16, 8, 8), (32, 32, 8, 4, 4))
 # CPU devices: RPW rows x (CV vectors of VW) columns of C per work-item over panels of op(B),
 # the fastest of the shapes tried on PoCL (with panels against without, other row and vector
 # counts)
@@ -87,7 +90,7 @@ class OpenCLBackend(Backend):
         self._arrays = opencl_array
         self.fp64 = bool(self.device.double_fp_config)
         kind = "gpu" if self.device.type & cl.device_type.GPU else "cpu" if self.device.type & cl.device_type.CPU else "other"
-        self.tiles = TILES[kind]
+        self.tiles = gemm_tiles(self.device)
         self.cpu_device = kind == "cpu"
         self._programs, self._built = {}, {}
         self._plan_kernels = {}  # (program key, kernel name, launch) -> a Kernel object of a recorded plan's own
@@ -109,7 +112,7 @@ class OpenCLBackend(Backend):
     # -- programs
     def _program(self, name, dtype):
         dtype = np.dtype(dtype)
-        key = (name, dtype)
+        key = (name, dtype, self.tiles)
         if key not in self._programs:
             if dtype == np.float64 and not self.fp64:
                 raise OpenCLError(f"{self.device.name.strip()} has no float64 support")
@@ -862,6 +865,28 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "rmsprop_update", p.dtype, self._global(p.size), p, g,
                   s, buf if momentum else p, r(lr), r(alpha), r(eps), r(weight_decay),
                   r(momentum), np.int32(p.size))
+
+
+def gemm_tiles(device):
+    """The tiles of the local-memory GEMM for `device` (see TILE_CHOICES)."""
+    asked = os.environ.get("LAMINA_OPENCL_TILES", "")
+    if asked:
+        try:
+            tiles = tuple(int(v) for v in asked.split(","))
+            tsm, tsn, tsk, wptm, wptn = tiles
+        except ValueError:
+            tiles = ()
+        if len(tiles) != 5 or min(tiles) < 1 or tsm % wptm or tsn % wptn:
+            raise OpenCLError(f"LAMINA_OPENCL_TILES: expected TSM,TSN,TSK,WPTM,WPTN, positive, TSM a multiple of "
+                              f"WPTM and TSN of WPTN (as 128,128,16,8,8), found {asked!r}")
+        return tiles
+    for tsm, tsn, tsk, wptm, wptn in TILE_CHOICES:
+        group = (tsn // wptn, tsm // wptm)
+        local = tsk * (tsm + tsn + 2) * 8  # both tiles, padded, in float64 at most
+        if group[0] * group[1] <= device.max_work_group_size and all(
+                g <= m for g, m in zip(group, device.max_work_item_sizes)) and local <= device.local_mem_size:
+            return tsm, tsn, tsk, wptm, wptn
+    return TILE_CHOICES[-1]
 
 
 def _at_least_one(n):
