@@ -75,10 +75,12 @@ KERNEL_HEADERS = ["cells.h", "cells_impl.h", "clones.h", "panels.h", "panels_imp
                   "instantiate.h", "team.h", "convert.h", "quantize.h", "depthwise.h", "attention.h",
                   "attention_impl.h", "norms.h", "norms_impl.h", "activations.h"]
 # (module suffix, macros, compiler flags): the build with the AVX2 clones, the baseline alone, and
-# on x86-64 the AVX-512 target (x86-64-v4) alone
+# on x86-64 one whose hot loops are compiled for the AVX-512 target (x86-64-v4) alone (clones.h:
+# by function attributes, so the rest of the module, its set-up at import included, stays
+# baseline code and imports on any x86-64 CPU)
 ISA_BUILDS = [("", [], []), ("_baseline", [("LAMINA_NO_CLONES", "1")], [])]
 if platform.machine() in ("x86_64", "AMD64"):
-    ISA_BUILDS.append(("_avx512", [("LAMINA_NO_CLONES", "1")], ["-march=x86-64-v4"]))
+    ISA_BUILDS.append(("_avx512", [("LAMINA_NO_CLONES", "1"), ("LAMINA_TARGET_V4", "1")], []))
 
 extensions = [
     Extension(
@@ -137,7 +139,7 @@ setup(
     packages=["lamina"] + [f"lamina.{name}" for name in find_packages("runtime")] + ["lamina.opencl", "lamina.models"],
     package_dir={"lamina": "runtime", "lamina.opencl": "opencl", "lamina.models": "models"},
     package_data={"lamina.opencl": ["*.cl", "*.h"], "lamina.models": ["*/model.lamina", "*/README.md"],
-                  "lamina": ["py.typed"], "lamina.backends.cpu": ["*.pyi"], "lamina.serve.grpc": ["inference.proto"]},
+                  "lamina": ["py.typed"], "lamina.backends.cpu": ["*.pyi"], "lamina.backends": ["*.pyi"], "lamina.serve.grpc": ["inference.proto"]},
     # the extensions compile side by side, one per core (the kernels twice: see ISA_BUILDS)
     options={"build_ext": {"parallel": os.cpu_count() or 1}},
     ext_modules=cythonize(

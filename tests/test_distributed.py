@@ -370,8 +370,11 @@ def test_the_language_model_resumes_exactly_with_another_rank_count(tmp_path):
     for run in ("two", "one_after_two"):
         got = final(run)
         for (name, p), (_, q) in zip(got.named_parameters(), want.named_parameters()):
-            # the ranks' gradient sums round in another order; Adam's normalised step turns the
-            # rounding of a near-zero gradient into up to a small fraction of lr (0.003) per step
-            scale = np.abs(q.value).max()
-            assert np.abs(p.value - q.value).max() <= 1e-4 * scale, (run, name)
+            # the ranks' gradient sums round in another order, so nearly every element agrees to
+            # the rounding; Adam's normalised step turns the rounding of a near-zero gradient
+            # into up to lr (0.003) per step, so a few elements may differ by up to that over
+            # the 6 steps (a wrong resume moves most elements by far more than the rounding)
+            diff = np.abs(p.value - q.value)
+            assert np.quantile(diff, 0.999) <= 1e-5 * np.abs(q.value).max(), (run, name)
+            assert diff.max() <= 6 * 0.003, (run, name)
         np.testing.assert_allclose(losses(tmp_path / run), losses(tmp_path / "one"), rtol=1e-5)

@@ -3,7 +3,8 @@ function-level ones too), so a change that makes the core depend on a backend fa
 
     application   io, serve, distributed, training, zoo, cli, testing, the package itself
         |
-    backends      backends/cpu (with its compiled modules), backends/opencl, backends/reference
+    backends      backends/cpu (with its compiled modules), backends/opencl (with opencl_array,
+                  opencl_plan and the compiled _opencl_steps), backends/reference
         |              (import the contract and the foundation only)
     model         graph, scheduler, optim, layers/*: the backend registry (lamina.backends) is
         |              their only way to a backend, asked at run time
@@ -24,7 +25,8 @@ FOUNDATION = {"errors", "types", "extras", "random", "rwlock", "processor", "pre
               "threads", "packing", "parameter"}
 CONTRACT = {"backends.base", "backends.geometry", "backends.columns", "backends.stepwise", "backends.checks"}
 MODEL = {"graph", "scheduler", "optim", "layers"}
-BACKENDS = {"backends.cpu", "backends.opencl", "backends.opencl_array", "backends.reference"}
+BACKENDS = {"backends.cpu", "backends.opencl", "backends.opencl_array", "backends.opencl_plan",
+            "backends._opencl_steps", "backends.reference"}
 REGISTRY = "backends"  # lamina.backends itself: get_backend, which imports a backend when asked
 ORDER = ["foundation", "contract", "model", "backends", "application"]
 

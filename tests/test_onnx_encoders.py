@@ -426,12 +426,12 @@ def test_checking_an_attention_is_bounded_in_memory(monkeypatch):
     """The importer checks each attention by evaluating it at the export's sizes; where that would
     hold a tensor over the folding limit (an export at a huge example batch, or a damaged file
     claiming one), the attention is refused by name before anything is allocated."""
-    from lamina.io.onnx import importer
+    from lamina.io.onnx import registry
     _, blob = export("bert", True)
     largest = 4 * 3 * BATCH * STEPS * WIDTH  # the queries, keys and values of x (above the scores here)
-    monkeypatch.setattr(importer, "FOLD_LIMIT", largest)
+    monkeypatch.setattr(registry, "FOLD_LIMIT", largest)
     lm.onnx.load(blob)
-    monkeypatch.setattr(importer, "FOLD_LIMIT", largest - 1)
+    monkeypatch.setattr(registry, "FOLD_LIMIT", largest - 1)
     with pytest.raises(lm.UnsupportedModelError, match=r"\(Softmax\): attention: checking this attention at the "
                                                         r"export's sizes \(N=3, T=7\) would hold 8,064 bytes"):
         lm.onnx.load(blob)

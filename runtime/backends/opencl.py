@@ -167,7 +167,7 @@ class OpenCLBackend(Backend):
         with self._lock:
             if plan is not None and not hoist:
                 self._program(file, dtype)
-                plan.add((file, np.dtype(dtype)), name, global_size, local, flat)
+                plan.add((file, np.dtype(dtype), self.tiles), name, global_size, local, flat)
                 return
             self._kernel(file, name, dtype)(self.queue, global_size, local, *flat)
 

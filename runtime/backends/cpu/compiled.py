@@ -2,9 +2,11 @@
 
 The kernels (`_kernels`, `_selective`) are built three times from the same sources: with the hot
 row, cell, volume and convolution loops cloned for x86-64-v3 (AVX2 + FMA) beside the baseline, the
-loader running the clone the CPU supports; as `_kernels_avx512`/`_selective_avx512`, for
-x86-64-v4 (AVX-512 F/BW/DQ/CD/VL) alone, where the loops the compiler vectorises run 16 floats
-wide; and as `_kernels_baseline`/`_selective_baseline`, the baseline alone. `LAMINA_ISA` picks
+loader running the clone the CPU supports; as `_kernels_avx512`/`_selective_avx512`, the same
+loops compiled for x86-64-v4 (AVX-512 F/BW/DQ/CD/VL) alone, where the loops the compiler
+vectorises run 16 floats wide (the rest of those modules is baseline code, so they import on any
+x86-64 CPU; their hot loops run only where it has AVX-512); and as
+`_kernels_baseline`/`_selective_baseline`, the baseline alone. `LAMINA_ISA` picks
 the path:
 - `auto` (the default): the widest this CPU runs;
 - `avx512`: the AVX-512 build (refused on a CPU without those sets);

@@ -30,6 +30,7 @@ import numpy as np
 
 from ... import layers as L
 from ...graph import Value
+from . import registry
 from .registry import Refused, assign, onnx_shape_text
 
 # operators that move, select or scale a projection's entries between it and the scores
@@ -511,16 +512,15 @@ def build(imp, region):
 
 
 def _bounded(imp, region, n, t, E):
-    """Refused where checking the region at these sizes would hold more than FOLD_LIMIT bytes in
+    """Refused where checking the region at these sizes would hold more than registry.FOLD_LIMIT bytes in
     one tensor: its queries, keys and values, or its scores (their size as shape inference gives
     it, else one head per 8 features)."""
-    from .importer import FOLD_LIMIT
     dims = imp.attention_graph.dims.get(region.scores)
     scores = math.prod(dims) if dims and all(d for d in dims) else n * t * t * max(1, E // 8)
     largest = 4 * max(scores, 3 * n * t * E)
-    if largest > FOLD_LIMIT:
+    if largest > registry.FOLD_LIMIT:
         raise Refused(f"checking this attention at the export's sizes (N={n}, T={t}) would hold {largest:,} bytes in "
-                      f"one tensor, more than the {FOLD_LIMIT:,} lamina allows; export with a smaller example input "
+                      f"one tensor, more than the {registry.FOLD_LIMIT:,} lamina allows; export with a smaller example input "
                       f"or with dynamic axes")
 
 

@@ -28,7 +28,6 @@ from . import attention, fusions, operators, positions, quantized, registry, sha
 from .registry import Refused, default_axes
 
 
-FOLD_LIMIT = 256 << 20  # bytes one folded node's outputs may take
 FOLD_BUDGET = 1 << 30  # bytes all of a model's folded constants may take
 
 
@@ -578,14 +577,15 @@ class Importer:
 
     def fold(self, node, inputs):
         """Evaluate a node of constants now (onnx's reference evaluator), after onnx's shape
-        inference has said how large its outputs are: a node whose outputs would pass FOLD_LIMIT
+        inference has said how large its outputs are: a node whose outputs would pass registry.FOLD_LIMIT
         bytes (a ConstantOfShape of [20000, 20000]), or that would take the model's folded
         constants past FOLD_BUDGET, is refused before anything is allocated."""
         from .evaluator import reference_evaluator
         feeds = {name: v for name, v in zip(node.input, inputs) if name}
         size = self._folded_size(node, feeds)
-        if size is not None and (size > FOLD_LIMIT or self.folded + size > FOLD_BUDGET):
-            what = (f"{size:,} bytes, more than the {FOLD_LIMIT:,} one folded node may take" if size > FOLD_LIMIT else
+        if size is not None and (size > registry.FOLD_LIMIT or self.folded + size > FOLD_BUDGET):
+            what = (f"{size:,} bytes, more than the {registry.FOLD_LIMIT:,} one folded node may take"
+                    if size > registry.FOLD_LIMIT else
                     f"{size:,} bytes, which would take the model's folded constants past {FOLD_BUDGET:,}")
             self.problems.append((node.name, node.op_type, f"folding this node of constants would allocate {what}"))
             return [Unknown() for _ in node.output]

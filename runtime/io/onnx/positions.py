@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import shapes
+from . import registry, shapes
 from .attention import evaluate
 from .registry import Refused
 
@@ -114,11 +114,10 @@ def _rows(imp, node):
 def _positions(imp, sub, reserved, n, t):
     """The subgraph's output [n, t] on two random id batches avoiding the reserved ids; Refused
     where they differ or a sample's differs from the first's, or where ids of that size would
-    take more than FOLD_LIMIT bytes."""
-    from .importer import FOLD_LIMIT
-    if 8 * n * t > FOLD_LIMIT:
+    take more than registry.FOLD_LIMIT bytes."""
+    if 8 * n * t > registry.FOLD_LIMIT:
         raise Refused(f"position ids computed from '{sub.source}' at the export's sizes (N={n}, T={t}): "
-                      f"{8 * n * t:,} bytes of ids, more than the {FOLD_LIMIT:,} lamina allows")
+                      f"{8 * n * t:,} bytes of ids, more than the {registry.FOLD_LIMIT:,} lamina allows")
     elem = next(i for i in imp.graph.input if i.name == sub.source).type.tensor_type.elem_type
     dtype = imp.onnx.helper.tensor_dtype_to_np_dtype(elem)
     rng = np.random.default_rng(0)

@@ -24,6 +24,9 @@ NEVER_FOLD: frozenset[str] = frozenset()
 # bytes one sample of a value an operator makes may take (its size comes from the file's
 # attributes or constants: a damaged sizes input must not make the importer allocate gigabytes)
 SAMPLE_LIMIT = 256 << 20
+# bytes one folded node's outputs may take (the importer's constant folding, and the evaluations
+# that check an attention or fold position ids)
+FOLD_LIMIT = 256 << 20
 
 
 def bounded_sample(shape, what):
