@@ -8,8 +8,10 @@ beside the CPU backend measured in the same run (rows `lamina-cpu`):
 
 Every OpenCL row also gives `transfers_per_step`: the host <-> device transfers (to_device,
 to_host, bytes) per timed call, from the backend's counters (every transfer the backend makes goes
-through from_host / to_host); and each recurrent row `host_us_per_step`: the host time spent in
-the recurrences' calls (enqueueing, and recording the steps' plans) per time step walked."""
+through from_host / to_host); and each recurrent row `host_us_per_step`: the CPU time of the
+calling thread in the recurrences' calls (enqueueing, and recording the steps' plans) per time
+step walked (CPU time: on a CPU device the driver's threads run the kernels on the same cores, and
+the wall time of the calling thread would count the time it waits for a core)."""
 import time
 
 import numpy as np
@@ -33,9 +35,9 @@ class Audited:
 
     def _timed(self, method):
         def timed(cell, ctx, run):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             method(cell, ctx, run)
-            self.host += time.perf_counter() - t0
+            self.host += time.thread_time() - t0
             self.time_steps += ctx.order.steps
         return timed
 

@@ -4,16 +4,52 @@ launches of a recurrence's time steps (lamina.backends.opencl_plan), so a step c
 enqueue and no Python.
 
 The OpenCL entry points come as addresses (`clSetKernelArg`, `clEnqueueNDRangeKernel` of the
-library pyopencl loaded), so this module needs no OpenCL headers or library at build time. Each
-launch's constant arguments are set before the call; here, per step, the launch's int32 arguments
-that change from step to step are set, then the launch is enqueued (a launch whose global size is
-0 in a step is skipped there)."""
+library pyopencl loaded), so this module needs no OpenCL headers or library at build time.
+`set_constants` sets each launch's arguments that stay the same over the steps; `enqueue` walks
+the steps, sets the int32 arguments that change from step to step and enqueues each launch (a
+launch whose global size is 0 in a step is skipped there)."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 
 ctypedef int32_t (*set_arg_f)(void* kernel, uint32_t index, size_t size, const void* value) noexcept nogil
 ctypedef int32_t (*enqueue_f)(void* queue, void* kernel, uint32_t dims, const size_t* offset,
                               const size_t* global_size, const size_t* local_size, uint32_t events,
                               const void* wait_list, void* event) noexcept nogil
+
+
+def set_constants(uintptr_t set_arg, const uint64_t[::1] kernels, const int32_t[:, ::1] args,
+                  const int64_t[:, ::1] sizes, const uint64_t[:, ::1] values):
+    """Sets each launch's arguments that stay the same over the steps. Launches K, constants C:
+    kernels [K], args [K, C] (argument indices, -1 ends a launch's list), sizes [K, C] (bytes: 1
+    to 8, or minus the bytes of a local-memory argument), values [K, C] (the value's bytes: a
+    memory object's handle, 0 for none, or a scalar). Returns (0, -1, -1), or (the OpenCL error
+    code, the launch, the argument) of the first that failed."""
+    cdef Py_ssize_t K = kernels.shape[0], C = args.shape[1], k, c
+    if args.shape[0] != K or sizes.shape[0] != K or values.shape[0] != K or sizes.shape[1] != C \
+            or values.shape[1] != C:
+        raise ValueError(f"set_constants: for {K} launches of {C} constants, args, sizes and values must be "
+                         f"[{K}, {C}]")
+    cdef set_arg_f set_arg_call = <set_arg_f><void*>set_arg
+    cdef int32_t err = 0
+    cdef Py_ssize_t at_launch = -1, at_arg = -1
+    with nogil:
+        for k in range(K):
+            for c in range(C):
+                if args[k, c] < 0:
+                    break
+                if sizes[k, c] < 0:  # local memory of -size bytes
+                    err = set_arg_call(<void*><uintptr_t>kernels[k], <uint32_t>args[k, c], <size_t>(-sizes[k, c]),
+                                       NULL)
+                elif 0 < sizes[k, c] <= 8:
+                    err = set_arg_call(<void*><uintptr_t>kernels[k], <uint32_t>args[k, c], <size_t>sizes[k, c],
+                                       &values[k, c])
+                else:
+                    err = -51  # CL_INVALID_ARG_SIZE
+                if err != 0:
+                    at_launch, at_arg = k, args[k, c]
+                    break
+            if err != 0:
+                break
+    return err, at_launch, at_arg
 
 
 def enqueue(uintptr_t set_arg, uintptr_t enqueue_kernel, uintptr_t queue, const uint64_t[::1] kernels,

@@ -54,6 +54,12 @@ class StepRows:
         if self.starts.shape != self.counts.shape or self.starts.ndim != 1:
             raise ValueError(f"StepRows: starts {self.starts.shape} and counts {self.counts.shape} must be one "
                              f"vector each, of the same length")
+        ends = np.asarray(self.starts) + np.asarray(self.counts)
+        # the first row any step takes and the row past the last (bounds checked once per array)
+        self.low = int(min(np.asarray(self.starts).min(), ends.min())) if ends.size else 0
+        self.high = int(ends.max()) if ends.size else 0
+        if ends.size and np.asarray(self.counts).min() < 0:
+            self.low = -1
 
 
 def step_rows(order, steps):
@@ -74,8 +80,8 @@ class StepBlock:
     def __init__(self, array, rows):
         if array.ndim != 2:
             raise NotRecordable(f"rows of a {array.ndim}-D array")
-        starts, counts = np.asarray(rows.starts), np.asarray(rows.counts)
-        if counts.size and (starts.min() < 0 or counts.min() < 0 or (starts + counts).max() > array.shape[0]):
+        if rows.low < 0 or rows.high > array.shape[0]:
+            starts, counts = np.asarray(rows.starts), np.asarray(rows.counts)
             bad = int(np.flatnonzero((starts < 0) | (counts < 0) | (starts + counts > array.shape[0]))[0])
             raise IndexError(f"step rows: step {bad} takes rows {starts[bad]}..{starts[bad] + counts[bad]} of an "
                              f"array of {array.shape[0]} rows")
@@ -139,42 +145,67 @@ class Plan:
         self.launches.append(Launch(program, name, tuple(global_size), local, list(args)))
 
     def enqueue(self, backend):
-        """Sets every launch's constant arguments on a kernel object of its own and enqueues all
-        steps by compiled code. Call with the backend's lock held."""
+        """Sets every launch's constant arguments once, on a kernel object of its own, and
+        enqueues all steps, both by compiled code. Call with the backend's lock held."""
         from . import _opencl_steps
         S, K = self.steps, len(self.launches)
         if S == 0 or K == 0:
             return
-        kernels = np.zeros(K, np.uint64)
-        dims = np.zeros(K, np.int32)
-        local = np.zeros((K, 3), np.int64)
+        kernels = np.array([backend._plan_kernel(launch.program, launch.name, k).int_ptr
+                            for k, launch in enumerate(self.launches)], np.uint64)
+        varying = [[i for i, a in enumerate(launch.args) if isinstance(a, np.ndarray)] for launch in self.launches]
+        P = max(1, max(len(v) for v in varying))
+        C = max(1, max(len(launch.args) - len(v) for launch, v in zip(self.launches, varying)))
+        patch_args, patch_values = np.full((K, P), -1, np.int32), np.zeros((S, K, P), np.int64)
+        const_args, const_sizes = np.full((K, C), -1, np.int32), np.zeros((K, C), np.int64)
+        const_values = np.zeros((K, C), np.uint64)
+        dims, local = np.zeros(K, np.int32), np.zeros((K, 3), np.int64)
         global_size = np.ones((S, K, 3), np.int64)
-        patches = [[i for i, a in enumerate(launch.args) if isinstance(a, np.ndarray)] for launch in self.launches]
-        P = max(1, max(len(p) for p in patches))
-        patch_args = np.full((K, P), -1, np.int32)
-        patch_values = np.zeros((S, K, P), np.int32)
         for k, launch in enumerate(self.launches):
-            kernel = backend._plan_kernel(launch.program, launch.name, k)
+            c = 0
             for i, a in enumerate(launch.args):
-                if not isinstance(a, np.ndarray):
-                    kernel.set_arg(i, a)
-            for p, i in enumerate(patches[k]):
-                values = np.asarray(launch.args[i])
-                if values.dtype.kind not in "iu" or values.min() < -2 ** 31 or values.max() >= 2 ** 31:
-                    raise OpenCLError(f"plan: argument {i} of {launch.name} must be int32 per step, found "
-                                      f"{values.dtype} in [{values.min()}, {values.max()}]")
+                if isinstance(a, np.ndarray):
+                    continue
+                const_args[k, c] = i
+                const_sizes[k, c], const_values[k, c] = _constant(a, launch.name, i)
+                c += 1
+            for p, i in enumerate(varying[k]):
                 patch_args[k, p] = i
-                patch_values[:, k, p] = values
-            kernels[k] = kernel.int_ptr
+                patch_values[:, k, p] = launch.args[i]
             dims[k] = len(launch.global_size)
             for d, g in enumerate(launch.global_size):
-                global_size[:, k, d] = np.asarray(g)
+                global_size[:, k, d] = g
             if launch.local is not None:
                 local[k, :len(launch.local)] = launch.local
                 local[k, len(launch.local):] = 1
+        if patch_values.size and (patch_values.min() < -2 ** 31 or patch_values.max() >= 2 ** 31):
+            raise OpenCLError(f"plan: an argument that changes from step to step must fit int32, found values in "
+                              f"[{patch_values.min()}, {patch_values.max()}]")
         set_arg, enqueue = entry_points()
+        err, at, arg = _opencl_steps.set_constants(set_arg, kernels, const_args, const_sizes, const_values)
+        if err != 0:
+            raise OpenCLError(f"setting argument {arg} of {self.launches[at].name} in a recorded plan failed with "
+                              f"OpenCL error {err}")
         err, step, at = _opencl_steps.enqueue(set_arg, enqueue, backend.queue.int_ptr, kernels, dims, local,
-                                              global_size, patch_args, patch_values)
+                                              global_size, patch_args, patch_values.astype(np.int32))
         if err != 0:
             raise OpenCLError(f"enqueueing {self.launches[at].name} at step {step} of a recorded plan of {S} "
                               f"steps failed with OpenCL error {err}")
+
+
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # a scalar's bytes as an unsigned integer
+
+
+def _constant(a, kernel, index):
+    """(size in bytes, value as 8 bytes) of a constant kernel argument, as set_constants takes
+    it: a memory object by its handle (None: no object), local memory by minus its size, a numpy
+    scalar by its bytes."""
+    if a is None:
+        return 8, 0
+    if isinstance(a, np.generic) and a.dtype.itemsize in _BITS:
+        return a.dtype.itemsize, int(a.view(_BITS[a.dtype.itemsize]))
+    if type(a).__name__ == "LocalMemory":
+        return -int(a.size), 0
+    if hasattr(a, "int_ptr"):  # a buffer (pooled or not)
+        return 8, int(a.int_ptr)
+    raise OpenCLError(f"plan: argument {index} of {kernel} is a {type(a).__name__}, which a recorded plan cannot pass")
