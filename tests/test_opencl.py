@@ -422,6 +422,22 @@ def test_batch_norm_agrees_with_the_cpu(cl, kind, affine, frozen):
     np.testing.assert_allclose(dev.run(feeds)["y"], cpu.run(feeds)["y"], rtol=1e-4, atol=1e-5)
 
 
+def recurrent_net(kind, options, hidden, seed):
+    """x (5 features a step) and initial states s0 (s1) -> a recurrent layer -> out, last; the
+    inputs require gradients. Returns (net, directions x layers, state count)."""
+    D, L = 2 if options.get("bidirectional") else 1, options.get("num_layers", 1)
+    states = 2 if kind == "LSTM" else 1
+    lm.manual_seed(seed)
+    net = lm.Network()
+    x = net.input("x", 5, sequence=True)
+    inits = [net.input(f"s{i}", (L * D, hidden)) for i in range(states)]
+    outs = getattr(lm.layers, kind)(5, hidden, name="rec", **options)(x, *inits)
+    net.outputs(out=outs[0], last=outs[1])
+    for name in ["x"] + [f"s{i}" for i in range(states)]:
+        net.values[name].requires_grad = True
+    return net, L * D, states
+
+
 @pytest.mark.parametrize("kind,options", [
     ("RNN", dict(nonlinearity="tanh")), ("RNN", dict(nonlinearity="relu", bidirectional=True)),
     ("LSTM", dict()), ("LSTM", dict(bidirectional=True, num_layers=2)), ("LSTM", dict(reverse=True)),
@@ -431,28 +447,14 @@ def test_batch_norm_agrees_with_the_cpu(cl, kind, affine, frozen):
 def test_recurrent_layers_agree_with_the_cpu(cl, kind, options):
     """Outputs, last states and every gradient (inputs, initial states, weights) of a
     recurrent layer on the device against the CPU, over ragged sequences with ties."""
-    layer_cls = getattr(lm.layers, kind)
     D = 2 if options.get("bidirectional") else 1
-    L = options.get("num_layers", 1)
-    states = 2 if kind == "LSTM" else 1
-
-    def build():
-        lm.manual_seed(4)
-        net = lm.Network()
-        x = net.input("x", 5, sequence=True)
-        inits = [net.input(f"s{i}", (L * D, 7)) for i in range(states)]
-        outs = layer_cls(5, 7, name="rec", **options)(x, *inits)
-        net.outputs(out=outs[0], last=outs[1])
-        for name in ["x"] + [f"s{i}" for i in range(states)]:
-            net.values[name].requires_grad = True
-        return net
-
+    cpu, LD, states = recurrent_net(kind, options, 7, 4)
+    dev = recurrent_net(kind, options, 7, 4)[0].to(cl)
     rng = np.random.default_rng(7)
     seqs = lm.Sequences.from_list([rng.standard_normal((n, 5)).astype(np.float32) for n in (4, 1, 6, 4, 2)])
-    feeds = {"x": seqs, **{f"s{i}": rng.standard_normal((5, L * D, 7)).astype(np.float32) for i in range(states)}}
+    feeds = {"x": seqs, **{f"s{i}": rng.standard_normal((5, LD, 7)).astype(np.float32) for i in range(states)}}
     grads = {"out": rng.standard_normal((seqs.total_steps, D * 7)).astype(np.float32),
-             "last": rng.standard_normal((5, L * D, 7)).astype(np.float32)}
-    cpu, dev = build(), build().to(cl)
+             "last": rng.standard_normal((5, LD, 7)).astype(np.float32)}
     for net in (cpu, dev):
         net.forward(feeds, grad_outputs=["out", "last"])
         net.backward(grad_outputs=grads)
@@ -793,7 +795,6 @@ def test_whole_sequence_path_equals_the_step_by_step_path(cl, kind, options, mon
     ragged sequences with ties and initial states, both directions, stacked. The plans run for
     every cell but GRU's reset-first form, whose steps fill a buffer (it runs step by step)."""
     from lamina.backends import opencl, opencl_plan
-    layer_cls = getattr(lm.layers, kind)
     D, L = 2 if options.get("bidirectional") else 1, options.get("num_layers", 1)
     states = 2 if kind == "LSTM" else 1
     rng = np.random.default_rng(3)
@@ -807,15 +808,7 @@ def test_whole_sequence_path_equals_the_step_by_step_path(cl, kind, options, mon
     results = []
     for whole in (True, False):
         monkeypatch.setattr(opencl, "WHOLE_SEQUENCE", whole)
-        lm.manual_seed(5)
-        net = lm.Network()
-        x = net.input("x", 5, sequence=True)
-        inits = [net.input(f"s{i}", (L * D, 8)) for i in range(states)]
-        outs = layer_cls(5, 8, name="rec", **options)(x, *inits)
-        net.outputs(out=outs[0], last=outs[1])
-        for name in feeds:
-            net.values[name].requires_grad = True
-        net.to(cl)
+        net = recurrent_net(kind, options, 8, 5)[0].to(cl)
         net.forward(feeds, grad_outputs=["out", "last"])
         net.backward(grad_outputs=grads)
         got = net.run(feeds)

@@ -743,19 +743,20 @@ class OpenCLBackend(Backend):
     def recurrence_forward(self, cell, ctx, run):
         order = ctx.order
         stepwise.forward_step(cell, ctx, run, *stepwise.step_rows(order, 0), True)
-        self._later_steps(cell, ctx, run, stepwise.forward_step, list(range(1, order.steps)))
-        stepwise.store_output(ctx, run)
+        self._later_steps(cell, ctx, run, stepwise.forward_step, list(range(1, order.steps)),
+                          then=lambda: stepwise.store_output(ctx, run))
 
     def recurrence_backward(self, cell, ctx, run):
         order = ctx.order
         self._later_steps(cell, ctx, run, stepwise.backward_step, list(range(order.steps - 1, 0, -1)))
         stepwise.backward_step(cell, ctx, run, *stepwise.step_rows(order, 0), True)
 
-    def _later_steps(self, cell, ctx, run, step, steps):
-        """`step` (stepwise.forward_step or backward_step) over these steps, in this order: as one
-        recorded plan where the step code records, else one step at a time. Only float32 products
-        from the weights themselves record: recording must not be what first makes state that is
-        kept (a weight's pack), because a recording that raises NotRecordable drops its launches."""
+    def _later_steps(self, cell, ctx, run, step, steps, then=None):
+        """`step` (stepwise.forward_step or backward_step) over these steps, in this order, then
+        `then()`: as one recorded plan where the step code records (`then` in its last step),
+        else one step at a time. Only float32 products from the weights themselves record:
+        recording must not be what first makes state that is kept (a weight's pack), because a
+        recording that raises NotRecordable drops its launches."""
         key = (type(cell), cell.cell_name, step)
         if len(steps) and WHOLE_SEQUENCE and ctx.precision == "float32" and not cell.uses_packed(self) \
                 and key not in self._stepwise_only and opencl_plan.entry_points():
@@ -765,6 +766,9 @@ class OpenCLBackend(Backend):
                 self._local.plan = plan
                 try:
                     step(cell, ctx, run, rows, prev, False)
+                    if then is not None:
+                        with plan.at_last_step():
+                            then()
                 except opencl_plan.NotRecordable:
                     self._stepwise_only.add(key)
                     plan = None
@@ -775,6 +779,8 @@ class OpenCLBackend(Backend):
                     return
         for t in steps:
             step(cell, ctx, run, *stepwise.step_rows(ctx.order, t), False)
+        if then is not None:
+            then()
 
     def lstm_step(self, g, c_prev, c, h):
         rows, H = h.shape

@@ -15,6 +15,7 @@ A call that cannot be recorded (one that reads a result back to the host, fills 
 other means than a kernel of the backend's programs) raises NotRecordable while recording; the
 backend then runs those steps one by one as before. Nothing recorded has been enqueued by then.
 """
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -137,11 +138,25 @@ class Plan:
     def __init__(self, steps):
         self.steps = steps
         self.launches = []
+        self._last_only = False
+
+    @contextlib.contextmanager
+    def at_last_step(self):
+        """Launches recorded inside run once, after the last step's (their global size is 0 in
+        every other step): what follows the steps, enqueued with them."""
+        self._last_only = True
+        try:
+            yield
+        finally:
+            self._last_only = False
 
     def add(self, program, name, global_size, local, args):
         for v in list(global_size) + list(args):
             if isinstance(v, np.ndarray) and v.shape != (self.steps,):
                 raise ValueError(f"plan: a per-step value of shape {v.shape} in {name} for {self.steps} steps")
+        if self._last_only:
+            last = np.arange(self.steps) == self.steps - 1
+            global_size = [np.where(last, g, 0).view(PerStep) for g in global_size]
         self.launches.append(Launch(program, name, tuple(global_size), local, list(args)))
 
     def enqueue(self, backend):
