@@ -354,12 +354,37 @@ def _batching(spec, models):
     return name, size, delay
 
 
+def _constant(spec):
+    """NAME=VALUE of --constant: VALUE a number, true/false, or a JSON list of numbers."""
+    import json
+    name, sep, text = spec.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        value = json.loads(text)
+        if not isinstance(value, (bool, int, float, list)):
+            raise ValueError
+    except ValueError:
+        raise CommandError(f"--constant {spec}: expected NAME=VALUE, VALUE a number, true/false or a JSON list "
+                           f"(e.g. sr=16000)") from None
+    return name, value
+
+
 def cmd_import(args):
     lm = _setup(args)
     if not args.model.endswith(".onnx"):
         raise CommandError(f"{args.model}: expected an .onnx file")
     _writable(args.output, "--output")
-    net = _load(lm, args.model)
+    constants = dict(_constant(spec) for spec in args.constant)
+    if constants:
+        if not Path(args.model).exists():
+            raise CommandError(f"{args.model}: no such model file")
+        try:
+            net = lm.onnx.load(args.model, constants=constants)
+        except ImportError as e:
+            raise CommandError(str(e)) from None
+    else:
+        net = _load(lm, args.model)
     lm.save(net, args.output)
     print(f"wrote {args.output}: {len(net.layers)} layers, {sum(p.size for p in net.parameters())} parameters")
     return 0
@@ -582,6 +607,9 @@ def parser():
     s = sub.add_parser("import", parents=[common], help="convert an ONNX model to a lamina model file")
     s.add_argument("model", help="an .onnx file")
     s.add_argument("--output", "-o", required=True, help="the lamina model file to write")
+    s.add_argument("--constant", action="append", default=[], metavar="NAME=VALUE",
+                   help="fix the model input NAME at VALUE (a number, true/false or a JSON list) at import: "
+                        "scalar inputs, flags, and the If branches they choose fold away (repeatable)")
     s.set_defaults(run=cmd_import)
 
     s = sub.add_parser("quantize", parents=[common],

@@ -878,9 +878,29 @@ def test_constants_at_import_choose_an_if_branch(rate):
 
 def test_a_scalar_input_without_a_constant_is_refused_with_the_way_out():
     model, _ = _sample_rate_model()
-    with pytest.raises(lm.UnsupportedModelError, match=r"'sr' \(input\): a scalar input .*constants=\{'sr': \.\.\.\}"):
+    with pytest.raises(lm.UnsupportedModelError, match=r"'sr' \(input\): a scalar input .*constants=\{'sr': \.\.\.\}\), "
+                                                       r"or lamina import --constant sr=VALUE"):
         lm.onnx.load(model)
     with pytest.raises(lm.ModelFileError, match=r"constants names 'rate', which is no input of the model"):
         lm.onnx.load(model, constants={"rate": 16000})
     with pytest.raises(lm.ModelFileError, match=r"constants\['sr'\] has shape \[2\]; the input is \[\]"):
         lm.onnx.load(model, constants={"sr": [16000, 8000]})
+
+
+def test_lamina_import_takes_constants(tmp_path, capsys):
+    """`lamina import MODEL --constant sr=16000 -o OUT`: the command line's way to constants=; a
+    malformed or unknown constant is one clear line and exit status 2."""
+    from lamina.cli import main
+    model, w1 = _sample_rate_model()
+    path = tmp_path / "vad.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["import", str(path), "--constant", "sr=8000", "-o", str(tmp_path / "vad.lamina")]) == 0
+    net = lm.load(tmp_path / "vad.lamina")
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(net.run({"x": x})["y"], np.maximum(x @ -w1, 0), rtol=1e-6, atol=1e-6)
+    for bad, said in (("sr", "--constant sr: expected NAME=VALUE"), ("sr=fast", "--constant sr=fast: expected"),
+                      ("rate=1", "constants names 'rate', which is no input")):
+        capsys.readouterr()
+        assert main(["import", str(path), "--constant", bad, "-o", str(tmp_path / "x.lamina")]) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "x.lamina").exists()

@@ -392,7 +392,8 @@ class Importer:
         if not dims:
             self.problems.append((inp.name, "input", f"a scalar input (lamina's inputs have a batch axis first; give "
                                                      f"its value at import: lm.onnx.load(..., constants="
-                                                     f"{{'{inp.name}': ...}}))"))
+                                                     f"{{'{inp.name}': ...}}), or lamina import --constant "
+                                                     f"{inp.name}=VALUE)"))
             return Unknown()
         order = self.sequences.get(inp.name)
         if order is None and len(dims) >= 2 and dims[0] is None and dims[1] is None:
