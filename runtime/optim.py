@@ -6,7 +6,10 @@ backward. Each update is one fused kernel of the backend. State (moments, step c
 `param.state`, beside the parameter, so it can be saved and resumed.
 
 Global-norm clipping needs every gradient before any update; with `clip_norm` set, updates are
-therefore deferred to `end_step`, which computes the norm, scales and applies them all.
+therefore deferred to `end_step`, which computes the norm, scales and applies them all. So are
+they on a backend whose reads wait for its device's queue (`Backend.reads_wait`: OpenCL): there,
+checking each gradient as it completes would drain the queue once per parameter, and
+`end_step` checks them all with one read instead (`Backend.sums_of_squares`).
 
 Numbers that are not numbers (`nonfinite`): a step whose loss or any gradient holds NaN or
 infinity must not reach the weights (one bad sample would otherwise make every weight NaN). With
@@ -15,7 +18,8 @@ infinity must not reach the weights (one bad sample would otherwise make every w
 updates regardless. The loss is checked before backward starts, so a non-finite loss skips the
 whole step. A gradient is checked just before its own update: when one is non-finite although
 the loss was finite, the updates still to come in that step are skipped, while those already
-made (from finite gradients) stay; with clip_norm every gradient is checked before any update.
+made (from finite gradients) stay; with clip_norm, and where updates are deferred for the device,
+every gradient is checked before any update.
 """
 from __future__ import annotations
 
@@ -175,26 +179,47 @@ class Optimizer:
         if self._skip is not None:
             p.drop_grad()
             return
-        if self.clip_norm is None:
+        if self.clip_norm is None and (self.nonfinite == "apply" or not self._be(p).reads_wait):
             if self.nonfinite != "apply" and not self._finite_grad(p):
                 self._refuse(f"the gradient of '{p.name}' holds NaN or infinity")
                 p.drop_grad()
                 return
             self._apply(p)
-        else:
+        else:  # clipping needs every gradient's norm; where reads wait for the device, one read checks all
             self._deferred.append(p)
 
     def _be(self, p):
         """The backend that holds p."""
         return self.backend or p.backend or _cpu()
 
+    def _sums_of_squares(self, params, dense):
+        """Each parameter's gradient's sum of squares (of the dense gradient, or of its rows), one
+        read per backend (Backend.sums_of_squares)."""
+        by_backend = {}
+        for i, p in enumerate(params):
+            be = self._be(p)
+            item = (p.dense_grad(be), None) if dense else (p.grad, p.grad_rows)
+            by_backend.setdefault(id(be), (be, []))[1].append((i, item))
+        sums = [0.0] * len(params)
+        for be, items in by_backend.values():
+            for (i, _), v in zip(items, be.sums_of_squares([item for _, item in items])):
+                sums[i] = v
+        return sums
+
     def end_step(self):
         if self.reducer is not None:
             self.reducer.finish()
+        norm = None
         if self._deferred:
-            norm = math.sqrt(sum(self._be(p).sum_squares(p.dense_grad(self._be(p))) for p in self._deferred))
-            if self.nonfinite != "apply" and not math.isfinite(norm):
-                self._refuse(f"the gradients' norm is {norm}")
+            sums = self._sums_of_squares(self._deferred, dense=self.clip_norm is not None)
+            if self.clip_norm is not None:
+                norm = math.sqrt(sum(sums))
+                if self.nonfinite != "apply" and not math.isfinite(norm):
+                    self._refuse(f"the gradients' norm is {norm}")
+            else:
+                bad = next((p for p, v in zip(self._deferred, sums) if not math.isfinite(v)), None)
+                if bad is not None and self.nonfinite != "apply":
+                    self._refuse(f"the gradient of '{bad.name}' holds NaN or infinity")
             if self._skip is not None:
                 for p in self._deferred:
                     p.drop_grad()
@@ -206,7 +231,7 @@ class Optimizer:
             return
         if self._deferred:
             self.last_grad_norm = norm
-            scale = min(1.0, self.clip_norm / (norm + 1e-6))
+            scale = min(1.0, self.clip_norm / (norm + 1e-6)) if norm is not None else 1.0
             for p in self._deferred:
                 if scale < 1.0:
                     self._be(p).axpby(scale, p.grad, 0.0, p.grad)

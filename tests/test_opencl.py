@@ -855,3 +855,32 @@ def test_a_training_step_makes_no_transfer_per_time_step(cl):
         net.backward()
         counts.append({k: cl.transfers[k] - before[k] for k in ("to_device", "to_host")})
     assert counts[0] == counts[1] and counts[1]["to_host"] == 1, counts
+
+
+@pytest.mark.parametrize("clip_norm", [None, 1.0])
+def test_an_optimizer_step_reads_back_once_and_still_skips_a_nonfinite_gradient(cl, clip_norm):
+    """On a device whose reads wait for its queue the optimizer checks every gradient of a step
+    with one read (not one per parameter), gives the CPU's update, and a NaN gradient still skips
+    the whole step."""
+    feeds = dense_feeds()
+    cpu, dev = dense_net(), dense_net().to(cl)
+    for net in (cpu, dev):
+        opt = lm.optim.Adam(net, lr=0.01, clip_norm=clip_norm)
+        net.forward(feeds, outputs=net.cost_outputs())
+        net.backward()
+        before = cl.transfers["to_host"]
+        opt.step()
+        if net is dev:
+            assert cl.transfers["to_host"] - before == 1
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        np.testing.assert_allclose(q.value, p.value, rtol=1e-4, atol=1e-5, err_msg=name)
+    opt = lm.optim.SGD(dev, lr=0.1, clip_norm=clip_norm)
+    dev.forward(feeds, outputs=dev.cost_outputs())
+    dev.backward()
+    first = next(p for _, p in dev.named_parameters())
+    cl.fill(first.grad, np.nan)
+    values = [p.value.copy() for _, p in dev.named_parameters()]
+    opt.step()
+    assert opt.skipped_steps == 1 and opt.step_count == 0
+    for got, (name, p) in zip(values, dev.named_parameters()):
+        np.testing.assert_array_equal(p.value, got, err_msg=name)

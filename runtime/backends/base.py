@@ -215,6 +215,15 @@ class Backend(ABC):
     def sum_squares(self, x, rows=None):
         """sum of x**2 as a host float; with rows (int32), of those rows of x only."""
 
+    # whether reading a value back waits for the device's queue to drain: then the optimizers
+    # check every gradient of a step with one read (sums_of_squares), after the last one is done
+    reads_wait = False
+
+    def sums_of_squares(self, arrays):
+        """[sum_squares(x, rows) for (x, rows) in arrays]; a backend whose reads wait for its queue
+        reads them all at once."""
+        return [self.sum_squares(x, rows) for x, rows in arrays]
+
     def copy_to_columns(self, src, dst, col, beta=0.0):
         """dst[:, col:col + src.shape[1]] = src (with beta): a scatter of every row."""
         self.scatter_rows(src, self.arange(src.shape[0]), dst, beta, col)

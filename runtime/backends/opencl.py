@@ -329,16 +329,43 @@ class OpenCLBackend(Backend):
         self._run("elementwise", "quantize_rows", x.dtype, self._global(x.shape[0]), x, q, scales,
                   np.int32(x.shape[0]), np.int32(x.shape[1]), np.int32(levels), np.int32(bool(symmetric)))
 
-    def sum_squares(self, x, rows=None):
+    @staticmethod
+    def _square_groups(x, rows):
+        """(work-groups, values) of sum_squares over x (or its rows)."""
         width = x.size // x.shape[0] if x.ndim else 1
         n = x.size if rows is None else len(rows) * width
-        groups = min(64, max(1, -(-n // LOCAL)))
-        partial = self.empty((groups,), x.dtype)
+        return min(64, max(1, -(-n // LOCAL))), n
+
+    def _sum_squares_into(self, x, rows, partial):
+        """Each work-group's sum of squares of x (or its rows) into partial [groups] (on the device)."""
+        groups, n = self._square_groups(x, rows)
+        width = x.size // x.shape[0] if x.ndim else 1
         ids = self._ids(rows, "sum_squares", "rows", x.shape[0]) if rows is not None else self._dummy(np.int32)
         self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), x, ids, np.int32(rows is not None),
-                  np.int32(width), np.int32(x.shape[0] if x.ndim else 1), partial, np.int32(n), self.cl.LocalMemory(LOCAL * x.dtype.itemsize),
-                  local=(LOCAL,))
+                  np.int32(width), np.int32(x.shape[0] if x.ndim else 1), partial, np.int32(n),
+                  self.cl.LocalMemory(LOCAL * x.dtype.itemsize), local=(LOCAL,))
+
+    def sum_squares(self, x, rows=None):
+        partial = self.empty((self._square_groups(x, rows)[0],), x.dtype)
+        self._sum_squares_into(x, rows, partial)
         return float(self.to_host(partial).astype(np.float64).sum())
+
+    reads_wait = True
+
+    def sums_of_squares(self, arrays):
+        """One read for all: each array's work-group sums into one buffer per element type."""
+        sums = [0.0] * len(arrays)
+        for dtype in {x.dtype for x, _ in arrays}:
+            members = [(i, x, rows) for i, (x, rows) in enumerate(arrays) if x.dtype == dtype]
+            groups = [self._square_groups(x, rows)[0] for _, x, rows in members]
+            partial = self.empty((sum(groups),), dtype)
+            at = np.concatenate([[0], np.cumsum(groups)])
+            for (_, x, rows), a, b in zip(members, at[:-1], at[1:]):
+                self._sum_squares_into(x, rows, partial[int(a):int(b)])
+            host = self.to_host(partial).astype(np.float64)
+            for (i, _, _), a, b in zip(members, at[:-1], at[1:]):
+                sums[i] = float(host[a:b].sum())
+        return sums
 
     def gather_rows(self, src, index, dst, col=0):
         s2, d2 = _rows(src), _rows(dst)
