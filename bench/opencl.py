@@ -59,7 +59,6 @@ def recurrent_case(kind, mode, size, device):
 
 def _shipped_feeds(name, net):
     from pathlib import Path
-    import lamina as lm
     from lamina.zoo import denoise, language, lines
     rng = np.random.default_rng(0)
     if name == "denoise3d":

@@ -109,7 +109,9 @@ def _place(net, args):
         raise CommandError(f"--device {args.device}: {e}") from None
 
 
-def _load(lm, path):
+def _load(lm, path, constants=None):
+    """A network from a model file, a description (.json) or an ONNX file (with `constants`:
+    inputs fixed at import)."""
     if not Path(path).exists():
         raise CommandError(f"{path}: no such model file")
     if str(path).endswith(".json"):  # a network description: fresh parameters
@@ -117,7 +119,7 @@ def _load(lm, path):
         return load_description(path)
     if str(path).endswith(".onnx"):
         try:
-            return lm.onnx.load(path)
+            return lm.onnx.load(path, constants=constants)
         except ImportError as e:
             raise CommandError(str(e)) from None
     return lm.load(path)
@@ -375,16 +377,7 @@ def cmd_import(args):
     if not args.model.endswith(".onnx"):
         raise CommandError(f"{args.model}: expected an .onnx file")
     _writable(args.output, "--output")
-    constants = dict(_constant(spec) for spec in args.constant)
-    if constants:
-        if not Path(args.model).exists():
-            raise CommandError(f"{args.model}: no such model file")
-        try:
-            net = lm.onnx.load(args.model, constants=constants)
-        except ImportError as e:
-            raise CommandError(str(e)) from None
-    else:
-        net = _load(lm, args.model)
+    net = _load(lm, args.model, dict(_constant(spec) for spec in args.constant))
     lm.save(net, args.output)
     print(f"wrote {args.output}: {len(net.layers)} layers, {sum(p.size for p in net.parameters())} parameters")
     return 0

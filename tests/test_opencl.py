@@ -135,7 +135,7 @@ def test_gemm_tiles_follow_the_device(monkeypatch):
     assert [gemm_tiles(d) for d in (big, small, tiny)] == [TILE_CHOICES[0], TILE_CHOICES[1], TILE_CHOICES[2]]
     monkeypatch.setenv("LAMINA_OPENCL_TILES", "64,32,8,4,4")
     assert gemm_tiles(big) == (64, 32, 8, 4, 4)
-    for bad in ("64,32,8,4", "64,30,8,4,4", "a,b,c,d,e", "0,32,8,4,4"):
+    for bad in ("64,32,8,4", "64,30,8,4,4", "a,b,c,d,e", "0,32,8,4,4", "64,64,6,8,8"):
         monkeypatch.setenv("LAMINA_OPENCL_TILES", bad)
         with pytest.raises(lm.OpenCLError, match="LAMINA_OPENCL_TILES: expected"):
             gemm_tiles(big)

@@ -331,15 +331,14 @@ class OpenCLBackend(Backend):
 
     @staticmethod
     def _square_groups(x, rows):
-        """(work-groups, values) of sum_squares over x (or its rows)."""
+        """(work-groups, values, row width) of sum_squares over x (or its rows)."""
         width = x.size // x.shape[0] if x.ndim else 1
         n = x.size if rows is None else len(rows) * width
-        return min(64, max(1, -(-n // LOCAL))), n
+        return min(64, max(1, -(-n // LOCAL))), n, width
 
     def _sum_squares_into(self, x, rows, partial):
         """Each work-group's sum of squares of x (or its rows) into partial [groups] (on the device)."""
-        groups, n = self._square_groups(x, rows)
-        width = x.size // x.shape[0] if x.ndim else 1
+        groups, n, width = self._square_groups(x, rows)
         ids = self._ids(rows, "sum_squares", "rows", x.shape[0]) if rows is not None else self._dummy(np.int32)
         self._run("elementwise", "sum_squares", x.dtype, (groups * LOCAL,), x, ids, np.int32(rows is not None),
                   np.int32(width), np.int32(x.shape[0] if x.ndim else 1), partial, np.int32(n),
@@ -435,8 +434,8 @@ class OpenCLBackend(Backend):
             if check is not None:
                 check(value)
             # (without waiting: the queue may be busy with what was enqueued before, and the
-            # values uploaded are this call's own copy, never changed)
-            device = self.from_host(np.array(value, dtype=dtype, order="C"), wait=False)
+            # values uploaded are made from the snapshot, this call's own copy, never changed)
+            device = self.from_host(np.ascontiguousarray(value, dtype=dtype), wait=False)
             with self._lock:
                 if len(self._host_ids) > 256:  # bounded: the dead, then the oldest half
                     live = [(k, v) for k, v in self._host_ids.items() if v[0]() is not None]
@@ -909,9 +908,10 @@ def gemm_tiles(device):
             tsm, tsn, tsk, wptm, wptn = tiles
         except ValueError:
             tiles = ()
-        if len(tiles) != 5 or min(tiles) < 1 or tsm % wptm or tsn % wptn:
-            raise OpenCLError(f"LAMINA_OPENCL_TILES: expected TSM,TSN,TSK,WPTM,WPTN, positive, TSM a multiple of "
-                              f"WPTM and TSN of WPTN (as 128,128,16,8,8), found {asked!r}")
+        if len(tiles) != 5 or min(tiles) < 1 or tsm % wptm or tsn % wptn or tsm % 4 or tsn % 4 or tsk % 4:
+            raise OpenCLError(f"LAMINA_OPENCL_TILES: expected TSM,TSN,TSK,WPTM,WPTN, positive, TSM, TSN and TSK "
+                              f"multiples of 4 (the kernel loads four values at a time), TSM a multiple of WPTM and "
+                              f"TSN of WPTN (as 128,128,16,8,8), found {asked!r}")
         return tiles
     for tsm, tsn, tsk, wptm, wptn in TILE_CHOICES:
         group = (tsn // wptn, tsm // wptm)

@@ -55,12 +55,11 @@ class StepRows:
         if self.starts.shape != self.counts.shape or self.starts.ndim != 1:
             raise ValueError(f"StepRows: starts {self.starts.shape} and counts {self.counts.shape} must be one "
                              f"vector each, of the same length")
-        ends = np.asarray(self.starts) + np.asarray(self.counts)
-        # the first row any step takes and the row past the last (bounds checked once per array)
-        self.low = int(min(np.asarray(self.starts).min(), ends.min())) if ends.size else 0
-        self.high = int(ends.max()) if ends.size else 0
-        if ends.size and np.asarray(self.counts).min() < 0:
-            self.low = -1
+        starts, counts = np.asarray(self.starts), np.asarray(self.counts)
+        # the first row any step takes (-1 where a count is negative) and the row past the last:
+        # bounds checked once per array indexed
+        self.low = (int(starts.min()) if counts.min() >= 0 else -1) if starts.size else 0
+        self.high = int((starts + counts).max()) if starts.size else 0
 
 
 def step_rows(order, steps):
