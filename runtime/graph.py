@@ -16,6 +16,7 @@ import numpy as np
 from .errors import GraphError, InputError
 from .precision import check_precision, round_to_precision
 from .rwlock import ReadWriteLock
+from .sample_shapes import check_outputs
 from .types import Feed, Feeds, Shape
 
 if TYPE_CHECKING:
@@ -104,9 +105,11 @@ class Node:
 class _NodeArg:
     """An input or output described as ONNX Runtime's NodeArg is: name, shape, type."""
 
-    def __init__(self, name, spec):
+    def __init__(self, name, spec, dynamic=None):
         self.name = name
-        self.shape = ["N"] + (["T"] if spec.sequence else []) + list(spec.shape or ())
+        dynamic = dynamic or {}
+        self.shape = (["N"] + (["T"] if spec.sequence else [])
+                      + [dynamic.get(i, size) for i, size in enumerate(spec.shape or ())])
         self.type = {"float": "tensor(float)", "int32": "tensor(int32)"}.get(spec.kind, spec.kind)
 
     def __repr__(self):
@@ -147,17 +150,25 @@ class Network:
         self._layer_names: set[str] = set()  # of the layers applied so far
         self._next_of_kind: dict[str, int] = {}  # kind -> the index a fresh name of that kind tries first
         self._scheduler = None
+        # inputs whose sample shape a batch sets: name -> {sample axis: its symbol}; such a
+        # network runs each batch on a network made for the batch's shapes (lamina.sample_shapes)
+        self.dynamic_axes: dict[str, dict[int, str]] = {}
+        self._specializations = None  # sample_shapes.Specializations, where dynamic_axes is set
+        self._forwarded = None  # the network the last forward ran on (backward continues there)
         # `run` may be called from many threads at once (each run gets buffers of its own);
         # training, moves and type changes wait for the runs in flight and run alone
         self._lock = ReadWriteLock()
         self._scheduler_lock = threading.Lock()
 
     # ------------------------------------------------------------------ building
-    def input(self, name: str, shape: Shape = (), dtype: str = "float", sequence: bool = False) -> Value:
+    def input(self, name: str, shape: Shape = (), dtype: str = "float", sequence: bool = False,
+              dynamic: Any = None) -> Value:
         """Declare an input; `shape` is per row (no batch axis); dtype 'float' (the network's
         float type), 'int32' (labels, ids) or 'selection' (the columns a selective layer scores,
         fed as a lamina.Selection; no shape); sequence=True for variable-length sequence batches
-        (fed as lamina.Sequences)."""
+        (fed as lamina.Sequences). `dynamic`: the axes of `shape` a batch may size otherwise
+        (images of any height and width: shape=(3, 224, 224), dynamic=(1, 2)), `shape` giving
+        their example size; each batch then runs at its own shape (lamina.sample_shapes)."""
         if dtype not in ("float", "int32", "selection"):
             raise ValueError(f"input '{name}': dtype must be 'float', 'int32' or 'selection', found {dtype!r}")
         if dtype == "selection" and (shape not in ((), [], None) or sequence):
@@ -165,10 +176,15 @@ class Network:
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(int(s) < 1 for s in shape):
             raise ValueError(f"input '{name}': every dimension must be at least 1, found {shape}")
+        if dynamic and any(not 0 <= int(a) < len(shape) for a in dynamic):
+            raise ValueError(f"input '{name}': dynamic axes {sorted(map(int, dynamic))} are not among the "
+                             f"{len(shape)} axes of its shape {shape}")
         self._claim(name, f"input '{name}'")
         value = Value(self, name, None, Spec(shape, dtype, sequence))
         self.values[name] = value
         self.input_names.append(name)
+        if dynamic:
+            self._declare_dynamic(name, dynamic)
         self._invalidate()
         return value
 
@@ -245,6 +261,65 @@ class Network:
 
     def _invalidate(self):
         self._scheduler = None
+        self._forwarded = None
+        if self._specializations is not None:
+            self._specializations.clear()
+
+    # ------------------------------------------------------------------ dynamic sample axes
+    def set_dynamic_axes(self, axes: Mapping[str, Mapping[int, str]], make: Callable[[dict], Network]) -> None:
+        """Let batches set the size of some inputs' sample axes where the network as built so far
+        is made by make({input: sample shape}) (the ONNX importer's: it imports the model again
+        at those shapes; lamina.sample_shapes). `axes` maps an input to {sample axis: its symbol}.
+        Layers added later are added to each made network as they are."""
+        from .sample_shapes import Specializations
+        self._check_dynamic(axes)
+        self.dynamic_axes = {name: {int(a): str(s) for a, s in dims.items()} for name, dims in axes.items() if dims}
+        self._specializations = Specializations(make, len(self.input_names), len(self.nodes))
+
+    def _check_dynamic(self, axes):
+        for name, dims in axes.items():
+            if name not in self.input_names:
+                raise GraphError(f"dynamic axes name '{name}', which is no input of this network")
+            rank = len(self.values[name].spec.shape)
+            if any(not 0 <= int(a) < rank for a in dims):
+                raise GraphError(f"input '{name}': dynamic axes {sorted(map(int, dims))} are not among its "
+                                 f"{rank} sample axes")
+
+    def _declare_dynamic(self, name, dynamic):
+        """Network.input's `dynamic`: axes, or {axis: symbol}."""
+        from .sample_shapes import Specializations
+        dims = dict(dynamic) if isinstance(dynamic, Mapping) else {int(a): f"{name}_{int(a)}" for a in dynamic}
+        self._check_dynamic({name: dims})
+        if dims:
+            self.dynamic_axes[name] = {int(a): str(s) for a, s in dims.items()}
+            if self._specializations is None:
+                self._specializations = Specializations()
+
+    def declared_dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """The dynamic axes a model file keeps: those declared with `input(..., dynamic=)` (an
+        imported model's own stay with the import, which alone can make it at other shapes)."""
+        return self._specializations.declared(self) if self._specializations is not None else {}
+
+    def for_sample_shapes(self, shapes: Mapping[str, Sequence[int]]) -> Network:
+        """The network that runs batches of these sample shapes ({input: shape without the batch
+        axis}): this one at its own shapes, else the one made for them (sharing this network's
+        parameters). `run`, `forward` and `train_step` pick it by themselves."""
+        feeds = {name: np.empty((0, *map(int, shape)), np.float32) for name, shape in shapes.items()}
+        net = self._for_feeds(feeds)
+        if net is self and any(tuple(self.values[n].spec.shape) != tuple(s) for n, s in shapes.items()
+                               if n in self.values):
+            raise InputError(f"sample shapes {dict(shapes)}: this network takes "
+                             f"{ {n: self.values[n].spec.shape for n in self.input_names} } "
+                             f"(dynamic axes: {self.dynamic_axes or 'none'})")
+        return net
+
+    def _for_feeds(self, feeds: Any) -> Network:
+        """The network that runs this batch: this one, or the one made for its sample shapes."""
+        made = self._specializations
+        if made is None or not isinstance(feeds, Mapping):
+            return self
+        shapes = made.shapes_for(self, feeds)
+        return self if shapes is None else made.get(self, shapes)
 
     # ------------------------------------------------------------------ inspection
     @property
@@ -443,6 +518,10 @@ class Network:
         ONNX Runtime's form works too: run(None or [output names], {input: array}) returns a
         list of arrays in the order asked (None: every output its inputs compute)."""
         if (feeds is None or isinstance(feeds, (list, tuple))) and isinstance(outputs, dict):
+            net = self._for_feeds(outputs)
+            if net is not self:
+                check_outputs(net, feeds, self)
+                return net.run(feeds, outputs)
             names = list(feeds) if feeds is not None else None
             with self._lock.read():
                 got = self.scheduler.run(outputs, names)
@@ -450,6 +529,10 @@ class Network:
         if not isinstance(feeds, dict):
             raise InputError(f"run takes a dict of input name -> array (run({{'{self._first_input()}': x}})), "
                              f"or ONNX Runtime's run(None, {{...}}); found {type(feeds).__name__}")
+        net = self._for_feeds(feeds)
+        if net is not self:
+            check_outputs(net, outputs, self)
+            return net.run(feeds, outputs, consume)
         with self._lock.read():
             return self.scheduler.run(feeds, outputs, consume)
 
@@ -485,7 +568,7 @@ class Network:
     def get_inputs(self) -> list[_NodeArg]:
         """ONNX Runtime's session.get_inputs(): each input's name, shape (the batch axis first, as
         'N'; a sequence's steps as 'T') and type."""
-        return [_NodeArg(name, self.values[name].spec) for name in self.input_names]
+        return [_NodeArg(name, self.values[name].spec, self.dynamic_axes.get(name)) for name in self.input_names]
 
     def get_outputs(self) -> list[_NodeArg]:
         """ONNX Runtime's session.get_outputs() (see get_inputs)."""
@@ -497,6 +580,10 @@ class Network:
         (valid until the next forward) for `outputs` (default: all). `grad_outputs` names
         outputs whose gradients the caller will pass to backward instead of starting from the
         costs."""
+        net = self._forwarded = self._for_feeds(feeds)
+        if net is not self:
+            check_outputs(net, list(outputs or self.output_values) + list(grad_outputs), self)
+            return net.forward(feeds, training, grad_outputs, outputs)
         with self._lock.write():
             return self.scheduler.forward(feeds, training, grad_outputs, outputs)
 
@@ -506,6 +593,9 @@ class Network:
         in `grad_outputs` ({output: array}) when forward declared them. Parameter gradients
         accumulate until an optimizer consumes them; `on_ready(param)` fires once per parameter
         as soon as its last user has finished backward. Returns the loss (None with grad_outputs)."""
+        net = self._forwarded
+        if net is not None and net is not self:
+            return net.backward(on_ready, grad_outputs)
         with self._lock.write():
             return self.scheduler.backward(on_ready, grad_outputs)
 
@@ -514,6 +604,11 @@ class Network:
         (of the weights before the update). Only the costs are computed (and what they need).
         A non-finite loss or gradient skips the step or raises, as the optimizer's `nonfinite`
         says (see lamina.optim); `optimizer.last_step_skipped` tells."""
+        net = self._for_feeds(feeds)
+        if net is not self:
+            check_outputs(net, self.cost_outputs(), self)
+            self._forwarded = net
+            return net.train_step(feeds, optimizer)
         with self._lock.write():
             self.forward(feeds, training=True, outputs=self.cost_outputs())
             optimizer.begin_step()
@@ -542,6 +637,9 @@ class Network:
 
     def grad(self, name: str) -> Any:
         """The gradient of a value (an input with requires_grad, or a node output) after backward."""
+        net = self._forwarded
+        if net is not None and net is not self:
+            return net.grad(name)
         return self.scheduler.grad(name)
 
     def zero_grad(self) -> None:

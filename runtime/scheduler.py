@@ -691,8 +691,10 @@ class Scheduler:
                 _check_fits_int32(a, where)
             if a.shape[1:] != spec.shape or a.ndim != len(spec.shape) + 1:
                 lead = "total_steps" if spec.sequence else "batch"
-                raise InputError(f"{where}: expected shape ({lead}, {', '.join(map(str, spec.shape))}) "
-                                 f"i.e. (N,)+{spec.shape}, found {a.shape}")
+                dynamic = net.dynamic_axes.get(name, {})
+                sizes = [dynamic.get(i, size) for i, size in enumerate(spec.shape)]
+                raise InputError(f"{where}: expected shape ({lead}, {', '.join(map(str, sizes))})"
+                                 f"{f' i.e. (N,)+{spec.shape}' if not dynamic else ''}, found {a.shape}")
             if batch is None:
                 batch = rows
             elif rows != batch:

@@ -6,7 +6,7 @@ function-level ones too), so a change that makes the core depend on a backend fa
     backends      backends/cpu (with its compiled modules), backends/opencl (with opencl_array,
                   opencl_plan and the compiled _opencl_steps), backends/reference
         |              (import the contract and the foundation only)
-    model         graph, scheduler, optim, layers/*: the backend registry (lamina.backends) is
+    model         graph, sample_shapes, scheduler, optim, layers/*: the backend registry (lamina.backends) is
         |              their only way to a backend, asked at run time
     contract      backends/base, geometry, columns, stepwise, checks
         |
@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "runtime"
 FOUNDATION = {"errors", "types", "extras", "random", "rwlock", "processor", "precision", "sequence", "selection",
               "threads", "packing", "parameter"}
 CONTRACT = {"backends.base", "backends.geometry", "backends.columns", "backends.stepwise", "backends.checks"}
-MODEL = {"graph", "scheduler", "optim", "layers"}
+MODEL = {"graph", "sample_shapes", "scheduler", "optim", "layers"}
 BACKENDS = {"backends.cpu", "backends.opencl", "backends.opencl_array", "backends.opencl_plan",
             "backends._opencl_steps", "backends.reference"}
 REGISTRY = "backends"  # lamina.backends itself: get_backend, which imports a backend when asked

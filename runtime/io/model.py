@@ -104,9 +104,12 @@ def describe_graph(net):
         keys = {local: p.name for local, p in layer.params.items()}
         layers.append({"name": layer.name, "kind": layer.kind, "config": layer.config(), "params": keys,
                        "frozen": [k for k, p in layer.params.items() if p.frozen]})
+    dynamic = net.declared_dynamic_axes()
     graph = {
         "inputs": [{"name": n, "shape": list(net.values[n].spec.shape), "dtype": net.values[n].spec.kind,
-                    "sequence": net.values[n].spec.sequence} for n in net.input_names],
+                    "sequence": net.values[n].spec.sequence,
+                    **({"dynamic": {str(a): s for a, s in dynamic[n].items()}} if n in dynamic else {})}
+                   for n in net.input_names],
         "layers": layers,
         "nodes": [{"name": n.name, "layer": n.layer.name, "inputs": list(n.input_names)} for n in net.nodes],
         "outputs": dict(net.output_values),
@@ -373,6 +376,10 @@ def _check_graph(path, graph, tensors):
         need(spec, dict, f"input {i}")
         need(spec.get("name"), str, f"input {i}'s name")
         need(spec.get("shape"), list, f"input '{spec['name']}''s shape")
+        for axis, symbol in need(spec.get("dynamic", {}), dict, f"input '{spec['name']}''s dynamic axes").items():
+            if not (axis.isdigit() and int(axis) < len(spec["shape"]) and isinstance(symbol, str)):
+                fail(f"input '{spec['name']}''s dynamic axes must map an axis of its shape {spec['shape']} to a "
+                     f"symbol, found {axis!r}: {symbol!r}")
     used = set()
     for i, spec in enumerate(graph["layers"]):
         need(spec, dict, f"layer {i}")
@@ -418,7 +425,8 @@ def _build(path, graph, tensors):
         raise ModelFileError(f"{path}: precision must be one of {', '.join(PRECISIONS)}, found {precision!r}")
     net.precision = precision
     for spec in graph["inputs"]:
-        net.input(spec["name"], spec["shape"], spec.get("dtype", "float"), spec.get("sequence", False))
+        net.input(spec["name"], spec["shape"], spec.get("dtype", "float"), spec.get("sequence", False),
+                  {int(a): s for a, s in spec.get("dynamic", {}).items()})
     layers, shared = {}, {}
     keys = {spec["name"]: spec.get("params", {}) for spec in graph["layers"]}
 

@@ -1,7 +1,8 @@
 """ONNX → lamina Network.
 
-The first axis of every graph input is the batch (lamina's implied row axis); the other axes
-must be static. Every tensor of the graph is then either a constant (an initializer, a Constant,
+The first axis of every graph input is the batch (lamina's implied row axis). An input whose
+later axes are dynamic is imported at given sizes, and again at each new size a batch brings
+(`load`; lamina.sample_shapes), so within one import every size is known. Every tensor of the graph is then either a constant (an initializer, a Constant,
 or anything computed only from constants: folded here with onnx's reference evaluator) or a
 lamina value whose ONNX shape is (batch,) + its per-sample shape. Each operator on values maps
 onto lamina layers (the converters of `operators/`, one module per operator family, found
@@ -88,7 +89,8 @@ def _load_external_data(model, where, folder):
 
 
 def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, str]] = None,
-         constants: Optional[Mapping[str, Any]] = None) -> Network:
+         constants: Optional[Mapping[str, Any]] = None,
+         shapes: Optional[Mapping[str, Sequence[int]]] = None) -> Network:
     """A Network from an ONNX model: a path, the file's bytes, or an onnx.ModelProto.
 
     `constants` gives inputs a value fixed at import ({"sr": 16000}: a sample rate, a flag):
@@ -100,7 +102,13 @@ def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, s
     both dynamic is taken as "NT". Such an input becomes a lamina sequence input (fed a
     lamina.Sequences: no padding). `net.onnx_axes[name]` gives, for every input and output, the
     ONNX axes in order: "N" (batch), "T" (time) or k (axis k of lamina's per-sample or per-step
-    shape); `to_onnx_layout` turns an output into that layout."""
+    shape); `to_onnx_layout` turns an output into that layout.
+
+    An input with dynamic axes after the batch (an image `[N, 3, H, W]`) takes any size there:
+    each batch runs on the model imported at its sample shapes (`Network.dynamic_axes`, kept
+    for the most recent few shapes, every one training the same parameters). The network is
+    first imported at `shapes` ({"image": (3, 480, 640)}: sample shapes without the batch
+    axis), or where not given at 224 per dynamic axis (64 for three or more)."""
     onnx = _onnx()
     model, where = _read(source)
     try:
@@ -111,11 +119,61 @@ def load(source: Any, dtype: Any = "float32", sequences: Optional[Mapping[str, s
     if opset_of(model) > known:
         raise ModelFileError(f"{where}: the model asks for ONNX opset {opset_of(model)}; the onnx package "
                              f"{onnx.__version__} knows opsets up to {known}")
+    importer = Importer(_with_inferred_shapes(model), where, dtype, sequences or {}, constants or {})
+    dynamic = importer.dynamic_sample_axes()
+    for name in sorted(set(shapes or {}) - set(dynamic)):
+        raise ModelFileError(f"{where}: shapes names '{name}', which is no input with dynamic axes after the batch "
+                             f"(those: {', '.join(sorted(dynamic)) or 'none'})")
+    if not dynamic:
+        return importer.build()
+
+    def at(sample_shapes):
+        concrete = _at_sample_shapes(model, sample_shapes)
+        return Importer(_with_inferred_shapes(concrete), where, dtype, sequences or {}, constants or {}).build()
+
+    example = {name: _example_shape(importer, name, axes, (shapes or {}).get(name)) for name, axes in dynamic.items()}
+    net = at(example)
+    net.set_dynamic_axes(dynamic, at)
+    return net
+
+
+def _with_inferred_shapes(model):
     try:
-        model = onnx.shape_inference.infer_shapes(model)
+        return _onnx().shape_inference.infer_shapes(model)
     except Exception:  # shapes are a help, not a requirement
-        pass
-    return Importer(model, where, dtype, sequences or {}, constants or {}).build()
+        return model
+
+
+def _example_shape(importer, name, axes, given):
+    """The sample shape an input with dynamic axes is first imported at."""
+    dims = importer.sample_dims(name)
+    if given is None:
+        size = 224 if len(axes) <= 2 else 64
+        return tuple(size if d is None else d for d in dims)
+    given = tuple(int(s) for s in given)
+    fixed = [(i, d, g) for i, (d, g) in enumerate(zip(dims, given)) if d is not None and d != g]
+    if len(given) != len(dims) or fixed or min(given, default=1) < 1:
+        raise ModelFileError(f"{importer.where}: shapes['{name}'] is {list(given)}; the input's sample shape is "
+                             f"{['?' if d is None else d for d in dims]} (each ? a size of at least 1)")
+    return given
+
+
+def _at_sample_shapes(model, sample_shapes):
+    """A copy of `model` whose inputs have these sample shapes (the batch axis left as it is)."""
+    onnx = _onnx()
+    concrete = onnx.ModelProto()
+    concrete.CopyFrom(model)
+    del concrete.graph.value_info[:]  # inferred again at the new sizes
+    for inp in concrete.graph.input:
+        shape = sample_shapes.get(inp.name)
+        if shape is None:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        lead = len(dims) - len(shape)
+        for dim, size in zip(list(dims)[lead:], shape):
+            dim.Clear()
+            dim.dim_value = int(size)
+    return concrete
 
 
 def to_onnx_layout(value: Any, axes: Sequence[Any]) -> np.ndarray:
@@ -378,6 +436,41 @@ class Importer:
         except (TypeError, ValueError) as e:
             raise ModelFileError(f"{self.where}: constants['{inp.name}'] is not {np.dtype(dtype)} ({e})") from None
 
+    def _order(self, name, dims):
+        """The order of an input's leading axes: "NT" or "TN" for a batch of sequences, else None."""
+        order = self.sequences.get(name)
+        if order is None and len(dims) >= 2 and dims[0] is None and dims[1] is None:
+            order = "NT"  # two dynamic leading axes: a batch of sequences
+        return order
+
+    def _graph_inputs(self):
+        """The inputs that are fed (not initializers, not given as constants), with their dims."""
+        initialized = {init.name for init in self.graph.initializer}
+        for inp in self.graph.input:
+            if inp.name not in initialized and inp.name not in self.constants and inp.type.HasField("tensor_type"):
+                t = inp.type.tensor_type
+                yield inp, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim], \
+                    [d.dim_param for d in t.shape.dim]
+
+    def sample_dims(self, name):
+        """An input's sizes after its batch (and time) axes, None where dynamic."""
+        for inp, dims, _ in self._graph_inputs():
+            if inp.name == name:
+                return dims[2 if self._order(name, dims) in ("NT", "TN") else 1:]
+        raise KeyError(name)
+
+    def dynamic_sample_axes(self):
+        """{input: {sample axis: its symbol}} for the inputs with dynamic axes after the batch."""
+        found = {}
+        for inp, dims, symbols in self._graph_inputs():
+            order = self._order(inp.name, dims)
+            lead = 2 if order in ("NT", "TN") else 1
+            if order in (None, "NT", "TN") and len(dims) > lead:
+                axes = {i - lead: symbols[i] or "?" for i in range(lead, len(dims)) if dims[i] is None}
+                if axes:
+                    found[inp.name] = axes
+        return found
+
     def _input(self, inp):
         t = inp.type.tensor_type
         elem = self.onnx.TensorProto.DataType.Name(t.elem_type)
@@ -395,9 +488,7 @@ class Importer:
                                                      f"{{'{inp.name}': ...}}), or lamina import --constant "
                                                      f"{inp.name}=VALUE)"))
             return Unknown()
-        order = self.sequences.get(inp.name)
-        if order is None and len(dims) >= 2 and dims[0] is None and dims[1] is None:
-            order = "NT"  # two dynamic leading axes: a batch of sequences
+        order = self._order(inp.name, dims)
         lead = 2 if order else 1
         if order not in (None, "NT", "TN"):
             self.problems.append((inp.name, "input", f"sequences={order!r}: expected 'NT' or 'TN'"))
