@@ -27,7 +27,7 @@ DATA_INPUTS = {
     "SoftmaxCrossEntropyLoss": (0, 1), "Clip": (0,), "Split": (0,), "Resize": (0,), "Upsample": (0,), "Pad": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Tile": (0,), "ReduceSum": (0,),
     "Sqrt": (0,), "Reciprocal": (0,), "Log": (0,), "Abs": (0,), "Erf": (0,), "Neg": (0,), "Exp": (0,), "Unsqueeze": (0,),
     "Squeeze": (0,), "LayerNormalization": (0,), "RMSNormalization": (0,), "InstanceNormalization": (0,),
-    "GroupNormalization": (0,), "ReduceMax": (0,), "GlobalMaxPool": (0,),
+    "GroupNormalization": (0,), "ReduceMax": (0,), "GlobalMaxPool": (0,), "Mish": (0,), "Celu": (0,),
 }
 
 

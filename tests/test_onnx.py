@@ -189,6 +189,37 @@ def test_pytorch_model_moving_data_within_samples(dynamo, opset):
     assert any(layer.kind == "transpose" for layer in net.layers)
 
 
+class SmoothActivations(torch.nn.Module):
+    """Softplus (which the dynamo exporter writes as Where(x > 20, x, Softplus(x))), Mish and CELU
+    (ONNX operators of their own in dynamo's export), over values past softplus's threshold."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 12)
+        self.acts = torch.nn.ModuleList([torch.nn.Softplus(), torch.nn.Mish(), torch.nn.CELU(0.5)])
+
+    def forward(self, x):
+        h = self.fc(x) * 12
+        return torch.cat([a(part) for a, part in zip(self.acts, h.split(4, dim=1))], dim=1)
+
+
+@each_exporter
+def test_pytorch_smooth_activations(dynamo, opset):
+    torch.manual_seed(13)
+    model = SmoothActivations().eval()
+    net = imported_as_in_pytorch_and_onnx_runtime(model, torch.randn(2, 4), torch.randn(5, 4), dynamo, opset)
+    kinds = [layer.activation for layer in net.layers if layer.kind == "activation"]
+    assert kinds.count("softrelu") == 2 and "elu" in kinds  # softplus, once with mish; celu's elu
+
+
+def test_softplus_with_a_low_threshold_is_not_fused():
+    """Below PyTorch's threshold of 20, Softplus and its Where differ in float32: the subgraph is
+    not taken for softplus, and the Where is refused by name."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softplus(threshold=5)).eval()
+    with pytest.raises(lm.onnx.UnsupportedModelError, match="Where"):
+        lm.onnx.load(export(model, torch.randn(2, 4), True, 18))
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_fine_tuning_an_imported_cnn_follows_pytorch(dynamo):
     """Gradients of an imported model equal PyTorch's on the same batch, and 20 steps lower the loss."""
@@ -228,7 +259,7 @@ def test_every_unsupported_part_is_listed_at_once():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
     model = graph_model([
-        helper.make_node("Mish", ["x"], ["a"], name="mish"),
+        helper.make_node("Shrink", ["x"], ["a"], name="shrink"),
         helper.make_node("Relu", ["a"], ["b"], name="relu"),  # fine, but its input is not: not reported
         helper.make_node("Gemm", ["b", "w"], ["c"], name="gemm_t", transA=1),
         helper.make_node("Concat", ["c", "c"], ["d"], name="cat0", axis=0),
@@ -238,17 +269,17 @@ def test_every_unsupported_part_is_listed_at_once():
         lm.onnx.load(model.SerializeToString())
     message = str(info.value)
     assert "cannot run 2 part(s)" in message
-    assert "node 'mish' (Mish): an operator lamina has no layer for" in message
+    assert "node 'shrink' (Shrink): an operator lamina has no layer for" in message
     assert "node 'soft' (Softmax): axis 0 is the batch axis" in message
-    # with the Mish gone, the nodes behind it are built and checked too
+    # with the Shrink gone, the nodes behind it are built and checked too
     model.graph.node[0].op_type = "Tanh"
     del model.graph.node[3].attribute[:]
-    model.graph.node[3].op_type = "Mish"
+    model.graph.node[3].op_type = "Shrink"
     model.graph.node[3].input.pop()
     with pytest.raises(lm.onnx.UnsupportedModelError) as info:
         lm.onnx.load(model)
     problems = {(n, what.split(" (")[0]) for n, _, what in info.value.problems}
-    # 'cat0', now a Mish, reads the refused Gemm's output: its operator is still checked
+    # 'cat0', now a Shrink, reads the refused Gemm's output: its operator is still checked
     assert problems == {("gemm_t", "transA=1 with A from the inputs"), ("cat0", "an operator lamina has no layer for"),
                         ("soft", "axis 0 is the batch axis")}
 

@@ -458,3 +458,70 @@ def test_constant_sequence_lengths(lengths, loads):
     out = net.run(lm.onnx.feeds(net, {"X": x}))
     ours = lm.onnx.to_onnx_layout(out["Y_h"], net.onnx_axes["Y_h"])
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+class StatefulLSTM(nn.Module):
+    """A recurrent stack fed its initial states as inputs [layers·directions, N, H] and returning
+    its last ones (a streaming model's step: a voice-activity detector's state between chunks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.LSTM(4, 5, num_layers=2, batch_first=True), nn.Linear(5, 3)
+
+    def forward(self, x, h, c):
+        y, (h, c) = self.rnn(x, (h, c))
+        return self.fc(y), h, c
+
+
+class StatefulGRU(nn.Module):
+    """The same with a bidirectional GRU (one state input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.GRU(4, 5, bidirectional=True, batch_first=True), nn.Linear(10, 3)
+
+    def forward(self, x, h):
+        y, h = self.rnn(x, h)
+        return self.fc(y), h
+
+
+STATEFUL = [(kind, dynamo, shapes) for kind in ("lstm", "gru") for dynamo in (False, True)
+            for shapes in ("static", "dynamic")]
+
+
+@pytest.mark.parametrize("kind,dynamo,shapes", STATEFUL,
+                         ids=[f"{k}-{'dynamo' if d else 'torchscript'}-{s}" for k, d, s in STATEFUL])
+def test_initial_states_fed_as_inputs_batch_second(kind, dynamo, shapes):
+    """Initial states [D, N, H] are inputs whose batch axis is their second: lamina takes them
+    per sample ((D, H), `net.onnx_axes` (0, 'N', 1)), `lm.onnx.feeds` moves their batch axis
+    first, and every output matches ONNX Runtime's."""
+    torch.manual_seed(21)
+    model = (StatefulLSTM if kind == "lstm" else StatefulGRU)().eval()
+    names = ["x", "h", "c"] if kind == "lstm" else ["x", "h"]
+    layers = 2
+
+    def example(n):
+        return (torch.randn(n, 6, 4),) + tuple(torch.randn(layers, n, 5) for _ in names[1:])
+    f = io.BytesIO()
+    kw = {}
+    if shapes == "dynamic":
+        kw = ({"dynamic_shapes": ({0: torch.export.Dim("batch", max=64)},) + tuple({1: torch.export.Dim("batch", max=64)}
+                                                                                 for _ in names[1:])} if dynamo else
+              {"dynamic_axes": {"x": {0: "batch"}, **{n: {1: "batch"} for n in names[1:]}}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, example(2), f, dynamo=dynamo, input_names=names, verbose=False, **kw)
+    blob = f.getvalue()
+    net = lm.onnx.load(blob)
+    assert all(net.onnx_axes[n] == (0, "N", 1) for n in names[1:])
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    for n in ((2,) if shapes == "static" else (1, 3)):
+        arrays = {k: v.numpy() for k, v in zip(names, example(n))}
+        theirs = session.run(None, arrays)
+        ours = net.run(lm.onnx.feeds(net, arrays))
+        with torch.no_grad():
+            torch_out = model(*(torch.from_numpy(arrays[k]) for k in names))
+        for o, want, pt in zip(session.get_outputs(), theirs, torch_out):
+            got = lm.onnx.to_onnx_layout(ours[o.name], net.onnx_axes[o.name])
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+            np.testing.assert_allclose(got, pt.numpy(), rtol=0, atol=1e-5)

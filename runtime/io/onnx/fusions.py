@@ -2,8 +2,9 @@
 
 PyTorch's TorchScript exporter writes GELU, at the opsets before ONNX's own Gelu, as Div, Erf,
 Add, Mul, Mul (and its tanh form as Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul): five to eight passes
-over a feed-forward block's widest tensor where one will do, and one a product can fuse. `find`
-anchors at each Erf and Tanh and grows forward along single readers through element-wise
+over a feed-forward block's widest tensor where one will do, and one a product can fuse. Its
+dynamo exporter writes softplus as Where(x > 20, x, Softplus(x)) (PyTorch's threshold, where
+softplus(x) and x agree in float32). `find` anchors at each Erf, Tanh and Softplus and grows forward along single readers through element-wise
 operators with scalar constants; each end it reaches, with its element-wise ancestors back to
 one input x, is a candidate. The importer keeps the longest candidate that, evaluated on sample
 values of x, equals GELU (exact or tanh) to 1e-6 of its scale, and converts the nodes one by one
@@ -16,9 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ELEMENT_WISE = frozenset({"Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Pow", "Sqrt", "Neg", "Identity"})
+ELEMENT_WISE = frozenset({"Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Pow", "Sqrt", "Neg", "Identity", "Softplus",
+                          "Greater", "Where"})
+ANCHORS = ("Erf", "Tanh", "Softplus")
 FORMS = {"gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
-         "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))}
+         "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+         "softrelu": lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))}
+# the activations are compared on this range, to 1e-6 of its bound: wide enough that a branch
+# (softplus's switch to x above its threshold, 20 in PyTorch) is where it is taken
+SAMPLE_BOUND = 30.0
 
 
 @dataclass
@@ -39,7 +46,7 @@ def find(g, taken):
     """{node index: Fusion} for the nodes of every activation subgraph outside `taken`."""
     found = {}
     for i, n in enumerate(g.nodes):
-        if n.op_type not in ("Erf", "Tanh") or i in taken or i in found:
+        if n.op_type not in ANCHORS or i in taken or i in found:
             continue
         candidates, name = [], n.output[0]
         for _ in range(6):
@@ -88,7 +95,7 @@ def activation_of(imp, candidate):
     """The activation ('gelu', 'gelu_tanh') the candidate computes, or None."""
     from .attention import evaluate
     from .registry import Refused
-    x = np.linspace(-6, 6, 1201, dtype=np.float32)
+    x = np.linspace(-SAMPLE_BOUND, SAMPLE_BOUND, 6001, dtype=np.float32)
     try:
         y, = evaluate(imp, candidate.nodes, {candidate.x: x}, [candidate.output], {"N": 1, "T": 1}, "{}")
     except Refused:
@@ -97,6 +104,6 @@ def activation_of(imp, candidate):
     if y.shape != x.shape:
         return None
     for kind, form in FORMS.items():
-        if np.abs(y - form(x.astype(np.float64))).max() <= 1e-6 * 6:
+        if np.abs(y - form(x.astype(np.float64))).max() <= 1e-6 * SAMPLE_BOUND:
             return kind
     return None

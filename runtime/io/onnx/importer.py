@@ -212,6 +212,13 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for name, a in arrays.items():
         value = net.values.get(name)
+        axes = getattr(net, "onnx_axes", {}).get(name)
+        if value is not None and not value.spec.sequence and axes is not None and axes != default_axes(value.spec) \
+                and not isinstance(a, Sequences):
+            a = np.asarray(a)
+            if a.ndim != len(axes):
+                raise InputError(f"input '{name}': expected an array of axes {axes} (N batch), found shape {a.shape}")
+            a = np.ascontiguousarray(np.transpose(a, [axes.index(k) for k in default_axes(value.spec)]))
         if value is None or not value.spec.sequence:
             out[name] = a
             continue
@@ -321,6 +328,47 @@ def sequence_inputs(graph):
     return found
 
 
+def state_inputs(graph):
+    """The graph inputs read only as time-major recurrent nodes' initial states ([D, N, H]:
+    initial_h, initial_c), directly or through Slices of their first axis (one layer's states of
+    a stack, as PyTorch writes them): their batch axis is their second."""
+    readers = {}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name:
+                readers.setdefault(name, []).append((node, k))
+
+    def only_states(name, depth=0):
+        uses = readers.get(name, [])
+        return bool(uses) and all(_is_state_slot(node, k) or
+                                  (depth == 0 and node.op_type == "Slice" and k == 0 and _slices_first_axis(graph, node)
+                                   and all(only_states(o, 1) for o in node.output if o))
+                                  for node, k in uses)
+    outputs = {o.name for o in graph.output}
+    return {i.name for i in graph.input if len(i.type.tensor_type.shape.dim) == 3 and i.name not in outputs
+            and only_states(i.name)}
+
+
+def _is_state_slot(node, k):
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    return node.op_type in ("LSTM", "GRU", "RNN") and layout == 0 and (k == 5 or (k == 6 and node.op_type == "LSTM"))
+
+
+def _slices_first_axis(graph, node):
+    """Whether a Slice's axes input is the constant [0] (a Constant node or an initializer)."""
+    if len(node.input) < 4 or not node.input[3]:
+        return False
+    from onnx import numpy_helper
+    for init in graph.initializer:
+        if init.name == node.input[3]:
+            return numpy_helper.to_array(init).tolist() == [0]
+    for n in graph.node:
+        if n.op_type == "Constant" and n.output[0] == node.input[3]:
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            return value is not None and numpy_helper.to_array(value).tolist() == [0]
+    return False
+
+
 def opset_of(model):
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
@@ -355,6 +403,7 @@ class Importer:
         self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
         for name, order in sequence_inputs(model.graph).items():
             self.sequences.setdefault(name, order)
+        self.state_inputs = state_inputs(model.graph)  # [D, N, H] initial states: their batch is axis 1
         # self-attention subgraphs, each converted whole into one layer (io/onnx/attention.py)
         graph = self.attention_graph = attention.Graph(model.graph)
         self.regions, self.absorbed, self.mask_nodes, encoded = attention.find(graph)
@@ -489,6 +538,8 @@ class Importer:
                                                      f"{inp.name}=VALUE)"))
             return Unknown()
         order = self._order(inp.name, dims)
+        if order is None and inp.name in self.state_inputs and kind == "float":
+            return self._state_input(inp.name, dims)
         lead = 2 if order else 1
         if order not in (None, "NT", "TN"):
             self.problems.append((inp.name, "input", f"sequences={order!r}: expected 'NT' or 'TN'"))
@@ -507,6 +558,19 @@ class Importer:
                 self.static.setdefault(label, size)
         if order == "TN":
             value.onnx_axes = ("T", "N") + tuple(range(len(dims) - 2))
+        return value
+
+    def _state_input(self, name, dims):
+        """An initial state [D, N, H]: lamina's input of shape (D, H) per sample, under ONNX axes
+        (0, N, 1) (`feeds` moves the batch axis first)."""
+        if dims[0] is None or dims[2] is None:
+            self.problems.append((name, "input", f"an initial state {['?' if d is None else d for d in dims]} with a "
+                                                 f"dynamic axis besides the batch"))
+            return Unknown()
+        value = self.net.input(name, (dims[0], dims[2]))
+        value.onnx_axes = (0, "N", 1)
+        if dims[1] is not None:
+            self.static.setdefault("N", dims[1])
         return value
 
     def _convert(self, node):

@@ -1,5 +1,6 @@
 """ONNX's pass-through and element-wise operators: Identity, Dropout, Cast, the activations
-(lamina's Activation kinds), Neg, Clip, PRelu, Softmax and LogSoftmax."""
+(lamina's Activation kinds, and Celu and Mish composed of them), Neg, Clip, PRelu, Softmax and
+LogSoftmax."""
 import math
 
 import numpy as np
@@ -60,6 +61,27 @@ def neg(imp, node, inputs, attrs):
     return [imp.add(L.Scale(-1.0), [value(inputs[0], "X")], node)]
 converter("LeakyRelu", attributes={"alpha"})(_activation("leaky_relu", 0.01))
 converter("Elu", attributes={"alpha"})(_activation("elu", 1.0))
+
+
+@converter("Celu", attributes={"alpha"})
+def celu(imp, node, inputs, attrs):
+    """max(0, x) + min(0, α(exp(x/α) - 1)) = α · elu(x / α) with elu's α 1."""
+    x = value(inputs[0], "X")
+    alpha = float(attrs.get("alpha", 1.0))
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise Refused(f"alpha {alpha} (must be a finite number above 0)")
+    if alpha == 1.0:
+        return [imp.add(L.Activation("elu", slope=1.0), [x], node)]
+    y = imp.net.add(L.Activation("elu", slope=1.0), [imp.net.add(L.Scale(1.0 / alpha), [x])])
+    return [imp.add(L.Scale(alpha), [y], node)]
+
+
+@converter("Mish")
+def mish(imp, node, inputs, attrs):
+    """x · tanh(softplus(x))."""
+    x = value(inputs[0], "X")
+    t = imp.net.add(L.Activation("tanh"), [imp.net.add(L.Activation("softrelu"), [x])])
+    return [imp.add(L.Multiply(), [x, t], node)]
 
 
 @converter("Clip", attributes={"min", "max"})
