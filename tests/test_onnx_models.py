@@ -516,12 +516,107 @@ def test_initial_states_fed_as_inputs_batch_second(kind, dynamo, shapes):
     assert all(net.onnx_axes[n] == (0, "N", 1) for n in names[1:])
     session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
     for n in ((2,) if shapes == "static" else (1, 3)):
-        arrays = {k: v.numpy() for k, v in zip(names, example(n))}
-        theirs = session.run(None, arrays)
-        ours = net.run(lm.onnx.feeds(net, arrays))
-        with torch.no_grad():
-            torch_out = model(*(torch.from_numpy(arrays[k]) for k in names))
-        for o, want, pt in zip(session.get_outputs(), theirs, torch_out):
-            got = lm.onnx.to_onnx_layout(ours[o.name], net.onnx_axes[o.name])
-            np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-            np.testing.assert_allclose(got, pt.numpy(), rtol=0, atol=1e-5)
+        every_output_as_in_onnx_runtime(net, session, model, {k: v.numpy() for k, v in zip(names, example(n))})
+
+
+def every_output_as_in_onnx_runtime(net, session, model, arrays, lengths=None):
+    """Each of the model's outputs from lamina (fed through lm.onnx.feeds, answered in the ONNX
+    layout) equals ONNX Runtime's and PyTorch's to 1e-5; with `lengths`, sequence outputs within
+    each sequence's length (past it lamina has no steps: zeros in the padded layout)."""
+    theirs = session.run(None, arrays)
+    ours = net.run(lm.onnx.feeds(net, arrays))
+    with torch.no_grad():
+        torch_out = model(*(torch.from_numpy(a) for a in arrays.values()))
+    for o, want, pt in zip(session.get_outputs(), theirs, torch_out):
+        got, pt = lm.onnx.to_onnx_layout(ours[o.name], net.onnx_axes[o.name]), pt.numpy()
+        if lengths is not None and "T" in net.onnx_axes[o.name]:
+            keep = np.arange(got.shape[1])[None, :] < np.array(lengths)[:, None]
+            got, want, pt = got[keep], want[keep], pt[keep]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got, pt, rtol=0, atol=1e-5)
+
+
+class UnsortedLSTM(nn.Module):
+    """pack_padded_sequence(enforce_sorted=False): PyTorch sorts the batch by length (TopK,
+    Gather), runs the LSTM and puts the outputs back in the batch's order (ScatterElements of a
+    Range, Gather)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.LSTM(4, 5, num_layers=2, batch_first=True), nn.Linear(5, 3)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, (h, _) = self.rnn(packed)
+        y, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return self.fc(y), self.fc(h[-1])
+
+
+class UnsortedGRU(nn.Module):
+    """The same with a bidirectional GRU given its initial state (which PyTorch sorts too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.GRU(4, 5, bidirectional=True, batch_first=True), nn.Linear(10, 3)
+
+    def forward(self, x, lengths, h0):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, h = self.rnn(packed, h0)
+        y, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return self.fc(y), h
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_unsorted_packed_sequences(kind):
+    """The TorchScript export (the dynamo exporter cannot export pack_padded_sequence) loads, the
+    sort and its inverse cancelling; outputs match ONNX Runtime and PyTorch within each sequence's
+    length (past it lamina has no steps: zeros in the padded layout)."""
+    torch.manual_seed(22)
+    model = (UnsortedLSTM if kind == "lstm" else UnsortedGRU)().eval()
+    names = ["x", "lengths"] + (["h0"] if kind == "gru" else [])
+
+    def example(lengths):
+        n = len(lengths)
+        return (torch.randn(n, 6, 4), torch.tensor(lengths)) + ((torch.randn(2, n, 5),) if kind == "gru" else ())
+    axes = {"x": {0: "batch", 1: "time"}, "lengths": {0: "batch"}, "h0": {1: "batch"}}
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, example([4, 6, 2]), f, dynamo=False, input_names=names,
+                          dynamic_axes={n: axes[n] for n in names})
+    blob = f.getvalue()
+    net = lm.onnx.load(blob)
+    assert net.onnx_lengths == ["lengths"]
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    for lengths in ([4, 6, 2], [1, 3, 6, 5, 2]):
+        every_output_as_in_onnx_runtime(net, session, model, {k: v.numpy() for k, v in zip(names, example(lengths))},
+                                        lengths)
+
+
+def test_rows_left_in_the_order_by_length_are_refused():
+    """Rows that stay in the order by length (the LSTM's output before it is put back) are refused
+    where they leave the graph or meet rows in the batch's own order, not answered in the wrong
+    order."""
+    import onnx
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(UnsortedLSTM().eval(), (torch.randn(3, 6, 4), torch.tensor([4, 6, 2])), f, dynamo=False,
+                          input_names=["x", "lengths"], dynamic_axes={"x": {0: "b", 1: "t"}, "lengths": {0: "b"}})
+    model = onnx.load_from_string(f.getvalue())
+    inverse = next(n.output[0] for n in model.graph.node if n.op_type == "ScatterElements")
+    restore = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[1] == inverse
+                   and n.attribute[0].i == 0)
+    still_sorted = restore.input[0]
+    leaving = onnx.ModelProto()
+    leaving.CopyFrom(model)
+    leaving.graph.output.append(onnx.helper.make_tensor_value_info(still_sorted, onnx.TensorProto.FLOAT,
+                                                                         ["b", "t", 5]))
+    with pytest.raises(lm.onnx.UnsupportedModelError, match="rows left in the batch's order by length"):
+        lm.onnx.load(leaving)
+    mixing = onnx.ModelProto()
+    mixing.CopyFrom(model)
+    mixing.graph.node.append(onnx.helper.make_node("Add", [still_sorted, restore.output[0]], ["mixed"], name="mix"))
+    mixing.graph.output.append(onnx.helper.make_tensor_value_info("mixed", onnx.TensorProto.FLOAT, ["b", "t", 5]))
+    with pytest.raises(lm.onnx.UnsupportedModelError, match="node 'mix' .*mixes rows in the batch's order by length"):
+        lm.onnx.load(mixing)

@@ -414,3 +414,41 @@ def test_an_encoder_server_packs_requests_and_answers_each_its_pooled_embedding(
             assert_close(got, want, 1e-5, "pooled")
     finally:
         assert s.stop()
+
+
+def test_a_model_of_any_image_size_is_served_at_each_requests_size(tmp_path):
+    """An ONNX segmentation model exported with dynamic height and width behind `lamina serve`:
+    its metadata says -1 on those axes; concurrent requests of three sizes are each answered at
+    their own size (requests of one size batched together), as ONNX Runtime answers them; a wrong
+    channel count is a 400."""
+    torch = pytest.importorskip("torch")
+    ort = pytest.importorskip("onnxruntime")
+    from test_onnx_models import build
+    from test_sample_shapes import export
+    blob = export(build("segmentation"), torch.randn(2, 3, 32, 32), (2, 3), dynamo=False)
+    (tmp_path / "seg.onnx").write_bytes(blob)
+    session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    output = session.get_outputs()[0].name
+    s = Server(f"seg={tmp_path / 'seg.onnx'}", "--max-delay-ms", "30")
+    try:
+        meta = s.http.get("/v2/models/seg").json()
+        assert meta["inputs"][0]["shape"] == [-1, 3, -1, -1]
+        rng = np.random.default_rng(23)
+        sizes = [(20, 28), (33, 17), (20, 28), (64, 48), (33, 17), (20, 28)] * 2
+        requests = [rng.standard_normal((1, 3) + size).astype(np.float32) for size in sizes]
+        count0, total0 = batch_sizes(s.http, "seg")
+
+        def ask(x):
+            with Client(s.url) as c:
+                return c.infer("seg", {"x": x}, outputs=[output])[output]
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(ask, requests))
+        count1, total1 = batch_sizes(s.http, "seg")
+        assert total1 - total0 == len(requests)
+        for x, got in zip(requests, answers):
+            assert_close(got, session.run(None, {"x": x})[0], 1e-4, output)
+        body, headers = encode_request({"x": np.zeros((1, 4, 8, 8), np.float32)})
+        bad = s.http.post("/v2/models/seg/infer", content=body, headers=headers)
+        assert bad.status_code == 400 and "expected shape [n, 3, -1, -1]" in bad.json()["error"]
+    finally:
+        assert s.stop()

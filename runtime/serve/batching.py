@@ -37,15 +37,19 @@ class Pending:
     in binary), its id, and the future of its encoded response."""
 
     __slots__ = ("arrays", "outputs", "binary", "request_id", "key", "rows", "steps", "future", "arrived",
-                 "abandoned", "classes", "padded_to")
+                 "abandoned", "classes", "padded_to", "net")
 
-    def __init__(self, arrays, outputs, binary, request_id, rows, steps, future, classes=None, padded_to=None):
+    def __init__(self, arrays, outputs, binary, request_id, rows, steps, future, classes=None, padded_to=None,
+                 net=None):
         self.classes = classes or {}  # output -> k: answered as its k best classes
         self.padded_to = padded_to  # a request of padded sequences: their T, to pad its sequence outputs to
         self.arrays, self.outputs, self.rows, self.future = arrays, outputs, rows, future
         self.steps = steps  # its sequences' steps in all (None: no sequences)
         self.binary, self.request_id = binary, request_id
-        self.key = (tuple(sorted(arrays)), tuple(outputs))
+        self.net = net  # the network for its sample shapes (the served one, or one made for them)
+        # requests batch together where they feed the same inputs, ask the same outputs and have
+        # the same sample shapes (an input's dynamic axes: Network.dynamic_axes)
+        self.key = (tuple(sorted(arrays)), tuple(outputs), id(net))
         self.arrived = time.perf_counter()
         self.abandoned = False  # its caller stopped waiting (deadline, or hung up): skip it
 
@@ -133,22 +137,28 @@ class ServedModel:
             raise ProtocolError(f"missing input '{missing[0]}' (needed for output(s) {', '.join(outputs)})")
         if len(self._waiting) >= self.max_queue:
             raise ProtocolError(f"model '{self.name}' has {self.queued} requests queued, its limit", 503)
+        # the network for these sample shapes (one made for them where an input's axes are dynamic)
+        try:
+            net = self.net.for_sample_shapes({k: arrays[k].shape[1:] for k in self.net.dynamic_axes if k in arrays
+                                              and not self.net.values[k].spec.sequence})
+        except (InputError, GraphError) as e:  # a size the network's layers cannot take
+            raise ProtocolError(str(e), 400) from None
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
         if len(set(counts.values())) > 1:
             raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")
         lengths = [len(s) for s in next(iter(sequences.values()))] if sequences else None
         steps = sum(lengths) if lengths else None
         padded_to = max(lengths) if padded else None
-        specs = {o: self.net.values[self.net.output_values[o]].spec for o in outputs}
+        specs = {o: net.values[net.output_values[o]].spec for o in outputs}
         self.limits.check_outputs({o: ((rows * padded_to if padded else steps) if spec.sequence else rows)
                                    * math.prod(spec.shape) for o, spec in specs.items()})
-        nbytes = self.net.scheduler.inference_bytes(outputs, rows, steps)
+        nbytes = net.scheduler.inference_bytes(outputs, rows, steps)
         if nbytes > self.max_batch_bytes:
             raise ProtocolError(f"this request alone needs {nbytes / 2 ** 20:.1f} MiB of buffers in model "
                                 f"'{self.name}'; a batch may take {self.max_batch_bytes / 2 ** 20:g} MiB "
                                 f"(--max-batch-mb)", 413)
         pending = Pending({**arrays, **sequences}, outputs, binary, request_id, rows, steps,
-                          asyncio.get_running_loop().create_future(), classes, padded_to)
+                          asyncio.get_running_loop().create_future(), classes, padded_to, net)
         self._waiting.append(pending)
         self._arrived.set()
         return pending
@@ -222,7 +232,7 @@ class ServedModel:
     def _fits(self, p, rows, steps):
         """Whether a batch of `rows` rows and `steps` steps, p's outputs, is within the limits."""
         return rows <= self.max_batch_size and \
-            self.net.scheduler.inference_bytes(p.outputs, rows, steps) <= self.max_batch_bytes
+            p.net.scheduler.inference_bytes(p.outputs, rows, steps) <= self.max_batch_bytes
 
 
     # ------------------------------------------------------------------ the model's thread

@@ -57,11 +57,12 @@ class Statistics:
 
 def model_config(name, model):
     """GET /v2/models/{name}/config: the model's configuration as Triton writes it (dims per
-    sample, -1 where a sequence's steps vary), with lamina's batching settings and limits."""
+    sample, -1 where a sequence's steps vary and on an input's dynamic axes), with lamina's batching settings and limits."""
     net = model.net
 
     def tensor(vname, spec, datatype):
-        dims = ([-1] if spec.sequence else []) + list(spec.shape)
+        dynamic = net.dynamic_axes.get(vname, {})
+        dims = ([-1] if spec.sequence else []) + [-1 if i in dynamic else size for i, size in enumerate(spec.shape)]
         return {"name": vname, "data_type": CONFIG_TYPES[datatype], "dims": dims or [1]}
     inputs = [tensor(v, net.values[v].spec, "FP32" if net.values[v].spec.kind == "float" else "INT32")
               for v in model.inputs]

@@ -82,11 +82,14 @@ def datatype(dtype):
 
 
 def model_metadata(name, model):
-    """GET /v2/models/{name}: inputs and outputs with names, datatypes and shapes (-1: any size;
+    """GET /v2/models/{name}: inputs and outputs with names, datatypes and shapes (-1: any size,
+    the batch's, a sequence's steps or an input's dynamic axes (Network.dynamic_axes);
     a sequence input or output marked with parameters.sequence, an input a request may leave
     out (zeros) with parameters.optional, each output's inputs listed in parameters.inputs)."""
     def tensor(vname, kind_dtype, spec):
-        entry = {"name": vname, "datatype": kind_dtype, "shape": [-1, *spec.shape]}
+        dynamic = net.dynamic_axes.get(vname, {})
+        entry = {"name": vname, "datatype": kind_dtype,
+                 "shape": [-1, *(-1 if i in dynamic else size for i, size in enumerate(spec.shape))]}
         if spec.sequence:
             entry["parameters"] = {"sequence": True}
         return entry
@@ -208,8 +211,11 @@ def _check_input(model, name, kind, a, where):
     elif a.dtype.kind not in "iu":
         raise ProtocolError(f"{where}: expected integer ids (INT32 or another integer type), found {kind}")
     padded = spec.sequence and a.ndim == len(spec.shape) + 2
-    if a.shape[2 if padded else 1:] != spec.shape:
-        per = ", ".join(map(str, spec.shape))
+    dynamic = model.net.dynamic_axes.get(name, {})
+    sample = a.shape[2 if padded else 1:]
+    if len(sample) != len(spec.shape) or any(n != size for i, (n, size) in enumerate(zip(sample, spec.shape))
+                                             if i not in dynamic) or 0 in sample:
+        per = ", ".join(str(-1 if i in dynamic else size) for i, size in enumerate(spec.shape))
         if spec.sequence:
             raise ProtocolError(f"{where}: expected shape [steps{', ' + per if per else ''}] (one sequence: its "
                                 f"steps) or [n, T{', ' + per if per else ''}] (n sequences padded to T steps), "

@@ -26,6 +26,7 @@ from ... import layers as L
 from ...graph import Network, Value
 from ...errors import ModelFileError, UnsupportedModelError
 from . import attention, fusions, operators, positions, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
+from .operators import sorting
 from .registry import Refused, default_axes
 
 
@@ -331,7 +332,8 @@ def sequence_inputs(graph):
 def state_inputs(graph):
     """The graph inputs read only as time-major recurrent nodes' initial states ([D, N, H]:
     initial_h, initial_c), directly or through Slices of their first axis (one layer's states of
-    a stack, as PyTorch writes them): their batch axis is their second."""
+    a stack, as PyTorch writes them) and Gathers along their second (the batch put in order by
+    length): their batch axis is their second."""
     readers = {}
     for node in graph.node:
         for k, name in enumerate(node.input):
@@ -340,10 +342,10 @@ def state_inputs(graph):
 
     def only_states(name, depth=0):
         uses = readers.get(name, [])
-        return bool(uses) and all(_is_state_slot(node, k) or
-                                  (depth == 0 and node.op_type == "Slice" and k == 0 and _slices_first_axis(graph, node)
-                                   and all(only_states(o, 1) for o in node.output if o))
-                                  for node, k in uses)
+        return bool(uses) and depth < 3 and all(
+            _is_state_slot(node, k) or (k == 0 and (_slices_first_axis(graph, node) or _gathers_second_axis(node))
+                                        and all(only_states(o, depth + 1) for o in node.output if o))
+            for node, k in uses)
     outputs = {o.name for o in graph.output}
     return {i.name for i in graph.input if len(i.type.tensor_type.shape.dim) == 3 and i.name not in outputs
             and only_states(i.name)}
@@ -354,9 +356,14 @@ def _is_state_slot(node, k):
     return node.op_type in ("LSTM", "GRU", "RNN") and layout == 0 and (k == 5 or (k == 6 and node.op_type == "LSTM"))
 
 
+def _gathers_second_axis(node):
+    """A Gather along axis 1: PyTorch puts states in the batch's order by length this way."""
+    return node.op_type == "Gather" and next((a.i for a in node.attribute if a.name == "axis"), 0) == 1
+
+
 def _slices_first_axis(graph, node):
     """Whether a Slice's axes input is the constant [0] (a Constant node or an initializer)."""
-    if len(node.input) < 4 or not node.input[3]:
+    if node.op_type != "Slice" or len(node.input) < 4 or not node.input[3]:
         return False
     from onnx import numpy_helper
     for init in graph.initializer:
@@ -400,6 +407,7 @@ class Importer:
         self.in_branch = False  # converting the nodes of an If's branch (not indexed by self.index)
         self.folded = 0  # bytes of the constants folded so far
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
+        self.sorted_rows = set()  # ONNX tensors whose rows are in the batch's order by length (operators/sorting.py)
         self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
         for name, order in sequence_inputs(model.graph).items():
             self.sequences.setdefault(name, order)
@@ -437,7 +445,10 @@ class Importer:
         outputs = {}
         for out in self.graph.output:
             v = self.env.get(out.name)
-            if isinstance(v, Value):
+            if out.name in self.sorted_rows:
+                self.problems.append((out.name, "output", "rows left in the batch's order by length (lamina keeps the "
+                                                          "batch's own order)"))
+            elif isinstance(v, Value):
                 outputs[out.name] = v
             elif not isinstance(v, Unknown):
                 self.problems.append((out.name, "output", "a graph output that is a constant (it does not depend "
@@ -620,6 +631,12 @@ class Importer:
             outs = [Unknown() for _ in node.output]  # (behind a refused node)
         elif self.quantized_ops.handles(node, inputs):
             outs = self._attempt(node, self.quantized_ops.convert, inputs, self.attributes(node))
+        elif sorting.handles(node, inputs) and not any(isinstance(v, Unknown) for v in inputs):
+            outs = self._attempt(node, sorting.marker_op, inputs, self.attributes(node))
+            for name, v in zip(node.output, outs):
+                if name:
+                    self.env[name] = v
+            return
         elif (any(isinstance(v, (self.shapes.Symbolic, self.shapes.Zeros, self.shapes.PerPosition,
                                  self.shapes.MaskOnes, self.shapes.Lengths)) for v in inputs)
               and not any(isinstance(v, (Value, Unknown)) for v in inputs)):
@@ -645,6 +662,20 @@ class Importer:
         for name, v in zip(node.output, outs):
             if name:
                 self.env[name] = v
+        self._follow_sorted_rows(node)
+
+    def _follow_sorted_rows(self, node):
+        """A node reading values in the batch's order by length computes values in that order;
+        one that mixes them with values in the original order is refused (its rows would not
+        match)."""
+        read = [n for n in node.input if n in self.sorted_rows]
+        if not read:
+            return
+        others = [n for n in node.input if n and n not in self.sorted_rows and isinstance(self.env.get(n), Value)]
+        if others:
+            self.problems.append((node.name, node.op_type, f"mixes rows in the batch's order by length ('{read[0]}') "
+                                                           f"with rows in the original order ('{others[0]}')"))
+        self.sorted_rows.update(o for o in node.output if o and isinstance(self.env.get(o), Value))
 
     def _branch(self, node, condition):
         """An If whose condition folded to a constant: its branch's nodes converted in its place

@@ -56,6 +56,23 @@ class MaskOnes:
         self.extra = extra
 
 
+class BatchOrder:
+    """An order of the batch's rows computed at run time (operators/sorting.py): "sorted" (TopK's
+    indices, sorting the batch by a per-sample value: PyTorch's
+    pack_padded_sequence(enforce_sorted=False) sorts by length), "inverse" (the order that undoes
+    it) or "identity" (Range(0, N))."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+
+class SortedLengths:
+    """A per-sample value (each sequence's length) in the "sorted" BatchOrder."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 class Lengths:
     """Each sequence's length, the sum of a mask over the time axis: [N] then `extra` axes of size 1."""
 
@@ -181,6 +198,12 @@ def symbolic(imp, node, inputs, attrs):
         if not isinstance(inputs[0], np.ndarray) or np.any(inputs[0]):
             raise Refused("Expand of a non-zero constant to a shape with the batch or time size")
         return [Zeros()]
+    if op == "Range" and isinstance(inputs[1], Symbolic) and inputs[1].values.ndim == 0 and \
+            inputs[1].values.item() == "N" and [np.ravel(inputs[k]).tolist() for k in (0, 2)] == [[0], [1]]:
+        return [BatchOrder("identity")]  # 0, 1, ..., N - 1
+    if op == "ReduceProd" and isinstance(inputs[0], Symbolic) and [e for e in np.ravel(inputs[0].values) if e != 1] == ["N"] \
+            and (len(inputs) < 2 or inputs[1] is None) and not attrs.get("noop_with_empty_axes", 0):
+        return [Symbolic("N" if not attrs.get("keepdims", 1) else ["N"] * max(inputs[0].values.ndim, 1))]
     if op == "Shape" and isinstance(inputs[0], Symbolic):  # the shape of a shape tensor is known
         return [np.array(inputs[0].values.shape, np.int64)[slice(attrs.get("start", 0), attrs.get("end"))]]
     vals = [entries(v) if v is not None else None for v in inputs]

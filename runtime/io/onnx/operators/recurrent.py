@@ -5,6 +5,7 @@ import numpy as np
 from .... import layers as L
 from ....graph import Value
 from .. import shapes
+from . import sorting
 from ..registry import Refused, assign, const, converter, onnx_shape_text, text
 
 
@@ -54,6 +55,7 @@ def recurrent(imp, node, inputs, attrs):
     op = node.op_type
     inputs = inputs + [None] * (8 - len(inputs))
     x, w, r, b, lengths, h0, c0, peep = inputs
+    lengths = sorting.unsorted_lengths(lengths)
     if not isinstance(x, Value) or not x.spec.sequence:
         raise Refused("X must be a batch of sequences (an input named in sequences=, or with dynamic batch "
                       "and time axes)")
