@@ -63,6 +63,19 @@ __kernel void multiply(ARG(const REAL, a), ARG(const REAL, b), ARG(REAL, out), c
     if (i < n) out[i] = WITH_BETA(out[i], a[i] * b[i], beta);
 }
 
+/* out = a where cond > 0, else b (NaN in cond: b); a and b hold n values or one row of na (nb)
+ * values that every row reads: entry i % na (named apart from OpenCL C's built-in select) */
+__kernel void select_values(ARG(const REAL, cond), ARG(const REAL, a), const int na, ARG(const REAL, b), const int nb,
+                     ARG(REAL, out), const int n)
+{
+    AT(const REAL, cond);
+    AT(const REAL, a);
+    AT(const REAL, b);
+    AT(REAL, out);
+    const int i = get_global_id(0);
+    if (i < n) out[i] = cond[i] > 0 ? a[i % na] : b[i % nb];
+}
+
 /* y = x rounded to the nearest bfloat16 value (ties to even), float32 only; NaN stays NaN */
 __kernel void round_to_bfloat16(__global const uint *x, const int x_offset, __global uint *y, const int y_offset,
                                 const int n)

@@ -28,6 +28,8 @@ DATA_INPUTS = {
     "Sqrt": (0,), "Reciprocal": (0,), "Log": (0,), "Abs": (0,), "Erf": (0,), "Neg": (0,), "Exp": (0,), "Unsqueeze": (0,),
     "Squeeze": (0,), "LayerNormalization": (0,), "RMSNormalization": (0,), "InstanceNormalization": (0,),
     "GroupNormalization": (0,), "ReduceMax": (0,), "GlobalMaxPool": (0,), "Mish": (0,), "Celu": (0,),
+    "Where": (0, 1, 2), "Greater": (0, 1), "Less": (0, 1), "GreaterOrEqual": (0, 1), "LessOrEqual": (0, 1),
+    "Equal": (0, 1), "Not": (0,), "And": (0, 1), "Or": (0, 1), "Xor": (0, 1), "Sign": (0,),
 }
 
 
@@ -66,7 +68,7 @@ def with_initializers(case):
     for name, array in zip(names, inputs):
         if name in data_names:
             a = np.asarray(array)
-            feeds[name] = a.astype(np.float32) if a.dtype.kind == "f" else a
+            feeds[name] = a.astype(np.float32) if a.dtype.kind in "fb" else a  # (bools: masks of 0 and 1)
     return model, feeds, [np.asarray(e) for e in expected]
 
 

@@ -21,7 +21,7 @@ import test_opencl as device_tests
 EXPECTED_CORE = {
     "empty", "fill", "from_host", "to_host", "copy",  # arrays
     "gemm",  # products
-    "activation", "activation_backward", "axpby", "multiply", "bernoulli_mask",  # element-wise
+    "activation", "activation_backward", "axpby", "multiply", "bernoulli_mask", "select",  # element-wise
     "round_to_bfloat16", "quantize_rows",  # precisions
     "sum_squares", "channel_bias", "channel_bias_grad",  # reductions
     "batch_norm_stats", "stat_dtype", "batch_norm_statistics", "add_cast", "batch_norm_apply", "batch_norm_backward",

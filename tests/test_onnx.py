@@ -214,10 +214,13 @@ def test_pytorch_smooth_activations(dynamo, opset):
 
 def test_softplus_with_a_low_threshold_is_not_fused():
     """Below PyTorch's threshold of 20, Softplus and its Where differ in float32: the subgraph is
-    not taken for softplus, and the Where is refused by name."""
+    not taken for softplus, and runs node by node (Greater, Where), as in PyTorch."""
+    torch.manual_seed(14)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softplus(threshold=5)).eval()
-    with pytest.raises(lm.onnx.UnsupportedModelError, match="Where"):
-        lm.onnx.load(export(model, torch.randn(2, 4), True, 18))
+    with torch.no_grad():
+        model[0].weight.mul_(8)  # values on both sides of the threshold
+    net = imported_as_in_pytorch_and_onnx_runtime(model, torch.randn(2, 4), torch.randn(6, 4), True, 18)
+    assert "where" in {layer.kind for layer in net.layers}
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])

@@ -201,6 +201,13 @@ class Backend(ABC):
         """out = a * b (with beta), element-wise."""
 
     @abstractmethod
+    def select(self, cond, a, b, out):
+        """out = a where cond > 0, else b (NaN in cond: b), element-wise (ONNX's Where, with the
+        condition as a float). cond has out's shape; a and b have it too, or hold one row that
+        every row of out reads (size out.size // out.shape[0]). Check the sizes with
+        `select_sizes`."""
+
+    @abstractmethod
     def round_to_bfloat16(self, x, y):
         """y = x rounded to the nearest bfloat16 value (ties to even; NaN stays NaN), in x's
         float32 type (y may be x)."""

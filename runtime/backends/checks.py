@@ -36,6 +36,28 @@ def gemm_sizes(where, a, b, c, trans_a, trans_b):
     return m, n, k
 
 
+def select_sizes(cond, a, b, out):
+    """(a's size, b's size) for Backend.select, or a ValueError naming the array that does not fit:
+    cond has out's shape, a and b out's size or one row's."""
+    row = out.size // out.shape[0] if out.ndim and out.shape[0] else out.size
+    if tuple(cond.shape) != tuple(out.shape):
+        raise ValueError(f"select: cond must have out's shape {tuple(out.shape)}, found {tuple(cond.shape)}")
+    for name, x in (("a", a), ("b", b)):
+        if x.size not in (out.size, row) or x.dtype != out.dtype:
+            raise ValueError(f"select: {name} must be {out.dtype} of out's size {out.size} or one row's ({row}), "
+                             f"found {x.dtype} of size {x.size}")
+    return a.size, b.size
+
+
+def select_on_host(cond, a, b, out):
+    """Backend.select on numpy arrays (the CPU's and the reference's), sizes checked."""
+    select_sizes(cond, a, b, out)
+    rows = out.shape[0] if out.ndim else 1
+    flat = out.reshape(rows, -1)
+    np.copyto(flat, b.reshape(-1 if b.size == out.size else 1, flat.shape[1]))
+    np.copyto(flat, a.reshape(-1 if a.size == out.size else 1, flat.shape[1]), where=cond.reshape(rows, -1) > 0)
+
+
 def check_index(where, name, ids, bound, low=0):
     """Every entry of the integer array `ids` lies in [low, bound)."""
     ids = np.asarray(ids)

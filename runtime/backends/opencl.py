@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import OpenCLError
 from . import opencl_plan, stepwise
 from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
+from .checks import select_sizes
 from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                      check_selection, gemm_sizes)
 
@@ -313,6 +314,11 @@ class OpenCLBackend(Backend):
     def multiply(self, a, b, out, beta=0.0):
         self._run("elementwise", "multiply", out.dtype, self._global(out.size), a, b,
                   out, out.dtype.type(beta), np.int32(out.size))
+
+    def select(self, cond, a, b, out):
+        na, nb = select_sizes(cond, a, b, out)
+        self._run("elementwise", "select_values", out.dtype, self._global(out.size), cond, a, np.int32(na), b, np.int32(nb),
+                  out, np.int32(out.size))
 
     def round_to_bfloat16(self, x, y):
         if x.dtype != np.float32 or y.dtype != np.float32 or x.shape != y.shape:

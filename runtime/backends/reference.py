@@ -9,6 +9,7 @@ import numpy as np
 
 from .base import Backend, HostStatistics, Snapshot, check_activation
 from ..precision import check_precision, quantize_rows, round_bfloat16
+from .checks import select_on_host
 from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                      check_selection)
 
@@ -151,6 +152,9 @@ class ReferenceBackend(HostStatistics, Backend):
 
     def multiply(self, a, b, out, beta=0.0):
         _with_beta(out, a * b, beta)
+
+    def select(self, cond, a, b, out):
+        select_on_host(cond, a, b, out)
 
     def sum_squares(self, x, rows=None):
         if rows is not None:

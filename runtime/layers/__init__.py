@@ -7,6 +7,7 @@ from .dense import Activation, Add, Bias, Concat, Dropout, Linear, Multiply, PRe
 from .shape import Broadcast, Reshape, Slice, Transpose
 from .recurrent import GRU, LSTM, RNN
 from .resize import Pad, Reduce, Resize
+from .select import Compare, Where
 from .selective import SelectedCrossEntropy, SelectiveLinear, SelfNormalizedCost
 from .normalization import LayerNorm, RMSNorm
 from .sequence import Embedding, PositionalEmbedding, SequencePool, SequenceSoftmax
@@ -17,6 +18,6 @@ __all__ = ["REGISTRY", "Layer", "register", "Linear", "Add", "Concat", "Activati
            "Scale", "Reshape", "Bias", "Multiply", "Broadcast", "PReLU", "Slice", "Transpose", "SoftmaxCrossEntropy", "SquareError", "BCEWithLogits", "RNN", "LSTM", "GRU",
            "Embedding", "SequencePool", "SequenceSoftmax", "Conv3d", "Conv2d", "ConvTranspose3d",
            "ConvTranspose2d", "MaxPool3d", "MaxPool2d", "AvgPool3d", "AvgPool2d", "BatchNorm3d",
-           "BatchNorm2d", "ConcatChannels", "Pad", "Reduce", "Resize", "SelectiveLinear", "SelectedCrossEntropy", "SelfNormalizedCost",
+           "BatchNorm2d", "ConcatChannels", "Compare", "Where", "Pad", "Reduce", "Resize", "SelectiveLinear", "SelectedCrossEntropy", "SelfNormalizedCost",
            "MultiheadAttention", "LayerNorm", "RMSNorm", "PositionalEmbedding", "TransformerEncoderLayer",
            "TransformerEncoder"]

@@ -10,6 +10,7 @@ from .compiled import _kernels as K
 from .compiled import _selective
 from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
 from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
+from ..checks import select_on_host
 from ..checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                       check_selection, gemm_sizes)
 from .blas import default_provider, mkl, provider
@@ -382,6 +383,9 @@ class CPUBackend(HostStatistics, Backend):
         _float("multiply", "a", a)
         _same("multiply", "a", a, b=b, out=out)
         K.multiply(_flat(a), _flat(b), _flat(out), beta)
+
+    def select(self, cond, a, b, out):
+        select_on_host(cond, a, b, out)
 
     def round_to_bfloat16(self, x, y):
         check_array("round_to_bfloat16", "x", x, dtype=np.float32)

@@ -486,6 +486,29 @@ def multiply(g, layer, ins, specs, node):
     return g.node("Mul", ins, name=node.name)
 
 
+COMPARE_OPS = {"greater": "Greater", "less": "Less", "greater_equal": "GreaterOrEqual", "less_equal": "LessOrEqual",
+               "equal": "Equal"}
+
+
+@exporter("compare")
+def compare(g, layer, ins, specs, node):
+    """The test against 0, cast to float (lamina's masks are 0 and 1)."""
+    n = node.name
+    test = g.node(COMPARE_OPS[layer.op], [ins[0], g.constant(f"{n}.zero", 0.0)], name=f"{n}_test")
+    return g.node("Cast", [test], name=n, to=g.onnx.TensorProto.FLOAT)
+
+
+@exporter("where")
+def where(g, layer, ins, specs, node):
+    """Where(cond > 0, a, b), a fixed operand as an initializer of one sample's shape (it
+    broadcasts over the batch)."""
+    n, given = node.name, iter(ins)
+    operands = [g.constant(f"{n}.{k}", param(layer, k).reshape(layer.shape)) if k in layer.fixed else next(given)
+                for k in layer.OPERANDS]
+    cond = g.node("Greater", [operands[0], g.constant(f"{n}.zero", 0.0)], name=f"{n}_cond")
+    return g.node("Where", [cond] + operands[1:], name=n)
+
+
 # lamina's (PyTorch's) gate blocks in ONNX's order: LSTM i,o,f,c from i,f,g,o; GRU z,r,h from r,z,n
 ONNX_FROM_LAMINA = {"lstm": (0, 3, 1, 2), "gru": (1, 0, 2), "rnn": (0,)}
 

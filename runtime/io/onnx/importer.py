@@ -196,7 +196,7 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     model's sequence_lens input (`net.onnx_lengths`) or attention mask (`net.onnx_masks`, ones
     then zeros in each row; without either, every sequence is full length);
     it becomes a lamina.Sequences. Sequences pass as they are (lengths fed beside them must
-    agree); other inputs pass unchanged."""
+    agree); a bool array fed to a BOOL input becomes 0 and 1; other inputs pass unchanged."""
     from ...errors import InputError
     from ...sequence import SequenceError, Sequences
     arrays = dict(arrays)
@@ -213,6 +213,8 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for name, a in arrays.items():
         value = net.values.get(name)
+        if isinstance(a, np.ndarray) and a.dtype == np.bool_ and value is not None and value.spec.kind == "float":
+            a = a.astype(net.dtype)  # a BOOL input (a mask) as 0 and 1
         axes = getattr(net, "onnx_axes", {}).get(name)
         if value is not None and not value.spec.sequence and axes is not None and axes != default_axes(value.spec) \
                 and not isinstance(a, Sequences):
@@ -535,8 +537,8 @@ class Importer:
         t = inp.type.tensor_type
         elem = self.onnx.TensorProto.DataType.Name(t.elem_type)
         dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        if elem in ("FLOAT", "DOUBLE", "FLOAT16"):
-            kind = "float"
+        if elem in ("FLOAT", "DOUBLE", "FLOAT16", "BOOL"):
+            kind = "float"  # (a BOOL input is a mask: 0 and 1, fed as numbers or bools)
         elif elem in ("INT64", "INT32", "INT16", "INT8", "UINT8", "UINT16", "UINT32"):
             kind = "int32"
         else:
@@ -548,25 +550,36 @@ class Importer:
                                                      f"{{'{inp.name}': ...}}), or lamina import --constant "
                                                      f"{inp.name}=VALUE)"))
             return Unknown()
-        order = self._order(inp.name, dims)
-        if order is None and inp.name in self.state_inputs and kind == "float":
-            return self._state_input(inp.name, dims)
+        if elem == "BOOL":
+            value = self._input_of(inp.name, dims, kind)
+            if isinstance(value, Value):
+                value.onnx_mask = True
+            return value
+        return self._input_of(inp.name, dims, kind)
+
+    def _input_of(self, name, dims, kind):
+        order = self._order(name, dims)
+        if order is None and name in self.state_inputs and kind == "float":
+            return self._state_input(name, dims)
         lead = 2 if order else 1
         if order not in (None, "NT", "TN"):
-            self.problems.append((inp.name, "input", f"sequences={order!r}: expected 'NT' or 'TN'"))
+            self.problems.append((name, "input", f"sequences={order!r}: expected 'NT' or 'TN'"))
             return Unknown()
         if len(dims) < lead or any(d is None for d in dims[lead:]):
-            self.problems.append((inp.name, "input", f"dynamic axes after the batch{' and time' if order else ''} "
+            self.problems.append((name, "input", f"dynamic axes after the batch{' and time' if order else ''} "
                                                      f"in shape {['?' if d is None else d for d in dims]}"))
             return Unknown()
-        try:
-            value = self.net.input(inp.name, tuple(dims[lead:]), dtype=kind, sequence=bool(order))
-        except ValueError as e:  # an axis of size 0
-            self.problems.append((inp.name, "input", str(e)))
-            return Unknown()
         for label, size in zip(order or "N", dims):
-            if size is not None:
-                self.static.setdefault(label, size)
+            if size is not None and self.static.setdefault(label, size) != size:
+                self.problems.append((name, "input", f"its {'batch' if label == 'N' else 'time'} axis has size {size}; "
+                                                     f"an input before it has {self.static[label]} (lamina's inputs "
+                                                     f"share the batch{' and time' if label == 'T' else ''} axis)"))
+                return Unknown()
+        try:
+            value = self.net.input(name, tuple(dims[lead:]), dtype=kind, sequence=bool(order))
+        except ValueError as e:  # an axis of size 0
+            self.problems.append((name, "input", str(e)))
+            return Unknown()
         if order == "TN":
             value.onnx_axes = ("T", "N") + tuple(range(len(dims) - 2))
         return value
@@ -578,10 +591,12 @@ class Importer:
             self.problems.append((name, "input", f"an initial state {['?' if d is None else d for d in dims]} with a "
                                                  f"dynamic axis besides the batch"))
             return Unknown()
+        if dims[1] is not None and self.static.setdefault("N", dims[1]) != dims[1]:
+            self.problems.append((name, "input", f"its batch axis (the second of an initial state) has size {dims[1]}; "
+                                                 f"an input before it has {self.static['N']}"))
+            return Unknown()
         value = self.net.input(name, (dims[0], dims[2]))
         value.onnx_axes = (0, "N", 1)
-        if dims[1] is not None:
-            self.static.setdefault("N", dims[1])
         return value
 
     def _convert(self, node):

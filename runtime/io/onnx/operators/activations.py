@@ -8,6 +8,7 @@ import numpy as np
 from .... import layers as L
 from ....graph import Value
 from .. import shapes
+from . import conditions
 from ..registry import Refused, fixed_bias, assign, bias_of, const, converter, text, value
 
 
@@ -29,12 +30,16 @@ def dropout(imp, node, inputs, attrs):
 @converter("Cast", attributes={"to", "saturate", "round_mode"})
 def cast(imp, node, inputs, attrs):
     """A cast that keeps lamina's kind of value (integers to integers, floats to floats) is the
-    identity here: lamina holds ids as int32 and floats in the network's type."""
+    identity here: lamina holds ids as int32 and floats in the network's type. Masks (comparisons'
+    results) cast to numbers or bool as they are, and a float value to bool is x ≠ 0."""
     x = inputs[0]
     tp = imp.onnx.TensorProto
     ints = {tp.INT8, tp.INT16, tp.INT32, tp.INT64, tp.UINT8, tp.UINT16, tp.UINT32}
     floats = {tp.FLOAT, tp.DOUBLE, tp.FLOAT16}
     to = attrs["to"]
+    mask = conditions.cast_mask(imp, node, x, to)
+    if mask is not None:
+        return [mask]
     if (x.spec.kind == "int32" and to in ints) or (x.spec.kind == "float" and to in floats):
         return [x]
     raise Refused(f"a cast of {x.spec.kind} values to {tp.DataType.Name(to)} (lamina keeps ids and floats apart)")
