@@ -21,6 +21,7 @@ from .types import Feed, Feeds, Shape
 
 if TYPE_CHECKING:
     from .parameter import Parameter
+    from .sample_shapes import Specializations
 
 
 class Spec:
@@ -153,8 +154,11 @@ class Network:
         # inputs whose sample shape a batch sets: name -> {sample axis: its symbol}; such a
         # network runs each batch on a network made for the batch's shapes (lamina.sample_shapes)
         self.dynamic_axes: dict[str, dict[int, str]] = {}
-        self._specializations = None  # sample_shapes.Specializations, where dynamic_axes is set
-        self._forwarded = None  # the network the last forward ran on (backward continues there)
+        self._specializations: Optional[Specializations] = None  # where dynamic_axes is set
+        # the network made for other sample shapes that the last forward ran on (backward
+        # continues there); None: this one (no reference to itself, so a dropped network is
+        # freed without the cycle collector)
+        self._forwarded: Optional[Network] = None
         # `run` may be called from many threads at once (each run gets buffers of its own);
         # training, moves and type changes wait for the runs in flight and run alone
         self._lock = ReadWriteLock()
@@ -580,7 +584,8 @@ class Network:
         (valid until the next forward) for `outputs` (default: all). `grad_outputs` names
         outputs whose gradients the caller will pass to backward instead of starting from the
         costs."""
-        net = self._forwarded = self._for_feeds(feeds)
+        net = self._for_feeds(feeds)
+        self._forwarded = net if net is not self else None
         if net is not self:
             check_outputs(net, list(outputs or self.output_values) + list(grad_outputs), self)
             return net.forward(feeds, training, grad_outputs, outputs)
