@@ -82,9 +82,10 @@ __kernel void channel_bias_grad(ARG(const REAL, dy), ARG(REAL, db), const REAL b
     db[c] = WITH_BETA(db[c], acc, beta);
 }
 
-/* ---- pooling: planes [P, D, H, W] (N·C planes), window kernel (kd, kh, kw), stride, padding */
+/* ---- pooling: planes [P, D, H, W] (N·C planes), window kernel (kd, kh, kw), stride, padding,
+ * dilation (the step between a window's taps) */
 #define WINDOW const int kd, const int kh, const int kw, const int sd, const int sh, const int sw, \
-               const int pd, const int ph, const int pw
+               const int pd, const int ph, const int pw, const int dd, const int dh, const int dw
 
 /* one work-item per output element; argmax keeps the winner's flat position in its plane */
 /* argmax is written where keep_argmax is set (training); inference passes a null buffer */
@@ -99,13 +100,13 @@ __kernel void max_pool(ARG(const REAL, x), ARG(REAL, out), ARG(int, argmax), con
     int best_at = -1;
     REAL best = 0;
     for (int a = 0; a < kd; a++) {
-        const int i_d = od * sd - pd + a;
+        const int i_d = od * sd - pd + a * dd;
         if (i_d < 0 || i_d >= D) continue;
         for (int b = 0; b < kh; b++) {
-            const int i_h = oh * sh - ph + b;
+            const int i_h = oh * sh - ph + b * dh;
             if (i_h < 0 || i_h >= H) continue;
             for (int e = 0; e < kw; e++) {
-                const int i_w = ow * sw - pw + e;
+                const int i_w = ow * sw - pw + e * dw;
                 if (i_w < 0 || i_w >= W) continue;
                 const int at = (i_d * H + i_h) * W + i_w;
                 if (best_at < 0 || plane[at] > best) { best = plane[at]; best_at = at; }
@@ -119,29 +120,35 @@ __kernel void max_pool(ARG(const REAL, x), ARG(REAL, out), ARG(int, argmax), con
     }
 }
 
-/* the windows [o_lo, o_hi) along one axis whose taps cover input position i */
-inline void covering(const int i, const int k, const int s, const int p, const int n_out, int* lo, int* hi)
+/* the output window along one axis whose tap t covers input position i (o·s - p + t·d = i), or -1 */
+inline int covering(const int i, const int t, const int s, const int p, const int d, const int n_out)
 {
-    const int first = i + p - k + 1;  /* o·s >= i + p - k + 1 */
-    *lo = first <= 0 ? 0 : (first + s - 1) / s;
-    *hi = min(n_out, (i + p) / s + 1);
+    const int at = i + p - t * d;
+    return at >= 0 && at % s == 0 && at / s < n_out ? at / s : -1;
 }
 
-/* for input element i of the planes: its plane (returned), its position in the plane, and the
- * output windows [d0, d1) x [h0, h1) x [w0, w1) that cover it */
-inline int covering_windows(const int i, const int D, const int H, const int W, const int oD, const int oH,
-                            const int oW, WINDOW, int* at, int* d0, int* d1, int* h0, int* h1, int* w0, int* w1)
+/* the taps of one axis of the window at output position o that lie inside [0, n) */
+inline int taps_inside(const int o, const int k, const int s, const int p, const int d, const int n)
 {
-    *at = i % (D * H * W);
-    const int i_w = *at % W, i_h = (*at / W) % H, i_d = *at / (W * H);
-    covering(i_d, kd, sd, pd, oD, d0, d1);
-    covering(i_h, kh, sh, ph, oH, h0, h1);
-    covering(i_w, kw, sw, pw, oW, w0, w1);
-    return i / (D * H * W);
+    int count = 0;
+    for (int t = 0; t < k; t++) {
+        const int i = o * s - p + t * d;
+        count += i >= 0 && i < n;
+    }
+    return count;
+}
+
+inline int window_count(const int od, const int oh, const int ow, const int D, const int H, const int W, WINDOW,
+                        const int count_include_pad)
+{
+    if (count_include_pad) return kd * kh * kw;
+    return taps_inside(od, kd, sd, pd, dd, D) * taps_inside(oh, kh, sh, ph, dh, H) *
+           taps_inside(ow, kw, sw, pw, dw, W);
 }
 
 /* dx = Σ over the windows whose winner is this element of dy (with beta): one work-item per
- * input element, gathering, so overlapping windows never race */
+ * input element, gathering over the windows whose taps cover it, so overlapping windows never
+ * race */
 __kernel void max_pool_backward(ARG(const REAL, dy), ARG(const int, argmax), ARG(REAL, dx), const REAL beta,
                                 const int P, const int D, const int H, const int W, const int oD, const int oH,
                                 const int oW, WINDOW)
@@ -149,28 +156,24 @@ __kernel void max_pool_backward(ARG(const REAL, dy), ARG(const int, argmax), ARG
     AT(const REAL, dy); AT(const int, argmax); AT(REAL, dx);
     const int i = get_global_id(0);
     if (i >= P * D * H * W) return;
-    int at, d0, d1, h0, h1, w0, w1;
-    const int q = covering_windows(i, D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, pd, ph, pw, &at,
-                                   &d0, &d1, &h0, &h1, &w0, &w1);
+    const int at = i % (D * H * W), q = i / (D * H * W);
+    const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
     REAL acc = 0;
-    for (int od = d0; od < d1; od++)
-        for (int oh = h0; oh < h1; oh++)
-            for (int ow = w0; ow < w1; ow++) {
+    for (int a = 0; a < kd; a++) {
+        const int od = covering(i_d, a, sd, pd, dd, oD);
+        if (od < 0) continue;
+        for (int b = 0; b < kh; b++) {
+            const int oh = covering(i_h, b, sh, ph, dh, oH);
+            if (oh < 0) continue;
+            for (int e = 0; e < kw; e++) {
+                const int ow = covering(i_w, e, sw, pw, dw, oW);
+                if (ow < 0) continue;
                 const int o = ((q * oD + od) * oH + oh) * oW + ow;
                 if (argmax[o] == at) acc += dy[o];
             }
+        }
+    }
     dx[i] = WITH_BETA(dx[i], acc, beta);
-}
-
-inline int window_count(const int od, const int oh, const int ow, const int D, const int H, const int W,
-                        const int kd, const int kh, const int kw, const int sd, const int sh, const int sw,
-                        const int pd, const int ph, const int pw, const int count_include_pad)
-{
-    if (count_include_pad) return kd * kh * kw;
-    const int d = min(od * sd - pd + kd, D) - max(od * sd - pd, 0);
-    const int h = min(oh * sh - ph + kh, H) - max(oh * sh - ph, 0);
-    const int w = min(ow * sw - pw + kw, W) - max(ow * sw - pw, 0);
-    return d * h * w;
 }
 
 __kernel void avg_pool(ARG(const REAL, x), ARG(REAL, out), const int P, const int D, const int H, const int W,
@@ -183,18 +186,19 @@ __kernel void avg_pool(ARG(const REAL, x), ARG(REAL, out), const int P, const in
     __global const REAL* plane = x + q * D * H * W;
     REAL acc = 0;
     for (int a = 0; a < kd; a++) {
-        const int i_d = od * sd - pd + a;
+        const int i_d = od * sd - pd + a * dd;
         if (i_d < 0 || i_d >= D) continue;
         for (int b = 0; b < kh; b++) {
-            const int i_h = oh * sh - ph + b;
+            const int i_h = oh * sh - ph + b * dh;
             if (i_h < 0 || i_h >= H) continue;
             for (int e = 0; e < kw; e++) {
-                const int i_w = ow * sw - pw + e;
+                const int i_w = ow * sw - pw + e * dw;
                 if (i_w >= 0 && i_w < W) acc += plane[(i_d * H + i_h) * W + i_w];
             }
         }
     }
-    out[i] = acc / window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, count_include_pad);
+    out[i] = acc / window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw,
+                                count_include_pad);
 }
 
 __kernel void avg_pool_backward(ARG(const REAL, dy), ARG(REAL, dx), const REAL beta, const int P, const int D,
@@ -204,15 +208,24 @@ __kernel void avg_pool_backward(ARG(const REAL, dy), ARG(REAL, dx), const REAL b
     AT(const REAL, dy); AT(REAL, dx);
     const int i = get_global_id(0);
     if (i >= P * D * H * W) return;
-    int at, d0, d1, h0, h1, w0, w1;
-    const int q = covering_windows(i, D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, pd, ph, pw, &at,
-                                   &d0, &d1, &h0, &h1, &w0, &w1);
+    const int at = i % (D * H * W), q = i / (D * H * W);
+    const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
     REAL acc = 0;
-    for (int od = d0; od < d1; od++)
-        for (int oh = h0; oh < h1; oh++)
-            for (int ow = w0; ow < w1; ow++)
+    for (int a = 0; a < kd; a++) {
+        const int od = covering(i_d, a, sd, pd, dd, oD);
+        if (od < 0) continue;
+        for (int b = 0; b < kh; b++) {
+            const int oh = covering(i_h, b, sh, ph, dh, oH);
+            if (oh < 0) continue;
+            for (int e = 0; e < kw; e++) {
+                const int ow = covering(i_w, e, sw, pw, dw, oW);
+                if (ow < 0) continue;
                 acc += dy[((q * oD + od) * oH + oh) * oW + ow] /
-                       window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, count_include_pad);
+                       window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw,
+                                    count_include_pad);
+            }
+        }
+    }
     dx[i] = WITH_BETA(dx[i], acc, beta);
 }
 

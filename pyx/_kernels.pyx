@@ -2133,10 +2133,18 @@ cdef extern from "pools.h" nogil:
                            const long* geo)
 
 
+def _check_pool_windows(str where, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t oD, Py_ssize_t oH,
+                        Py_ssize_t oW, int kd, int kh, int kw, int sd, int sh, int sw, int dd, int dh, int dw):
+    """Kernel sizes, strides and dilations of at least 1, and sizes of at least 1."""
+    if min(kd, kh, kw, sd, sh, sw, dd, dh, dw) < 1 or min(D, H, W, oD, oH, oW) < 1:
+        raise ValueError(f"{where}: kernel ({kd}, {kh}, {kw}), stride ({sd}, {sh}, {sw}) and dilation ({dd}, {dh}, "
+                         f"{dw}) must be at least 1, and the input {D}x{H}x{W} and output {oD}x{oH}x{oW} not empty")
+
+
 def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
-             int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw):
-    """out = the maximum over each window (padding never wins); argmax keeps its flat position
-    in the plane for backward (None: not kept, for inference)."""
+             int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw, int dd, int dh, int dw):
+    """out = the maximum over each window (padding never wins; taps dd, dh, dw apart); argmax
+    keeps its flat position in the plane for backward (None: not kept, for inference)."""
     cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
     cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, best_at, o
@@ -2144,8 +2152,9 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
     cdef bint keep = argmax is not None
     # without padding before, and with the last window ending inside (no padding after, no
     # ceil mode), every window lies inside the volume: plain pointer arithmetic, no bounds
-    cdef bint inside = (pd == 0 and ph == 0 and pw == 0 and (oD - 1) * sd + kd <= D and (oH - 1) * sh + kh <= H
-                        and (oW - 1) * sw + kw <= W)
+    _check_pool_windows("max_pool", D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, dd, dh, dw)
+    cdef bint inside = (pd == 0 and ph == 0 and pw == 0 and dd == 1 and dh == 1 and dw == 1
+                        and (oD - 1) * sd + kd <= D and (oH - 1) * sh + kh <= H and (oW - 1) * sw + kw <= W)
     cdef long geo[6]
     geo[:] = [kd, kh, kw, sd, sh, sw]
     if inside:  # pools.h, tap by tap over output rows
@@ -2165,15 +2174,15 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
                     best_at = -1
                     best = 0
                     for a in range(kd):
-                        i_d = od * sd - pd + a
+                        i_d = od * sd - pd + a * dd
                         if i_d < 0 or i_d >= D:
                             continue
                         for b in range(kh):
-                            i_h = oh * sh - ph + b
+                            i_h = oh * sh - ph + b * dh
                             if i_h < 0 or i_h >= H:
                                 continue
                             for e in range(kw):
-                                i_w = ow * sw - pw + e
+                                i_w = ow * sw - pw + e * dw
                                 if i_w < 0 or i_w >= W:
                                     continue
                                 if best_at < 0 or x[q, i_d, i_h, i_w] > best:
@@ -2202,12 +2211,14 @@ def max_pool_backward(real[:, :, :, ::1] dy, int[:, ::1] argmax, real[:, ::1] dx
 
 
 def avg_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int kd, int kh, int kw, int sd, int sh, int sw,
-             int pd, int ph, int pw, bint count_include_pad):
-    """out = the mean over each window; the divisor counts padded positions or not."""
+             int pd, int ph, int pw, int dd, int dh, int dw, bint count_include_pad):
+    """out = the mean over each window (taps dd, dh, dw apart); the divisor counts padded
+    positions or not."""
     cdef Py_ssize_t P = x.shape[0], D = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t oD = out.shape[1], oH = out.shape[2], oW = out.shape[3]
     cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, n
     cdef double acc
+    _check_pool_windows("avg_pool", D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, dd, dh, dw)
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
         for od in range(oD):
             for oh in range(oH):
@@ -2215,11 +2226,11 @@ def avg_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int kd, int kh, int k
                     acc = 0
                     n = 0
                     for a in range(kd):
-                        i_d = od * sd - pd + a
+                        i_d = od * sd - pd + a * dd
                         for b in range(kh):
-                            i_h = oh * sh - ph + b
+                            i_h = oh * sh - ph + b * dh
                             for e in range(kw):
-                                i_w = ow * sw - pw + e
+                                i_w = ow * sw - pw + e * dw
                                 if 0 <= i_d < D and 0 <= i_h < H and 0 <= i_w < W:
                                     acc = acc + x[q, i_d, i_h, i_w]
                                     n = n + 1
@@ -2227,12 +2238,14 @@ def avg_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int kd, int kh, int k
 
 
 def avg_pool_backward(real[:, :, :, ::1] dy, real[:, :, :, ::1] dx, int kd, int kh, int kw,
-                      int sd, int sh, int sw, int pd, int ph, int pw, bint count_include_pad, double beta):
+                      int sd, int sh, int sw, int pd, int ph, int pw, int dd, int dh, int dw, bint count_include_pad,
+                      double beta):
     """dx = each window's dy spread evenly over the window (with beta: 0 clears dx first)."""
     cdef Py_ssize_t P = dx.shape[0], D = dx.shape[1], H = dx.shape[2], W = dx.shape[3]
     cdef Py_ssize_t oD = dy.shape[1], oH = dy.shape[2], oW = dy.shape[3]
     cdef Py_ssize_t q, od, oh, ow, a, b, e, i_d, i_h, i_w, n
     cdef double share
+    _check_pool_windows("avg_pool_backward", D, H, W, oD, oH, oW, kd, kh, kw, sd, sh, sw, dd, dh, dw)
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
         for i_d in range(D):
             for i_h in range(H):
@@ -2248,16 +2261,16 @@ def avg_pool_backward(real[:, :, :, ::1] dy, real[:, :, :, ::1] dx, int kd, int 
                         for a in range(kd):
                             for b in range(kh):
                                 for e in range(kw):
-                                    if (0 <= od * sd - pd + a < D and 0 <= oh * sh - ph + b < H
-                                            and 0 <= ow * sw - pw + e < W):
+                                    if (0 <= od * sd - pd + a * dd < D and 0 <= oh * sh - ph + b * dh < H
+                                            and 0 <= ow * sw - pw + e * dw < W):
                                         n = n + 1
                     share = dy[q, od, oh, ow] / n
                     for a in range(kd):
-                        i_d = od * sd - pd + a
+                        i_d = od * sd - pd + a * dd
                         for b in range(kh):
-                            i_h = oh * sh - ph + b
+                            i_h = oh * sh - ph + b * dh
                             for e in range(kw):
-                                i_w = ow * sw - pw + e
+                                i_w = ow * sw - pw + e * dw
                                 if 0 <= i_d < D and 0 <= i_h < H and 0 <= i_w < W:
                                     dx[q, i_d, i_h, i_w] += <real>share
 

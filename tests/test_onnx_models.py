@@ -241,6 +241,18 @@ class LanguageModel(nn.Module):
         return self.fc(self.lstm(self.emb(ids))[0])
 
 
+class DilatedPooling(nn.Module):
+    """Max pooling over dilated windows (taps two apart) between convolutions, as context
+    modules of segmentation networks do."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.pool, self.head = nn.Conv2d(3, 6, 3, padding=1), nn.MaxPool2d(3, 1, 1, dilation=2), nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        return self.head(self.pool(F.relu(self.conv(x))))
+
+
 def _images(n):
     return torch.randn(n, 3, 32, 32)
 
@@ -262,6 +274,7 @@ MODELS = {
     "diffusion_block": (DiffusionBlock, lambda n: torch.randn(n, 3, 8, 8), 0),
     "style_transfer_1d": (StyleTransfer1d, lambda n: torch.randn(n, 4, 12), 0),
     "global_max": (GlobalMaxPooled, lambda n: torch.randn(n, 3, 9, 9), 0),
+    "dilated_pool": (DilatedPooling, lambda n: torch.randn(n, 3, 12, 11), 0),
 }
 
 

@@ -743,6 +743,11 @@ def test_shipped_denoiser_runs_on_the_device(cl):
     ("MaxPool2d", dict(kernel_size=3, stride=2)), ("AvgPool2d", dict(kernel_size=2, padding=1)),
     ("MaxPool3d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 1), (1, 1)), ceil_mode=True)),
     ("AvgPool2d", dict(kernel_size=3, stride=2, padding=((1, 0), (0, 1)), ceil_mode=True, count_include_pad=False)),
+    # dilated windows: the backward gathers over the taps that cover each input
+    ("MaxPool3d", dict(kernel_size=2, stride=1, padding=1, dilation=(1, 2, 3))),
+    ("MaxPool2d", dict(kernel_size=3, stride=2, padding=1, dilation=2)),
+    ("AvgPool2d", dict(kernel_size=(2, 3), stride=(2, 1), padding=(1, 2), dilation=(3, 2), count_include_pad=False)),
+    ("AvgPool3d", dict(kernel_size=2, stride=1, dilation=2)),
 ])
 def test_pooling_agrees_with_the_cpu(cl, kind, options):
     nd = 3 if kind.endswith("3d") else 2

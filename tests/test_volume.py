@@ -28,6 +28,12 @@ POOLS = [
     (MaxPool2d, (3, 5, 37), dict(kernel_size=2)),
     (MaxPool3d, (2, 3, 4, 19), dict(kernel_size=(1, 2, 2))),
     (MaxPool3d, (2, 5, 5, 9), dict(kernel_size=(2, 3, 2), stride=(1, 2, 1))),
+    # dilated windows (taps dilation apart; padding up to half the dilated span)
+    (MaxPool2d, (3, 9, 10), dict(kernel_size=3, stride=1, padding=1, dilation=2)),
+    (MaxPool3d, (2, 5, 7, 8), dict(kernel_size=2, stride=(1, 2, 1), padding=(0, 1, 1), dilation=(2, 3, 2))),
+    (MaxPool2d, (2, 9, 8), dict(kernel_size=2, stride=2, dilation=3, ceil_mode=True)),
+    (AvgPool2d, (3, 9, 10), dict(kernel_size=3, stride=2, padding=2, dilation=2, count_include_pad=False)),
+    (AvgPool3d, (2, 5, 7, 8), dict(kernel_size=(2, 2, 3), stride=1, dilation=(2, 3, 2))),
 ]
 POOL_IDS = [f"{p[0].__name__}-{i}" for i, p in enumerate(POOLS)]
 
@@ -149,8 +155,23 @@ def test_pool_matches_pytorch(case):
         # in an average with count_include_pad, the default)
         sides = [side for pair in reversed(kw.pop("padding")) for side in pair]
         tx = torch.nn.functional.pad(tx, sides, value=-np.inf if "Max" in layer_type.__name__ else 0.0)
+    if "Avg" in layer_type.__name__ and "dilation" in kw:
+        pytest.skip("PyTorch's average pools have no dilation (ONNX's AveragePool has, in the conformance cases)")
     tlayer = getattr(torch.nn, layer_type.__name__)(**kw)
     np.testing.assert_allclose(net.run({"x": X})["y"], tlayer(tx).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_dilated_pools_round_trip_through_model_files_and_refuse_bad_settings(tmp_path):
+    net = lm.Network()
+    x = net.input("x", (2, 9, 9))
+    net.outputs(y=MaxPool2d(3, 1, 2, dilation=2)(x))
+    lm.save(net, tmp_path / "m.lamina")
+    X = np.random.default_rng(6).standard_normal((1, 2, 9, 9)).astype(np.float32)
+    np.testing.assert_array_equal(lm.load(tmp_path / "m.lamina").run({"x": X})["y"], net.run({"x": X})["y"])
+    with pytest.raises(ValueError, match="dilation must be at least 1"):
+        MaxPool2d(2, dilation=0)
+    with pytest.raises(ValueError, match=r"at most half the kernel size \(its span, dilated\)"):
+        MaxPool2d(3, padding=3, dilation=2)
 
 
 def test_batch_norm_parameters_are_saved_and_running_stats_never_trained(tmp_path):

@@ -453,7 +453,8 @@ class Backend(ABC):
     def channel_bias_grad(self, dy, db, beta=0.0):
         """db[c] = sum over n and space of dy[n, c, ...] (with beta)."""
 
-    # -- pooling: x [N, C, *spatial]; window = (kernel, stride, padding), 3-tuples over D, H, W
+    # -- pooling: x [N, C, *spatial]; window = (kernel, stride, padding[, dilation]), 3-tuples
+    # over D, H, W (window_parts reads one)
     @abstractmethod
     def max_pool(self, x, out, argmax, window):
         """out = window maxima; argmax [N·C, out positions] = flat winning position (int32), or
@@ -708,3 +709,10 @@ class Snapshot:
 
 # the kernels every backend implements; everything else in Backend is composed from them
 CORE_KERNELS = frozenset(Backend.__abstractmethods__)
+
+
+def window_parts(window):
+    """(kernel, stride, padding, dilation) of a pooling window: 3-tuples over D, H, W, the
+    dilation (the step between a window's taps) 1 where the window does not give one."""
+    kernel, stride, padding, *rest = window
+    return kernel, stride, padding, (rest[0] if rest else (1, 1, 1))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import OpenCLError
 from . import opencl_plan, stepwise
-from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation
+from .base import ACTIVATIONS, POOL_MODES, Backend, check_activation, window_parts
 from .checks import select_sizes
 from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                      check_selection, gemm_sizes)
@@ -508,7 +508,7 @@ class OpenCLBackend(Backend):
 
     @staticmethod
     def _window_args(window):
-        return [np.int32(v) for part in window for v in part]
+        return [np.int32(v) for part in window_parts(window) for v in part]
 
     def max_pool(self, x, out, argmax, window):
         P, D, H, W = self._plane_shape(x)

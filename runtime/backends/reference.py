@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .base import Backend, HostStatistics, Snapshot, check_activation
+from .base import Backend, HostStatistics, Snapshot, check_activation, window_parts
 from ..precision import check_precision, quantize_rows, round_bfloat16
 from .checks import select_on_host
 from .checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
@@ -434,12 +434,12 @@ class ReferenceBackend(HostStatistics, Backend):
     @staticmethod
     def _pool_windows(x_shape, out_shape, window):
         import itertools
-        kernel, stride, padding = window
+        kernel, stride, padding, dilation = window_parts(window)
         spatial = (1,) * (5 - len(x_shape)) + tuple(x_shape[2:])
         grid = (1,) * (5 - len(out_shape)) + tuple(out_shape[2:])
         for pos in itertools.product(*(range(g) for g in grid)):
-            cells = [idx for idx in itertools.product(*(range(o * s - p, o * s - p + k) for o, s, p, k in
-                                                         zip(pos, stride, padding, kernel)))
+            cells = [idx for idx in itertools.product(*(range(o * s - p, o * s - p + (k - 1) * d + 1, d) for o, s, p, k, d
+                                                         in zip(pos, stride, padding, kernel, dilation)))
                      if all(0 <= i < n for i, n in zip(idx, spatial))]
             yield pos, cells, int(np.prod(kernel))
 

@@ -15,23 +15,32 @@ from ..types import Size
 class _Pool(Layer):
     """padding: an int, one per axis, or (before, after) pairs; ceil_mode: windows that start
     inside the input (or the padding before it) but end past the padding after it still count,
-    as PyTorch's and ONNX's ceil_mode (the output size rounds up)."""
+    as PyTorch's and ONNX's ceil_mode (the output size rounds up); dilation: the step between a
+    window's taps (a window spans (kernel_size - 1) · dilation + 1 positions)."""
 
     nd = 3
 
     def __init__(self, kernel_size: Size, stride: Optional[Size] = None, padding: Size = 0,
-                 ceil_mode: bool = False, name: Optional[str] = None) -> None:
+                 ceil_mode: bool = False, name: Optional[str] = None, dilation: Size = 1) -> None:
         super().__init__(name)
         where = type(self).__name__
         self.kernel_size = int_tuple(kernel_size, self.nd, f"{where}: kernel_size")
         self.stride = int_tuple(stride if stride is not None else kernel_size, self.nd, f"{where}: stride")
+        self.dilation = int_tuple(dilation, self.nd, f"{where}: dilation")
         self.padding, self.padding_end = padding_pairs(padding, self.nd, f"{where}: padding")
         self.ceil_mode = bool(ceil_mode)
-        if min(self.kernel_size + self.stride) < 1 or min(self.padding + self.padding_end) < 0:
-            raise ValueError(f"{where}: kernel_size and stride must be at least 1, padding at least 0")
-        if any(2 * p > k for p, k in zip(self.padding + self.padding_end, self.kernel_size * 2)):
-            raise ValueError(f"{where}: padding must be at most half the kernel size, found padding "
-                             f"{self._padding_config()} for kernel {self.kernel_size}")
+        if min(self.kernel_size + self.stride + self.dilation) < 1 or min(self.padding + self.padding_end) < 0:
+            raise ValueError(f"{where}: kernel_size, stride and dilation must be at least 1, padding at least 0")
+        if any(2 * p > k for p, k in zip(self.padding + self.padding_end, self.span * 2)):
+            raise ValueError(f"{where}: padding must be at most half the kernel size"
+                             f"{' (its span, dilated)' if max(self.dilation) > 1 else ''}, found padding "
+                             f"{self._padding_config()} for kernel {self.kernel_size}"
+                             f"{f' dilated {self.dilation}' if max(self.dilation) > 1 else ''}")
+
+    @property
+    def span(self):
+        """The positions a window spans along each axis: (kernel_size - 1) · dilation + 1."""
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation))
 
     def _padding_config(self):
         if self.padding == self.padding_end:
@@ -42,6 +51,8 @@ class _Pool(Layer):
         cfg = {"kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": self._padding_config()}
         if self.ceil_mode:
             cfg["ceil_mode"] = True
+        if max(self.dilation) > 1:
+            cfg["dilation"] = list(self.dilation)
         return cfg
 
     def _out_size(self, n, k, s, p, q):
@@ -54,14 +65,15 @@ class _Pool(Layer):
     def output_spec(self, specs):
         x = require_volume(specs[0], self.nd)
         out = tuple(self._out_size(n, k, s, p, q) for n, k, s, p, q in
-                    zip(x.shape[1:], self.kernel_size, self.stride, self.padding, self.padding_end))
+                    zip(x.shape[1:], self.span, self.stride, self.padding, self.padding_end))
         if min(out) < 1:
             raise ValueError(f"the output would be empty: input size {x.shape[1:]} with kernel {self.kernel_size}")
         return Spec((x.shape[0],) + out)
 
     def _window(self):
         one, zero = (1,) * (3 - self.nd), (0,) * (3 - self.nd)
-        return one + self.kernel_size, one + self.stride, zero + self.padding
+        window = one + self.kernel_size, one + self.stride, zero + self.padding
+        return window + (one + self.dilation,) if max(self.dilation) > 1 else window
 
 
 class _MaxPool(_Pool):
@@ -76,7 +88,7 @@ class _MaxPool(_Pool):
         ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx) if ctx.training else None, self._window())
 
     def as_max_pool(self):
-        return self._window()
+        return self._window() if max(self.dilation) == 1 else None  # (a convolution pools undilated windows)
 
     def backward(self, ctx):
         dx = ctx.input_grad(0)
@@ -88,8 +100,9 @@ class _AvgPool(_Pool):
     """y = the mean of each window; count_include_pad says whether padded positions count."""
 
     def __init__(self, kernel_size: Size, stride: Optional[Size] = None, padding: Size = 0,
-                 count_include_pad: bool = True, ceil_mode: bool = False, name: Optional[str] = None) -> None:
-        super().__init__(kernel_size, stride, padding, ceil_mode, name)
+                 count_include_pad: bool = True, ceil_mode: bool = False, name: Optional[str] = None,
+                 dilation: Size = 1) -> None:
+        super().__init__(kernel_size, stride, padding, ceil_mode, name, dilation)
         self.count_include_pad = bool(count_include_pad)
 
     def config(self):
@@ -99,7 +112,7 @@ class _AvgPool(_Pool):
         out = super().output_spec(specs)
         if self.count_include_pad:
             # the kernels divide by the whole window: every window must end within the padding
-            for n, o, k, s, p, q in zip(specs[0].shape[1:], out.shape[1:], self.kernel_size, self.stride,
+            for n, o, k, s, p, q in zip(specs[0].shape[1:], out.shape[1:], self.span, self.stride,
                                         self.padding, self.padding_end):
                 if (o - 1) * s + k > n + p + q:
                     raise ValueError(f"{type(self).__name__}: with count_include_pad, ceil_mode's last window "

@@ -8,7 +8,7 @@ import numpy as np
 
 from .compiled import _kernels as K
 from .compiled import _selective
-from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation
+from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation, window_parts
 from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
 from ..checks import select_on_host
 from ..checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
@@ -740,7 +740,7 @@ class CPUBackend(HostStatistics, Backend):
         if argmax is not None:
             check_array("max_pool", "argmax", argmax, dtype=np.int32,
                         shape=(out.shape[0] * out.shape[1], int(np.prod(out.shape[2:]))))
-        K.max_pool(self._planes(x), self._planes(out), argmax, *window[0], *window[1], *window[2])
+        K.max_pool(self._planes(x), self._planes(out), argmax, *(v for part in window_parts(window) for v in part))
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
         _float("max_pool_backward", "dy", dy)
@@ -755,12 +755,13 @@ class CPUBackend(HostStatistics, Backend):
     def avg_pool(self, x, out, window, count_include_pad=True):
         _float("avg_pool", "x", x)
         check_array("avg_pool", "out", out, dtype=x.dtype, ndim=x.ndim)
-        K.avg_pool(self._planes(x), self._planes(out), *window[0], *window[1], *window[2], count_include_pad)
+        K.avg_pool(self._planes(x), self._planes(out), *(v for part in window_parts(window) for v in part),
+                   count_include_pad)
 
     def avg_pool_backward(self, dy, dx, window, count_include_pad=True, beta=0.0):
         _float("avg_pool_backward", "dy", dy)
         check_array("avg_pool_backward", "dx", dx, dtype=dy.dtype, ndim=dy.ndim)
-        K.avg_pool_backward(self._planes(dy), self._planes(dx), *window[0], *window[1], *window[2],
+        K.avg_pool_backward(self._planes(dy), self._planes(dx), *(v for part in window_parts(window) for v in part),
                             count_include_pad, beta)
 
     # -- batch normalisation: x [N, C, *spatial]; statistics are float64 arrays of C values

@@ -321,6 +321,10 @@ def conv(g, layer, ins, specs, node):
 def pool(g, layer, ins, specs, node):
     attrs = dict(kernel_shape=list(layer.kernel_size), strides=list(layer.stride),
                  pads=list(layer.padding) + list(layer.padding_end), ceil_mode=int(layer.ceil_mode))
+    if max(layer.dilation) > 1:
+        attrs["dilations"] = list(layer.dilation)
+        if layer.kind.startswith("avg"):
+            g.opset = max(g.opset, 19)  # AveragePool's dilations came with opset 19
     if layer.kind.startswith("avg"):
         return g.node("AveragePool", ins, name=node.name, count_include_pad=int(layer.count_include_pad), **attrs)
     return g.node("MaxPool", ins, name=node.name, **attrs)

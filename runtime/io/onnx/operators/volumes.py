@@ -261,15 +261,16 @@ def conv_transpose(imp, node, inputs, attrs):
 
 
 def _pool_window(imp, node, x, attrs, nd):
-    """kernel, stride, (before, after) padding pairs and ceil_mode of a pool node."""
+    """kernel, stride, (before, after) padding pairs, ceil_mode and dilation of a pool node."""
     kernel = tuple(attrs["kernel_shape"])
     stride = tuple(attrs.get("strides", [1] * nd))
-    if any(d != 1 for d in attrs.get("dilations", [1] * nd)):
-        raise Refused(f"dilations {attrs['dilations']} (lamina's pools have none)")
-    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, (1,) * nd, asymmetric=True)
-    if any(2 * p > k for pair, k in zip(padding, kernel) for p in pair):
-        raise Refused(f"padding {[list(p) for p in padding]} more than half the kernel {list(kernel)}")
-    return kernel, stride, padding, bool(attrs.get("ceil_mode", 0))
+    dilation = tuple(attrs.get("dilations", [1] * nd))
+    padding = _pads(attrs, nd, x.spec.shape[1:], kernel, stride, dilation, asymmetric=True)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
+    if any(2 * p > k for pair, k in zip(padding, span) for p in pair):
+        raise Refused(f"padding {[list(p) for p in padding]} more than half the kernel {list(kernel)}"
+                      f"{f' dilated {list(dilation)}' if max(dilation, default=1) > 1 else ''}")
+    return kernel, stride, padding, bool(attrs.get("ceil_mode", 0)), dilation
 
 
 def _pool(imp, node, x, layer_type, *args, **kw):
@@ -288,8 +289,9 @@ def max_pool(imp, node, inputs, attrs):
     nd = _spatial(imp, x, "X")
     if len(node.output) > 1 and node.output[1]:
         raise Refused("the Indices output")
-    kernel, stride, padding, ceil_mode = _pool_window(imp, node, x, attrs, nd)
-    return [_pool(imp, node, x, L.MaxPool2d if nd == 2 else L.MaxPool3d, kernel, stride, padding, ceil_mode)]
+    kernel, stride, padding, ceil_mode, dilation = _pool_window(imp, node, x, attrs, nd)
+    return [_pool(imp, node, x, L.MaxPool2d if nd == 2 else L.MaxPool3d, kernel, stride, padding, ceil_mode,
+                  dilation=dilation)]
 
 
 @converter("AveragePool", attributes={"auto_pad", "ceil_mode", "count_include_pad", "dilations",
@@ -298,9 +300,9 @@ def max_pool(imp, node, inputs, attrs):
 def average_pool(imp, node, inputs, attrs):
     x = value(inputs[0], "X")
     nd = _spatial(imp, x, "X")
-    kernel, stride, padding, ceil_mode = _pool_window(imp, node, x, attrs, nd)
+    kernel, stride, padding, ceil_mode, dilation = _pool_window(imp, node, x, attrs, nd)
     return [_pool(imp, node, x, L.AvgPool2d if nd == 2 else L.AvgPool3d, kernel, stride, padding,
-                  count_include_pad=bool(attrs.get("count_include_pad", 0)), ceil_mode=ceil_mode)]
+                  count_include_pad=bool(attrs.get("count_include_pad", 0)), ceil_mode=ceil_mode, dilation=dilation)]
 
 
 @converter("GlobalAveragePool", "GlobalMaxPool")
