@@ -138,6 +138,22 @@ inline int taps_inside(const int o, const int k, const int s, const int p, const
     return count;
 }
 
+/* body, for each output window (od, oh, ow) one of whose taps is the input (i_d, i_h, i_w) */
+#define FOR_COVERING_WINDOWS(body)                                                                  \
+    for (int a = 0; a < kd; a++) {                                                                  \
+        const int od = covering(i_d, a, sd, pd, dd, oD);                                            \
+        if (od < 0) continue;                                                                       \
+        for (int b = 0; b < kh; b++) {                                                              \
+            const int oh = covering(i_h, b, sh, ph, dh, oH);                                        \
+            if (oh < 0) continue;                                                                   \
+            for (int e = 0; e < kw; e++) {                                                          \
+                const int ow = covering(i_w, e, sw, pw, dw, oW);                                    \
+                if (ow < 0) continue;                                                               \
+                body                                                                                \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
 inline int window_count(const int od, const int oh, const int ow, const int D, const int H, const int W, WINDOW,
                         const int count_include_pad)
 {
@@ -159,20 +175,10 @@ __kernel void max_pool_backward(ARG(const REAL, dy), ARG(const int, argmax), ARG
     const int at = i % (D * H * W), q = i / (D * H * W);
     const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
     REAL acc = 0;
-    for (int a = 0; a < kd; a++) {
-        const int od = covering(i_d, a, sd, pd, dd, oD);
-        if (od < 0) continue;
-        for (int b = 0; b < kh; b++) {
-            const int oh = covering(i_h, b, sh, ph, dh, oH);
-            if (oh < 0) continue;
-            for (int e = 0; e < kw; e++) {
-                const int ow = covering(i_w, e, sw, pw, dw, oW);
-                if (ow < 0) continue;
-                const int o = ((q * oD + od) * oH + oh) * oW + ow;
-                if (argmax[o] == at) acc += dy[o];
-            }
-        }
-    }
+    FOR_COVERING_WINDOWS({
+        const int o = ((q * oD + od) * oH + oh) * oW + ow;
+        if (argmax[o] == at) acc += dy[o];
+    })
     dx[i] = WITH_BETA(dx[i], acc, beta);
 }
 
@@ -211,21 +217,10 @@ __kernel void avg_pool_backward(ARG(const REAL, dy), ARG(REAL, dx), const REAL b
     const int at = i % (D * H * W), q = i / (D * H * W);
     const int i_w = at % W, i_h = (at / W) % H, i_d = at / (W * H);
     REAL acc = 0;
-    for (int a = 0; a < kd; a++) {
-        const int od = covering(i_d, a, sd, pd, dd, oD);
-        if (od < 0) continue;
-        for (int b = 0; b < kh; b++) {
-            const int oh = covering(i_h, b, sh, ph, dh, oH);
-            if (oh < 0) continue;
-            for (int e = 0; e < kw; e++) {
-                const int ow = covering(i_w, e, sw, pw, dw, oW);
-                if (ow < 0) continue;
-                acc += dy[((q * oD + od) * oH + oh) * oW + ow] /
-                       window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw,
-                                    count_include_pad);
-            }
-        }
-    }
+    FOR_COVERING_WINDOWS({
+        acc += dy[((q * oD + od) * oH + oh) * oW + ow] /
+               window_count(od, oh, ow, D, H, W, kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw, count_include_pad);
+    })
     dx[i] = WITH_BETA(dx[i], acc, beta);
 }
 
