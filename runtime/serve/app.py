@@ -114,6 +114,7 @@ class InferenceService:
             if self.stopping:
                 raise ProtocolError("the server is shutting down", 503)
             payload, arrays, outputs, binary, classes = await decode(model)
+            await model.prepare(arrays)
             pending = model.submit(arrays, outputs, binary or set(), payload.get("id"), classes)
             left = self.timeout - (time.perf_counter() - started)
             hang_up = asyncio.ensure_future(gone()) if gone is not None else None

@@ -137,12 +137,7 @@ class ServedModel:
             raise ProtocolError(f"missing input '{missing[0]}' (needed for output(s) {', '.join(outputs)})")
         if len(self._waiting) >= self.max_queue:
             raise ProtocolError(f"model '{self.name}' has {self.queued} requests queued, its limit", 503)
-        # the network for these sample shapes (one made for them where an input's axes are dynamic)
-        try:
-            net = self.net.for_sample_shapes({k: arrays[k].shape[1:] for k in self.net.dynamic_axes if k in arrays
-                                              and not self.net.values[k].spec.sequence})
-        except (InputError, GraphError) as e:  # a size the network's layers cannot take
-            raise ProtocolError(str(e), 400) from None
+        net = self._network_for(arrays)
         counts = {k: v.shape[0] for k, v in arrays.items() if not self.net.values[k].spec.sequence}
         if len(set(counts.values())) > 1:
             raise ProtocolError(f"the inputs hold different numbers of rows: {counts}")
@@ -162,6 +157,22 @@ class ServedModel:
         self._waiting.append(pending)
         self._arrived.set()
         return pending
+
+    async def prepare(self, arrays):
+        """Make the network for a request's sample shapes (where an input's axes are dynamic) in
+        the model's thread before `submit`: an ONNX model's import at a new size takes a while,
+        and the event loop goes on serving meanwhile."""
+        if self.net.dynamic_axes:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._network_for, arrays)
+
+    def _network_for(self, arrays):
+        """The network for these sample shapes (the served one, or one made for them)."""
+        try:
+            return self.net.for_sample_shapes({k: arrays[k].shape[1:] for k in self.net.dynamic_axes
+                                               if isinstance(arrays.get(k), np.ndarray)
+                                               and not self.net.values[k].spec.sequence})
+        except (InputError, GraphError) as e:  # a size the network's layers cannot take
+            raise ProtocolError(str(e), 400) from None
 
     def abandon(self, pending):
         """The request's client is gone: it leaves the queue (a batch already running it
