@@ -525,6 +525,8 @@ class Importer:
         """{input: {sample axis: its symbol}} for the inputs with dynamic axes after the batch."""
         found = {}
         for inp, dims, symbols in self._graph_inputs():
+            if inp.name in self.state_inputs:
+                continue  # [D, N, H]: its batch is its second axis (a dynamic D or H is refused)
             order = self._order(inp.name, dims)
             lead = 2 if order in ("NT", "TN") else 1
             if order in (None, "NT", "TN") and len(dims) > lead:
