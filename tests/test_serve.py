@@ -174,8 +174,9 @@ def infer_concurrently(server, requests, outputs, threads):
 def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
     """48 requests of 10..200 tokens from 16 threads: they share batches (packed, no padding),
     and each response holds that sequence's rows. A batch's GEMMs block by its row count, so
-    its float32 sums round apart from a lone run's: bounded here by 1e-5 of each output's scale
-    (measured up to 3e-6 for logits after 200 steps)."""
+    its float32 sums round apart from a lone run's, and the recurrence carries the difference
+    along: bounded here by 3e-5 of each output's scale (measured up to 3e-6 for logits after 200
+    steps on a Xeon, 1.02e-5 for the last state on an AMD EPYC with AVX2 only)."""
     net = lm.load(LM)
     rng = np.random.default_rng(4)
     requests = [rng.integers(0, 4096, rng.integers(10, 201)).astype(np.int32) for _ in range(48)]
@@ -185,7 +186,7 @@ def test_concurrent_sequences_are_batched_and_each_gets_its_own_rows(server):
         want = lm_reference(net, ids)
         assert out["logits"].shape == (len(ids), 4096)
         for name in ("logits", "last"):
-            assert_close(out[name], want[name], 1e-5, name)
+            assert_close(out[name], want[name], 3e-5, name)
 
 
 def test_an_int8_server_batches_requests_that_each_equal_a_lone_int8_run():
