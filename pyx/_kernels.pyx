@@ -1447,10 +1447,21 @@ cdef extern from "volumes.h" nogil:
 # [C·mult, kd·kh·kw]; one task per (sample, channel) plane, so no two tasks write one value.
 
 cdef extern from "depthwise.h" nogil:
-    void lamina_dw_plane_f(const float* x, long H, long W, const float* w, long kh, long kw, long sh, long sw,
-                           long ph, long pw, long dh, long dw, float* y, long oH, long oW)
-    void lamina_dw_plane_d(const double* x, long H, long W, const double* w, long kh, long kw, long sh, long sw,
-                           long ph, long pw, long dh, long dw, double* y, long oH, long oW)
+    long lamina_dw_rows(long oH, long kh, long sh, long dh)
+    long lamina_dw_width(long oW, long kw, long sw, long dw)
+    long lamina_dw_phase_size(long oH, long oW, long kh, long kw, long sh, long sw, long dh, long dw)
+    long lamina_dw_outputs_size(long oH, long oW, long kw, long sw, long dw)
+    long lamina_dw_scratch_size(long oH, long oW, long kh, long kw, long sh, long sw, long dh, long dw)
+    void lamina_dw_stage_f(const float* x, long H, long W, long sh, long sw, long ph, long pw, long rows, long width,
+                           long phase, float* q)
+    void lamina_dw_stage_d(const double* x, long H, long W, long sh, long sw, long ph, long pw, long rows, long width,
+                           long phase, double* q)
+    void lamina_dw_taps_f(const float* q, long phase, long width, const float* w, long kh, long kw, long sh, long sw,
+                          long dh, long dw, long count, float* acc)
+    void lamina_dw_taps_d(const double* q, long phase, long width, const double* w, long kh, long kw, long sh,
+                          long sw, long dh, long dw, long count, double* acc)
+    void lamina_dw_store_f(const float* acc, long width, long oH, long oW, int clamp, float cap, float* y)
+    void lamina_dw_store_d(const double* acc, long width, long oH, long oW, int clamp, double cap, double* y)
     void lamina_dw_plane_back_f(const float* dy, long oH, long oW, const float* w, long kh, long kw, long sh,
                                 long sw, long ph, long pw, long dh, long dw, float* dx, long H, long W)
     void lamina_dw_plane_back_d(const double* dy, long oH, long oW, const double* w, long kh, long kw, long sh,
@@ -1476,15 +1487,25 @@ cdef _check_depthwise(str where, Py_ssize_t n_x, Py_ssize_t C, Py_ssize_t n_y, P
         raise ValueError(f"{where}: {n_x} input samples for {n_y} output samples")
 
 
-def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint relu,
-                   int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph, int pw, int dd, int dh, int dw):
-    """y[n, o] = Σ_taps w[o, tap] x[n, o // mult] at the tap's offset (+ bias[o], through a ReLU
-    where relu is set): every output is written."""
+def depthwise_scratch_size(int oH, int oW, int kh, int kw, int sh, int sw, int dh, int dw):
+    """The values of one thread's scratch for depthwise_conv (depthwise.h)."""
+    return lamina_dw_scratch_size(oH, oW, kh, kw, sh, sw, dh, dw)
+
+
+def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint clamp,
+                   double cap, real[:, ::1] scratch, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph,
+                   int pw, int dd, int dh, int dw):
+    """y[n, o] = Σ_taps w[o, tap] x[n, o // mult] at the tap's offset (+ bias[o]; where clamp is
+    set, 0 where below 0 and cap where above cap: ReLU with cap = inf, ReLU6 with 6): every
+    output is written. scratch [threads, depthwise_scratch_size(...)] holds each thread's staged
+    input planes and outputs (depthwise.h)."""
     cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef Py_ssize_t D = x.shape[2], H = x.shape[3], W = x.shape[4], mult = O // x.shape[1]
-    cdef Py_ssize_t task, n, o, od, a, i_d, j, plane = oH * oW
+    cdef Py_ssize_t task, n, o, od, a, i_d, j
+    cdef long rows, width, phase, count
     cdef real b0
-    cdef real* out
+    cdef real* q
+    cdef real* acc
     cdef const real[::1] bv
     cdef bint has_bias = bias is not None
     _check_depthwise("depthwise_conv", x.shape[0], x.shape[1], N, O, w.shape[0], w.shape[1], kd, kh, kw, sd, sh, sw,
@@ -1493,28 +1514,35 @@ def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, 
         bv = bias
         if bv.shape[0] != O:
             raise ValueError(f"depthwise_conv: bias must hold {O} values, found {bv.shape[0]}")
-    for task in prange(N * O, nogil=True, schedule="static",
-                       use_threads_if=N * O * oD * plane * kd * kh * kw > PARALLEL_MIN):
-        n = task // O
-        o = task % O
-        b0 = bv[o] if has_bias else 0
-        for od in range(oD):
-            out = &y[n, o, od, 0, 0]
-            for j in range(plane):
-                out[j] = b0
-            for a in range(kd):
-                i_d = od * sd - pd + a * dd
-                if 0 <= i_d < D:
-                    if real is float:
-                        lamina_dw_plane_f(&x[n, o // mult, i_d, 0, 0], H, W, &w[o, a * kh * kw], kh, kw, sh, sw,
-                                          ph, pw, dh, dw, out, oH, oW)
-                    else:
-                        lamina_dw_plane_d(&x[n, o // mult, i_d, 0, 0], H, W, &w[o, a * kh * kw], kh, kw, sh, sw,
-                                          ph, pw, dh, dw, out, oH, oW)
-            if relu:
-                for j in range(plane):
-                    if out[j] < 0:
-                        out[j] = 0
+    rows, width = lamina_dw_rows(oH, kh, sh, dh), lamina_dw_width(oW, kw, sw, dw)
+    phase, count = lamina_dw_phase_size(oH, oW, kh, kw, sh, sw, dh, dw), lamina_dw_outputs_size(oH, oW, kw, sw, dw)
+    if scratch.shape[0] < 1 or scratch.shape[1] < sh * sw * phase + count:
+        raise ValueError(f"depthwise_conv: scratch must be [threads, {sh * sw * phase + count}], found "
+                         f"[{scratch.shape[0]}, {scratch.shape[1]}]")
+    with nogil, parallel(num_threads=scratch.shape[0],
+                         use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
+        q = &scratch[openmp.omp_get_thread_num(), 0]
+        acc = q + sh * sw * phase
+        for task in prange(N * O, schedule="static"):
+            n = task // O
+            o = task % O
+            b0 = bv[o] if has_bias else 0
+            for od in range(oD):
+                for j in range(count):
+                    acc[j] = b0
+                for a in range(kd):
+                    i_d = od * sd - pd + a * dd
+                    if 0 <= i_d < D:
+                        if real is float:
+                            lamina_dw_stage_f(&x[n, o // mult, i_d, 0, 0], H, W, sh, sw, ph, pw, rows, width, phase, q)
+                            lamina_dw_taps_f(q, phase, width, &w[o, a * kh * kw], kh, kw, sh, sw, dh, dw, count, acc)
+                        else:
+                            lamina_dw_stage_d(&x[n, o // mult, i_d, 0, 0], H, W, sh, sw, ph, pw, rows, width, phase, q)
+                            lamina_dw_taps_d(q, phase, width, &w[o, a * kh * kw], kh, kw, sh, sw, dh, dw, count, acc)
+                if real is float:
+                    lamina_dw_store_f(acc, width, oH, oW, clamp, <float>cap, &y[n, o, od, 0, 0])
+                else:
+                    lamina_dw_store_d(acc, width, oH, oW, clamp, cap, &y[n, o, od, 0, 0])
 
 
 def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1] w, real[:, :, :, :, ::1] dx,

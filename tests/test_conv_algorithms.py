@@ -54,6 +54,9 @@ DEPTHWISE = [
     (Conv2d, 3, 6, (7, 9), dict(kernel_size=(3, 5), padding=(2, 1), dilation=(2, 1), groups=3)),
     (Conv2d, 5, 5, (6, 7), dict(kernel_size=3, stride=(1, 3), padding=((1, 0), (2, 1)), groups=5)),
     (Conv3d, 4, 8, (4, 5, 6), dict(kernel_size=3, stride=(1, 2, 2), padding=1, groups=4)),
+    (Conv2d, 7, 7, (7, 7), dict(kernel_size=3, padding=1, groups=7)),  # MobileNet's last planes
+    (Conv2d, 5, 5, (14, 14), dict(kernel_size=5, stride=2, padding=2, groups=5)),  # EfficientNet's
+    (Conv2d, 3, 3, (40, 37), dict(kernel_size=3, stride=(2, 1), padding=(0, 1), groups=3, bias=False)),
 ]
 ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE + POINTWISE + DEPTHWISE
 
@@ -86,27 +89,30 @@ def test_every_algorithm_matches_direct_loops(case, name, algorithm):
         np.testing.assert_allclose(net.run({"x": X.astype(dtype)})["y"], ref, rtol=tol, atol=tol, err_msg=dtype)
 
 
-FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP)
-         for kind in ("relu", "tanh")]
+FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP + DEPTHWISE)
+         for kind in ("relu", "tanh")] + [(case, "depthwise", "bounded_relu") for case in DEPTHWISE]
 
 
 @pytest.mark.parametrize("case,name,kind", FUSED,
                          ids=[f"{c[0].__name__}-{i}-{n}-{k}" for i, (c, n, k) in enumerate(FUSED)])
 def test_a_following_activation_runs_inside_every_algorithm(case, name, kind, algorithm):
     """Inference runs conv -> Activation as one node (the kernels that can add the bias and apply
-    a ReLU as they store do so; the rest take the passes after): the values equal the unfused
-    run's (a training forward) bit for bit, and the direct-loop reference."""
+    a ReLU (the depthwise one a ReLU6 too) as they store do so; the rest take the passes after):
+    the values equal the unfused run's (a training forward) bit for bit, and the direct-loop
+    reference."""
     algorithm(name)
     net, x, layer = conv_net(case)
-    net.outputs(y=lm.layers.Activation(kind)(layer(x)))
+    slope = 1.0 if kind == "bounded_relu" else 0.01  # (a cap most outputs pass)
+    net.outputs(y=lm.layers.Activation(kind, slope=slope)(layer(x)))
     X = np.random.default_rng(3).standard_normal((3,) + x.spec.shape)
     ref = layer_reference(layer, X)
-    ref = np.maximum(ref, 0) if kind == "relu" else np.tanh(ref)
+    ref = {"relu": lambda: np.maximum(ref, 0), "tanh": lambda: np.tanh(ref),
+           "bounded_relu": lambda: np.clip(ref, 0, slope)}[kind]()
     for dtype, tol in (("float64", 1e-12), ("float32", 2e-5)):
         net.astype(dtype)
         feeds = {"x": X.astype(dtype)}
         fused = net.run(feeds)["y"]
-        assert net.scheduler.plan(False, ("y",)).fused == {layer.name: (kind, 0.01)}
+        assert net.scheduler.plan(False, ("y",)).fused == {layer.name: (kind, slope)}
         np.testing.assert_array_equal(fused, net.forward(feeds, training=True)["y"], err_msg=dtype)
         np.testing.assert_allclose(fused, ref, rtol=tol, atol=tol, err_msg=dtype)
 
@@ -240,8 +246,14 @@ def test_compiled_convolution_kernels_refuse_bad_sizes():
                        (dict(stride=0), "strides and dilation must be at least 1")):
         args = dict(w=w9, y=np.zeros((2, 3, 1, 2, 3), f), stride=1) | bad
         with pytest.raises(ValueError, match=match):
-            _kernels.depthwise_conv(v, args["w"], args["y"], None, False, 1, 3, 3, 1, args["stride"], 1, 0, 0, 0,
-                                    1, 1, 1)
+            _kernels.depthwise_conv(v, args["w"], args["y"], None, False, 0, np.zeros((1, 1000), f), 1, 3, 3, 1,
+                                    args["stride"], 1, 0, 0, 0, 1, 1, 1)
+    size = _kernels.depthwise_scratch_size(2, 3, 3, 3, 1, 1, 1, 1)
+    _kernels.depthwise_conv(v, w9, np.zeros((2, 3, 1, 2, 3), f), None, False, 0, np.zeros((2, size), f), 1, 3, 3,
+                            1, 1, 1, 0, 0, 0, 1, 1, 1)  # the size it asks for
+    with pytest.raises(ValueError, match=rf"scratch must be \[threads, {size}\], found \[2, {size - 1}\]"):
+        _kernels.depthwise_conv(v, w9, np.zeros((2, 3, 1, 2, 3), f), None, False, 0, np.zeros((2, size - 1), f), 1,
+                                3, 3, 1, 1, 1, 0, 0, 0, 1, 1, 1)
     with pytest.raises(ValueError, match=r"sums must be \[3, 9\]"):
         _kernels.depthwise_conv_weight_grad(v, np.zeros((2, 3, 1, 2, 3), f), w9, np.zeros((3, 8)), 0.0, 1, 3, 3, 1,
                                             1, 1, 0, 0, 0, 1, 1, 1)

@@ -131,9 +131,14 @@ def forward(geom, weight, ctx, bias=None, activation=None):
     """A convolution's forward, plain or transposed: y = act(conv(x) + bias) (as
     Backend.conv_forward)."""
     name = _choose_forward(geom, weight, ctx)
-    relu = activation is not None and activation[0] == "relu"
-    if name in _STORES_EPILOGUE and (activation is None or relu or activation[0] == "linear"):
-        return _FORWARD[name](geom, weight, ctx, bias, relu)
+    kind = "linear" if activation is None else activation[0]
+    if name in _STORES_EPILOGUE:  # the bias as it stores, and the activation where it can
+        stored = kind in _STORES_EPILOGUE[name]
+        cap = {"cap": activation[1]} if stored and kind == "bounded_relu" else {}
+        _FORWARD[name](geom, weight, ctx, bias, stored and kind != "linear", **cap)
+        if not stored:
+            ctx.be.activate_in_place(activation, ctx.output)
+        return
     if name == "columns":
         return columns.any_forward(geom, weight, ctx, bias, activation)
     _FORWARD[name](geom, weight, ctx)
@@ -231,8 +236,11 @@ def _forward_depth_to_space(geom, weight, ctx, bias=None, relu=False):
         col, y, *geometry[1], *rows, bias, relu))
 
 
-# the algorithms whose kernels add the bias and apply a ReLU as they store: forward(geom, weight, ctx, bias, relu)
-_STORES_EPILOGUE = ("depthwise", "winograd", "direct", "depth to space")
+# the algorithms whose kernels add the bias and apply an activation as they store, and the
+# activations each applies: forward(geom, weight, ctx, bias, relu) (the depthwise kernel's
+# bounded ReLU is its relu with cap=slope)
+_STORES_EPILOGUE = {"depthwise": ("linear", "relu", "bounded_relu"), "winograd": ("linear", "relu"),
+                    "direct": ("linear", "relu"), "depth to space": ("linear", "relu")}
 _FORWARD = {"depthwise": depthwise.forward, "winograd": winograd.forward, "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
             "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": columns.any_forward}

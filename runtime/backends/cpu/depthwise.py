@@ -1,11 +1,14 @@
 """The CPU's depthwise convolution: groups = input channels (MobileNet's and EfficientNet's
 depthwise layers, a channel multiplier allowed), where the column path would run one tiny GEMM
 per channel. Each (sample, channel) plane is one task of the compiled kernels; the forward adds
-the bias and applies a ReLU as it stores, the input gradient spreads dy back over each plane
+the bias and applies a ReLU or ReLU6 as it stores, the input gradient spreads dy back over each plane
 (with beta) and the weight gradient sums each channel's taps over the batch."""
+import math
+
 import numpy as np
 
 from .compiled import _kernels
+from ...threads import get_num_threads
 from ..columns import as_volumes
 
 
@@ -26,9 +29,13 @@ def _taps(weight, geom):
     return weight.buffer.reshape(geom.out_channels, -1)
 
 
-def forward(geom, weight, ctx, bias=None, relu=False):
-    _kernels.depthwise_conv(as_volumes(ctx.inputs[0]), _taps(weight, geom), as_volumes(ctx.output), bias, relu,
-                            *_windows(geom))
+def forward(geom, weight, ctx, bias=None, relu=False, cap=math.inf):
+    """y = conv(x) + bias, through a ReLU capped at `cap` where relu is set (ReLU6: cap 6)."""
+    x, y = as_volumes(ctx.inputs[0]), as_volumes(ctx.output)
+    kernel, stride, _, dilation, _ = geom.windows
+    size = _kernels.depthwise_scratch_size(*y.shape[3:], *kernel[1:], *stride[1:], *dilation[1:])
+    scratch = ctx.be.scratch("depthwise planes", (get_num_threads(), size), y.dtype)
+    _kernels.depthwise_conv(x, _taps(weight, geom), y, bias, relu, cap, scratch, *_windows(geom))
 
 
 def backward(geom, weight, ctx):

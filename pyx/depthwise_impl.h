@@ -1,0 +1,103 @@
+/* The depthwise forward on staged planes (depthwise.h says how the phase planes are laid out),
+ * once per element type (instantiate.h). */
+
+static inline __attribute__((always_inline)) VEC SUFFIXED(lamina_dw_load)(const REAL *p) {
+    VEC v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void SUFFIXED(lamina_dw_put)(REAL *p, VEC v) {
+    __builtin_memcpy(p, &v, sizeof v);
+}
+
+/* lanes 0, 2, 4, … of the two vectors at p */
+static inline __attribute__((always_inline)) VEC SUFFIXED(lamina_dw_evens)(const REAL *p) {
+    VEC a = SUFFIXED(lamina_dw_load)(p), b = SUFFIXED(lamina_dw_load)(p + LANES);
+#if LANES == 8
+    return __builtin_shuffle(a, b, (IVEC){0, 2, 4, 6, 8, 10, 12, 14});
+#else
+    return __builtin_shuffle(a, b, (IVEC){0, 2, 4, 6});
+#endif
+}
+
+/* q = the phase planes of x [H, W] (ph, pw: the padding before each axis) */
+LAMINA_CLONES static void SUFFIXED(lamina_dw_stage)(const REAL *restrict x, long H, long W, long sh, long sw,
+                                                    long ph, long pw, long rows, long width, long phase,
+                                                    REAL *restrict q) {
+    for (long r = 0; r < sh; r++)
+        for (long c = 0; c < sw; c++) {
+            REAL *restrict dst = q + (r * sw + c) * phase;
+            long lo, hi;
+            lamina_dw_span(width, W, sw, c - pw, &lo, &hi);
+            for (long i = 0; i < rows; i++) {
+                REAL *restrict d = dst + i * width;
+                long ih = i * sh + r - ph;
+                if (ih < 0 || ih >= H) {
+                    for (long j = 0; j < width; j++) d[j] = 0;
+                    continue;
+                }
+                const REAL *xr = x + ih * W;
+                long j = lo;
+                for (long k = 0; k < lo; k++) d[k] = 0;
+                if (sw == 1)
+                    for (; j < hi; j++) d[j] = xr[j + c - pw];
+                if (sw == 2)  /* whole vectors of the even (or odd) columns, while two vectors fit */
+                    for (; j + LANES <= hi && 2 * j + c - pw + 2 * LANES <= W; j += LANES)
+                        SUFFIXED(lamina_dw_put)(d + j, SUFFIXED(lamina_dw_evens)(xr + 2 * j + c - pw));
+                for (; j < hi; j++) d[j] = xr[j * sw + c - pw];
+                for (long k = hi; k < width; k++) d[k] = 0;
+            }
+            for (long j = rows * width; j < phase; j++) dst[j] = 0;
+        }
+}
+
+/* acc [count] += Σ_taps w[tap] · the tap's phase plane at its offset, count a whole number of
+ * LAMINA_DW_BLOCKs: four vectors of outputs stay in registers across the taps */
+LAMINA_CLONES static void SUFFIXED(lamina_dw_taps)(const REAL *restrict q, long phase, long width, const REAL *w,
+                                                   long kh, long kw, long sh, long sw, long dh, long dw, long count,
+                                                   REAL *restrict acc) {
+    long offset[LAMINA_DW_TAPS];
+    REAL weight[LAMINA_DW_TAPS];
+    const long taps = kh * kw;
+    for (long t0 = 0; t0 < taps; t0 += LAMINA_DW_TAPS) {
+        const long n = taps - t0 < LAMINA_DW_TAPS ? taps - t0 : LAMINA_DW_TAPS;
+        for (long t = 0; t < n; t++) {
+            long rb = (t0 + t) / kw * dh, ce = (t0 + t) % kw * dw;
+            offset[t] = (rb % sh * sw + ce % sw) * phase + rb / sh * width + ce / sw;
+            weight[t] = w[t0 + t];
+        }
+        for (long p0 = 0; p0 < count; p0 += 4 * LANES) {
+            REAL *a = acc + p0;
+            VEC a0 = SUFFIXED(lamina_dw_load)(a), a1 = SUFFIXED(lamina_dw_load)(a + LANES);
+            VEC a2 = SUFFIXED(lamina_dw_load)(a + 2 * LANES), a3 = SUFFIXED(lamina_dw_load)(a + 3 * LANES);
+            for (long t = 0; t < n; t++) {
+                const REAL *s = q + offset[t] + p0;
+                const REAL wt = weight[t];
+                a0 += wt * SUFFIXED(lamina_dw_load)(s);
+                a1 += wt * SUFFIXED(lamina_dw_load)(s + LANES);
+                a2 += wt * SUFFIXED(lamina_dw_load)(s + 2 * LANES);
+                a3 += wt * SUFFIXED(lamina_dw_load)(s + 3 * LANES);
+            }
+            SUFFIXED(lamina_dw_put)(a, a0);
+            SUFFIXED(lamina_dw_put)(a + LANES, a1);
+            SUFFIXED(lamina_dw_put)(a + 2 * LANES, a2);
+            SUFFIXED(lamina_dw_put)(a + 3 * LANES, a3);
+        }
+    }
+}
+
+/* y [oH, oW] = the valid outputs of acc (laid out `width` wide), clamped where clamp is set: 0
+ * where v < 0, cap where v > cap (NaN stays NaN, -0 stays -0: the activation kernel's ReLU and
+ * bounded ReLU) */
+LAMINA_CLONES static void SUFFIXED(lamina_dw_store)(const REAL *restrict acc, long width, long oH, long oW,
+                                                    int clamp, REAL cap, REAL *restrict y) {
+    for (long oh = 0; oh < oH; oh++) {
+        const REAL *restrict a = acc + oh * width;
+        REAL *restrict yr = y + oh * oW;
+        if (clamp)
+            for (long j = 0; j < oW; j++) yr[j] = a[j] < 0 ? 0 : (a[j] > cap ? cap : a[j]);
+        else
+            for (long j = 0; j < oW; j++) yr[j] = a[j];
+    }
+}
