@@ -938,3 +938,77 @@ def test_lamina_import_takes_constants(tmp_path, capsys):
         assert main(["import", str(path), "--constant", bad, "-o", str(tmp_path / "x.lamina")]) == 2
         assert said in capsys.readouterr().err
     assert not (tmp_path / "x.lamina").exists()
+
+
+class IndexedPool(torch.nn.Module):
+    """A convolution, then a max pool returning its positions (PyTorch's return_indices): the
+    pooled values feed a head, the positions are an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        y, indices = torch.nn.functional.max_pool2d(self.conv(x), 3, 2, 1, return_indices=True)
+        return torch.relu(y), indices
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_pytorch_return_indices_import_as_pytorchs_positions(dynamo, dynamic):
+    """PyTorch's exports subtract each plane's first position (a kernel-1 MaxPool's Indices at
+    the origin) from ONNX's Indices: lamina's return_indices, equal to ONNX Runtime's and PyTorch's
+    at every batch size the export runs at; lamina's own export writes the same pattern."""
+    torch.manual_seed(3)
+    model = IndexedPool().eval()
+    x = torch.randint(-2, 3, (3, 2, 9, 8)).float()  # ties among the maxima
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        extra = ({"dynamic_shapes": ({0: torch.export.Dim("batch")},)} if dynamo else
+                 {"dynamic_axes": {"x": {0: "batch"}}}) if dynamic else {}
+        torch.onnx.export(model, (x,), f, dynamo=dynamo, input_names=["x"], output_names=["y", "indices"], **extra)
+    net = lm.onnx.load(f.getvalue())
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+    for batch in ((1, 3) if dynamic else (3,)):
+        feeds = {"x": x[:batch].numpy()}
+        ours, theirs, torchs = net.run(feeds), session.run(None, feeds), model(x[:batch])
+        np.testing.assert_array_equal(ours["indices"], theirs[1])
+        np.testing.assert_array_equal(ours["indices"], torchs[1].numpy())
+        np.testing.assert_allclose(ours["y"], theirs[0], rtol=1e-5, atol=1e-6)
+    again = ort.InferenceSession(lm.onnx.save(net).SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(again.run(None, {"x": x.numpy()})[1], net.run({"x": x.numpy()})["indices"])
+
+
+def test_onnx_indices_used_otherwise_are_refused_by_node():
+    """ONNX's Indices count over the whole batch: as a model output they load only where that
+    agrees with lamina's count (a static batch of 1 with one channel), and any use but PyTorch's
+    subtraction is refused by name; column-major Indices are refused."""
+    from onnx import TensorProto, helper
+    pool = dict(kernel_shape=[2, 2], strides=[2, 2])
+
+    def model(batch, channels, nodes, outputs):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, 4, 4])
+        return graph_model(nodes, [x], [helper.make_tensor_value_info(n, t, [batch, channels, 2, 2])
+                                        for n, t in outputs]).SerializeToString()
+
+    one = model(1, 1, [helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", **pool)],
+                [("y", TensorProto.FLOAT), ("i", TensorProto.INT64)])
+    X = np.random.default_rng(9).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    want = ort.InferenceSession(one, providers=["CPUExecutionProvider"]).run(None, {"x": X})[1]
+    np.testing.assert_array_equal(lm.onnx.load(one).run({"x": X})["i"], want)
+    for batch, channels in (("N", 1), (1, 3), (2, 1)):
+        with pytest.raises(lm.UnsupportedModelError, match=r"node 'i' \(output\): MaxPool's Indices .*agree only "
+                                                           r"for a static batch of 1 and one channel"):
+            lm.onnx.load(model(batch, channels, [helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", **pool)],
+                               [("y", TensorProto.FLOAT), ("i", TensorProto.INT64)]))
+    cast = model("N", 2, [helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", **pool),
+                          helper.make_node("Cast", ["i"], ["f"], name="as_float", to=TensorProto.FLOAT),
+                          helper.make_node("Add", ["y", "f"], ["z"], name="mixed")], [("z", TensorProto.FLOAT)])
+    with pytest.raises(lm.UnsupportedModelError, match=r"node 'as_float' \(Cast\): a use of MaxPool's Indices other "
+                                                       r"than PyTorch's"):
+        lm.onnx.load(cast)
+    column = model(1, 1, [helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", storage_order=1, **pool)],
+                   [("y", TensorProto.FLOAT), ("i", TensorProto.INT64)])
+    with pytest.raises(lm.UnsupportedModelError, match=r"node 'pool' \(MaxPool\): storage_order=1"):
+        lm.onnx.load(column)

@@ -773,6 +773,26 @@ def test_pooling_agrees_with_the_cpu(cl, kind, options):
 
 
 
+@pytest.mark.parametrize("kind,options", [("MaxPool2d", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+                                          ("MaxPool3d", dict(kernel_size=2, stride=1, padding=1, dilation=(1, 2, 3)))])
+def test_max_pool_indices_agree_with_the_cpu(cl, kind, options):
+    """return_indices on the device: the same positions as the CPU's (of tied values the first)."""
+    spatial = (5, 6, 7) if kind.endswith("3d") else (7, 6)
+
+    def build():
+        net = lm.Network()
+        y, indices = getattr(lm.layers, kind)(**options, return_indices=True)(net.input("x", (3,) + spatial))
+        return net.outputs(y=y, indices=indices)
+
+    feeds = {"x": np.random.default_rng(17).integers(-2, 3, (2, 3) + spatial).astype(np.float32)}  # ties
+    cpu, dev = build(), build().to(cl)
+    for want, got in ((cpu.run(feeds), dev.run(feeds)), (cpu.forward(feeds, training=True),
+                                                         dev.forward(feeds, training=True))):
+        assert host(got["indices"]).dtype == np.int32
+        np.testing.assert_array_equal(host(got["indices"]), want["indices"])
+        np.testing.assert_array_equal(host(got["y"]), want["y"])
+
+
 def test_host_arrays_changed_in_place_are_copied_again(cl):
     """Offsets the caller reuses and rewrites between runs reach the device anew."""
     net = lm.Network()

@@ -444,3 +444,21 @@ def test_a_request_may_carry_several_sequences_padded_with_their_lengths(server)
                       {"name": "h0", "shape": [1, 1, 256], "datatype": "FP32", "data": [0] * 256}])
     r = post(server, "python_lm", rows)
     assert r.status_code == 400 and "a request of 2 sequence(s) takes 2 row(s) of this input, found 1" in r.json()["error"]
+
+
+def test_integer_outputs_are_described_as_int32():
+    """A max pool's positions (int32) are INT32 in the metadata and the configuration, as the
+    responses carry them."""
+    from lamina.serve.batching import ServedModel
+    from lamina.serve.extensions import model_config
+    from lamina.serve.protocol import model_metadata, tensor_entry
+    net = lm.Network()
+    y, indices = lm.layers.MaxPool2d(2, return_indices=True)(net.input("x", (1, 4, 4)))
+    net.outputs(y=y, indices=indices)
+    model = ServedModel("pool", net)
+    meta = {o["name"]: o["datatype"] for o in model_metadata("pool", model)["outputs"]}
+    config = {o["name"]: o["data_type"] for o in model_config("pool", model)["output"]}
+    assert meta == {"y": "FP32", "indices": "INT32"} and config == {"y": "TYPE_FP32", "indices": "TYPE_INT32"}
+    out = net.run({"x": np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)})
+    assert tensor_entry("indices", out["indices"], False) == {"name": "indices", "datatype": "INT32",
+                                                               "shape": [1, 1, 2, 2], "data": [5, 7, 13, 15]}

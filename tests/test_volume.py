@@ -5,7 +5,7 @@ import pytest
 
 import lamina as lm
 from lamina.backends.reference import ReferenceBackend
-from lamina.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, ConcatChannels, Conv3d, MaxPool2d,
+from lamina.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, ConcatChannels, Conv2d, Conv3d, MaxPool2d,
                            MaxPool3d)
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 
@@ -274,3 +274,58 @@ def test_concat_channels():
                                   np.concatenate([feeds["a"], feeds["b"]], axis=1))
     with pytest.raises(lm.GraphError, match="every input needs the spatial size"):
         ConcatChannels()(a, net.input("c", (1, 3, 5)))
+
+
+INDEXED_POOLS = [(t, shape, kw) for t, shape, kw in POOLS if "Max" in t.__name__
+                 and not (isinstance(kw.get("padding"), tuple) and isinstance(kw["padding"][0], tuple))]
+
+
+@pytest.mark.parametrize("case", INDEXED_POOLS, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(INDEXED_POOLS)])
+@pytest.mark.parametrize("backend", [lm.CPUBackend, ReferenceBackend], ids=["cpu", "reference"])
+def test_max_pool_indices_match_pytorch(case, backend):
+    """return_indices: each maximum's row-major position in its sample's channel plane, as
+    PyTorch's return_indices (of tied values the first in the window), in inference and in a
+    training forward (OpenCL: test_opencl.py)."""
+    import torch
+    layer_type, shape, kw = case
+    net = lm.Network(backend=backend())
+    x = net.input("x", shape)
+    y, indices = layer_type(**kw, return_indices=True)(x)
+    assert indices.name.endswith(".indices") and indices.spec.kind == "int32"
+    net.outputs(y=y, indices=indices)
+    X = np.random.default_rng(7).integers(-3, 4, (2,) + shape).astype(np.float32)  # many ties
+    want_y, want_i = getattr(torch.nn, layer_type.__name__)(**kw, return_indices=True)(torch.from_numpy(X))
+    for got in (net.run({"x": X}), net.forward({"x": X}, training=True)):
+        np.testing.assert_array_equal(got["y"], want_y.numpy())
+        np.testing.assert_array_equal(got["indices"], want_i.numpy())
+
+
+@pytest.mark.parametrize("case", INDEXED_POOLS[:3],
+                         ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(INDEXED_POOLS[:3])])
+def test_max_pool_gradients_with_indices_asked_for(case):
+    layer_type, shape, kw = case
+    net = lm.Network()
+    y, indices = layer_type(**kw, return_indices=True)(net.input("x", shape))
+    probe = add_probe_cost(net, y)
+    net.outputs(indices=indices)
+    net.astype("float64")
+    rng = np.random.default_rng(0)
+    check_gradients(net, {"x": rng.standard_normal((2,) + shape), probe: probe_feed(net, probe, 2)})
+
+
+def test_max_pool_indices_round_trip_and_stay_out_of_a_convolution(tmp_path):
+    """A model file keeps return_indices; a convolution never absorbs a pool whose positions are
+    asked for (it writes maxima only)."""
+    net = lm.Network()
+    x = net.input("x", (2, 8, 8))
+    conv = Conv2d(2, 4, 3, padding=1, name="conv")
+    y, indices = MaxPool2d(2, return_indices=True, name="pool")(lm.layers.Activation("relu")(conv(x)))
+    net.outputs(y=y, indices=indices)
+    X = np.random.default_rng(8).standard_normal((3, 2, 8, 8)).astype(np.float32)
+    out = net.run({"x": X})
+    assert not net.scheduler.plan(False, ("y", "indices")).pooled
+    lm.save(net, tmp_path / "m.lamina")
+    again = lm.load(tmp_path / "m.lamina").run({"x": X})
+    for name in ("y", "indices"):
+        np.testing.assert_array_equal(again[name], out[name])
+    assert again["indices"].dtype == np.int32

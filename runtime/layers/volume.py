@@ -77,18 +77,39 @@ class _Pool(Layer):
 
 
 class _MaxPool(_Pool):
-    """y = the maximum of each window (padding never wins)."""
+    """y = the maximum of each window (padding never wins, and of equal values the first in the
+    window does). With return_indices, a second output (int32, y's shape, labelled 'indices')
+    holds each maximum's position in its sample's channel plane of x, counted row-major from 0
+    (PyTorch's return_indices)."""
+
+    def __init__(self, kernel_size: Size, stride: Optional[Size] = None, padding: Size = 0,
+                 ceil_mode: bool = False, name: Optional[str] = None, dilation: Size = 1,
+                 return_indices: bool = False) -> None:
+        super().__init__(kernel_size, stride, padding, ceil_mode, name, dilation)
+        self.return_indices = bool(return_indices)
+        if self.return_indices:
+            self.output_labels = ("", "indices")
+
+    def config(self):
+        return {**super().config(), "return_indices": True} if self.return_indices else super().config()
+
+    def output_spec(self, specs):
+        y = super().output_spec(specs)
+        return (y, Spec(y.shape, kind="int32")) if self.return_indices else y
 
     def _argmax(self, ctx):
         y = ctx.output
-        return ctx.workspace("argmax", (y.shape[0] * y.shape[1], int(np.prod(y.shape[2:]))), np.int32)
+        shape = (y.shape[0] * y.shape[1], int(np.prod(y.shape[2:])))
+        return ctx.outputs[1].reshape(shape) if self.return_indices else ctx.workspace("argmax", shape, np.int32)
 
     def forward(self, ctx):
-        # positions are for backward: an inference run keeps none
-        ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx) if ctx.training else None, self._window())
+        # positions are for backward (or asked for): an inference run keeps none of its own
+        wanted = ctx.training or self.return_indices
+        ctx.be.max_pool(ctx.inputs[0], ctx.output, self._argmax(ctx) if wanted else None, self._window())
 
     def as_max_pool(self):
-        return self._window() if max(self.dilation) == 1 else None  # (a convolution pools undilated windows)
+        # (a convolution pools undilated windows, and writes no positions)
+        return self._window() if max(self.dilation) == 1 and not self.return_indices else None
 
     def backward(self, ctx):
         dx = ctx.input_grad(0)

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .protocol import DATATYPES
+from .protocol import DATATYPES, spec_datatype
 
 CONFIG_TYPES = {"FP32": "TYPE_FP32", "INT32": "TYPE_INT32"}
 
@@ -64,11 +64,11 @@ def model_config(name, model):
         dynamic = net.dynamic_axes.get(vname, {})
         dims = ([-1] if spec.sequence else []) + [-1 if i in dynamic else size for i, size in enumerate(spec.shape)]
         return {"name": vname, "data_type": CONFIG_TYPES[datatype], "dims": dims or [1]}
-    inputs = [tensor(v, net.values[v].spec, "FP32" if net.values[v].spec.kind == "float" else "INT32")
-              for v in model.inputs]
+    inputs = [tensor(v, net.values[v].spec, spec_datatype(net.values[v].spec)) for v in model.inputs]
     for entry in inputs:
         entry["optional"] = entry["name"] in model.optional
-    outputs = [tensor(o, net.values[net.output_values[o]].spec, "FP32") for o in model.outputs]
+    outputs = [tensor(o, net.values[net.output_values[o]].spec, spec_datatype(net.values[net.output_values[o]].spec))
+               for o in model.outputs]
     limits = model.limits
     return {"name": name, "platform": "lamina", "backend": "lamina", "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": model.max_batch_size, "input": inputs, "output": outputs,

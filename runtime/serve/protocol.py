@@ -81,6 +81,11 @@ def datatype(dtype):
     return NAMES[np.dtype(dtype)]
 
 
+def spec_datatype(spec):
+    """The datatype of a value of this Spec: FP32, or INT32 for lamina's integer values."""
+    return "FP32" if spec.kind == "float" else "INT32"
+
+
 def model_metadata(name, model):
     """GET /v2/models/{name}: inputs and outputs with names, datatypes and shapes (-1: any size,
     the batch's, a sequence's steps or an input's dynamic axes (Network.dynamic_axes);
@@ -94,12 +99,12 @@ def model_metadata(name, model):
             entry["parameters"] = {"sequence": True}
         return entry
     net = model.net
-    inputs = [tensor(v, "FP32" if net.values[v].spec.kind == "float" else "INT32", net.values[v].spec)
-              for v in model.inputs]
+    inputs = [tensor(v, spec_datatype(net.values[v].spec), net.values[v].spec) for v in model.inputs]
     for entry in inputs:
         if entry["name"] in model.optional:  # a recurrent layer's initial state: zeros when left out
             entry["parameters"] = {**entry.get("parameters", {}), "optional": True}
-    outputs = [tensor(o, "FP32", net.values[net.output_values[o]].spec) for o in model.outputs]
+    outputs = [tensor(o, spec_datatype(net.values[net.output_values[o]].spec), net.values[net.output_values[o]].spec)
+               for o in model.outputs]
     for entry in outputs:  # which inputs a request for this output sends (the LM's nll needs next)
         entry["parameters"] = {**entry.get("parameters", {}), "inputs": model.reads[entry["name"]]}
     return {"name": name, "versions": ["1"], "platform": "lamina", "inputs": inputs, "outputs": outputs,

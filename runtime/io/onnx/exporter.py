@@ -66,6 +66,12 @@ class Graph:
         self.nodes.append(self.helper.make_node(op, list(inputs), [output], name=self.fresh(name or op), **attrs))
         return output
 
+    def node_outputs(self, op, inputs, labels, name, **attrs):
+        """A node of several outputs, named after the node and each label."""
+        outputs = [self.fresh(f"{name}_{label}") for label in labels]
+        self.nodes.append(self.helper.make_node(op, list(inputs), outputs, name=self.fresh(name), **attrs))
+        return outputs
+
     def weight(self, base, values, transposed=False, shape=None):
         """A product weight given as [out, in] rows (the output channels first): a float
         initializer, or in an int8 network (QDQ form) its int8 values per output channel and their
@@ -156,7 +162,8 @@ def to_model(net, onnx, wanted=None):
     for name, (value, _) in outputs.items():
         g.node("Identity", [names[value]], output=name, name=f"output_{name}")
         spec = net.values[value].spec
-        graph_outputs.append(helper.make_tensor_value_info(name, tp.FLOAT, lead(spec) + list(spec.shape)))
+        elem = tp.FLOAT if spec.kind == "float" else tp.INT32  # (lamina's integer values are int32)
+        graph_outputs.append(helper.make_tensor_value_info(name, elem, lead(spec) + list(spec.shape)))
     graph = helper.make_graph(g.nodes, "lamina", graph_inputs, graph_outputs, initializer=g.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", g.opset)], producer_name="lamina")
 
@@ -327,7 +334,19 @@ def pool(g, layer, ins, specs, node):
             g.opset = max(g.opset, 19)  # AveragePool's dilations came with opset 19
     if layer.kind.startswith("avg"):
         return g.node("AveragePool", ins, name=node.name, count_include_pad=int(layer.count_include_pad), **attrs)
-    return g.node("MaxPool", ins, name=node.name, **attrs)
+    if not layer.return_indices:
+        return g.node("MaxPool", ins, name=node.name, **attrs)
+    # ONNX's Indices count over the whole tensor: each plane's first position (a pool of kernel 1's
+    # Indices at the plane's origin) is subtracted, as PyTorch's exporters write it; int32 as lamina's
+    y, flat = g.node_outputs("MaxPool", ins, ("out", "flat_indices"), node.name, **attrs)
+    nd = len(layer.kernel_size)
+    _, every = g.node_outputs("MaxPool", ins, ("identity", "every_position"), f"{node.name}_plane_starts",
+                              kernel_shape=[1] * nd, strides=[1] * nd)
+    origin = [g.constant(f"{node.name}_{what}", values, np.int64)
+              for what, values in (("origin", [0] * nd), ("origin_end", [1] * nd), ("spatial", range(2, 2 + nd)))]
+    starts = g.node("Slice", [every, *origin], name=f"{node.name}_plane_start")
+    plane = g.node("Sub", [flat, starts], name=f"{node.name}_plane_indices")
+    return [y, g.node("Cast", [plane], name=f"{node.name}_indices", to=g.onnx.TensorProto.INT32)]
 
 
 @exporter("pad")

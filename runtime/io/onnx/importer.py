@@ -26,7 +26,7 @@ from ... import layers as L
 from ...graph import Network, Value
 from ...errors import ModelFileError, UnsupportedModelError
 from . import attention, fusions, operators, positions, quantized, registry, shapes  # noqa: F401  (operators: registers the converters)
-from .operators import sorting
+from .operators import pool_indices, sorting
 from .registry import Refused, default_axes
 
 
@@ -410,6 +410,7 @@ class Importer:
         self.folded = 0  # bytes of the constants folded so far
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
         self.sorted_rows = set()  # ONNX tensors whose rows are in the batch's order by length (operators/sorting.py)
+        self.flat_indices = {}  # MaxPool Indices counted ONNX's way -> the pooled input (operators/pool_indices.py)
         self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
         for name, order in sequence_inputs(model.graph).items():
             self.sequences.setdefault(name, order)
@@ -450,6 +451,8 @@ class Importer:
             if out.name in self.sorted_rows:
                 self.problems.append((out.name, "output", "rows left in the batch's order by length (lamina keeps the "
                                                           "batch's own order)"))
+            elif pool_indices.check_output(self, out.name, v):
+                self.problems.append((out.name, "output", pool_indices.check_output(self, out.name, v)))
             elif isinstance(v, Value):
                 outputs[out.name] = v
             elif not isinstance(v, Unknown):
@@ -648,6 +651,8 @@ class Importer:
             outs = [Unknown() for _ in node.output]  # (behind a refused node)
         elif self.quantized_ops.handles(node, inputs):
             outs = self._attempt(node, self.quantized_ops.convert, inputs, self.attributes(node))
+        elif pool_indices.handles(self, node, inputs) and not any(isinstance(v, Unknown) for v in inputs):
+            outs = self._attempt(node, pool_indices.convert, inputs, self.attributes(node))
         elif sorting.handles(node, inputs) and not any(isinstance(v, Unknown) for v in inputs):
             outs = self._attempt(node, sorting.marker_op, inputs, self.attributes(node))
             for name, v in zip(node.output, outs):

@@ -8,6 +8,7 @@ from .... import layers as L
 from ....layers.resize import COORDINATES, PAD_MODES, ROUNDINGS, padding_table
 from ....graph import Value
 from .. import shapes
+from . import pool_indices
 from ..registry import (Refused, assign, bounded_sample, const, converter, default_axes, fixed_bias,
                         onnx_shape_text, text, value)
 
@@ -157,6 +158,8 @@ def lifted_to_2d(convert):
         inputs[0] = imp.net.add(L.Reshape((c, 1, length)), [x])
         if node.op_type in ("Conv", "ConvTranspose") and isinstance(inputs[1], np.ndarray):
             inputs[1] = inputs[1][:, :, None]  # W [M, C/group, k] -> [M, C/group, 1, k]
+        if len(node.output) > 1 and node.output[1]:
+            raise Refused("the Indices output of a pool over [N, C, L]")
         outs = list(convert(imp, node, inputs, attrs))
         y = outs[0]
         outs[0] = imp.net.add(L.Reshape(y.spec.shape[:1] + y.spec.shape[2:] if len(x.spec.shape) == 2
@@ -285,13 +288,19 @@ def _pool(imp, node, x, layer_type, *args, **kw):
                                     "storage_order", "strides"})
 @lifted_to_2d
 def max_pool(imp, node, inputs, attrs):
+    """With the Indices output: lamina's return_indices (operators/pool_indices.py says how the
+    two count positions)."""
     x = value(inputs[0], "X")
     nd = _spatial(imp, x, "X")
-    if len(node.output) > 1 and node.output[1]:
-        raise Refused("the Indices output")
+    indexed = len(node.output) > 1 and bool(node.output[1])
+    if indexed and attrs.get("storage_order", 0):
+        raise Refused("storage_order=1 (Indices counted column-major)")
     kernel, stride, padding, ceil_mode, dilation = _pool_window(imp, node, x, attrs, nd)
-    return [_pool(imp, node, x, L.MaxPool2d if nd == 2 else L.MaxPool3d, kernel, stride, padding, ceil_mode,
-                  dilation=dilation)]
+    if indexed and max(kernel + stride + dilation) == 1 and not any(p for pair in padding for p in pair):
+        return pool_indices.pooled(imp, node, x, None, None, identity=True)
+    out = _pool(imp, node, x, L.MaxPool2d if nd == 2 else L.MaxPool3d, kernel, stride, padding, ceil_mode,
+                dilation=dilation, return_indices=indexed)
+    return pool_indices.pooled(imp, node, x, *out, identity=False) if indexed else [out]
 
 
 @converter("AveragePool", attributes={"auto_pad", "ceil_mode", "count_include_pad", "dilations",
