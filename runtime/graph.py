@@ -122,9 +122,10 @@ class Network:
     `run` (inference), `train_step`, or `forward` + `backward`."""
 
     # set on a network imported from ONNX (lamina.onnx.load): each input's and output's ONNX
-    # axes, and the ONNX inputs that held sequence lengths
+    # axes, the ONNX inputs that held sequence lengths, and the lengths a model fixes (or None)
     onnx_axes: dict[str, tuple]
     onnx_lengths: list[str]
+    onnx_constant_lengths: Optional[np.ndarray]
 
     def __init__(self, dtype: Any = "float32", backend: Any = None) -> None:
         from .threads import check_environment

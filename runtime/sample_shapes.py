@@ -154,7 +154,7 @@ def share_state(base: Any, net: Any, shapes: dict) -> None:
             layer.params[local] = shared
     for attr in ("dtype", "precision", "training_precision", "backend", "rng", "assets", "_lock"):
         setattr(net, attr, getattr(base, attr))
-    for attr in ("onnx_axes", "onnx_lengths", "onnx_masks", "onnx_reserved_ids"):
+    for attr in ("onnx_axes", "onnx_lengths", "onnx_constant_lengths", "onnx_masks", "onnx_reserved_ids"):
         if hasattr(base, attr):
             setattr(net, attr, getattr(base, attr))
     net.dynamic_axes = {}  # runs at its own shapes only; the base picks the network per batch

@@ -445,32 +445,49 @@ def test_shape_arithmetic_on_the_wrong_tensor_is_refused_by_node():
         assert all(where for where, _, _ in refusal.value.problems)
 
 
-@pytest.mark.parametrize("lengths,loads", [([5, 5, 5], True), ([5, 3, 5], False)], ids=["whole", "ragged"])
-def test_constant_sequence_lengths(lengths, loads):
-    """An LSTM node whose sequence_lens is a constant: every sequence whole (the fixed time size)
-    loads and runs as in ONNX Runtime; other constant lengths are refused by name."""
+CONSTANT_LENGTHS = [([5, 5, 5], "forward", None), ([5, 3, 1], "forward", None), ([2, 5, 4], "bidirectional", None),
+                    ([5, 0, 5], "forward", r"constant sequence_lens \[5, 0, 5\]: expected one length from 1 to"),
+                    ([5, 6, 5], "forward", r"constant sequence_lens \[5, 6, 5\]"),
+                    ([5, 5], "forward", r"per sequence of the fixed batch \(3\)")]
+
+
+@pytest.mark.parametrize("lengths,direction,refusal", CONSTANT_LENGTHS,
+                         ids=["whole", "ragged", "ragged-bidirectional", "empty", "too-long", "wrong-batch"])
+def test_constant_sequence_lengths(lengths, direction, refusal):
+    """An LSTM node whose sequence_lens is a constant (its batch and time sizes fixed): those are
+    the lengths of the Sequences lm.onnx.feeds makes from the padded input, and the model runs
+    as in ONNX Runtime (Y zeros past each length, Y_h each sequence's last step); lengths out of
+    range, or not one per sequence of the batch, are refused by name. Sequences of other lengths
+    fed by hand are an InputError."""
     from onnx import TensorProto, helper, numpy_helper
-    from lamina.errors import UnsupportedModelError
+    from lamina.errors import InputError, UnsupportedModelError
     T_, N_, C_, H_ = 5, 3, 4, 6
+    D_ = 2 if direction == "bidirectional" else 1
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array(a.astype(np.float32), name) for a, name in
-             ((rng.standard_normal((1, 4 * H_, C_)), "W"), (rng.standard_normal((1, 4 * H_, H_)), "R"),
-              (rng.standard_normal((1, 8 * H_)), "B"))]
+             ((rng.standard_normal((D_, 4 * H_, C_)), "W"), (rng.standard_normal((D_, 4 * H_, H_)), "R"),
+              (rng.standard_normal((D_, 8 * H_)), "B"))]
     inits.append(numpy_helper.from_array(np.array(lengths, np.int32), "lens"))
-    node = helper.make_node("LSTM", ["X", "W", "R", "B", "lens"], ["Y", "Y_h"], hidden_size=H_, name="lstm")
+    node = helper.make_node("LSTM", ["X", "W", "R", "B", "lens"], ["Y", "Y_h"], hidden_size=H_, name="lstm",
+                            direction=direction)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [T_, N_, C_])],
-                              [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [1, N_, H_])], inits)
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [T_, D_, N_, H_]),
+                               helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [D_, N_, H_])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    if not loads:
-        with pytest.raises(UnsupportedModelError, match="lstm.*constant sequence_lens"):
+    if refusal:
+        with pytest.raises(UnsupportedModelError, match="lstm.*" + refusal):
             lm.onnx.load(model)
         return
     net = lm.onnx.load(model)
     x = rng.standard_normal((T_, N_, C_)).astype(np.float32)
-    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})
     out = net.run(lm.onnx.feeds(net, {"X": x}))
-    ours = lm.onnx.to_onnx_layout(out["Y_h"], net.onnx_axes["Y_h"])
-    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    for name, want in zip(("Y", "Y_h"), theirs):
+        ours = lm.onnx.to_onnx_layout(out[name], net.onnx_axes[name])
+        np.testing.assert_allclose(ours[:want.shape[0]], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    if lengths != [5, 5, 5]:
+        with pytest.raises(InputError, match=r"the lengths fed \(\[\d, \d, \d\]\) are not those of the Sequences"):
+            lm.onnx.feeds(net, {"X": lm.Sequences.from_padded(np.transpose(x, (1, 0, 2)), [5, 5, 5])})
 
 
 class StatefulLSTM(nn.Module):

@@ -202,6 +202,8 @@ def feeds(net: Network, arrays: Mapping[str, Any]) -> dict[str, Any]:
     arrays = dict(arrays)
     given = [(n, arrays.pop(n)) for n in getattr(net, "onnx_lengths", ()) if n in arrays]
     given += [(n, _mask_lengths(n, arrays.pop(n))) for n in getattr(net, "onnx_masks", ()) if n in arrays]
+    if getattr(net, "onnx_constant_lengths", None) is not None:
+        given.append(("the model's constant sequence_lens", net.onnx_constant_lengths))
     lengths = None
     for name, a in given:
         a = np.asarray(a)
@@ -409,6 +411,7 @@ class Importer:
         self.in_branch = False  # converting the nodes of an If's branch (not indexed by self.index)
         self.folded = 0  # bytes of the constants folded so far
         self.length_inputs = set()  # inputs read only as recurrent nodes' sequence_lens
+        self.constant_lengths = None  # recurrent nodes' constant sequence_lens (operators/recurrent.py)
         self.sorted_rows = set()  # ONNX tensors whose rows are in the batch's order by length (operators/sorting.py)
         self.flat_indices = {}  # MaxPool Indices counted ONNX's way -> the pooled input (operators/pool_indices.py)
         self.static = {}  # "N" / "T" -> the batch or time size the inputs fix (static shapes), if any
@@ -476,6 +479,10 @@ class Importer:
         `net.onnx_masks` name them for `feeds` (padded arrays with lengths or masks)."""
         read = {name for node in self.net.nodes for name in node.input_names}
         self.net.onnx_lengths = sorted(n for n in self.length_inputs if n not in read)
+        self.net.onnx_constant_lengths = self.constant_lengths
+        if self.constant_lengths is not None and self.net.onnx_lengths:
+            raise UnsupportedModelError(self.where, [(self.net.onnx_lengths[0], "input", "lengths fed beside the "
+                                                      "constant sequence_lens of a recurrent node")])
         self.net.onnx_masks = sorted(n for n in self.mask_inputs if n not in read and n in self.net.values)
         for name in self.net.onnx_lengths + self.net.onnx_masks:
             self.net.input_names.remove(name)

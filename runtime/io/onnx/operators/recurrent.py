@@ -48,6 +48,21 @@ def _reorder(blocks, op, hidden):
     return np.concatenate([parts[g] for g in GATE_ORDER[op]])
 
 
+def _constant_lengths(imp, lengths):
+    """Constant sequence_lens: the lengths of every batch the model runs (its batch and time sizes
+    static), which `feeds` gives the Sequences it makes (`net.onnx_constant_lengths`); every
+    recurrent node must read the same ones."""
+    batch, steps = imp.static.get("N"), imp.static.get("T")
+    if lengths.ndim != 1 or batch != len(lengths) or steps is None or lengths.dtype.kind not in "iu" \
+            or lengths.min(initial=1) < 1 or lengths.max(initial=1) > steps:
+        raise Refused(f"constant sequence_lens {lengths.tolist()}: expected one length from 1 to the fixed time "
+                      f"size ({steps}) per sequence of the fixed batch ({batch})")
+    if imp.constant_lengths is not None and not np.array_equal(imp.constant_lengths, lengths):
+        raise Refused(f"constant sequence_lens {lengths.tolist()} unlike another node's "
+                      f"{imp.constant_lengths.tolist()} (lamina's sequences have one length each)")
+    imp.constant_lengths = lengths.astype(np.int64)
+
+
 @converter("LSTM", "GRU", "RNN", attributes={"activation_alpha", "activation_beta", "activations", "clip",
                                              "direction", "hidden_size", "input_forget", "layout",
                                              "linear_before_reset"})
@@ -76,11 +91,8 @@ def recurrent(imp, node, inputs, attrs):
         raise Refused("clip")
     if attrs.get("input_forget", 0):
         raise Refused("input_forget=1")
-    if isinstance(lengths, np.ndarray):  # constant lengths: every sequence whole (the fixed time size)
-        full = imp.static.get("T")
-        if full is None or lengths.ndim != 1 or np.any(lengths != full):
-            raise Refused(f"constant sequence_lens {lengths.tolist()} other than the fixed time size "
-                          f"{full} for every sequence (lamina takes lengths from its Sequences)")
+    if isinstance(lengths, np.ndarray):
+        _constant_lengths(imp, lengths)
     elif lengths is not None:
         if not (isinstance(lengths, Value) and lengths.producer is None and lengths.spec.kind == "int32"
                 and lengths.spec.shape == () and not lengths.spec.sequence):
