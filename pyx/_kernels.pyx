@@ -2159,6 +2159,8 @@ cdef extern from "pools.h" nogil:
                            const long* geo)
     void max_pool_inside_d(const double* x, long D, long H, long W, double* out, int* argmax, long oD, long oH, long oW,
                            const long* geo)
+    void max_pool_row_f(const float* x, long H, long W, long p0, long n, long sw, const long* geo, float* o, int* am)
+    void max_pool_row_d(const double* x, long H, long W, long p0, long n, long sw, const long* geo, double* o, int* am)
 
 
 def _check_pool_windows(str where, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t oD, Py_ssize_t oH,
@@ -2194,10 +2196,33 @@ def max_pool(real[:, :, :, ::1] x, real[:, :, :, ::1] out, int[:, ::1] argmax,
                 max_pool_inside_d(&x[q, 0, 0, 0], D, H, W, &out[q, 0, 0, 0], &argmax[q, 0] if keep else NULL,
                                   oD, oH, oW, geo)
         return
+    # otherwise, along each output row whose windows lie inside along depth and height, the
+    # windows [lo, hi) that lie inside along the width too run as pools.h's rows; the rest tap by
+    # tap with bounds
+    cdef long taps[6]
+    taps[:] = [kd, kh, kw, dd, dh, dw]
+    cdef Py_ssize_t lo, hi, last = W - 1 - (kw - 1) * dw + pw  # the last window start inside, padded
+    cdef Py_ssize_t first_inside = (pw + sw - 1) // sw, past_inside = last // sw + 1 if last >= 0 else 0
     for q in prange(P, nogil=True, schedule="static", use_threads_if=P * D * H * W > PARALLEL_MIN):
         for od in range(oD):
             for oh in range(oH):
+                lo = hi = 0
+                i_d = od * sd - pd
+                i_h = oh * sh - ph
+                if 0 <= i_d and i_d + (kd - 1) * dd < D and 0 <= i_h and i_h + (kh - 1) * dh < H \
+                        and first_inside < min(past_inside, oW):
+                    lo = first_inside
+                    hi = min(past_inside, oW)
+                    o = (od * oH + oh) * oW + lo
+                    if real is float:
+                        max_pool_row_f(&x[q, 0, 0, 0], H, W, (i_d * H + i_h) * W + lo * sw - pw, hi - lo, sw, taps,
+                                       &out[q, od, oh, lo], &argmax[q, o] if keep else NULL)
+                    else:
+                        max_pool_row_d(&x[q, 0, 0, 0], H, W, (i_d * H + i_h) * W + lo * sw - pw, hi - lo, sw, taps,
+                                       &out[q, od, oh, lo], &argmax[q, o] if keep else NULL)
                 for ow in range(oW):
+                    if lo <= ow < hi:
+                        continue
                     o = (od * oH + oh) * oW + ow
                     best_at = -1
                     best = 0

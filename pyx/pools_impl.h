@@ -88,14 +88,44 @@ static inline __attribute__((always_inline)) void SUFFIXED(pool_row_2x2)(const R
     }
 }
 
+/* o [n] = the maxima of n windows along a row whose every tap lies inside x [D][H][W]: window
+ * ow's first tap at flat position p0 + ow·sw, its taps a·dd, b·dh, e·dw apart (geo: kd, kh, kw,
+ * dd, dh, dw); am (unless NULL) their flat positions. Of equal maxima the first tap in window
+ * order wins, and a NaN only as the first: only a greater value replaces (the generic loop's
+ * rule). */
+LAMINA_CLONES static void SUFFIXED(max_pool_row)(const REAL *restrict x, long H, long W, long p0, long n, long sw,
+                                                 const long *geo, REAL *restrict o, int *restrict am) {
+    const long kd = geo[0], kh = geo[1], kw = geo[2], dd = geo[3], dh = geo[4], dw = geo[5];
+    for (long ow = 0; ow < n; ow++) o[ow] = x[p0 + ow * sw];
+    if (am)
+        for (long ow = 0; ow < n; ow++) am[ow] = (int)(p0 + ow * sw);
+    for (long a = 0; a < kd; a++)
+        for (long b = 0; b < kh; b++)
+            for (long e = 0; e < kw; e++) {
+                if (a == 0 && b == 0 && e == 0) continue;
+                const long tap = p0 + (a * dd * H + b * dh) * W + e * dw;
+                const REAL *restrict row = x + tap;
+                if (!am) {
+                    for (long ow = 0; ow < n; ow++) o[ow] = row[ow * sw] > o[ow] ? row[ow * sw] : o[ow];
+                    continue;
+                }
+                for (long ow = 0; ow < n; ow++) {
+                    REAL v = row[ow * sw];
+                    int greater = v > o[ow];
+                    o[ow] = greater ? v : o[ow];
+                    am[ow] = greater ? (int)(tap + ow * sw) : am[ow];
+                }
+            }
+}
+
 /* out [oD][oH][oW] = the maximum of each window of x [D][H][W], argmax its flat position in x
- * (the first of equal maxima, as the generic loop: only a greater value replaces), or no
- * positions where argmax is NULL. geo: kd, kh, kw, sd, sh, sw; the caller has checked that every
- * window lies inside x. */
+ * (as max_pool_row), or no positions where argmax is NULL. geo: kd, kh, kw, sd, sh, sw; the
+ * caller has checked that every window lies inside x. */
 LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long D, long H, long W,
                                                     REAL *restrict out, int *restrict argmax, long oD, long oH,
                                                     long oW, const long *geo) {
     const long kd = geo[0], kh = geo[1], kw = geo[2], sd = geo[3], sh = geo[4], sw = geo[5];
+    const long taps[6] = {kd, kh, kw, 1, 1, 1};
     const int two_by_two = kd == 1 && kh == 2 && kw == 2 && sh == 2 && sw == 2;
     for (long od = 0; od < oD; od++)
         for (long oh = 0; oh < oH; oh++) {
@@ -110,26 +140,10 @@ LAMINA_CLONES static void SUFFIXED(max_pool_inside)(const REAL *restrict x, long
                     SUFFIXED(pool_row_2x2)(x + base, base, W, o, NULL, oW, readable, writable);
                 continue;
             }
-            for (long ow = 0; ow < oW; ow++) o[ow] = x[base + ow * sw];
             if (am)
-                for (long ow = 0; ow < oW; ow++) am[ow] = (int)(base + ow * sw);
-            for (long a = 0; a < kd; a++)
-                for (long b = 0; b < kh; b++)
-                    for (long e = 0; e < kw; e++) {
-                        if (a == 0 && b == 0 && e == 0) continue;
-                        const long tap = base + (a * H + b) * W + e;
-                        const REAL *restrict row = x + tap;
-                        if (!am) {
-                            for (long ow = 0; ow < oW; ow++) o[ow] = row[ow * sw] > o[ow] ? row[ow * sw] : o[ow];
-                            continue;
-                        }
-                        for (long ow = 0; ow < oW; ow++) {
-                            REAL v = row[ow * sw];
-                            int greater = v > o[ow];
-                            o[ow] = greater ? v : o[ow];
-                            am[ow] = greater ? (int)(tap + ow * sw) : am[ow];
-                        }
-                    }
+                SUFFIXED(max_pool_row)(x, H, W, base, oW, sw, taps, o, am);
+            else
+                SUFFIXED(max_pool_row)(x, H, W, base, oW, sw, taps, o, NULL);
         }
 }
 

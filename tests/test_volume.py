@@ -329,3 +329,33 @@ def test_max_pool_indices_round_trip_and_stay_out_of_a_convolution(tmp_path):
     for name in ("y", "indices"):
         np.testing.assert_array_equal(again[name], out[name])
     assert again["indices"].dtype == np.int32
+
+
+@pytest.mark.parametrize("window", [((1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 1, 1)),
+                                    ((2, 3, 2), (1, 2, 3), (1, 1, 0), (1, 2, 1)),
+                                    ((1, 2, 3), (1, 1, 2), (0, 1, 1), (1, 2, 2))],
+                         ids=["3x3-stride-2-padded", "3-d-dilated", "dilated-2-d"])
+def test_padded_max_pools_choose_as_the_generic_rule(window):
+    """Padded windows: the rows of windows inside (pools.h) and the windows at the edges (tap by
+    tap with bounds) follow one rule: the first tap inside starts, only a greater value replaces
+    (of ties the first wins, a NaN stays only as the first tap inside), positions as the winners'."""
+    (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = window
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 3, (3, 5, 9, 17)).astype(np.float32)
+    x[0, 0, 0, 0], x[1, 2, 4, 7], x[2, 1, 3, 16] = np.nan, np.nan, np.nan
+    out_size = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in
+                zip(x.shape[1:], (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw))]
+    want, want_at = np.zeros([3] + out_size, np.float32), np.zeros([3] + out_size, np.int32)
+    for q, od, oh, ow in np.ndindex(*want.shape):
+        best, at = None, -1
+        for a, b, e in np.ndindex(kd, kh, kw):
+            i = (od * sd - pd + a * dd, oh * sh - ph + b * dh, ow * sw - pw + e * dw)
+            if all(0 <= j < n for j, n in zip(i, x.shape[1:])) and (best is None or x[(q,) + i] > best):
+                best, at = x[(q,) + i], np.ravel_multi_index(i, x.shape[1:])
+        want[q, od, oh, ow], want_at[q, od, oh, ow] = best, at
+    out, argmax = np.zeros_like(want), np.zeros((3, want[0].size), np.int32)
+    geometry = ((kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw))
+    for positions in (argmax, None):
+        lm.CPUBackend().max_pool(x[:, None], out[:, None], positions, geometry)
+        np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(argmax.reshape(want.shape), want_at)
