@@ -650,3 +650,51 @@ def test_rows_left_in_the_order_by_length_are_refused():
     mixing.graph.output.append(onnx.helper.make_tensor_value_info("mixed", onnx.TensorProto.FLOAT, ["b", "t", 5]))
     with pytest.raises(lm.onnx.UnsupportedModelError, match="node 'mix' .*mixes rows in the batch's order by length"):
         lm.onnx.load(mixing)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("attrs", [dict(peep=True), dict(clip=0.6), dict(peep=True, clip=0.9)],
+                         ids=["peepholes", "clip", "peepholes-clip"])
+def test_lstm_peepholes_and_clip_run_as_in_onnx_runtime(attrs, direction):
+    """An LSTM node with P (ONNX's rows i, o, f) and clip, lengths in sequence_lens and initial
+    states as inputs: lamina's run equals ONNX Runtime's, and so does lamina's own export of it."""
+    from onnx import TensorProto, helper, numpy_helper
+    T_, N_, C_, H_ = 6, 4, 3, 5
+    D_ = 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(4)
+    weights = {"W": rng.standard_normal((D_, 4 * H_, C_)), "R": rng.standard_normal((D_, 4 * H_, H_)),
+               "B": rng.standard_normal((D_, 8 * H_))}
+    if attrs.get("peep"):
+        weights["P"] = rng.standard_normal((D_, 3 * H_))
+    inits = [numpy_helper.from_array(a.astype(np.float32), name) for name, a in weights.items()]
+    node = helper.make_node("LSTM", ["X", "W", "R", "B", "lens", "h0", "c0", "P" if "P" in weights else ""],
+                            ["Y", "Y_h", "Y_c"], hidden_size=H_, name="lstm", direction=direction,
+                            **({"clip": attrs["clip"]} if "clip" in attrs else {}))
+    io = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [T_, "N", C_]),
+          helper.make_tensor_value_info("lens", TensorProto.INT32, ["N"]),
+          helper.make_tensor_value_info("h0", TensorProto.FLOAT, [D_, "N", H_]),
+          helper.make_tensor_value_info("c0", TensorProto.FLOAT, [D_, "N", H_])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+            (("Y", [T_, D_, "N", H_]), ("Y_h", [D_, "N", H_]), ("Y_c", [D_, "N", H_]))]
+    model = helper.make_model(helper.make_graph([node], "g", io, outs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"X": 2 * rng.standard_normal((T_, N_, C_)).astype(np.float32),
+             "lens": np.array([6, 3, 1, 6], np.int32),
+             "h0": rng.standard_normal((D_, N_, H_)).astype(np.float32),
+             "c0": rng.standard_normal((D_, N_, H_)).astype(np.float32)}
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    net = lm.onnx.load(model)
+    out = net.run(lm.onnx.feeds(net, feeds))
+    for name, want in zip(("Y", "Y_h", "Y_c"), theirs):
+        np.testing.assert_allclose(lm.onnx.to_onnx_layout(out[name], net.onnx_axes[name]), want, rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+    exported = lm.onnx.save(net).SerializeToString()
+    session = ort.InferenceSession(exported, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    ours = net.run(lm.onnx.feeds(net, feeds))
+    again = session.run(None, {n: v for n, v in {"X": np.ascontiguousarray(np.transpose(feeds["X"], (1, 0, 2))),
+                                                 "lengths": feeds["lens"].astype(np.int64),
+                                                 "h0": np.ascontiguousarray(np.transpose(feeds["h0"], (1, 0, 2))),
+                                                 "c0": np.ascontiguousarray(np.transpose(feeds["c0"], (1, 0, 2)))
+                                                 }.items() if n in names})
+    np.testing.assert_allclose(again[1], ours["Y_h"], rtol=1e-4, atol=1e-5)

@@ -441,6 +441,7 @@ def recurrent_net(kind, options, hidden, seed):
 @pytest.mark.parametrize("kind,options", [
     ("RNN", dict(nonlinearity="tanh")), ("RNN", dict(nonlinearity="relu", bidirectional=True)),
     ("LSTM", dict()), ("LSTM", dict(bidirectional=True, num_layers=2)), ("LSTM", dict(reverse=True)),
+    ("LSTM", dict(peepholes=True, clip=0.8, bidirectional=True)),
     ("GRU", dict()), ("GRU", dict(bidirectional=True, num_layers=2)),
     ("GRU", dict(linear_before_reset=False, bidirectional=True, num_layers=2)),
 ])

@@ -366,3 +366,63 @@ def test_matches_pytorch(kind, options):
     np.testing.assert_allclose(got[outs[1].name], hn.numpy().transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
     if kind == "lstm":
         np.testing.assert_allclose(got[outs[2].name], cn.numpy().transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+
+
+EXTENDED = [dict(peepholes=True), dict(clip=0.5), dict(peepholes=True, clip=0.7)]
+EXTENDED_IDS = ["peepholes", "clip", "peepholes-clip"]
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["forward", "bidirectional"])
+@pytest.mark.parametrize("options", EXTENDED, ids=EXTENDED_IDS)
+def test_lstm_peepholes_and_clip_gradients(options, bidirectional):
+    """float64 gradient check of every input, initial state and parameter (the peephole vectors
+    included), over ragged sequences large enough that many gates clip."""
+    D = 2 if bidirectional else 1
+    net = lm.Network()
+    x = net.input("x", 3, sequence=True)
+    h0, c0 = net.input("h0", (D, 4)), net.input("c0", (D, 4))
+    y, _, cell = LSTM(3, 4, bidirectional=bidirectional, **options)(x, h0, c0)
+    probes = [add_probe_cost(net, y), add_probe_cost(net, cell)]
+    net.astype("float64")
+    rng = np.random.default_rng(0)
+    seqs = lm.Sequences.from_list([rng.standard_normal((n, 3)) * 2 for n in (5, 3, 1)])
+    feeds = {"x": seqs, "h0": rng.standard_normal((3, D, 4)), "c0": 2 * rng.standard_normal((3, D, 4)),
+             probes[0]: probe_feed(net, probes[0], seqs), probes[1]: probe_feed(net, probes[1], 3)}
+    check_gradients(net, feeds)
+
+
+@pytest.mark.parametrize("options", EXTENDED, ids=EXTENDED_IDS)
+def test_lstm_peepholes_and_clip_match_the_numpy_loop(options, tmp_path):
+    """i, f read p ⊙ c_{t-1}, o reads p ⊙ c_t, every pre-activation clipped: a numpy loop, step by
+    step, for each sequence of a ragged batch; the model file keeps both settings."""
+    rng = np.random.default_rng(1)
+    layer = LSTM(3, 5, name="lstm", **options)
+    net = lm.Network()
+    x, c0 = net.input("x", 3, sequence=True), net.input("c0", (1, 5))
+    y, last, cell = layer(x, net.input("h0", (1, 5)), c0)
+    net.outputs(y=y, cell=cell)
+    seqs = [2 * rng.standard_normal((n, 3)).astype(np.float32) for n in (4, 6, 1)]
+    h0, c0 = rng.standard_normal((3, 1, 5)).astype(np.float32), rng.standard_normal((3, 1, 5)).astype(np.float32)
+    out = net.run({"x": lm.Sequences.from_list(seqs), "h0": h0, "c0": c0})
+    P = {k: v.value.astype(np.float64) for k, v in layer.params.items()}
+    peep = P.get("weight_peephole_l0", np.zeros((3, 5)))
+    clip = (lambda v: np.clip(v, -options["clip"], options["clip"])) if "clip" in options else (lambda v: v)
+    ys = []
+    for n, seq in enumerate(seqs):
+        h, c = h0[n, 0].astype(np.float64), c0[n, 0].astype(np.float64)
+        for step in seq:
+            z = P["weight_ih_l0"] @ step + P["weight_hh_l0"] @ h + P["bias_ih_l0"] + P["bias_hh_l0"]
+            zi, zf, zg, zo = np.split(z, 4)
+            i, f = sigmoid(clip(zi + peep[0] * c)), sigmoid(clip(zf + peep[1] * c))
+            c = f * c + i * np.tanh(clip(zg))
+            h = sigmoid(clip(zo + peep[2] * c)) * np.tanh(c)
+            ys.append(h)
+        np.testing.assert_allclose(out["cell"][n, 0], c, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["y"].values, np.array(ys), rtol=1e-5, atol=1e-6)
+    lm.save(net, tmp_path / "m.lamina")
+    loaded = lm.load(tmp_path / "m.lamina")
+    assert (loaded.layer("lstm").peepholes, loaded.layer("lstm").clip) == (layer.peepholes, layer.clip)
+    again = loaded.run({"x": lm.Sequences.from_list(seqs), "h0": h0, "c0": c0})
+    np.testing.assert_array_equal(again["y"].values, out["y"].values)
+    with pytest.raises(ValueError, match="clip must be a positive threshold, found 0"):
+        LSTM(3, 5, clip=0)

@@ -257,6 +257,10 @@ class _Recurrent(Layer):
                                                     dgh=dgh, dh0=dh0, dc0=dc0))
         self._weight_grads(ctx, sfx, l, d, layer_in, xs, hs, dg, dgh, init_h, in_target, index, h0_target, c0_target,
                            dh0, dc0)
+        self._cell_grads(ctx, sfx, l, d, dg, cs, init_c)
+
+    def _cell_grads(self, ctx, sfx, l, d, dg, cs, init_c):
+        """The gradients of the cell's own parameters, over every step (none here)."""
 
     def add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
         """dh_{t-1} += dG_t W_hh (the recurrent product's input gradient)."""
@@ -331,21 +335,163 @@ class RNN(_Recurrent):
 
 @register
 class LSTM(_Recurrent):
-    """i, f, g, o = σ, σ, tanh, σ of (x W_ihᵀ + b_ih + h W_hhᵀ + b_hh); c = f c + i g; h = o tanh(c)."""
+    """i, f, g, o = σ, σ, tanh, σ of (x W_ihᵀ + b_ih + h W_hhᵀ + b_hh); c = f c + i g; h = o tanh(c).
+
+    peepholes: the gates also read the cell, i and f the previous one and o the new one, each
+    through its own vector (`weight_peephole<sfx>`, rows i, f, o): i = σ(… + p_i c_{t-1}),
+    f = σ(… + p_f c_{t-1}), o = σ(… + p_o c_t) (ONNX's P, TensorFlow's use_peepholes). clip: every
+    gate's pre-activation is clipped to [-clip, clip] before its activation (ONNX's clip, the
+    gradient zero where clipped). Either runs the cell step by step from the backend's
+    element-wise operations (the fused recurrence has neither)."""
 
     kind = "lstm"
-    cell_name = "lstm"
     gates = 4
     cell_state = True
     separate_recurrent_bias = False
 
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 bidirectional: bool = False, reverse: bool = False, packed: Optional[bool] = None,
+                 name: Optional[str] = None, peepholes: bool = False, clip: Optional[float] = None) -> None:
+        super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, reverse, packed, name)
+        self.peepholes = bool(peepholes)
+        self.clip = None if clip is None else float(clip)
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"LSTM: clip must be a positive threshold, found {clip!r}")
+        if self.peepholes:
+            rng, bound = generator(), 1 / math.sqrt(self.hidden_size)
+            for l in range(self.num_layers):
+                for d in range(self.directions):
+                    self.add_param("weight_peephole" + self._suffix(l, d), uniform(rng, bound, (3, self.hidden_size)))
+
+    def config(self):
+        extra = {"peepholes": True} if self.peepholes else {}
+        return {**super().config(), **extra, **({"clip": self.clip} if self.clip is not None else {})}
+
+    @property
+    def cell_name(self):
+        return "lstm" if not (self.peepholes or self.clip is not None) else "lstm_extended"
+
     def cell_forward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c):
         if prev_h is not None:
             self._weight_product(ctx, prev_h, "weight_hh" + sfx, g, 1.0, transpose=True)
-        ctx.be.lstm_step(g, prev_c, c, h)
+        if self.cell_name == "lstm":
+            return ctx.be.lstm_step(g, prev_c, c, h)
+        be, H, n = ctx.be, self.hidden_size, g.shape[0]
+        pre = self.workspace(ctx, "pre", l, d, 4 * H)[rows]  # each gate's pre-activation, for backward
+        if self.peepholes and prev_c is not None:
+            for gate in (0, 1):  # i and f read c_{t-1}
+                self._add_peephole(ctx, sfx, gate, prev_c, g, gate * H)
+        be.copy(g, pre)
+        self._clip(ctx, g)
+        # lstm_step activates i, f and g and makes c; o (which reads c_t) and h are made again below
+        be.lstm_step(g, prev_c, c, h)
+        o, t = self._scratch(ctx, "o", n), self._scratch(ctx, "t", n)
+        be.copy_from_columns(pre, 3 * H, o)
+        if self.peepholes:
+            self._add_peephole(ctx, sfx, 2, c, o, None)
+            be.copy_to_columns(o, pre, 3 * H)
+        self._clip(ctx, o)
+        be.activation("sigmoid", o, o)
+        be.copy_to_columns(o, g, 3 * H)
+        be.activation("tanh", c, t)
+        be.multiply(o, t, h)
 
     def cell_backward(self, ctx, sfx, l, d, rows, g, prev_h, prev_c, h, c, dh, dc, dg, dgh, dprev_h, dprev_c):
-        ctx.be.lstm_step_backward(g, prev_c, c, dh, dc, dg, dprev_c)
+        if self.cell_name == "lstm":
+            return ctx.be.lstm_step_backward(g, prev_c, c, dh, dc, dg, dprev_c)
+        be, H, n = ctx.be, self.hidden_size, g.shape[0]
+        pre = self.workspace(ctx, "pre", l, d, 4 * H)[rows]
+        inside = self._inside_clip(ctx, pre) if self.clip is not None else None
+        if self.peepholes:  # o read c_t: its pre-activation's gradient reaches c_t through p_o
+            o, t, do = self._scratch(ctx, "o", n), self._scratch(ctx, "t", n), self._scratch(ctx, "do", n)
+            be.copy_from_columns(g, 3 * H, o)
+            be.activation("tanh", c, t)
+            be.multiply(dh, t, t)
+            be.activation_backward("sigmoid", o, t, do)
+            if inside is not None:
+                be.copy_from_columns(inside, 3 * H, t)
+                self._keep_inside(ctx, t, do)
+            self._add_peephole(ctx, sfx, 2, do, dc, None)
+        be.lstm_step_backward(g, prev_c, c, dh, dc, dg, dprev_c)
+        if inside is not None:
+            self._keep_inside(ctx, inside, dg)
+        if self.peepholes and dprev_c is not None:
+            di = self._scratch(ctx, "do", n)
+            for gate in (0, 1):  # c_{t-1} reached i and f through p_i and p_f
+                be.copy_from_columns(dg, gate * H, di)
+                self._add_peephole(ctx, sfx, gate, di, dprev_c, None)
+
+    def _cell_grads(self, ctx, sfx, l, d, dg, cs, init_c):
+        """dp_i = Σ dG_i c_{t-1} and dp_f = Σ dG_f c_{t-1} over the rows with a previous cell,
+        dp_o = Σ dG_o c_t over every row."""
+        grad = ctx.param_grad("weight_peephole" + sfx) if self.peepholes else None
+        if grad is None:
+            return
+        be, order, H = ctx.be, ctx.order, self.hidden_size
+        n_seq, total = order.num_sequences, int(order.step_starts[-1])
+        first = 0 if init_c is not None else n_seq  # rows of step 0 have no previous cell without c0
+        cprev = self.workspace(ctx, "cprev", l, d, H)
+        if init_c is not None:
+            be.copy(init_c, cprev[:n_seq])
+        if total > n_seq:
+            be.gather_rows(cs, order.previous_rows, cprev[n_seq:total])
+        part, product = self.workspace(ctx, "dpart", l, d, H), self.workspace(ctx, "dproduct", l, d, H)
+        for row, gate, cells, start in ((0, 0, cprev, first), (1, 1, cprev, first), (2, 3, cs, 0)):
+            be.copy_from_columns(dg, gate * H, part)
+            be.multiply(part[start:total], cells[start:total], product[start:total])
+            be.bias_grad(product[start:total], grad.array[row], grad.beta)
+
+    # the pieces of the extended cell, from the backend's element-wise operations
+    def _scratch(self, ctx, key, rows):
+        return ctx.workspace(("lstm", key), (ctx.order.num_sequences, self.hidden_size))[:rows]
+
+    def _row(self, ctx, value, width):
+        """A row of `width` values equal to `value` (select reads one row for every row)."""
+        row = ctx.workspace(("lstm row", value, width), (width,))
+        ctx.be.fill(row, value)
+        return row
+
+    def _add_peephole(self, ctx, sfx, k, x, out, col):
+        """out (its columns col.., or all of it where col is None) += p_k x, p_k row k of the
+        direction's peephole weights spread over x's rows."""
+        be, n = ctx.be, x.shape[0]
+        spread, product = self._scratch(ctx, "spread", n), self._scratch(ctx, "product", n)
+        ones = be.ones(x.size, x.dtype).reshape(x.shape)
+        be.select(ones, self.params["weight_peephole" + sfx].buffer[k], x, spread)
+        be.multiply(spread, x, product)
+        if col is None:
+            be.axpby(1.0, product.reshape(-1), 1.0, out.reshape(-1))
+        else:
+            be.copy_to_columns(product, out, col, beta=1.0)
+
+    def _clip(self, ctx, x):
+        """x clipped to [-clip, clip] in place (NaN stays NaN)."""
+        if self.clip is None:
+            return
+        be, width = ctx.be, x.shape[1]
+        over, kept = (ctx.workspace(("lstm clip", key, width), (ctx.order.num_sequences, width))[:x.shape[0]]
+                      for key in ("over", "kept"))
+        for sign in (1.0, -1.0):  # over = sign x - clip: positive past the bound on that side
+            be.axpby(sign, x.reshape(-1), 0.0, over.reshape(-1))
+            be.add_bias(over, self._row(ctx, -self.clip, width))
+            be.select(over, self._row(ctx, sign * self.clip, width), x, kept)
+            be.copy(kept, x)
+
+    def _keep_inside(self, ctx, inside, grad):
+        """grad zeroed where `inside` is not positive (a clipped pre-activation)."""
+        width = grad.shape[1]
+        kept = ctx.workspace(("lstm clip", "kept", width), (ctx.order.num_sequences, width))[:grad.shape[0]]
+        ctx.be.select(inside, grad, self._row(ctx, 0.0, width), kept)
+        ctx.be.copy(kept, grad)
+
+    def _inside_clip(self, ctx, pre):
+        """clip - |pre|: positive where a pre-activation passed the clip unchanged."""
+        be = ctx.be
+        inside = self.workspace(ctx, "inside", 0, 0, pre.shape[1])[:pre.shape[0]]
+        be.activation("abs", pre, inside)
+        be.axpby(-1.0, inside.reshape(-1), 0.0, inside.reshape(-1))
+        be.add_bias(inside, self._row(ctx, self.clip, pre.shape[1]))
+        return inside
 
 
 @register

@@ -554,6 +554,8 @@ def recurrent(g, layer, ins, specs, node):
         attrs["linear_before_reset"] = int(layer.linear_before_reset)
     if layer.kind == "rnn" and layer.nonlinearity == "relu":
         attrs["activations"] = ["Relu"] * D
+    if layer.kind == "lstm" and layer.clip is not None:
+        attrs["clip"] = layer.clip
     x, lasts, cells = ins[0], [], []
     for l in range(layer.num_layers):
         sfx = [layer._suffix(l, d) for d in range(D)]
@@ -573,6 +575,9 @@ def recurrent(g, layer, ins, specs, node):
                       for what, v in (("first", l * D), ("end", (l + 1) * D), ("axis", 1))]
             mine = g.node("Slice", [state, *bounds], name=f"{node.name}_l{l}_initial")
             args.append(g.node("Transpose", [mine], name=f"{node.name}_l{l}_initial_state_major", perm=[1, 0, 2]))
+        if layer.kind == "lstm" and layer.peepholes:  # P [D, 3H], ONNX's order i, o, f (lamina's rows i, f, o)
+            peep = np.stack([param(layer, "weight_peephole" + s)[[0, 2, 1]].reshape(-1) for s in sfx])
+            args += [""] * (7 - len(args)) + [g.constant(f"{node.name}.P_l{l}", peep)]
         outs = [g.fresh(f"{node.name}_l{l}_{o}") for o in (("Y", "Y_h", "Y_c") if op == "LSTM" else ("Y", "Y_h"))]
         g.nodes.append(g.helper.make_node(op, args, outs, name=g.fresh(f"{node.name}_l{l}"), **attrs))
         y = g.node("Transpose", [outs[0]], name=f"{node.name}_l{l}_batch_major", perm=[2, 0, 1, 3])

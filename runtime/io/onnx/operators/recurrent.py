@@ -87,8 +87,9 @@ def recurrent(imp, node, inputs, attrs):
         nonlinearity = "relu"
     elif acts and acts != DEFAULT_ACTIVATIONS[op] * directions:
         raise Refused(f"activations {acts}")
-    if "clip" in attrs:
-        raise Refused("clip")
+    clip = attrs.get("clip")
+    if clip is not None and (op != "LSTM" or not clip > 0):
+        raise Refused(f"clip {clip} (lamina clips an LSTM's gates, at a positive threshold)")
     if attrs.get("input_forget", 0):
         raise Refused("input_forget=1")
     if isinstance(lengths, np.ndarray):
@@ -99,7 +100,12 @@ def recurrent(imp, node, inputs, attrs):
             raise Refused("sequence_lens other than an input of one length per sequence")
         # the lengths of the Sequences lamina is fed: the input is read by lm.onnx.feeds, not the layers
         imp.length_inputs.add(lengths.name)
-    _zero_or_absent(peep, "peepholes P", "lamina's LSTM has no peephole connections")
+    peepholes = peep is not None and not isinstance(peep, shapes.Zeros) and \
+        not (isinstance(peep, np.ndarray) and not np.any(peep))
+    if peepholes:
+        peep = const(peep, "P")
+        if peep.shape != (directions, 3 * hidden):
+            raise Refused(f"P {list(peep.shape)}: expected {[directions, 3 * hidden]}")
     if w.shape[0] != directions:
         raise Refused(f"W holds {w.shape[0]} directions, direction={direction}")
     gates = len(GATE_ORDER[op])
@@ -113,6 +119,8 @@ def recurrent(imp, node, inputs, attrs):
     kw = {"nonlinearity": nonlinearity} if op == "RNN" else {}
     if op == "GRU":
         kw["linear_before_reset"] = bool(attrs.get("linear_before_reset", 0))
+    if op == "LSTM":
+        kw.update(peepholes=peepholes, clip=clip)
     layer = kind(x.spec.shape[0], hidden, bidirectional=directions == 2, reverse=direction == "reverse", **kw)
     for d in range(directions):
         sfx = layer._suffix(0, d)
@@ -122,6 +130,8 @@ def recurrent(imp, node, inputs, attrs):
         half = len(bias) // 2
         assign(layer, "bias_ih" + sfx, _reorder(bias[:half], op, hidden))
         assign(layer, "bias_hh" + sfx, _reorder(bias[half:], op, hidden))
+        if peepholes:  # ONNX's rows i, o, f; lamina's i, f, o
+            assign(layer, "weight_peephole" + sfx, peep[d].reshape(3, hidden)[[0, 2, 1]])
     outs = imp.add(layer, [x] + states, node)
     y, last = outs[0], outs[1]
     results = []
