@@ -204,8 +204,8 @@ class Backend(ABC):
     def select(self, cond, a, b, out):
         """out = a where cond > 0, else b (NaN in cond: b), element-wise (ONNX's Where, with the
         condition as a float). cond has out's shape; a and b have it too, or hold one row that
-        every row of out reads (size out.size // out.shape[0]). Check the sizes with
-        `select_sizes`."""
+        every row of out reads (size out.size // out.shape[0]). out may be b's array, never a's
+        (a backend may write b into out first). Check the sizes with `select_sizes`."""
 
     @abstractmethod
     def round_to_bfloat16(self, x, y):
