@@ -262,6 +262,18 @@ class _Recurrent(Layer):
     def _cell_grads(self, ctx, sfx, l, d, dg, cs, init_c):
         """The gradients of the cell's own parameters, over every step (none here)."""
 
+    def _previous_states(self, ctx, l, d, key, states, init):
+        """(each row's previous state, the first row that has one): rows of step 0 take the initial
+        state, or have none where `init` is None."""
+        order, n_seq = ctx.order, ctx.order.num_sequences
+        total = int(order.step_starts[-1])
+        previous = self.workspace(ctx, key, l, d, self.hidden_size)
+        if init is not None:
+            ctx.be.copy(init, previous[:n_seq])
+        if total > n_seq:
+            ctx.be.gather_rows(states, order.previous_rows, previous[n_seq:total])
+        return previous, 0 if init is not None else n_seq
+
     def add_recurrent_grad(self, ctx, sfx, dgh, dprev_h):
         """dh_{t-1} += dG_t W_hh (the recurrent product's input gradient)."""
         self._weight_product(ctx, dgh, "weight_hh" + sfx, dprev_h, 1.0, transpose=False)
@@ -274,19 +286,14 @@ class _Recurrent(Layer):
                       c0_target, dh0, dc0):
         """Weight and bias gradients, one GEMM each over every step, then the input gradient."""
         be, order, H = ctx.be, ctx.order, self.hidden_size
-        n_seq, total = order.num_sequences, int(order.step_starts[-1])
+        total = int(order.step_starts[-1])
         k = l * self.directions + d
         grad = ctx.param_grad("weight_ih" + sfx)
         if grad is not None:
             be.gemm_in(ctx.precision, dg, xs, grad.array, trans_a=True, beta=grad.beta)
         grad = ctx.param_grad("weight_hh" + sfx)
         if grad is not None:
-            hprev = self.workspace(ctx, "hprev", l, d, H)  # each row's previous state
-            first = 0 if init_h is not None else n_seq  # rows of step 0 have no previous state
-            if init_h is not None:
-                be.copy(init_h, hprev[:n_seq])
-            if total > n_seq:
-                be.gather_rows(hs, order.previous_rows, hprev[n_seq:total])
+            hprev, first = self._previous_states(ctx, l, d, "hprev", hs, init_h)
             self._recurrent_weight_grad(ctx, l, d, dgh[first:total], hprev[first:total], grad)
         if self.has_bias:
             for name, src in (("bias_ih" + sfx, dg), ("bias_hh" + sfx, dgh)):
@@ -401,20 +408,20 @@ class LSTM(_Recurrent):
             return ctx.be.lstm_step_backward(g, prev_c, c, dh, dc, dg, dprev_c)
         be, H, n = ctx.be, self.hidden_size, g.shape[0]
         pre = self.workspace(ctx, "pre", l, d, 4 * H)[rows]
-        inside = self._inside_clip(ctx, pre) if self.clip is not None else None
+        clipped = self._past_clip(ctx, pre) if self.clip is not None else None
         if self.peepholes:  # o read c_t: its pre-activation's gradient reaches c_t through p_o
             o, t, do = self._scratch(ctx, "o", n), self._scratch(ctx, "t", n), self._scratch(ctx, "do", n)
             be.copy_from_columns(g, 3 * H, o)
             be.activation("tanh", c, t)
             be.multiply(dh, t, t)
             be.activation_backward("sigmoid", o, t, do)
-            if inside is not None:
-                be.copy_from_columns(inside, 3 * H, t)
-                self._keep_inside(ctx, t, do)
+            if clipped is not None:
+                be.copy_from_columns(clipped, 3 * H, t)
+                be.select(t, self._row(ctx, 0.0, H), do, do)
             self._add_peephole(ctx, sfx, 2, do, dc, None)
         be.lstm_step_backward(g, prev_c, c, dh, dc, dg, dprev_c)
-        if inside is not None:
-            self._keep_inside(ctx, inside, dg)
+        if clipped is not None:  # no gradient where a pre-activation was clipped
+            be.select(clipped, self._row(ctx, 0.0, 4 * H), dg, dg)
         if self.peepholes and dprev_c is not None:
             di = self._scratch(ctx, "do", n)
             for gate in (0, 1):  # c_{t-1} reached i and f through p_i and p_f
@@ -427,14 +434,8 @@ class LSTM(_Recurrent):
         grad = ctx.param_grad("weight_peephole" + sfx) if self.peepholes else None
         if grad is None:
             return
-        be, order, H = ctx.be, ctx.order, self.hidden_size
-        n_seq, total = order.num_sequences, int(order.step_starts[-1])
-        first = 0 if init_c is not None else n_seq  # rows of step 0 have no previous cell without c0
-        cprev = self.workspace(ctx, "cprev", l, d, H)
-        if init_c is not None:
-            be.copy(init_c, cprev[:n_seq])
-        if total > n_seq:
-            be.gather_rows(cs, order.previous_rows, cprev[n_seq:total])
+        be, H, total = ctx.be, self.hidden_size, int(ctx.order.step_starts[-1])
+        cprev, first = self._previous_states(ctx, l, d, "cprev", cs, init_c)
         part, product = self.workspace(ctx, "dpart", l, d, H), self.workspace(ctx, "dproduct", l, d, H)
         for row, gate, cells, start in ((0, 0, cprev, first), (1, 1, cprev, first), (2, 3, cs, 0)):
             be.copy_from_columns(dg, gate * H, part)
@@ -464,34 +465,27 @@ class LSTM(_Recurrent):
         else:
             be.copy_to_columns(product, out, col, beta=1.0)
 
+    def _over(self, ctx, x):
+        """A scratch of x's shape for the clip's comparisons."""
+        width = x.shape[1]
+        return ctx.workspace(("lstm clip", width), (ctx.order.num_sequences, width))[:x.shape[0]]
+
     def _clip(self, ctx, x):
         """x clipped to [-clip, clip] in place (NaN stays NaN)."""
         if self.clip is None:
             return
-        be, width = ctx.be, x.shape[1]
-        over, kept = (ctx.workspace(("lstm clip", key, width), (ctx.order.num_sequences, width))[:x.shape[0]]
-                      for key in ("over", "kept"))
+        be, width, over = ctx.be, x.shape[1], self._over(ctx, x)
         for sign in (1.0, -1.0):  # over = sign x - clip: positive past the bound on that side
             be.axpby(sign, x.reshape(-1), 0.0, over.reshape(-1))
             be.add_bias(over, self._row(ctx, -self.clip, width))
-            be.select(over, self._row(ctx, sign * self.clip, width), x, kept)
-            be.copy(kept, x)
+            be.select(over, self._row(ctx, sign * self.clip, width), x, x)
 
-    def _keep_inside(self, ctx, inside, grad):
-        """grad zeroed where `inside` is not positive (a clipped pre-activation)."""
-        width = grad.shape[1]
-        kept = ctx.workspace(("lstm clip", "kept", width), (ctx.order.num_sequences, width))[:grad.shape[0]]
-        ctx.be.select(inside, grad, self._row(ctx, 0.0, width), kept)
-        ctx.be.copy(kept, grad)
-
-    def _inside_clip(self, ctx, pre):
-        """clip - |pre|: positive where a pre-activation passed the clip unchanged."""
-        be = ctx.be
-        inside = self.workspace(ctx, "inside", 0, 0, pre.shape[1])[:pre.shape[0]]
-        be.activation("abs", pre, inside)
-        be.axpby(-1.0, inside.reshape(-1), 0.0, inside.reshape(-1))
-        be.add_bias(inside, self._row(ctx, self.clip, pre.shape[1]))
-        return inside
+    def _past_clip(self, ctx, pre):
+        """|pre| - clip: positive where a pre-activation was clipped."""
+        past = self._over(ctx, pre)
+        ctx.be.activation("abs", pre, past)
+        ctx.be.add_bias(past, self._row(ctx, -self.clip, pre.shape[1]))
+        return past
 
 
 @register

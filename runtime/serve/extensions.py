@@ -60,15 +60,14 @@ def model_config(name, model):
     sample, -1 where a sequence's steps vary and on an input's dynamic axes), with lamina's batching settings and limits."""
     net = model.net
 
-    def tensor(vname, spec, datatype):
+    def tensor(vname, spec):
         dynamic = net.dynamic_axes.get(vname, {})
         dims = ([-1] if spec.sequence else []) + [-1 if i in dynamic else size for i, size in enumerate(spec.shape)]
-        return {"name": vname, "data_type": CONFIG_TYPES[datatype], "dims": dims or [1]}
-    inputs = [tensor(v, net.values[v].spec, spec_datatype(net.values[v].spec)) for v in model.inputs]
+        return {"name": vname, "data_type": CONFIG_TYPES[spec_datatype(spec)], "dims": dims or [1]}
+    inputs = [tensor(v, net.values[v].spec) for v in model.inputs]
     for entry in inputs:
         entry["optional"] = entry["name"] in model.optional
-    outputs = [tensor(o, net.values[net.output_values[o]].spec, spec_datatype(net.values[net.output_values[o]].spec))
-               for o in model.outputs]
+    outputs = [tensor(o, net.values[net.output_values[o]].spec) for o in model.outputs]
     limits = model.limits
     return {"name": name, "platform": "lamina", "backend": "lamina", "version_policy": {"latest": {"num_versions": 1}},
             "max_batch_size": model.max_batch_size, "input": inputs, "output": outputs,

@@ -91,20 +91,19 @@ def model_metadata(name, model):
     the batch's, a sequence's steps or an input's dynamic axes (Network.dynamic_axes);
     a sequence input or output marked with parameters.sequence, an input a request may leave
     out (zeros) with parameters.optional, each output's inputs listed in parameters.inputs)."""
-    def tensor(vname, kind_dtype, spec):
+    def tensor(vname, spec):
         dynamic = net.dynamic_axes.get(vname, {})
-        entry = {"name": vname, "datatype": kind_dtype,
+        entry = {"name": vname, "datatype": spec_datatype(spec),
                  "shape": [-1, *(-1 if i in dynamic else size for i, size in enumerate(spec.shape))]}
         if spec.sequence:
             entry["parameters"] = {"sequence": True}
         return entry
     net = model.net
-    inputs = [tensor(v, spec_datatype(net.values[v].spec), net.values[v].spec) for v in model.inputs]
+    inputs = [tensor(v, net.values[v].spec) for v in model.inputs]
     for entry in inputs:
         if entry["name"] in model.optional:  # a recurrent layer's initial state: zeros when left out
             entry["parameters"] = {**entry.get("parameters", {}), "optional": True}
-    outputs = [tensor(o, spec_datatype(net.values[net.output_values[o]].spec), net.values[net.output_values[o]].spec)
-               for o in model.outputs]
+    outputs = [tensor(o, net.values[net.output_values[o]].spec) for o in model.outputs]
     for entry in outputs:  # which inputs a request for this output sends (the LM's nll needs next)
         entry["parameters"] = {**entry.get("parameters", {}), "inputs": model.reads[entry["name"]]}
     return {"name": name, "versions": ["1"], "platform": "lamina", "inputs": inputs, "outputs": outputs,

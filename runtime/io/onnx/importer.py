@@ -454,8 +454,8 @@ class Importer:
             if out.name in self.sorted_rows:
                 self.problems.append((out.name, "output", "rows left in the batch's order by length (lamina keeps the "
                                                           "batch's own order)"))
-            elif pool_indices.check_output(self, out.name, v):
-                self.problems.append((out.name, "output", pool_indices.check_output(self, out.name, v)))
+            elif (problem := pool_indices.output_problem(self, out.name)) is not None:
+                self.problems.append((out.name, "output", problem))
             elif isinstance(v, Value):
                 outputs[out.name] = v
             elif not isinstance(v, Unknown):

@@ -12,7 +12,6 @@ countings can differ (anything but a static batch of one sample of one channel).
 """
 import numpy as np
 
-from ....graph import Value
 from ..registry import Refused, const
 
 
@@ -80,9 +79,9 @@ def _plane_starts(inputs):
     return PlaneStarts(every.x)
 
 
-def check_output(imp, name, value):
-    """A model output of positions counted ONNX's way: a problem unless the batch is a static 1
-    and the pooled input has one channel (where both countings agree)."""
+def output_problem(imp, name):
+    """Why model output `name` cannot be lamina's (positions counted ONNX's way, where the batch
+    is not a static 1 or the pooled input has more than one channel), or None."""
     x = imp.flat_indices.get(name)
     if x is None:
         return None
@@ -91,6 +90,3 @@ def check_output(imp, name, value):
     return ("MaxPool's Indices as a model output: ONNX counts them over the whole batch and lamina within each "
             "sample's channel plane, which agree only for a static batch of 1 and one channel (subtract each "
             "plane's first position in the model, as PyTorch's exporters write return_indices)")
-
-
-__all__ = ["EveryPosition", "PlaneStarts", "Value", "convert", "handles", "pooled", "check_output"]

@@ -14,8 +14,12 @@ GATE_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2), "RNN": (0,)}
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 
 
+def _is_zero_or_absent(x):
+    return x is None or isinstance(x, shapes.Zeros) or (isinstance(x, np.ndarray) and not np.any(x))
+
+
 def _zero_or_absent(x, what, why="lamina's initial states are zero or inputs"):
-    if x is not None and not isinstance(x, shapes.Zeros) and (not isinstance(x, np.ndarray) or np.any(x)):
+    if not _is_zero_or_absent(x):
         raise Refused(f"{what} other than zero ({why})")
 
 
@@ -100,8 +104,7 @@ def recurrent(imp, node, inputs, attrs):
             raise Refused("sequence_lens other than an input of one length per sequence")
         # the lengths of the Sequences lamina is fed: the input is read by lm.onnx.feeds, not the layers
         imp.length_inputs.add(lengths.name)
-    peepholes = peep is not None and not isinstance(peep, shapes.Zeros) and \
-        not (isinstance(peep, np.ndarray) and not np.any(peep))
+    peepholes = not _is_zero_or_absent(peep)
     if peepholes:
         peep = const(peep, "P")
         if peep.shape != (directions, 3 * hidden):
