@@ -117,3 +117,28 @@ def stable_rng(*key):
     so a data-dependent failure could not be reproduced)."""
     digest = hashlib.sha256(repr(key).encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+# Tests that run a long subprocess (marked background(start, stop)) start it as soon as
+# collection ends and run last, so that it runs on the core the rest of the session leaves idle
+# and the test itself only collects its result; what is still running when the session ends is
+# stopped.
+_background_stops: set = set()
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("background") is not None)
+
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        marker = item.get_closest_marker("background")
+        if marker is not None:
+            start, stop = marker.args
+            start(item)
+            _background_stops.add(stop)
+
+
+def pytest_sessionfinish(session):
+    for stop in _background_stops:
+        stop()

@@ -4,6 +4,7 @@ every path this machine can run is tested on it."""
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,21 +52,52 @@ def test_a_bad_lamina_isa_is_one_clear_error():
 
 # the float32 cases in the default run (what inference and training take); every case in the
 # slow run (make test-all): the float64 kernels (gradient checks) are their own vectorised code
-@pytest.mark.parametrize("cases", ["not float64", pytest.param("", marks=pytest.mark.slow)],
-                         ids=["float32", "all"])
-def test_the_kernel_tests_pass_on_every_lower_path(cases):
+LOWER_PATH_CASES = {"float32": "not float64", "all": ""}
+_lower_path_runs: dict = {}  # cases -> {path: (the pytest process running KERNEL_TESTS on it, its output file)}
+
+
+def lower_paths():
+    return [p for p in PATHS[1:] if p != PATH and runnable(p)]
+
+
+def start_in_background(item):
+    """Starts the lower-path runs of a collected test item (the background mark: conftest calls
+    this once collection ends), so that they run on the cores the rest of the session leaves idle
+    (it is mostly one busy Python thread) and the test only collects them."""
+    cases = item.callspec.params["cases"]
+    if cases not in _lower_path_runs:
+        selection = "not opencl and not reference-core" + (f" and {LOWER_PATH_CASES[cases]}"
+                                                           if LOWER_PATH_CASES[cases] else "")
+        runs = _lower_path_runs[cases] = {}
+        for path in lower_paths():
+            output = tempfile.TemporaryFile()
+            runs[path] = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                           *KERNEL_TESTS, "-k", selection, "-m", "not slow"],
+                                          cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
+                                          env={**os.environ, "LAMINA_ISA": path},
+                                          preexec_fn=lambda: os.nice(5)), output
+    return _lower_path_runs[cases]
+
+
+def stop_in_background():
+    """Ends the lower-path runs still going when the session ends (it was interrupted)."""
+    for runs in _lower_path_runs.values():
+        for proc, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.background(start_in_background, stop_in_background)
+@pytest.mark.parametrize("cases", ["float32", pytest.param("all", marks=pytest.mark.slow)])
+def test_the_kernel_tests_pass_on_every_lower_path(cases, request):
     """Each path below the one this run takes, in a process of its own, all at once (each is
-    mostly one busy Python thread)."""
-    lower = [p for p in PATHS[1:] if p != PATH and runnable(p)]
-    if not lower:
+    mostly one busy Python thread), started when collection ended."""
+    if not lower_paths():
         pytest.skip(f"this CPU runs only the {PATH} path, which this run takes")
-    selection = "not opencl and not reference-core" + (f" and {cases}" if cases else "")
-    runs = {path: subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                    *KERNEL_TESTS, "-k", selection, "-m", "not slow"],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "LAMINA_ISA": path}) for path in lower}
-    for path, proc in runs.items():
-        out, err = proc.communicate(timeout=900)
-        tail = out[-3000:]
-        assert proc.returncode == 0, f"LAMINA_ISA={path}:\n" + tail + err[-2000:]
+    for path, (proc, output) in start_in_background(request.node).items():
+        proc.wait(timeout=900)
+        output.seek(0)
+        tail = output.read().decode(errors="replace")[-4000:]
+        assert proc.returncode == 0, f"LAMINA_ISA={path}:\n" + tail
         assert " passed" in tail and "failed" not in tail, path
