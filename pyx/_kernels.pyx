@@ -1972,8 +1972,8 @@ cdef extern from "winograd.h" nogil:
         void** M
         void* y
         long N, x_stride, y_stride, C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, TD, TH, TW, COp, cout, T, oD, oH, oW
-        long next
-        int depth3, relu, accumulate, pool
+        long next, arrived
+        int depth3, relu, accumulate, pool, split
     void wino_batch_member_f(void* job, int t, int nt)
     void wino_batch_member_d(void* job, int t, int nt)
 
@@ -2015,7 +2015,8 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     pd = 0), padding (pd, ph, pw), by Winograd F(2, 3) (winograd.h); when overwriting, plus bias
     (None: none) and through a ReLU where relu is set. packed: the transformed, panel-packed
     weights; xcl, V, M: sequences of scratch arrays, one of each for each of `threads` (team.h),
-    which take runs of samples (lamina_claim_run). Sizes from winograd_workspace, all checked once
+    which take runs of samples (lamina_claim_run), or, for a batch smaller than the team, share
+    each sample's rows of tiles (in xcl[0]). Sizes from winograd_workspace, all checked once
     for the samples. With `pool` (not with accumulate), y is the max pool of kernel 2 and stride 2
     of those outputs (along height and width, and depth when depth3; sizes rounded down), after
     the bias and the ReLU: each 2x2(x2) tile of the transform is one window."""
@@ -2057,7 +2058,8 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     job.C, job.D, job.H, job.W, job.pd, job.ph, job.pw = C, D, H, W, pd, ph, pw
     job.Cp, job.Dp, job.Hp, job.Wp, job.TD, job.TH, job.TW = Cp, Dp, Hp, Wp, TD, TH, TW
     job.COp, job.cout, job.T, job.oD, job.oH, job.oW = COp, cout, block, oD, oH, oW
-    job.next, job.depth3, job.relu, job.accumulate, job.pool = 0, depth3, relu, accumulate, pool
+    job.next, job.arrived, job.depth3, job.relu, job.accumulate, job.pool = 0, 0, depth3, relu, accumulate, pool
+    job.split = N < threads
     with nogil:
         lamina_team_run(threads, wino_batch_member_f if real is float else wino_batch_member_d, &job)
 

@@ -190,6 +190,13 @@ static inline long lamina_claim_run(long *next, long n, int nt, long *end) {
     return n;
 }
 
+/* The k-th barrier (k = 1, 2, ...) of a job whose nt members all pass it: each waits here until
+ * all nt have arrived (the job's counter *arrived, 0 at its start, reaches k·nt). */
+static void lamina_team_barrier(long *arrived, long k, int nt) {
+    lamina_team_count(arrived);
+    lamina_team_wait(arrived, k * nt, lamina_team.spin, NULL);
+}
+
 /* The workers stop watching for work and sleep (until the next team). */
 static void lamina_team_rest(void) { __atomic_store_n(&lamina_team.rest, 1, __ATOMIC_RELAXED); }
 

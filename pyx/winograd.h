@@ -28,16 +28,18 @@
 #include "team.h"
 
 /* Every sample of a batch on a team (team.h, wino_batch_member_f or _d): each member takes runs
- * of samples no member has taken (lamina_claim_run), pads each into
- * its own xcl and transforms it in its own V and M (member t's: xcl[t], V[t], M[t]); samples
- * at x + n·x_stride and y + n·y_stride (in values of the member's type). */
+ * of samples no member has taken (lamina_claim_run), pads each into its own xcl and transforms it
+ * in its own V and M (member t's: xcl[t], V[t], M[t]); or, with split set (for a batch smaller
+ * than the team), the members share each sample's padding and then its rows of tiles, in one xcl
+ * (xcl[0]). Samples at x + n·x_stride and y + n·y_stride (in values of the member's type). next
+ * and arrived start at 0. */
 typedef struct {
     const void *x, *packed, *bias;
     void *const *xcl, *const *V, *const *M;
     void *y;
     long N, x_stride, y_stride, C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, TD, TH, TW, COp, cout, T, oD, oH, oW;
-    long next;
-    int depth3, relu, accumulate, pool;
+    long next, arrived;
+    int depth3, relu, accumulate, pool, split;
 } lamina_wino_batch;
 
 /* Values from one tile to the next in V (channels Cp) or M (channels COp): a tile's XI points

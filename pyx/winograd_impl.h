@@ -227,54 +227,55 @@ static inline __attribute__((always_inline)) void SUFFIXED(wino_transpose)(VEC *
 #endif
 }
 
-/* xcl [Dp][Hp][Wp][Cp] = one sample x [C][D][H][W] channels-last at (pd, ph, pw), zero elsewhere
- * (the padding, and channels C..Cp): whole lines outside x and each line's ends are cleared, the
- * rest written once, in order. */
+/* Lines [l0, l1) of xcl [Dp][Hp][Wp][Cp] (line l: dd = l / Hp, hh = l % Hp) = one sample x
+ * [C][D][H][W] channels-last at (pd, ph, pw), zero elsewhere (the padding, and channels C..Cp):
+ * whole lines outside x and each line's ends are cleared, the rest written once, in order. */
 LAMINA_CLONES static void SUFFIXED(wino_pad_input)(const REAL *x, long C, long D, long H, long W, long pd, long ph,
-                                                   long pw, long Cp, long Dp, long Hp, long Wp, REAL *xcl) {
-    for (long dd = 0; dd < Dp; dd++)
-        for (long hh = 0; hh < Hp; hh++) {
-            REAL *line = xcl + (dd * Hp + hh) * Wp * Cp;
-            const long d = dd - pd, h = hh - ph;
-            if (d < 0 || d >= D || h < 0 || h >= H) {
-                memset(line, 0, Wp * Cp * sizeof(REAL));
-                continue;
-            }
-            memset(line, 0, pw * Cp * sizeof(REAL));
-            memset(line + (pw + W) * Cp, 0, (Wp - pw - W) * Cp * sizeof(REAL));
-            if (Cp > C)
-                for (long w = 0; w < W; w++) memset(line + (pw + w) * Cp + C, 0, (Cp - C) * sizeof(REAL));
-            const REAL *src = x + (d * H + h) * W;  /* channel c's row at src + c·D·H·W */
-            const long plane = D * H * W;
-            long c0 = 0;
-            for (; c0 + LANES <= C; c0 += LANES) {  /* blocks of LANES channels x LANES widths */
-                long w = 0;
-                for (; w + LANES <= W; w += LANES) {
-                    VEC r[LANES];
-                    for (long i = 0; i < LANES; i++) memcpy(&r[i], src + (c0 + i) * plane + w, sizeof(VEC));
-                    SUFFIXED(wino_transpose)(r);
-                    for (long i = 0; i < LANES; i++) memcpy(line + (pw + w + i) * Cp + c0, &r[i], sizeof(VEC));
-                }
-                for (; w < W; w++)
-                    for (long i = 0; i < LANES; i++) line[(pw + w) * Cp + c0 + i] = src[(c0 + i) * plane + w];
-            }
-            for (; c0 < C; c0++)
-                for (long w = 0; w < W; w++) line[(pw + w) * Cp + c0] = src[c0 * plane + w];
+                                                   long pw, long Cp, long Hp, long Wp, long l0, long l1, REAL *xcl) {
+    for (long l = l0; l < l1; l++) {
+        const long dd = l / Hp, hh = l % Hp;
+        REAL *line = xcl + l * Wp * Cp;
+        const long d = dd - pd, h = hh - ph;
+        if (d < 0 || d >= D || h < 0 || h >= H) {
+            memset(line, 0, Wp * Cp * sizeof(REAL));
+            continue;
         }
+        memset(line, 0, pw * Cp * sizeof(REAL));
+        memset(line + (pw + W) * Cp, 0, (Wp - pw - W) * Cp * sizeof(REAL));
+        if (Cp > C)
+            for (long w = 0; w < W; w++) memset(line + (pw + w) * Cp + C, 0, (Cp - C) * sizeof(REAL));
+        const REAL *src = x + (d * H + h) * W;  /* channel c's row at src + c·D·H·W */
+        const long plane = D * H * W;
+        long c0 = 0;
+        for (; c0 + LANES <= C; c0 += LANES) {  /* blocks of LANES channels x LANES widths */
+            long w = 0;
+            for (; w + LANES <= W; w += LANES) {
+                VEC r[LANES];
+                for (long i = 0; i < LANES; i++) memcpy(&r[i], src + (c0 + i) * plane + w, sizeof(VEC));
+                SUFFIXED(wino_transpose)(r);
+                for (long i = 0; i < LANES; i++) memcpy(line + (pw + w + i) * Cp + c0, &r[i], sizeof(VEC));
+            }
+            for (; w < W; w++)
+                for (long i = 0; i < LANES; i++) line[(pw + w) * Cp + c0 + i] = src[(c0 + i) * plane + w];
+        }
+        for (; c0 < C; c0++)
+            for (long w = 0; w < W; w++) line[(pw + w) * Cp + c0] = src[c0 * plane + w];
+    }
 }
 
-/* The whole convolution of one sample from its channels-last padded copy: tiles in blocks of T,
- * each block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows);
- * y as wino_output's, by way of a tile row's staging where y is overwritten and not pooled (and
- * the staging's allocation succeeds). */
-static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TD, long TH, long TW,
-                                const REAL *packed, long COp, long cout, long T, REAL *V, REAL *M, REAL *y,
+/* The convolution of the tile rows [r0, r1) of one sample (row r: the TW tiles from r·TW, a
+ * grid TD x TH x TW of them) from its channels-last padded copy: tiles in blocks of T, each
+ * block's transforms and XI panel GEMMs (packed: XI · panel_count(COp) panels of Cp rows); y as
+ * wino_output's, by way of a tile row's staging where y is overwritten and not pooled (and the
+ * staging's allocation succeeds). */
+static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int depth3, long TH, long TW, long r0,
+                                long r1, const REAL *packed, long COp, long cout, long T, REAL *V, REAL *M, REAL *y,
                                 long oD, long oH, long oW, const REAL *bias, int relu, int accumulate, int pool) {
-    const long XI = depth3 ? 64 : 16, tiles = TD * TH * TW;
+    const long XI = depth3 ? 64 : 16, tiles = r1 * TW;
     const long panels = SUFFIXED(panel_count)(COp), per_xi = panels * Cp * 2 * LANES;
     const long VS = lamina_wino_tile_stride(XI, Cp, sizeof(REAL)), MS = lamina_wino_tile_stride(XI, COp, sizeof(REAL));
     REAL *rows = accumulate || pool ? NULL : malloc(COp * (depth3 ? 2 : 1) * 2 * 2 * TW * sizeof(REAL));
-    for (long t0 = 0; t0 < tiles; t0 += T) {
+    for (long t0 = r0 * TW; t0 < tiles; t0 += T) {
         long t1 = t0 + T < tiles ? t0 + T : tiles, n = t1 - t0;
         SUFFIXED(wino_input)(xcl, Cp, Hp, Wp, depth3, TH, TW, t0, t1, V);
         for (long xi = 0; xi < XI; xi++)
@@ -288,16 +289,41 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
 #undef WINO_PAIRS_LOW
 #undef WINO_PAIRS_HIGH
 
-/* A member of a team running winograd.h's lamina_wino_batch. */
+/* A member of a team running winograd.h's lamina_wino_batch: with split unset, runs of whole
+ * samples (lamina_claim_run), each padded into the member's own xcl; with split set (a batch
+ * smaller than the team), every member on each sample in turn: a share of its padded copy's lines
+ * into the one xcl (xcl[0]), then, once every member is done with that, runs of its tile rows
+ * (item n·R + r of the counter `next` is sample n's row r of R). */
 static void SUFFIXED(wino_batch_member)(void *job, int t, int nt) {
     lamina_wino_batch *j = job;
-    REAL *xcl = j->xcl[t], *V = j->V[t], *M = j->M[t];
-    for (long n, end = 0; (n = lamina_claim_run(&j->next, j->N, nt, &end)) < j->N;)
-    for (; n < end; n++) {
-        SUFFIXED(wino_pad_input)((const REAL *)j->x + n * j->x_stride, j->C, j->D, j->H, j->W, j->pd, j->ph, j->pw,
-                                 j->Cp, j->Dp, j->Hp, j->Wp, xcl);
-        SUFFIXED(wino_conv)(xcl, j->Cp, j->Hp, j->Wp, j->depth3, j->TD, j->TH, j->TW, j->packed, j->COp, j->cout, j->T,
-                            V, M, (REAL *)j->y + n * j->y_stride, j->oD, j->oH, j->oW, j->bias, j->relu,
-                            j->accumulate, j->pool);
+    REAL *V = j->V[t], *M = j->M[t];
+    const long R = j->TD * j->TH, lines = j->Dp * j->Hp;
+#define WINO_SAMPLE_ROWS(xcl, n, r0, r1) \
+    SUFFIXED(wino_conv)(xcl, j->Cp, j->Hp, j->Wp, j->depth3, j->TH, j->TW, r0, r1, j->packed, j->COp, j->cout, j->T, \
+                        V, M, (REAL *)j->y + (n) * j->y_stride, j->oD, j->oH, j->oW, j->bias, j->relu, j->accumulate, \
+                        j->pool)
+#define WINO_PAD(xcl, n, l0, l1) \
+    SUFFIXED(wino_pad_input)((const REAL *)j->x + (n) * j->x_stride, j->C, j->D, j->H, j->W, j->pd, j->ph, j->pw, \
+                             j->Cp, j->Hp, j->Wp, l0, l1, xcl)
+    if (!j->split) {
+        REAL *xcl = j->xcl[t];
+        for (long n, end = 0; (n = lamina_claim_run(&j->next, j->N, nt, &end)) < j->N;)
+            for (; n < end; n++) {
+                WINO_PAD(xcl, n, 0, lines);
+                WINO_SAMPLE_ROWS(xcl, n, 0, R);
+            }
+        return;
     }
+    REAL *xcl = j->xcl[0];
+    long barriers = 0;
+    for (long n = 0; n < j->N; n++) {
+        if (n > 0)  /* every member is done reading the previous sample's copy */
+            lamina_team_barrier(&j->arrived, ++barriers, nt);
+        WINO_PAD(xcl, n, lines * t / nt, lines * (t + 1) / nt);
+        lamina_team_barrier(&j->arrived, ++barriers, nt);
+        for (long r, end = 0; (r = lamina_claim_run(&j->next, (n + 1) * R, nt, &end)) < (n + 1) * R;)
+            WINO_SAMPLE_ROWS(xcl, n, r - n * R, end - n * R);
+    }
+#undef WINO_SAMPLE_ROWS
+#undef WINO_PAD
 }

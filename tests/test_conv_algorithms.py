@@ -429,6 +429,37 @@ def test_batched_kernels_share_the_samples_between_a_team():
                              3, 1, 1, 0, 1, 1, 1, 1, 1, threads=2)
 
 
+@pytest.mark.parametrize("form", ["plain", "bias relu", "pooled", "accumulated", "volume"])
+def test_winograd_shares_a_samples_tiles_when_the_batch_is_smaller_than_the_team(form):
+    """With fewer samples than threads the members pad each sample's copy together and then take
+    runs of its rows of tiles: every output is the one-thread output, to the bit (odd output sizes,
+    so rows of tiles are cut by the output's end; several samples, so the copy is reused)."""
+    rng = np.random.default_rng(5)
+    f = np.float32
+    depth3 = form == "volume"
+    shape = (3, 10, 5, 9, 11) if depth3 else (3, 10, 1, 13, 11)
+    x = rng.standard_normal(shape).astype(f)
+    pd = 1 if depth3 else 0
+    sizes = _kernels.winograd_workspace(10, 12, *shape[2:], pd, 1, 1, depth3, 12, True)
+    packed = rng.standard_normal(sizes[3]).astype(f)
+    bias = rng.standard_normal(12).astype(f) if form == "bias relu" else None
+    pool = form == "pooled"
+    out = (shape[0], 12) + ((shape[2], 6, 5) if pool else shape[2:])
+    start = rng.standard_normal(out).astype(f)
+
+    def run(n, threads):
+        y = start[:n].copy()
+        scratch = [[np.zeros(size, f) for _ in range(threads)] for size in sizes[:3]]
+        _kernels.winograd_conv(x[:n], packed, y, *scratch, pd, 1, 1, depth3, 12, form == "accumulated", bias,
+                               bias is not None, threads, pool)
+        return y
+    for n in (1, 2, 3):
+        alone = run(n, 1)
+        assert np.abs(alone - start[:n]).max() > 0.1  # the kernel wrote every sample
+        for threads in (n + 1, 4):
+            np.testing.assert_array_equal(run(n, threads), alone, err_msg=f"{n} samples on {threads} threads")
+
+
 # ---------------------------------------------------------------------------- any geometry
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -18,7 +18,7 @@ their own buffers, summed at the end.
 """
 import numpy as np
 
-from ..threads import free_threads, split_work
+from ..threads import free_threads, get_num_threads, split_work
 
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
 # values) stays in cache between being written and being read by the GEMM: fewer, larger blocks
@@ -76,13 +76,15 @@ class WithOutput:
         return getattr(self._ctx, name)
 
 
-def over_samples(ctx, src, dst, beta, run):
+def over_samples(ctx, src, dst, beta, run, shares_samples=False):
     """run(x, y, accumulate, threads) for kernels that take a batch in one compiled call on a team
     of threads (the CPU's direct and Winograd), x and y volumes [n, C, D, H, W]; the members take
     runs of samples from a shared counter, so one that starts late or runs slower does fewer
-    (halves fixed in advance left the caller waiting for a worker woken late). With beta 0 the kernel overwrites dst, with 1 it adds
-    to it; any other beta goes by way of a scratch output, then dst = beta·dst + scratch."""
-    count = min(threads(ctx), free_threads())
+    (halves fixed in advance left the caller waiting for a worker woken late): a team of at most
+    one member per sample, unless the kernel shares a sample's work between members
+    (shares_samples). With beta 0 the kernel overwrites dst, with 1 it adds to it; any other beta
+    goes by way of a scratch output, then dst = beta·dst + scratch."""
+    count = min(get_num_threads() if shares_samples else threads(ctx), free_threads())
     if beta in (0, 1):
         run(as_volumes(src), as_volumes(dst), beta == 1, count)
         return

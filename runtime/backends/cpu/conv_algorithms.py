@@ -75,17 +75,20 @@ def candidates(geom):
 # whose GEMMs are small, else as columns, whose one GEMM runs at the sgemm peak where the direct
 # kernel does not.
 WINOGRAD_MIN_CHANNELS = 8
-# ... and a batch of at least this many output positions (samples x the output grid): below it the
-# transforms cost more than they save and columns run faster (ResNet-18's 3x3 layers, ms, Winograd
-# / direct / columns: batch 1 at 56x56 1.69 / 3.53 / 1.41, at 7x7 2.25 / 7.33 / 1.69; batch 32 at
-# 56x56 28.3 / 60.4 / 38.2, 28x28 22.1 / 62.9 / 31.2, 14x14 31.0 / 58.8 / 31.4, 7x7 36.0 / 112 / 36.6)
-WINOGRAD_MIN_POSITIONS = 8192
+# On at least WINOGRAD_MIN_CHANNELS channels in and out, the direct kernel runs only where the
+# batch has at least this many output positions (samples x the output grid): below it columns
+# run faster. Winograd has no such floor: a batch smaller than the team shares each sample's
+# tiles between threads (ResNet-18's 3x3 layers at batch 1, ms, Winograd / direct / columns,
+# 1 thread: 56x56 2.15 / 4.11 / 3.54, 28x28 1.56 / 4.20 / 3.24, 14x14 1.51 / 4.49 / 3.34, 7x7
+# 2.07 / 9.29 / 3.48; 2 threads: 56x56 1.48 / 4.12 / 4.10, 7x7 2.08 / 15.2 / 3.00; batch 32,
+# 2 threads: 56x56 28.3 / 60.4 / 38.2, 7x7 36.0 / 112 / 36.6)
+DIRECT_MIN_POSITIONS = 8192
 _RULE = ("depthwise", "winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
 
 def _pick(geom, found, positions=None):
     """Of the algorithms that apply, the one forced, else the rule's first; `positions` (the
-    batch's output positions, where known) rules out Winograd on a small batch."""
+    batch's output positions, where known) rules out the direct kernel on a small batch."""
     if _setting["mode"] in found:
         return _setting["mode"]
     if geom.pointwise and "columns" in found:
@@ -93,8 +96,8 @@ def _pick(geom, found, positions=None):
     skip = set()
     if min(geom.in_channels, geom.out_channels) < WINOGRAD_MIN_CHANNELS:
         skip.add("winograd")
-    elif positions is not None and positions < WINOGRAD_MIN_POSITIONS:
-        skip.update(("winograd", "direct"))  # (the direct kernel is slower still on these)
+    elif positions is not None and positions < DIRECT_MIN_POSITIONS:
+        skip.add("direct")
     if geom.groups == 1:
         skip.add("sub-pixel")
     return next((name for name in _RULE if name in found and name not in skip), None)

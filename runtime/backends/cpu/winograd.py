@@ -78,7 +78,7 @@ def run(geom, weight, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=F
                      for key, size in zip(("xcl", "V", "M"), sizes))
         _kernels.winograd_conv(x, packed, y, xcl, v, m, pd, padding[1], padding[2], depth3, block, accumulate,
                                bias, relu, threads, pool)
-    columns.over_samples(ctx, src, dst, beta, call)
+    columns.over_samples(ctx, src, dst, beta, call, shares_samples=True)
 
 
 def forward(geom, weight, ctx, bias=None, relu=False, pool=False):
