@@ -1972,7 +1972,7 @@ cdef extern from "winograd.h" nogil:
         void** M
         void* y
         long N, x_stride, y_stride, C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, TD, TH, TW, COp, cout, T, oD, oH, oW
-        long next, arrived
+        long next, pad_next, padded, rows_done
         int depth3, relu, accumulate, pool, split
     void wino_batch_member_f(void* job, int t, int nt)
     void wino_batch_member_d(void* job, int t, int nt)
@@ -2058,7 +2058,8 @@ def winograd_conv(real[:, :, :, :, ::1] x, real[::1] packed, real[:, :, :, :, ::
     job.C, job.D, job.H, job.W, job.pd, job.ph, job.pw = C, D, H, W, pd, ph, pw
     job.Cp, job.Dp, job.Hp, job.Wp, job.TD, job.TH, job.TW = Cp, Dp, Hp, Wp, TD, TH, TW
     job.COp, job.cout, job.T, job.oD, job.oH, job.oW = COp, cout, block, oD, oH, oW
-    job.next, job.arrived, job.depth3, job.relu, job.accumulate, job.pool = 0, 0, depth3, relu, accumulate, pool
+    job.next, job.pad_next, job.padded, job.rows_done = 0, 0, 0, 0
+    job.depth3, job.relu, job.accumulate, job.pool = depth3, relu, accumulate, pool
     job.split = N < threads
     with nogil:
         lamina_team_run(threads, wino_batch_member_f if real is float else wino_batch_member_d, &job)

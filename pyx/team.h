@@ -77,13 +77,15 @@ static void lamina_team_wait(const long *value, long target, double spin, const 
     pthread_mutex_unlock(&lamina_team.lock);
 }
 
-/* *value += 1 and wake whoever sleeps on it */
-static void lamina_team_count(long *value) {
+/* *value += k and wake whoever sleeps on it */
+static void lamina_team_add(long *value, long k) {
     pthread_mutex_lock(&lamina_team.lock);
-    __atomic_add_fetch(value, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(value, k, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&lamina_team.wake);
     pthread_mutex_unlock(&lamina_team.lock);
 }
+
+static void lamina_team_count(long *value) { lamina_team_add(value, 1); }
 
 static void lamina_team_place(int t, int nt, int lead_cpu) {
     if (lamina_team.ncpus < nt || lead_cpu < 0)
@@ -188,13 +190,6 @@ static inline long lamina_claim_run(long *next, long n, int nt, long *end) {
         }
     }
     return n;
-}
-
-/* The k-th barrier (k = 1, 2, ...) of a job whose nt members all pass it: each waits here until
- * all nt have arrived (the job's counter *arrived, 0 at its start, reaches k·nt). */
-static void lamina_team_barrier(long *arrived, long k, int nt) {
-    lamina_team_count(arrived);
-    lamina_team_wait(arrived, k * nt, lamina_team.spin, NULL);
 }
 
 /* The workers stop watching for work and sleep (until the next team). */

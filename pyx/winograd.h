@@ -31,14 +31,14 @@
  * of samples no member has taken (lamina_claim_run), pads each into its own xcl and transforms it
  * in its own V and M (member t's: xcl[t], V[t], M[t]); or, with split set (for a batch smaller
  * than the team), the members share each sample's padding and then its rows of tiles, in one xcl
- * (xcl[0]). Samples at x + n·x_stride and y + n·y_stride (in values of the member's type). next
- * and arrived start at 0. */
+ * (xcl[0]). Samples at x + n·x_stride and y + n·y_stride (in values of the member's type). The
+ * counters (next, pad_next, padded, rows_done) start at 0. */
 typedef struct {
     const void *x, *packed, *bias;
     void *const *xcl, *const *V, *const *M;
     void *y;
     long N, x_stride, y_stride, C, D, H, W, pd, ph, pw, Cp, Dp, Hp, Wp, TD, TH, TW, COp, cout, T, oD, oH, oW;
-    long next, arrived;
+    long next, pad_next, padded, rows_done;
     int depth3, relu, accumulate, pool, split;
 } lamina_wino_batch;
 

@@ -291,9 +291,11 @@ static void SUFFIXED(wino_conv)(const REAL *xcl, long Cp, long Hp, long Wp, int 
 
 /* A member of a team running winograd.h's lamina_wino_batch: with split unset, runs of whole
  * samples (lamina_claim_run), each padded into the member's own xcl; with split set (a batch
- * smaller than the team), every member on each sample in turn: a share of its padded copy's lines
- * into the one xcl (xcl[0]), then, once every member is done with that, runs of its tile rows
- * (item n·R + r of the counter `next` is sample n's row r of R). */
+ * smaller than the team), every member on each sample in turn: runs of its padded copy's lines
+ * into the one xcl (xcl[0]), then, once every line is in place, runs of its rows of tiles. The
+ * counters are monotonic over the batch (pad_next and padded: item n·lines + l is sample n's
+ * line l; next and rows_done: n·R + r its tile row r), so no member waits for another to arrive:
+ * a member woken late finds the work done and takes none of it. */
 static void SUFFIXED(wino_batch_member)(void *job, int t, int nt) {
     lamina_wino_batch *j = job;
     REAL *V = j->V[t], *M = j->M[t];
@@ -315,14 +317,18 @@ static void SUFFIXED(wino_batch_member)(void *job, int t, int nt) {
         return;
     }
     REAL *xcl = j->xcl[0];
-    long barriers = 0;
+    const double spin = lamina_team.spin;
     for (long n = 0; n < j->N; n++) {
-        if (n > 0)  /* every member is done reading the previous sample's copy */
-            lamina_team_barrier(&j->arrived, ++barriers, nt);
-        WINO_PAD(xcl, n, lines * t / nt, lines * (t + 1) / nt);
-        lamina_team_barrier(&j->arrived, ++barriers, nt);
-        for (long r, end = 0; (r = lamina_claim_run(&j->next, (n + 1) * R, nt, &end)) < (n + 1) * R;)
+        lamina_team_wait(&j->rows_done, n * R, spin, NULL);  /* the previous sample's copy is read */
+        for (long l, end = 0; (l = lamina_claim_run(&j->pad_next, (n + 1) * lines, nt, &end)) < (n + 1) * lines;) {
+            WINO_PAD(xcl, n, l - n * lines, end - n * lines);
+            lamina_team_add(&j->padded, end - l);
+        }
+        lamina_team_wait(&j->padded, (n + 1) * lines, spin, NULL);
+        for (long r, end = 0; (r = lamina_claim_run(&j->next, (n + 1) * R, nt, &end)) < (n + 1) * R;) {
             WINO_SAMPLE_ROWS(xcl, n, r - n * R, end - n * R);
+            lamina_team_add(&j->rows_done, end - r);
+        }
     }
 #undef WINO_SAMPLE_ROWS
 #undef WINO_PAD
