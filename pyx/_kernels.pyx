@@ -1460,6 +1460,13 @@ cdef extern from "depthwise.h" nogil:
                           long dh, long dw, long count, float* acc)
     void lamina_dw_taps_d(const double* q, long phase, long width, const double* w, long kh, long kw, long sh,
                           long sw, long dh, long dw, long count, double* acc)
+    long lamina_dw_channels_size(long oH, long oW, long kh, long kw, long sh, long sw, long dh, long dw)
+    void lamina_dw_channels_f(const float* x, long in_plane, long lanes, long H, long W, const float* w, long kh,
+                              long kw, long sh, long sw, long ph, long pw, long dh, long dw, const float* bias,
+                              int clamp, float cap, float* y, long out_plane, long oH, long oW, float* stage)
+    void lamina_dw_channels_d(const double* x, long in_plane, long lanes, long H, long W, const double* w, long kh,
+                              long kw, long sh, long sw, long ph, long pw, long dh, long dw, const double* bias,
+                              int clamp, double cap, double* y, long out_plane, long oH, long oW, double* stage)
     void lamina_dw_store_f(const float* acc, long width, long oH, long oW, int clamp, float cap, float* y)
     void lamina_dw_store_d(const double* acc, long width, long oH, long oW, int clamp, double cap, double* y)
     void lamina_dw_plane_back_f(const float* dy, long oH, long oW, const float* w, long kh, long kw, long sh,
@@ -1488,17 +1495,19 @@ cdef _check_depthwise(str where, Py_ssize_t n_x, Py_ssize_t C, Py_ssize_t n_y, P
 
 
 def depthwise_scratch_size(int oH, int oW, int kh, int kw, int sh, int sw, int dh, int dw):
-    """The values of one thread's scratch for depthwise_conv (depthwise.h)."""
-    return lamina_dw_scratch_size(oH, oW, kh, kw, sh, sw, dh, dw)
+    """The values of one thread's scratch for depthwise_conv (depthwise.h), either form."""
+    return max(lamina_dw_scratch_size(oH, oW, kh, kw, sh, sw, dh, dw),
+               lamina_dw_channels_size(oH, oW, kh, kw, sh, sw, dh, dw))
 
 
 def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint clamp,
                    double cap, real[:, ::1] scratch, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph,
-                   int pw, int dd, int dh, int dw):
+                   int pw, int dd, int dh, int dw, bint by_channels=False):
     """y[n, o] = Σ_taps w[o, tap] x[n, o // mult] at the tap's offset (+ bias[o]; where clamp is
     set, 0 where below 0 and cap where above cap: ReLU with cap = inf, ReLU6 with 6): every
     output is written. scratch [threads, depthwise_scratch_size(...)] holds each thread's staged
-    input planes and outputs (depthwise.h)."""
+    input planes and outputs (depthwise.h). by_channels: vectors along channels instead of along
+    each plane (lamina_dw_channels: images, one output channel per input channel)."""
     cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef Py_ssize_t D = x.shape[2], H = x.shape[3], W = x.shape[4], mult = O // x.shape[1]
     cdef Py_ssize_t task, n, o, od, a, i_d, j
@@ -1516,9 +1525,16 @@ def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, 
             raise ValueError(f"depthwise_conv: bias must hold {O} values, found {bv.shape[0]}")
     rows, width = lamina_dw_rows(oH, kh, sh, dh), lamina_dw_width(oW, kw, sw, dw)
     phase, count = lamina_dw_phase_size(oH, oW, kh, kw, sh, sw, dh, dw), lamina_dw_outputs_size(oH, oW, kw, sw, dw)
-    if scratch.shape[0] < 1 or scratch.shape[1] < sh * sw * phase + count:
-        raise ValueError(f"depthwise_conv: scratch must be [threads, {sh * sw * phase + count}], found "
+    need = depthwise_scratch_size(oH, oW, kh, kw, sh, sw, dh, dw)
+    if scratch.shape[0] < 1 or scratch.shape[1] < need:
+        raise ValueError(f"depthwise_conv: scratch must be [threads, {need}], found "
                          f"[{scratch.shape[0]}, {scratch.shape[1]}]")
+    if by_channels:
+        if mult != 1 or D != 1 or oD != 1 or kd != 1:
+            raise ValueError(f"depthwise_conv: by channels takes images with one output channel per input channel, "
+                             f"found {O} outputs of {x.shape[1]} channels, depth {D} -> {oD}, kernel depth {kd}")
+        _depthwise_by_channels(x, w, y, bias, clamp, cap, scratch, kh, kw, sh, sw, ph, pw, dh, dw)
+        return
     with nogil, parallel(num_threads=scratch.shape[0],
                          use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
         q = &scratch[openmp.omp_get_thread_num(), 0]
@@ -1543,6 +1559,37 @@ def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, 
                     lamina_dw_store_f(acc, width, oH, oW, clamp, <float>cap, &y[n, o, od, 0, 0])
                 else:
                     lamina_dw_store_d(acc, width, oH, oW, clamp, cap, &y[n, o, od, 0, 0])
+
+
+cdef _depthwise_by_channels(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y,
+                            bias, bint clamp, double cap, real[:, ::1] scratch, int kh, int kw, int sh, int sw,
+                            int ph, int pw, int dh, int dw):
+    """depthwise_conv by vectors of channels (bias checked there): one task per sample and block
+    of LANES channels."""
+    cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oH = y.shape[3], oW = y.shape[4]
+    cdef Py_ssize_t H = x.shape[3], W = x.shape[4]
+    cdef Py_ssize_t lanes = 8 if real is float else 4, blocks = (O + lanes - 1) // lanes
+    cdef Py_ssize_t task, n, c0, count
+    cdef bint has_bias = bias is not None
+    cdef const real[::1] bv
+    cdef real* q
+    if has_bias:
+        bv = bias
+    with nogil, parallel(num_threads=scratch.shape[0],
+                         use_threads_if=N * O * oH * oW * kh * kw > PARALLEL_MIN):
+        q = &scratch[openmp.omp_get_thread_num(), 0]
+        for task in prange(N * blocks, schedule="static"):
+            n = task // blocks
+            c0 = task % blocks * lanes
+            count = min(lanes, O - c0)
+            if real is float:
+                lamina_dw_channels_f(&x[n, c0, 0, 0, 0], H * W, count, H, W, &w[c0, 0], kh, kw, sh, sw, ph, pw, dh,
+                                     dw, &bv[c0] if has_bias else NULL, clamp, <float>cap, &y[n, c0, 0, 0, 0],
+                                     oH * oW, oH, oW, q)
+            else:
+                lamina_dw_channels_d(&x[n, c0, 0, 0, 0], H * W, count, H, W, &w[c0, 0], kh, kw, sh, sw, ph, pw, dh,
+                                     dw, &bv[c0] if has_bias else NULL, clamp, cap, &y[n, c0, 0, 0, 0], oH * oW,
+                                     oH, oW, q)
 
 
 def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1] w, real[:, :, :, :, ::1] dx,

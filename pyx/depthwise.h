@@ -7,6 +7,7 @@
 #define LAMINA_DEPTHWISE_H
 
 #include "clones.h"
+#include "epilogue.h"
 
 static inline void lamina_dw_span(long n, long W, long sw, long offset, long *lo, long *hi) {
     *lo = offset >= 0 ? 0 : (-offset + sw - 1) / sw;
@@ -39,6 +40,13 @@ static inline long lamina_dw_outputs_size(long oH, long oW, long kw, long sw, lo
 /* one thread's scratch for the forward (depthwise_conv): the phase planes, then the outputs */
 static inline long lamina_dw_scratch_size(long oH, long oW, long kh, long kw, long sh, long sw, long dh, long dw) {
     return sh * sw * lamina_dw_phase_size(oH, oW, kh, kw, sh, sw, dh, dw) + lamina_dw_outputs_size(oH, oW, kw, sw, dw);
+}
+
+/* one thread's scratch for the forward by channel vectors (lamina_dw_channels), 8 lanes (the
+ * widest of both types): the padded span of the windows, the taps, one output row */
+static inline long lamina_dw_channels_size(long oH, long oW, long kh, long kw, long sh, long sw, long dh, long dw) {
+    return (((oH - 1) * sh + (kh - 1) * dh + 1) * ((oW - 1) * sw + (kw - 1) * dw + 1) + kh * kw + (oW + 7) / 8 * 8)
+           * 8;
 }
 
 /* the taps whose offsets one pass over the outputs holds */

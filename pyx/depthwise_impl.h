@@ -101,3 +101,84 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_store)(const REAL *restrict acc, lo
             for (long j = 0; j < oW; j++) yr[j] = a[j];
     }
 }
+
+/* The forward of up to LANES channels at once, vectors along the channels: for small planes,
+ * where one plane per call leaves too few outputs to fill a vector's lanes and the per-plane
+ * staging outweighs its taps. x: `lanes` input planes [H, W], in_plane apart; w: their taps
+ * [lanes][kh·kw]; bias: their biases or NULL; y: the output planes [oH, oW], out_plane apart,
+ * clamped as lamina_dw_store's. stage: lamina_dw_channels_size values: the padded window span
+ * [Hs][Ws][LANES] channels-last (lanes past `lanes` zero), the taps [kh·kw][LANES], and one
+ * output row [oW rounded up to LANES][LANES]. Rows move between planes and channels-last by
+ * LANES x LANES transposes in registers; four outputs of a row at a time stay in registers
+ * across all the taps. */
+LAMINA_CLONES static void SUFFIXED(lamina_dw_channels)(const REAL *restrict x, long in_plane, long lanes, long H,
+                                                       long W, const REAL *w, long kh, long kw, long sh, long sw,
+                                                       long ph, long pw, long dh, long dw, const REAL *bias,
+                                                       int clamp, REAL cap, REAL *restrict y, long out_plane,
+                                                       long oH, long oW, REAL *restrict stage) {
+    const long Hs = (oH - 1) * sh + (kh - 1) * dh + 1, Ws = (oW - 1) * sw + (kw - 1) * dw + 1, taps = kh * kw;
+    REAL *restrict tv = stage + Hs * Ws * LANES;
+    REAL *restrict out = tv + taps * LANES;
+    for (long t = 0; t < taps; t++)
+        for (long l = 0; l < LANES; l++) tv[t * LANES + l] = l < lanes ? w[l * taps + t] : 0;
+    VEC b = {0};
+    for (long l = 0; l < lanes && bias; l++) b[l] = bias[l];
+    long lo, hi;  /* the staged columns c whose input column c - pw lies inside [0, W) */
+    lamina_dw_span(Ws, W, 1, -pw, &lo, &hi);
+    for (long r = 0; r < Hs; r++) {
+        REAL *restrict row = stage + r * Ws * LANES;
+        const long ih = r - ph;
+        if (ih < 0 || ih >= H) {
+            __builtin_memset(row, 0, Ws * LANES * sizeof(REAL));
+            continue;
+        }
+        __builtin_memset(row, 0, lo * LANES * sizeof(REAL));
+        __builtin_memset(row + hi * LANES, 0, (Ws - hi) * LANES * sizeof(REAL));
+        const REAL *xr = x + ih * W - pw;  /* (read at columns lo .. hi - 1 of the staged row) */
+        long c = lo;
+        if (lanes == LANES)
+            for (; c + LANES <= hi; c += LANES) {
+                VEC v[LANES];
+                for (long l = 0; l < LANES; l++) v[l] = SUFFIXED(lamina_dw_load)(xr + l * in_plane + c);
+                SUFFIXED(transpose)(v);
+                for (long j = 0; j < LANES; j++) SUFFIXED(lamina_dw_put)(row + (c + j) * LANES, v[j]);
+            }
+        for (; c < hi; c++)
+            for (long l = 0; l < LANES; l++) row[c * LANES + l] = l < lanes ? xr[l * in_plane + c] : 0;
+    }
+    const long step = sw * LANES;
+    for (long oh = 0; oh < oH; oh++) {
+        const REAL *base = stage + oh * sh * Ws * LANES;
+        for (long ow = 0; ow < oW; ow += 4) {
+            const long n = oW - ow < 4 ? oW - ow : 4;
+            VEC a[4] = {b, b, b, b};
+            for (long bb = 0; bb < kh; bb++) {
+                const REAL *r = base + (bb * dh * Ws + ow * sw) * LANES;
+                for (long e = 0; e < kw; e++) {
+                    const VEC t = SUFFIXED(lamina_dw_load)(tv + (bb * kw + e) * LANES);
+                    const REAL *p = r + e * dw * LANES;
+                    if (n == 4) {
+                        a[0] += SUFFIXED(lamina_dw_load)(p) * t;
+                        a[1] += SUFFIXED(lamina_dw_load)(p + step) * t;
+                        a[2] += SUFFIXED(lamina_dw_load)(p + 2 * step) * t;
+                        a[3] += SUFFIXED(lamina_dw_load)(p + 3 * step) * t;
+                    } else
+                        for (long j = 0; j < n; j++) a[j] += SUFFIXED(lamina_dw_load)(p + j * step) * t;
+                }
+            }
+            for (long j = 0; j < n; j++)
+                SUFFIXED(lamina_dw_put)(out + (ow + j) * LANES, clamp ? SUFFIXED(relu_capped)(a[j], cap) : a[j]);
+        }
+        REAL *yr = y + oh * oW;
+        long ow = 0;
+        if (lanes == LANES)
+            for (; ow + LANES <= oW; ow += LANES) {
+                VEC v[LANES];
+                for (long j = 0; j < LANES; j++) v[j] = SUFFIXED(lamina_dw_load)(out + (ow + j) * LANES);
+                SUFFIXED(transpose)(v);
+                for (long l = 0; l < LANES; l++) SUFFIXED(lamina_dw_put)(yr + l * out_plane + ow, v[l]);
+            }
+        for (; ow < oW; ow++)
+            for (long l = 0; l < lanes; l++) yr[l * out_plane + ow] = out[ow * LANES + l];
+    }
+}

@@ -2,6 +2,8 @@
 applies to a layer, forced with lm.set_conv_algorithm, against the direct-loop numpy reference
 and in the float64 gradient checks; Winograd's float32 error; the 'measure' mode; the compiled
 kernels' own refusals of sizes that would read or write outside their arrays."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -427,6 +429,38 @@ def test_batched_kernels_share_the_samples_between_a_team():
     with pytest.raises(ValueError, match=r"every padded copy must be \(3, 1, 7, 24\) like xp\[0\]"):
         _kernels.direct_conv(x, direct_packed, y, [np.zeros((3, 1, 7, 24), f), np.zeros((3, 1, 7, 25), f)], 1, 1, 3,
                              3, 1, 1, 0, 1, 1, 1, 1, 1, threads=2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_by_channels_equals_the_planes(dtype):
+    """The depthwise forward by vectors of channels (small or strided images) gives the plane
+    kernel's outputs bit for bit: channel counts that fill no vector or end in a part of one,
+    strides, dilation, padding, a bias, ReLU and ReLU6; and refuses what it does not take."""
+    rng = np.random.default_rng(7)
+    cases = 0
+    for C, (H, W), k, s, p, d, bias, (clamp, cap) in itertools.product(
+            (1, 5, 8, 19), ((7, 6), (10, 13)), (1, 3, 5), (1, 2), (0, 1, 2), (1, 2), (False, True),
+            ((False, 0.0), (True, np.inf), (True, 6.0))):
+        oH, oW = ((n + 2 * p - d * (k - 1) - 1) // s + 1 for n in (H, W))
+        if min(oH, oW) < 1:
+            continue
+        x = rng.standard_normal((2, C, 1, H, W)).astype(dtype) * 4
+        w = rng.standard_normal((C, k * k)).astype(dtype)
+        b = rng.standard_normal(C).astype(dtype) if bias else None
+        scratch = np.zeros((2, _kernels.depthwise_scratch_size(oH, oW, k, k, s, s, d, d)), dtype)
+        got, want = (np.full((2, C, 1, oH, oW), np.nan, dtype) for _ in range(2))
+        for y, by_channels in ((want, False), (got, True)):
+            _kernels.depthwise_conv(x, w, y, b, clamp, cap, scratch, 1, k, k, 1, s, s, 0, p, p, 1, d, d, by_channels)
+        assert not np.isnan(want).any()
+        np.testing.assert_array_equal(got, want, err_msg=f"{C} channels {H}x{W}, kernel {k} stride {s} pad {p} "
+                                                         f"dilation {d}")
+        cases += 1
+    assert cases > 500
+    x = np.zeros((1, 2, 1, 5, 5), dtype)
+    with pytest.raises(ValueError, match="by channels takes images with one output channel per input channel, "
+                                         "found 4 outputs of 2 channels"):
+        _kernels.depthwise_conv(x, np.zeros((4, 9), dtype), np.zeros((1, 4, 1, 5, 5), dtype), None, False, 0,
+                                np.zeros((1, 1000), dtype), 1, 3, 3, 1, 1, 1, 0, 1, 1, 1, 1, 1, True)
 
 
 @pytest.mark.parametrize("form", ["plain", "bias relu", "pooled", "accumulated", "volume"])
