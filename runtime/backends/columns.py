@@ -138,10 +138,12 @@ def forward(geom, weight, ctx):
     k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
     col_rows = geom.in_channels * int(np.prod(geom.kernel_size))
     if geom.pointwise:  # y_g = W_g x_g, one GEMM per sample and group on the input itself
-        for n in range(x.shape[0]):
-            xn, yn = x[n].reshape(geom.in_channels, -1), y[n].reshape(geom.out_channels, -1)
-            for g in range(geom.groups):
-                be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
+        def pointwise(t, samples):
+            for n in samples:
+                xn, yn = x[n].reshape(geom.in_channels, -1), y[n].reshape(geom.out_channels, -1)
+                for g in range(geom.groups):
+                    be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
+        split_work(x.shape[0], pointwise, threads(ctx))
         return
 
     def work(t, samples):
@@ -195,21 +197,30 @@ def backward(geom, weight, ctx, dx):
 
 def _pointwise_backward(geom, weight, ctx, dx, dw):
     """dW_g += dy_g x_gᵀ and dx_g = W_gᵀ dy_g (with their betas), sample by sample, on the
-    input itself (pointwise: the input is the column matrix)."""
+    input itself (pointwise: the input is the column matrix); the samples shared between threads,
+    each summing its own part of dW."""
     be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
     w = by_groups(weight.buffer, geom.groups)
     in_g, out_g = w.shape[2], geom.out_channels // geom.groups
-    dwg, beta = (by_groups(dw.array, geom.groups), dw.beta) if dw is not None else (None, 0.0)
-    for n in range(x.shape[0]):
-        xn, dyn = x[n].reshape(geom.in_channels, -1), dy[n].reshape(geom.out_channels, -1)
-        for g in range(geom.groups):
-            dyg = dyn[g * out_g:(g + 1) * out_g]
-            if dwg is not None:
-                be.gemm(dyg, xn[g * in_g:(g + 1) * in_g], dwg[g], trans_b=True, beta=beta)
-            if dx is not None:
-                be.gemm(w[g], dyg, dx.array[n].reshape(geom.in_channels, -1)[g * in_g:(g + 1) * in_g],
-                        trans_a=True, beta=dx.beta)
-        beta = 1.0
+    count = threads(ctx)
+    parts = weight_grad_parts(ctx, dw, count)
+
+    def work(t, samples):
+        part, beta = parts[t]
+        dwg = by_groups(part, geom.groups) if part is not None else None
+        for n in samples:
+            xn, dyn = x[n].reshape(geom.in_channels, -1), dy[n].reshape(geom.out_channels, -1)
+            for g in range(geom.groups):
+                dyg = dyn[g * out_g:(g + 1) * out_g]
+                if dwg is not None:
+                    be.gemm(dyg, xn[g * in_g:(g + 1) * in_g], dwg[g], trans_b=True, beta=beta)
+                if dx is not None:
+                    be.gemm(w[g], dyg, dx.array[n].reshape(geom.in_channels, -1)[g * in_g:(g + 1) * in_g],
+                            trans_a=True, beta=dx.beta)
+            beta = 1.0
+    split_work(x.shape[0], work, count)
+    if dw is not None:
+        sum_weight_grad_parts(ctx, parts)
 
 
 def transposed_forward(geom, weight, ctx, place=None, bias=None):
