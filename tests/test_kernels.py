@@ -6,6 +6,7 @@ import pytest
 
 from lamina.backends.base import ALL_ACTIVATIONS, INPUT_GRAD_ACTIVATIONS
 from lamina.backends.cpu import CPUBackend
+from lamina.backends.cpu.backend import GEMM_SPLIT_MIN
 from lamina.backends.reference import ReferenceBackend
 
 REF = ReferenceBackend()
@@ -705,17 +706,21 @@ def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
             self.blas.gemm(*args)
     be.blas = Counting(be.blas)
     rng = rng_for("split gemm")
-    a, b = rng.standard_normal((257, 300)).astype(np.float32), rng.standard_normal((300, 33)).astype(np.float32)
+    a, b = rng.standard_normal((4097, 125)).astype(np.float32), rng.standard_normal((125, 33)).astype(np.float32)
+    assert 4097 * 125 * 33 >= GEMM_SPLIT_MIN  # (large enough to split)
     before = lm.get_num_threads()
     try:
         lm.set_num_threads(2)
-        c = np.empty((257, 33), np.float32)
+        c = np.empty((4097, 33), np.float32)
         be.gemm(a, b, c)
-        assert sorted(calls) == [(128, 33), (129, 33)]  # rows, the longer side, in two blocks
+        assert sorted(calls) == [(2048, 33), (2049, 33)]  # rows, the longer side, in two blocks
         close(c, a.astype(np.float64) @ b, np.float32)
         calls.clear()
-        split_work(2, lambda t, items: be.gemm(a, b, np.empty((257, 33), np.float32)))
-        assert calls == [(257, 33), (257, 33)]
+        be.gemm(a[:257], b, c[:257])
+        assert calls == [(257, 33)]  # a small product: one call
+        calls.clear()
+        split_work(2, lambda t, items: be.gemm(a, b, np.empty((4097, 33), np.float32)))
+        assert calls == [(4097, 33), (4097, 33)]
     finally:
         lm.set_num_threads(before)
 

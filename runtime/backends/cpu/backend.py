@@ -95,8 +95,9 @@ class PackedMatrix:
 
 
 # An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in waking the
-# other thread than it saves)
-GEMM_SPLIT_MIN = 1 << 21
+# other thread than it saves: on 2 threads the split broke even at 16-20 M multiply-adds,
+# docs/measurements.md)
+GEMM_SPLIT_MIN = 1 << 24
 # A panel-packed product of fewer multiply-adds runs on one thread (waking another costs more
 # than it saves); a larger one is split by runs of panels (each thread reads only its part of a
 # pack that outgrows a core's L2), or by blocks of rows when each thread gets at least
