@@ -137,12 +137,8 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_channels)(const REAL *restrict x, l
         const REAL *xr = x + ih * W - pw;  /* (read at columns lo .. hi - 1 of the staged row) */
         long c = lo;
         if (lanes == LANES)
-            for (; c + LANES <= hi; c += LANES) {
-                VEC v[LANES];
-                for (long l = 0; l < LANES; l++) v[l] = SUFFIXED(lamina_dw_load)(xr + l * in_plane + c);
-                SUFFIXED(transpose)(v);
-                for (long j = 0; j < LANES; j++) SUFFIXED(lamina_dw_put)(row + (c + j) * LANES, v[j]);
-            }
+            for (; c + LANES <= hi; c += LANES)
+                SUFFIXED(transpose_block)(xr + c, in_plane, row + c * LANES, LANES);
         for (; c < hi; c++)
             for (long l = 0; l < LANES; l++) row[c * LANES + l] = l < lanes ? xr[l * in_plane + c] : 0;
     }
@@ -172,12 +168,8 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_channels)(const REAL *restrict x, l
         REAL *yr = y + oh * oW;
         long ow = 0;
         if (lanes == LANES)
-            for (; ow + LANES <= oW; ow += LANES) {
-                VEC v[LANES];
-                for (long j = 0; j < LANES; j++) v[j] = SUFFIXED(lamina_dw_load)(out + (ow + j) * LANES);
-                SUFFIXED(transpose)(v);
-                for (long l = 0; l < LANES; l++) SUFFIXED(lamina_dw_put)(yr + l * out_plane + ow, v[l]);
-            }
+            for (; ow + LANES <= oW; ow += LANES)
+                SUFFIXED(transpose_block)(out + ow * LANES, LANES, yr + ow, out_plane);
         for (; ow < oW; ow++)
             for (long l = 0; l < lanes; l++) yr[l * out_plane + ow] = out[ow * LANES + l];
     }

@@ -50,3 +50,13 @@ static inline __attribute__((always_inline)) void SUFFIXED(transpose)(VEC *r) {
     r[3] = __builtin_shuffle(t1, t3, halves_hi);
 #endif
 }
+
+/* dst + i·dst_stride [j] = src + j·src_stride [i] for i, j < LANES: a LANES x LANES block moved
+ * between planes and channels-last (either way) through registers */
+static inline __attribute__((always_inline)) void SUFFIXED(transpose_block)(const REAL *src, long src_stride,
+                                                                            REAL *dst, long dst_stride) {
+    VEC r[LANES];
+    for (long i = 0; i < LANES; i++) __builtin_memcpy(&r[i], src + i * src_stride, sizeof(VEC));
+    SUFFIXED(transpose)(r);
+    for (long i = 0; i < LANES; i++) __builtin_memcpy(dst + i * dst_stride, &r[i], sizeof(VEC));
+}

@@ -217,12 +217,8 @@ LAMINA_CLONES static void SUFFIXED(wino_pad_input)(const REAL *x, long C, long D
         long c0 = 0;
         for (; c0 + LANES <= C; c0 += LANES) {  /* blocks of LANES channels x LANES widths */
             long w = 0;
-            for (; w + LANES <= W; w += LANES) {
-                VEC r[LANES];
-                for (long i = 0; i < LANES; i++) memcpy(&r[i], src + (c0 + i) * plane + w, sizeof(VEC));
-                SUFFIXED(transpose)(r);
-                for (long i = 0; i < LANES; i++) memcpy(line + (pw + w + i) * Cp + c0, &r[i], sizeof(VEC));
-            }
+            for (; w + LANES <= W; w += LANES)
+                SUFFIXED(transpose_block)(src + c0 * plane + w, plane, line + (pw + w) * Cp + c0, Cp);
             for (; w < W; w++)
                 for (long i = 0; i < LANES; i++) line[(pw + w) * Cp + c0 + i] = src[(c0 + i) * plane + w];
         }
