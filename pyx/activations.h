@@ -8,8 +8,9 @@
 #include "softmax.h"
 
 /* erf(x) as 1 - erfc(|x|), the sign restored, with erfc from Numerical Recipes' Chebyshev fit
- * (relative error below 1.2e-7): within 1.2e-7 of erf(x) absolutely everywhere (what GELU needs:
- * it adds erf to 1), not relatively near 0. NaN stays NaN. erfc is taken at min(|x|, 9): erfc(9)
+ * (relative error below 1.2e-7): computed in float32, within 3.8e-7 of erf(x) absolutely everywhere
+ * (measured against libm's double erf at every 7e-7 over [-9, 9]; 1 - erfc near 0 is where float32
+ * rounds), which is what GELU needs (it adds erf to 1), not relatively near 0. NaN stays NaN. erfc is taken at min(|x|, 9): erfc(9)
  * is 4e-37 and 1 - erfc rounds to 1 from there on, while a larger |x| would make its exp's
  * product a subnormal float, which the CPU computes many times slower. */
 static inline float lamina_erf_from_erfc(float x) {

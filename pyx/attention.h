@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 #include "clones.h"
+#include "epilogue.h"
 #include "softmax.h"
 
 /* keys whose scores are held at once: a query's scores against more keys are taken in blocks of
@@ -15,10 +16,10 @@
 #define ATTENTION_KEYS 16
 
 /* the forward's scratch per thread for a sequence of n rows and heads of d: its keys
- * transposed, slack for the last group of keys, and a group of rows' running outputs and scaled
- * queries */
+ * transposed with slack for the last group of keys, its scaled queries with a group of zero rows
+ * after them, its values, and a group of rows' running outputs */
 static inline long attention_scratch(long n, long d) {
-    return d * n + ATTENTION_KEYS + 2 * ATTENTION_ROWS * d;
+    return d * n + ATTENTION_KEYS + (n + ATTENTION_ROWS) * d + n * d + ATTENTION_ROWS * d;
 }
 
 /* backward's: the keys and values transposed, each with slack, and a group of rows' scaled

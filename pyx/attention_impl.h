@@ -9,8 +9,17 @@
  * query's scores against a block of keys are d multiply-adds over contiguous rows (they
  * vectorise); no array of all the sequence's scores is ever held. */
 
-static void SUFFIXED(transpose_head)(const REAL* qkv, long ld, long col, long a, long n, long d, REAL* t) {
-    for (long j = 0; j < n; j++) {
+static inline __attribute__((always_inline)) void SUFFIXED(transpose_head)(const REAL* qkv, long ld, long col, long a,
+                                                                           long n, long d, REAL* t) {
+    long j = 0;
+    for (; j + LANES <= n; j += LANES) {  /* LANES keys x LANES columns through registers */
+        const REAL* rows = qkv + (a + j) * ld + col;
+        long c = 0;
+        for (; c + LANES <= d; c += LANES) SUFFIXED(transpose_block)(rows + c, ld, t + c * n + j, n);
+        for (; c < d; c++)
+            for (long i = 0; i < LANES; i++) t[c * n + j + i] = rows[i * ld + c];
+    }
+    for (; j < n; j++) {
         const REAL* row = qkv + (a + j) * ld + col;
         for (long c = 0; c < d; c++) t[c * n + j] = row[c];
     }
@@ -23,29 +32,36 @@ static inline VEC SUFFIXED(load)(const REAL* p) {
     return v;
 }
 
-/* the largest of x[0 .. n) (-inf for none) and their sum, in LANES independent lanes (one running
- * value is a chain the compiler may not reorder), so both loops vectorise */
+/* the largest of x[0 .. n) (-inf for none; NaN never replaces a value) */
 static inline REAL SUFFIXED(span_max)(const REAL* x, long n) {
-    REAL top[LANES];
-    long j = 0, whole = n - n % LANES;
-    for (int k = 0; k < LANES; k++) top[k] = -INFINITY;
-    for (; j < whole; j += LANES)
-        for (int k = 0; k < LANES; k++) top[k] = x[j + k] > top[k] ? x[j + k] : top[k];
-    for (; j < n; j++) top[0] = x[j] > top[0] ? x[j] : top[0];
-    REAL m = top[0];
-    for (int k = 1; k < LANES; k++) m = top[k] > m ? top[k] : m;
+    VEC top = (VEC){0} - (REAL)INFINITY;
+    long j = 0;
+    for (; j + LANES <= n; j += LANES) top = SUFFIXED(pool_max)(top, SUFFIXED(load)(x + j));
+    REAL m = -INFINITY;
+    for (int k = 0; k < LANES; k++) m = top[k] > m ? top[k] : m;
+    for (; j < n; j++) m = x[j] > m ? x[j] : m;
     return m;
 }
 
-static inline REAL SUFFIXED(span_sum)(const REAL* x, long n) {
-    REAL acc[LANES];
-    long j = 0, whole = n - n % LANES;
-    for (int k = 0; k < LANES; k++) acc[k] = 0;
-    for (; j < whole; j += LANES)
-        for (int k = 0; k < LANES; k++) acc[k] += x[j + k];
-    for (; j < n; j++) acc[0] += x[j];
+/* x[j] = exp(x[j] - m) for j < n and 0 for n <= j < w; returns their sum (float: 8 lanes at a
+ * time through lamina_fast_expf8) */
+static inline REAL SUFFIXED(exp_span)(REAL* x, REAL m, long n, long w) {
     REAL total = 0;
-    for (int k = 0; k < LANES; k++) total += acc[k];
+    long j = 0;
+#if LANES == 8
+    VEC sum = (VEC){0};
+    for (; j + LANES <= n; j += LANES) {
+        const VEC e = lamina_fast_expf8(SUFFIXED(load)(x + j) - m);
+        memcpy(x + j, &e, sizeof e);
+        sum += e;
+    }
+    for (int k = 0; k < LANES; k++) total += sum[k];
+#endif
+    for (; j < n; j++) {
+        x[j] = EXP(x[j] - m);
+        total += x[j];
+    }
+    for (; j < w; j++) x[j] = 0;
     return total;
 }
 
@@ -121,23 +137,38 @@ LAMINA_CLONES static void SUFFIXED(block_values)(const REAL p[][ATTENTION_BLOCK 
             for (long c = c0; c < d; c++) acc[r * d + c] += p[r][j] * v[j * ld + c];
 }
 
+/* The head's queries scaled into q [n + ATTENTION_ROWS, d] (the rows past n zero) and its values
+ * into v [n, d], contiguous: one pass of independent loads over the sequence's rows, which lie
+ * 3E values apart, so the blocks after it read neighbouring values. */
+static inline __attribute__((always_inline)) void SUFFIXED(gather_head)(const REAL* qkv, long E, long d, long h,
+                                                                       long a, long n, REAL scale, REAL* q, REAL* v) {
+    for (long j = 0; j < n; j++) {
+        const REAL* row = qkv + (a + j) * 3 * E + h * d;
+        for (long c = 0; c < d; c++) {
+            q[j * d + c] = row[c] * scale;
+            v[j * d + c] = row[2 * E + c];
+        }
+    }
+    for (long c = 0; c < ATTENTION_ROWS * d; c++) q[n * d + c] = 0;
+}
+
 /* out and lse (one value per row and head, [rows, heads]) of one (sequence, head), ATTENTION_ROWS
- * queries at a time (the last group repeats its last row, whose copies are not written) against
- * blocks of ATTENTION_BLOCK keys, each row's running maximum and sum rescaling its output
- * whenever the maximum rises. kt: scratch of attention_scratch(n, d) values. */
+ * queries at a time (the last group padded with zero queries, never written) against blocks of
+ * ATTENTION_BLOCK keys, each row's running maximum and sum rescaling its output whenever the
+ * maximum rises. kt: scratch of attention_scratch(n, d) values. */
 LAMINA_CLONES static void SUFFIXED(attention_head)(const REAL* qkv, long E, long d, long h, long heads, long a,
                                                    long b, REAL scale, int causal, REAL* out, REAL* lse, REAL* kt) {
     const long ld = 3 * E, n = b - a;
     REAL s[ATTENTION_ROWS][ATTENTION_BLOCK + ATTENTION_KEYS], m[ATTENTION_ROWS], l[ATTENTION_ROWS];
-    REAL* acc = kt + d * n + ATTENTION_KEYS;  /* ATTENTION_ROWS x d running outputs */
-    REAL* qs = acc + ATTENTION_ROWS * d;      /* ATTENTION_ROWS x d scaled queries */
-    const REAL* values = qkv + a * ld + 2 * E + h * d;
+    REAL* queries = kt + d * n + ATTENTION_KEYS;       /* (n + ATTENTION_ROWS) x d, scaled */
+    REAL* values = queries + (n + ATTENTION_ROWS) * d;  /* n x d */
+    REAL* acc = values + n * d;                         /* ATTENTION_ROWS x d running outputs */
     SUFFIXED(transpose_head)(qkv, ld, E + h * d, a, n, d, kt);
+    SUFFIXED(gather_head)(qkv, E, d, h, a, n, scale, queries, values);
     for (long i0 = 0; i0 < n; i0 += ATTENTION_ROWS) {
         const long rows = n - i0 < ATTENTION_ROWS ? n - i0 : ATTENTION_ROWS;
+        const REAL* qs = queries + i0 * d;
         for (int r = 0; r < ATTENTION_ROWS; r++) {
-            const REAL* q = qkv + (a + i0 + (r < rows ? r : rows - 1)) * ld + h * d;
-            for (long c = 0; c < d; c++) qs[r * d + c] = q[c] * scale;
             m[r] = -INFINITY;
             l[r] = 0;
         }
@@ -156,12 +187,9 @@ LAMINA_CLONES static void SUFFIXED(attention_head)(const REAL* qkv, long E, long
                     for (long c = 0; c < d; c++) acc[r * d + c] *= f;
                     m[r] = top;
                 }
-                const REAL mr = m[r];
-                for (long j = 0; j < seen; j++) s[r][j] = EXP(s[r][j] - mr);
-                for (long j = seen; j < w; j++) s[r][j] = 0;
-                l[r] += SUFFIXED(span_sum)(s[r], w);
+                l[r] += SUFFIXED(exp_span)(s[r], m[r], seen, w);
             }
-            SUFFIXED(block_values)(s, values + j0 * ld, ld, w, d, acc);
+            SUFFIXED(block_values)(s, values + j0 * d, d, w, d, acc);
         }
         for (long r = 0; r < rows; r++) {
             REAL* o = out + (a + i0 + r) * E + h * d;
