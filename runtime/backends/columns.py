@@ -113,14 +113,13 @@ def _thread_start(ctx, t, col_rows, grid, parts, groups):
 
 def any_forward(geom, weight, ctx, bias=None, activation=None):
     """The forward of a plain or a transposed convolution, y = act(conv(x) + bias) (bias None:
-    none; activation (kind, slope) or None): a transposed convolution's outputs start from the
-    bias, which col2vol adds into; the rest are passes of their own over y."""
+    none; activation (kind, slope) or None): the outputs start from the bias (the products, or
+    col2vol, add into it); the activation is a pass of its own over y."""
     if geom.transposed:
         transposed_forward(geom, weight, ctx, bias=bias)
-        bias = None
     else:
-        forward(geom, weight, ctx)
-    finish(ctx.be, ctx.output, bias, activation)
+        forward(geom, weight, ctx, bias=bias)
+    finish(ctx.be, ctx.output, None, activation)
 
 
 def finish(be, y, bias, activation):
@@ -131,29 +130,39 @@ def finish(be, y, bias, activation):
     be.activate_in_place(activation, y)
 
 
-def forward(geom, weight, ctx):
+def forward(geom, weight, ctx, bias=None):
+    """y = conv(x) + bias (None: none). Each sample's output is set to its bias first and the
+    products add into it, which spares the product's own pass clearing y and a bias pass after."""
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
     col_rows = geom.in_channels * int(np.prod(geom.kernel_size))
+    beta = 0.0 if bias is None else 1.0
+
+    def start(n):
+        if bias is not None:
+            be.channel_bias(y[n:n + 1], bias, beta=0.0)
+
     if geom.pointwise:  # y_g = W_g x_g, one GEMM per sample and group on the input itself
         def pointwise(t, samples):
             for n in samples:
+                start(n)
                 xn, yn = x[n].reshape(geom.in_channels, -1), y[n].reshape(geom.out_channels, -1)
                 for g in range(geom.groups):
-                    be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g])
+                    be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g], beta=beta)
         split_work(x.shape[0], pointwise, threads(ctx))
         return
 
     def work(t, samples):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
         for n in samples:
+            start(n)
             xn, yn = as_volume(x[n]), y[n].reshape(geom.out_channels, -1)
             for rows, cols, col in blocks:
                 be.vol2col(xn, col, geometry, rows)
                 for g in range(geom.groups):
-                    be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols])
+                    be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols], beta=beta)
     split_work(x.shape[0], work, threads(ctx))
 
 
