@@ -22,10 +22,11 @@ static inline long attention_scratch(long n, long d) {
     return d * n + ATTENTION_KEYS + (n + ATTENTION_ROWS) * d + n * d + ATTENTION_ROWS * d;
 }
 
-/* backward's: the keys and values transposed, each with slack, and a group of rows' scaled
- * queries, output gradients and query gradients */
+/* backward's: the keys and values transposed, each with slack; the scaled queries and the output
+ * gradients, each with a group of zero rows after them; the keys; the keys' and values' gradient
+ * sums; each row's output gradient · output; a group of rows' query gradients */
 static inline long attention_backward_scratch(long n, long d) {
-    return 2 * (d * n + ATTENTION_KEYS) + 3 * ATTENTION_ROWS * d;
+    return 2 * (d * n + ATTENTION_KEYS) + 2 * (n + ATTENTION_ROWS) * d + 3 * n * d + n + ATTENTION_ROWS * d;
 }
 
 #define LAMINA_IMPL "attention_impl.h"

@@ -201,70 +201,97 @@ LAMINA_CLONES static void SUFFIXED(attention_head)(const REAL* qkv, long E, long
 }
 
 /* dk_j += Σ_r ds[r][j] qs_r and dv_j += Σ_r p[r][j] g_r for the keys j0 .. j0+w of one head
- * (dk_j at dk + j * ld, dv_j E values after it), LANES columns at a time */
+ * (dk_j at dk + j * ld, dv_j E values after it): LANES columns at a time, the group's rows of
+ * those columns held in registers while the keys pass */
 LAMINA_CLONES static void SUFFIXED(block_key_grads)(const REAL ds[][ATTENTION_BLOCK + ATTENTION_KEYS],
                                                     const REAL p[][ATTENTION_BLOCK + ATTENTION_KEYS], const REAL* qs,
                                                     const REAL* gs, long w, long d, REAL* dk, long ld, long E) {
-    for (long j = 0; j < w; j++) {
-        REAL* k = dk + j * ld;
-        REAL* v = k + E;
-        long c = 0;
-        for (; c + LANES <= d; c += LANES) {
-            VEC gk = SUFFIXED(load)(k + c), gv = SUFFIXED(load)(v + c);
+    long c = 0;
+    for (; c + LANES <= d; c += LANES) {
+        VEC q[ATTENTION_ROWS], g[ATTENTION_ROWS];
+#pragma GCC unroll 16
+        for (int r = 0; r < ATTENTION_ROWS; r++) {
+            q[r] = SUFFIXED(load)(qs + r * d + c);
+            g[r] = SUFFIXED(load)(gs + r * d + c);
+        }
+        for (long j = 0; j < w; j++) {
+            REAL* k = dk + j * ld + c;
+            VEC gk = SUFFIXED(load)(k), gv = SUFFIXED(load)(k + E);
 #pragma GCC unroll 16
             for (int r = 0; r < ATTENTION_ROWS; r++) {
-                gk += ds[r][j] * SUFFIXED(load)(qs + r * d + c);
-                gv += p[r][j] * SUFFIXED(load)(gs + r * d + c);
+                gk += ds[r][j] * q[r];
+                gv += p[r][j] * g[r];
             }
-            memcpy(k + c, &gk, sizeof gk);
-            memcpy(v + c, &gv, sizeof gv);
+            memcpy(k, &gk, sizeof gk);
+            memcpy(k + E, &gv, sizeof gv);
         }
-        for (; c < d; c++)
-            for (int r = 0; r < ATTENTION_ROWS; r++) {
-                k[c] += ds[r][j] * qs[r * d + c];
-                v[c] += p[r][j] * gs[r * d + c];
-            }
     }
+    for (long j = 0; j < w && c < d; j++)
+        for (long cc = c; cc < d; cc++)
+            for (int r = 0; r < ATTENTION_ROWS; r++) {
+                dk[j * ld + cc] += ds[r][j] * qs[r * d + cc];
+                dk[j * ld + E + cc] += p[r][j] * gs[r * d + cc];
+            }
+}
+
+/* p[j] = exp(p[j] - L) and ds[j] = p[j] (ds[j] - D) for j < n, both 0 for n <= j < w (float: 8
+ * lanes at a time through lamina_fast_expf8) */
+static inline void SUFFIXED(probability_grads)(REAL* p, REAL* ds, REAL L, REAL D, long n, long w) {
+    long j = 0;
+#if LANES == 8
+    for (; j + LANES <= n; j += LANES) {
+        const VEC e = lamina_fast_expf8(SUFFIXED(load)(p + j) - L), g = e * (SUFFIXED(load)(ds + j) - D);
+        memcpy(p + j, &e, sizeof e);
+        memcpy(ds + j, &g, sizeof g);
+    }
+#endif
+    for (; j < n; j++) {
+        p[j] = EXP(p[j] - L);
+        ds[j] = p[j] * (ds[j] - D);
+    }
+    for (; j < w; j++) p[j] = ds[j] = 0;
 }
 
 /* The gradient of attention_head for one (sequence, head), written (not added) into dqkv's
  * head-h columns of rows [a, b): with D_i = dout_i·out_i and ds_ij = p_ij (dout_i·v_j - D_i),
  *     dq_i = scale Σ_j ds_ij k_j,   dk_j = scale Σ_i ds_ij q_i,   dv_j = Σ_i p_ij dout_i.
  * The probabilities are computed again from lse, ATTENTION_ROWS queries at a time against blocks
- * of keys, as the forward. kt: scratch of attention_backward_scratch(n, d) values. */
+ * of keys, as the forward. The head's rows are gathered first into contiguous scratch (one pass
+ * of independent loads, as the forward's) and its key and value gradients summed there, then
+ * written out once. kt: scratch of attention_backward_scratch(n, d) values. */
 LAMINA_CLONES static void SUFFIXED(attention_head_backward)(const REAL* qkv, const REAL* out, const REAL* lse,
                                                             const REAL* dout, long E, long d, long h, long heads,
                                                             long a, long b, REAL scale, int causal, REAL* dqkv,
                                                             REAL* kt) {
-    const long ld = 3 * E, n = b - a;
+    const long ld = 3 * E, n = b - a, padded = (n + ATTENTION_ROWS) * d;
     REAL p[ATTENTION_ROWS][ATTENTION_BLOCK + ATTENTION_KEYS], ds[ATTENTION_ROWS][ATTENTION_BLOCK + ATTENTION_KEYS];
-    REAL L[ATTENTION_ROWS], D[ATTENTION_ROWS];
     REAL* vt = kt + d * n + ATTENTION_KEYS;
-    REAL* qs = vt + d * n + ATTENTION_KEYS;  /* ATTENTION_ROWS x d: scaled queries, */
-    REAL* gs = qs + ATTENTION_ROWS * d;      /* their output gradients, */
-    REAL* dq = gs + ATTENTION_ROWS * d;      /* and their gradients' running sums */
+    REAL* queries = vt + d * n + ATTENTION_KEYS;  /* (n + ATTENTION_ROWS) x d: scaled queries, */
+    REAL* grads = queries + padded;               /* their output gradients (zero rows after n), */
+    REAL* keys = grads + padded;                  /* n x d: the keys, */
+    REAL* dkv = keys + n * d;                     /* n x 2d: each key's and value's gradient sums, */
+    REAL* dots = dkv + 2 * n * d;                 /* n: D_i, */
+    REAL* dq = dots + n;                          /* ATTENTION_ROWS x d: a group's query gradients */
     SUFFIXED(transpose_head)(qkv, ld, E + h * d, a, n, d, kt);
     SUFFIXED(transpose_head)(qkv, ld, 2 * E + h * d, a, n, d, vt);
     for (long j = 0; j < n; j++) {
-        REAL* dk = dqkv + (a + j) * ld + E + h * d;
-        for (long c = 0; c < d; c++) dk[c] = dk[E + c] = 0;
+        const REAL* q = qkv + (a + j) * ld + h * d;
+        const REAL* g = dout + (a + j) * E + h * d;
+        const REAL* o = out + (a + j) * E + h * d;
+        REAL dot = 0;
+        for (long c = 0; c < d; c++) {
+            queries[j * d + c] = q[c] * scale;
+            grads[j * d + c] = g[c];
+            keys[j * d + c] = q[E + c];
+            dkv[2 * j * d + c] = dkv[2 * j * d + d + c] = 0;
+            dot += g[c] * o[c];
+        }
+        dots[j] = dot;
     }
+    for (long c = 0; c < ATTENTION_ROWS * d; c++) queries[n * d + c] = grads[n * d + c] = 0;
     for (long i0 = 0; i0 < n; i0 += ATTENTION_ROWS) {
         const long rows = n - i0 < ATTENTION_ROWS ? n - i0 : ATTENTION_ROWS;
-        for (int r = 0; r < ATTENTION_ROWS; r++) {
-            const long i = a + i0 + (r < rows ? r : rows - 1);
-            const REAL* q = qkv + i * ld + h * d;
-            const REAL* g = dout + i * E + h * d;
-            const REAL* o = out + i * E + h * d;
-            REAL dot = 0;
-            for (long c = 0; c < d; c++) {
-                qs[r * d + c] = q[c] * scale;
-                gs[r * d + c] = r < rows ? g[c] : 0;  /* a repeated row adds nothing to dk, dv */
-                dot += g[c] * o[c];
-            }
-            L[r] = lse[i * heads + h];
-            D[r] = dot;
-        }
+        const REAL *qs = queries + i0 * d, *gs = grads + i0 * d;
         for (long c = 0; c < ATTENTION_ROWS * d; c++) dq[c] = 0;
         const long end = causal ? i0 + rows : n;
         for (long j0 = 0; j0 < end; j0 += ATTENTION_BLOCK) {
@@ -274,19 +301,22 @@ LAMINA_CLONES static void SUFFIXED(attention_head_backward)(const REAL* qkv, con
             for (int r = 0; r < ATTENTION_ROWS; r++) {
                 long seen = causal ? i0 + r + 1 - j0 : w;
                 seen = r >= rows || seen < 0 ? 0 : (seen > w ? w : seen);
-                const REAL Lr = L[r], Dr = D[r];
-                for (long j = 0; j < seen; j++) {
-                    p[r][j] = EXP(p[r][j] - Lr);
-                    ds[r][j] = p[r][j] * (ds[r][j] - Dr);
-                }
-                for (long j = seen; j < w; j++) p[r][j] = ds[r][j] = 0;
+                const long i = r < rows ? i0 + r : i0;  /* (a padding row sees no key) */
+                SUFFIXED(probability_grads)(p[r], ds[r], lse[(a + i) * heads + h], dots[i], seen, w);
             }
-            SUFFIXED(block_values)(ds, qkv + (a + j0) * ld + E + h * d, ld, w, d, dq);
-            SUFFIXED(block_key_grads)(ds, p, qs, gs, w, d, dqkv + (a + j0) * ld + E + h * d, ld, E);
+            SUFFIXED(block_values)(ds, keys + j0 * d, d, w, d, dq);
+            SUFFIXED(block_key_grads)(ds, p, qs, gs, w, d, dkv + j0 * 2 * d, 2 * d, d);
         }
         for (long r = 0; r < rows; r++) {
             REAL* target = dqkv + (a + i0 + r) * ld + h * d;
             for (long c = 0; c < d; c++) target[c] = dq[r * d + c] * scale;
+        }
+    }
+    for (long j = 0; j < n; j++) {
+        REAL* target = dqkv + (a + j) * ld + E + h * d;
+        for (long c = 0; c < d; c++) {
+            target[c] = dkv[2 * j * d + c];
+            target[E + c] = dkv[2 * j * d + d + c];
         }
     }
 }

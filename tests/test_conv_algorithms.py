@@ -494,6 +494,28 @@ def test_winograd_shares_a_samples_tiles_when_the_batch_is_smaller_than_the_team
             np.testing.assert_array_equal(run(n, threads), alone, err_msg=f"{n} samples on {threads} threads")
 
 
+def test_winograd_outputs_do_not_depend_on_the_block_of_tiles():
+    """Blocks of 6 tiles (the smallest), of 12, and of every tile of a sample (what the rule takes
+    where the transformed weights are too large for the cache) give the same outputs to the bit:
+    a tile's products are the same sums in any block."""
+    rng = np.random.default_rng(8)
+    f = np.float32
+    shape = (2, 10, 1, 13, 11)  # 7 x 6 tiles a sample
+    x = rng.standard_normal(shape).astype(f)
+    bias = rng.standard_normal(12).astype(f)
+    outputs = []
+    for block in (6, 12, 42):
+        sizes = _kernels.winograd_workspace(10, 12, *shape[2:], 0, 1, 1, False, block, True)
+        packed = np.random.default_rng(9).standard_normal(sizes[3]).astype(f)
+        y = np.zeros((2, 12) + shape[2:], f)
+        scratch = [[np.zeros(size, f)] for size in sizes[:3]]
+        _kernels.winograd_conv(x, packed, y, *scratch, 0, 1, 1, False, block, False, bias, True, 1, False)
+        outputs.append(y)
+    assert np.abs(outputs[0]).max() > 0.1
+    for y in outputs[1:]:
+        np.testing.assert_array_equal(y, outputs[0])
+
+
 # ---------------------------------------------------------------------------- any geometry
 
 hypothesis = pytest.importorskip("hypothesis")

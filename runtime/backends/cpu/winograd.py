@@ -12,6 +12,13 @@ from .aligned import aligned_copy
 # Tiles per block of winograd.h: its transformed input and products, XI · block · (Cp + COp)
 # values, stay in cache between the transforms and the GEMMs.
 BLOCK_VALUES = 1 << 16
+# Every block reads all the transformed weights (XI · Cin · Cout values). Above STREAMED_WEIGHTS
+# bytes they come from memory each time rather than from the last-level cache, and blocks of up to
+# LARGE_BLOCK_VALUES (fewer per sample) cost less than products that stay in cache: 512 channels
+# at 7x7 (16 MiB of weights), batch 1, one thread ran 1.2-1.3x faster; 384 (9 MiB) and 256 gained
+# nothing, and the smaller layers lost up to 20% (docs/measurements.md).
+STREAMED_WEIGHTS = 12 << 20
+LARGE_BLOCK_VALUES = 1 << 20
 # G of F(2, 3): the kernel's transform along each axis
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
@@ -68,7 +75,8 @@ def run(geom, weight, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=F
     lanes = _kernels.winograd_lanes(src.dtype == np.float32)
     xi = 64 if depth3 else 16
     # tiles per block: whole row tiles of the panel GEMM (6 rows), at least one
-    block = max(6, BLOCK_VALUES // (xi * (-(-c // lanes) + -(-cout // lanes)) * lanes) // 6 * 6)
+    values = LARGE_BLOCK_VALUES if packed.nbytes > STREAMED_WEIGHTS else BLOCK_VALUES
+    block = max(6, values // (xi * (-(-c // lanes) + -(-cout // lanes)) * lanes) // 6 * 6)
     pd = padding[0] if depth3 else 0
     sizes = _kernels.winograd_workspace(c, cout, d, h, w, pd, padding[1], padding[2], depth3, block,
                                         src.dtype == np.float32)
