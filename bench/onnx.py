@@ -255,11 +255,13 @@ def lamina_native(name):
     return lambda: net.run(feeds)
 
 
-def ort_onnx(name, threads, suffix=""):
+def ort_onnx(name, threads, suffix="", spin=True):
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if not spin:  # (its workers sleep between calls instead of watching for work)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(os.path.join(FOLDER, f"{name}{suffix}.onnx"), options,
                                    providers=["CPUExecutionProvider"])
     feeds = _inputs(name)

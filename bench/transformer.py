@@ -182,11 +182,13 @@ def lamina_onnx_infer(kind):
     return lambda: net.run(feeds)
 
 
-def ort_infer(kind, threads):
+def ort_infer(kind, threads, spin=True):
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if not spin:  # (its workers sleep between calls instead of watching for work)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(export_model(), options, providers=["CPUExecutionProvider"])
     ids, mask = _padded(LENGTHS[kind])
     feeds = {"ids": ids, "mask": mask}
