@@ -25,6 +25,7 @@ thread, grown to the largest size asked for, so they allocate only while sizes g
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from abc import ABC, abstractmethod
@@ -594,7 +595,7 @@ class Backend(ABC):
         buffers = self.__dict__.get("_scratch")
         if buffers is None:
             buffers = self.__dict__.setdefault("_scratch", threading.local())
-        size, dtype = int(np.prod(shape)), np.dtype(dtype)
+        size, dtype = int(math.prod(shape)), np.dtype(dtype)
         held = buffers.__dict__.get((name, dtype))
         if held is None or held.shape[0] < size:
             held = buffers.__dict__[(name, dtype)] = self.empty((max(size, 1),), dtype)

@@ -16,6 +16,8 @@ its own column buffer and single-threaded kernels, instead of waking a team of t
 block. Weight gradients: the first thread adds into the parameter's gradient, the others into
 their own buffers, summed at the end.
 """
+import math
+
 import numpy as np
 
 from ..threads import free_threads, get_num_threads, split_work
@@ -54,7 +56,7 @@ class Blocks:
         self.grid, self.rows = grid, col_rows
         per_row = col_rows * grid[-1]
         self.step = max(1, COL_BLOCK // per_row)
-        total = int(np.prod(grid[:-1]))
+        total = int(math.prod(grid[:-1]))
         self.ranges = [(r0, min(total, r0 + self.step)) for r0 in range(0, total, self.step)]
         self.buffer = ctx.workspace(key, (col_rows * min(self.step, total) * grid[-1],))
 
@@ -137,7 +139,7 @@ def forward(geom, weight, ctx, bias=None):
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
-    col_rows = geom.in_channels * int(np.prod(geom.kernel_size))
+    col_rows = geom.in_channels * int(math.prod(geom.kernel_size))
     beta = 0.0 if bias is None else 1.0
 
     def start(n):
@@ -173,7 +175,7 @@ def backward(geom, weight, ctx, dx):
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
-    col_rows = geom.in_channels * int(np.prod(geom.kernel_size))
+    col_rows = geom.in_channels * int(math.prod(geom.kernel_size))
     dw, count = ctx.param_grad("weight"), threads(ctx)
     if geom.pointwise:
         return _pointwise_backward(geom, weight, ctx, dx, dw)
@@ -241,7 +243,7 @@ def transposed_forward(geom, weight, ctx, place=None, bias=None):
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)  # [groups, in_g, out_g·K]
     in_g, k_rows = w.shape[1], w.shape[2]
-    col_rows = geom.out_channels * int(np.prod(geom.kernel_size))
+    col_rows = geom.out_channels * int(math.prod(geom.kernel_size))
 
     def work(t, samples):
         blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
@@ -264,7 +266,7 @@ def transposed_backward(geom, weight, ctx):
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     in_g, k_rows = w.shape[1], w.shape[2]
-    col_rows = geom.out_channels * int(np.prod(geom.kernel_size))
+    col_rows = geom.out_channels * int(math.prod(geom.kernel_size))
     dw, dx, count = ctx.param_grad("weight"), ctx.input_grad(0), threads(ctx)
     parts = weight_grad_parts(ctx, dw, count)
 

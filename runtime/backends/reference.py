@@ -441,7 +441,7 @@ class ReferenceBackend(HostStatistics, Backend):
             cells = [idx for idx in itertools.product(*(range(o * s - p, o * s - p + (k - 1) * d + 1, d) for o, s, p, k, d
                                                          in zip(pos, stride, padding, kernel, dilation)))
                      if all(0 <= i < n for i, n in zip(idx, spatial))]
-            yield pos, cells, int(np.prod(kernel))
+            yield pos, cells, int(math.prod(kernel))
 
     def max_pool(self, x, out, argmax, window):
         x5 = x.reshape(x.shape[:2] + (1,) * (5 - x.ndim) + x.shape[2:])
@@ -456,8 +456,8 @@ class ReferenceBackend(HostStatistics, Backend):
                 argmax[:, j] = [np.ravel_multi_index(cells[b], spatial) for b in best]
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
-        check_index("max_pool_backward", "argmax", argmax, int(np.prod(dx.shape[2:])))
-        grad = np.zeros((dx.shape[0] * dx.shape[1], int(np.prod(dx.shape[2:]))))
+        check_index("max_pool_backward", "argmax", argmax, int(math.prod(dx.shape[2:])))
+        grad = np.zeros((dx.shape[0] * dx.shape[1], int(math.prod(dx.shape[2:]))))
         flat_dy = dy.reshape(grad.shape[0], -1)
         for q in range(grad.shape[0]):
             np.add.at(grad[q], argmax[q], flat_dy[q])

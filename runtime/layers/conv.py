@@ -54,7 +54,7 @@ class _ConvNd(Layer):
             if not 0 <= op < max(s, d):
                 raise ValueError(f"{where}: output_padding must be smaller than stride or dilation, "
                                  f"found {self.output_padding} with stride {self.stride}, dilation {self.dilation}")
-        k = int(np.prod(self.kernel_size))
+        k = int(math.prod(self.kernel_size))
         if self.transposed:
             shape = (self.in_channels, self.out_channels // self.groups) + self.kernel_size
         else:

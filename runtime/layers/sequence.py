@@ -2,6 +2,7 @@
 over each sequence's steps."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -144,7 +145,7 @@ class SequencePool(Layer):
 
     def _argmax(self, ctx):
         out = ctx.output
-        return ctx.workspace("argmax", (out.shape[0], int(np.prod(out.shape[1:]))), np.int32)
+        return ctx.workspace("argmax", (out.shape[0], int(math.prod(out.shape[1:]))), np.int32)
 
     def forward(self, ctx):
         ctx.be.sequence_pool(self.mode, ctx.inputs[0], ctx.starts, ctx.output, self._argmax(ctx))

@@ -2,6 +2,7 @@
 pooling, batch normalisation, and concatenation along channels."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -99,7 +100,7 @@ class _MaxPool(_Pool):
 
     def _argmax(self, ctx):
         y = ctx.output
-        shape = (y.shape[0] * y.shape[1], int(np.prod(y.shape[2:])))
+        shape = (y.shape[0] * y.shape[1], int(math.prod(y.shape[2:])))
         return ctx.outputs[1].reshape(shape) if self.return_indices else ctx.workspace("argmax", shape, np.int32)
 
     def forward(self, ctx):

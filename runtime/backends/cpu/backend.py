@@ -4,6 +4,8 @@ Every public method checks shapes, dtypes and contiguity here, at the Python bou
 which kernel and which argument is wrong; the compiled kernels then run without bounds checks and
 with the GIL released.
 """
+import math
+
 import numpy as np
 
 from .compiled import _kernels as K
@@ -740,17 +742,17 @@ class CPUBackend(HostStatistics, Backend):
         check_array("max_pool", "out", out, dtype=x.dtype, ndim=x.ndim)
         if argmax is not None:
             check_array("max_pool", "argmax", argmax, dtype=np.int32,
-                        shape=(out.shape[0] * out.shape[1], int(np.prod(out.shape[2:]))))
+                        shape=(out.shape[0] * out.shape[1], int(math.prod(out.shape[2:]))))
         K.max_pool(self._planes(x), self._planes(out), argmax, *(v for part in window_parts(window) for v in part))
 
     def max_pool_backward(self, dy, argmax, dx, beta=0.0, window=None):
         _float("max_pool_backward", "dy", dy)
         check_array("max_pool_backward", "dx", dx, dtype=dy.dtype, ndim=dy.ndim)
         check_array("max_pool_backward", "argmax", argmax, dtype=np.int32,
-                    shape=(dy.shape[0] * dy.shape[1], int(np.prod(dy.shape[2:]))))
+                    shape=(dy.shape[0] * dy.shape[1], int(math.prod(dy.shape[2:]))))
         if dx.shape[:2] != dy.shape[:2]:
             raise ValueError(f"max_pool_backward: dx {dx.shape} and dy {dy.shape} must share N and C")
-        check_index("max_pool_backward", "argmax", argmax, int(np.prod(dx.shape[2:])))
+        check_index("max_pool_backward", "argmax", argmax, int(math.prod(dx.shape[2:])))
         K.max_pool_backward(self._planes(dy), argmax, dx.reshape(dx.shape[0] * dx.shape[1], -1), beta)
 
     def avg_pool(self, x, out, window, count_include_pad=True):

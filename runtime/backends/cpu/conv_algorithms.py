@@ -34,6 +34,8 @@ ALGORITHMS = ("depthwise", "winograd", "direct", "direct, width phases", "depth 
               "columns")
 _setting = {"mode": "rule"}
 _measured: dict = {}  # (geometry, batch, dtype, threads) -> the fastest forward measured
+_ruled: dict = {}  # (geometry, batch, mode) -> the rule's forward (a run asks once per layer)
+RULED_MAX = 4096  # entries kept (inputs of ever new shapes start it again instead of growing it)
 
 
 def set_conv_algorithm(mode):
@@ -47,6 +49,7 @@ def set_conv_algorithm(mode):
                            f"found {mode!r}")
     _setting["mode"] = mode
     _measured.clear()
+    _ruled.clear()
 
 
 def get_conv_algorithm():
@@ -178,7 +181,13 @@ def forward_pooled(geom, weight, ctx, bias, activation, pool):
 def _choose_forward(geom, weight, ctx):
     x = ctx.inputs[0]
     if _setting["mode"] != "measure":
-        return forward_algorithm(geom, x.shape[0])
+        key = (geom, x.shape[0], _setting["mode"])
+        choice = _ruled.get(key)
+        if choice is None:
+            if len(_ruled) >= RULED_MAX:
+                _ruled.clear()
+            choice = _ruled[key] = forward_algorithm(geom, x.shape[0])
+        return choice
     key = (geom, x.shape[0], x.dtype.str, get_num_threads())
     choice = _measured.get(key)
     if choice is None:

@@ -3,6 +3,8 @@ a 2-D column matrix. With stride 1 the depth taps only shift which input depth s
 slice reads, and each slice's columns are one contiguous block, so the column matrix needs only
 the kh·kw taps of every input slice: kd times less data to build than the full 3-D column
 matrix."""
+import math
+
 import numpy as np
 
 from .. import columns
@@ -23,7 +25,7 @@ def _slabs(geom, ctx, key="col2d"):
     depth, out_depth = ctx.inputs[0].shape[2], ctx.output.shape[2]
     kd, pd, dd = geom.kernel_size[0], geom.padding[0], geom.dilation[0]
     col_rows = geom.in_channels * geom.kernel_size[1] * geom.kernel_size[2]
-    plane = int(np.prod(ctx.output.shape[3:]))
+    plane = int(math.prod(ctx.output.shape[3:]))
     halo = (kd - 1) * dd
     slab = max(columns.COL_BLOCK // (col_rows * plane), 4 * halo, 1)
     buffer = ctx.workspace(key, (col_rows * min(slab + halo, depth) * plane,))
