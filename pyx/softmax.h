@@ -5,26 +5,25 @@
 #include <string.h>
 #include "clones.h"
 
-/* Fast float32 exp for x <= 88: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an
- * exact reduction), e^r by Cephes' degree-7 polynomial, 2^n put into the exponent bits. Within
- * 2 ulp of expf; x below -87.3 gives e^-87.3 (about 1e-38) instead of smaller values or 0; NaN
- * stays NaN. Multiply-adds, a rounding and integer bit work, so loops using it vectorise, where
- * libm's expf is a scalar call. */
+/* e^x for x = n ln2 + r, |r| <= ln2/2, written once for a float and for an 8-lane vector (the
+ * same operations on either): r with ln2 split in two for an exact reduction, then e^r by
+ * Cephes' degree-7 polynomial */
+#define LAMINA_EXPF_REMAINDER(x, n) ((x) - (n) * 0.693359375f + (n) * 2.12194440e-4f)
+#define LAMINA_EXPF_POLYNOMIAL(r)                                                                      \
+    ((((((1.9875691500e-4f * (r) + 1.3981999507e-3f) * (r) + 8.3334519073e-3f) * (r) + 4.1665795894e-2f) \
+       * (r) + 1.6666665459e-1f) * (r) + 5.0000001201e-1f) * (r) * (r) + (r) + 1.0f)
+
+/* Fast float32 exp for x <= 88: x = n ln2 + r, e^r by the polynomial above, 2^n put into the
+ * exponent bits. Within 2 ulp of expf; x below -87.3 gives e^-87.3 (about 1e-38) instead of
+ * smaller values or 0; NaN stays NaN. Multiply-adds, a rounding and integer bit work, so loops
+ * using it vectorise, where libm's expf is a scalar call. */
 static inline float lamina_fast_expf(float x) {
     x = x < -87.33654475f ? -87.33654475f : x;
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int bits = ((int)n + 127) << 23;
+    const float n = __builtin_rintf(x * 1.44269504088896341f), r = LAMINA_EXPF_REMAINDER(x, n);
+    const int bits = ((int)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return LAMINA_EXPF_POLYNOMIAL(r) * scale;
 }
 
 #define LAMINA_IMPL "softmax_impl.h"
@@ -37,18 +36,9 @@ static inline __attribute__((always_inline)) lamina_v8f lamina_fast_expf8(lamina
     const lamina_v8f low = (lamina_v8f){0} - 87.33654475f;
     const lamina_v8i below = (lamina_v8i)(x < low);
     x = (lamina_v8f)(((lamina_v8i)low & below) | ((lamina_v8i)x & ~below));
-    lamina_v8f n = x * 1.44269504088896341f;
-    n = (n + 12582912.0f) - 12582912.0f;
-    const lamina_v8f r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    lamina_v8f p = (lamina_v8f){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    const lamina_v8f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f, r = LAMINA_EXPF_REMAINDER(x, n);
     const lamina_v8i bits = (__builtin_convertvector(n, lamina_v8i) + 127) << 23;
-    return p * (lamina_v8f)bits;
+    return LAMINA_EXPF_POLYNOMIAL(r) * (lamina_v8f)bits;
 }
 
 #endif
