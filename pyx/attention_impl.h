@@ -137,16 +137,18 @@ LAMINA_CLONES static void SUFFIXED(block_values)(const REAL p[][ATTENTION_BLOCK 
             for (long c = c0; c < d; c++) acc[r * d + c] += p[r][j] * v[j * ld + c];
 }
 
-/* The head's queries scaled into q [n + ATTENTION_ROWS, d] (the rows past n zero) and its values
- * into v [n, d], contiguous: one pass of independent loads over the sequence's rows, which lie
- * 3E values apart, so the blocks after it read neighbouring values. */
+/* The head's queries scaled into q [n + ATTENTION_ROWS, d] (the rows past n zero) and its keys
+ * (other = E) or values (other = 2E) into v [n, d], contiguous: one pass of independent loads over
+ * the sequence's rows, which lie 3E values apart, so the blocks after it read neighbouring
+ * values. */
 static inline __attribute__((always_inline)) void SUFFIXED(gather_head)(const REAL* qkv, long E, long d, long h,
-                                                                       long a, long n, REAL scale, REAL* q, REAL* v) {
+                                                                       long a, long n, REAL scale, long other,
+                                                                       REAL* q, REAL* v) {
     for (long j = 0; j < n; j++) {
         const REAL* row = qkv + (a + j) * 3 * E + h * d;
         for (long c = 0; c < d; c++) {
             q[j * d + c] = row[c] * scale;
-            v[j * d + c] = row[2 * E + c];
+            v[j * d + c] = row[other + c];
         }
     }
     for (long c = 0; c < ATTENTION_ROWS * d; c++) q[n * d + c] = 0;
@@ -164,7 +166,7 @@ LAMINA_CLONES static void SUFFIXED(attention_head)(const REAL* qkv, long E, long
     REAL* values = queries + (n + ATTENTION_ROWS) * d;  /* n x d */
     REAL* acc = values + n * d;                         /* ATTENTION_ROWS x d running outputs */
     SUFFIXED(transpose_head)(qkv, ld, E + h * d, a, n, d, kt);
-    SUFFIXED(gather_head)(qkv, E, d, h, a, n, scale, queries, values);
+    SUFFIXED(gather_head)(qkv, E, d, h, a, n, scale, 2 * E, queries, values);
     for (long i0 = 0; i0 < n; i0 += ATTENTION_ROWS) {
         const long rows = n - i0 < ATTENTION_ROWS ? n - i0 : ATTENTION_ROWS;
         const REAL* qs = queries + i0 * d;
@@ -274,21 +276,19 @@ LAMINA_CLONES static void SUFFIXED(attention_head_backward)(const REAL* qkv, con
     REAL* dq = dots + n;                          /* ATTENTION_ROWS x d: a group's query gradients */
     SUFFIXED(transpose_head)(qkv, ld, E + h * d, a, n, d, kt);
     SUFFIXED(transpose_head)(qkv, ld, 2 * E + h * d, a, n, d, vt);
+    SUFFIXED(gather_head)(qkv, E, d, h, a, n, scale, E, queries, keys);
     for (long j = 0; j < n; j++) {
-        const REAL* q = qkv + (a + j) * ld + h * d;
         const REAL* g = dout + (a + j) * E + h * d;
         const REAL* o = out + (a + j) * E + h * d;
         REAL dot = 0;
         for (long c = 0; c < d; c++) {
-            queries[j * d + c] = q[c] * scale;
             grads[j * d + c] = g[c];
-            keys[j * d + c] = q[E + c];
             dkv[2 * j * d + c] = dkv[2 * j * d + d + c] = 0;
             dot += g[c] * o[c];
         }
         dots[j] = dot;
     }
-    for (long c = 0; c < ATTENTION_ROWS * d; c++) queries[n * d + c] = grads[n * d + c] = 0;
+    for (long c = 0; c < ATTENTION_ROWS * d; c++) grads[n * d + c] = 0;
     for (long i0 = 0; i0 < n; i0 += ATTENTION_ROWS) {
         const long rows = n - i0 < ATTENTION_ROWS ? n - i0 : ATTENTION_ROWS;
         const REAL *qs = queries + i0 * d, *gs = grads + i0 * d;

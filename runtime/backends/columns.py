@@ -121,7 +121,7 @@ def any_forward(geom, weight, ctx, bias=None, activation=None):
         transposed_forward(geom, weight, ctx, bias=bias)
     else:
         forward(geom, weight, ctx, bias=bias)
-    finish(ctx.be, ctx.output, None, activation)
+    ctx.be.activate_in_place(activation, ctx.output)
 
 
 def finish(be, y, bias, activation):
