@@ -143,6 +143,8 @@ cdef extern from "team.h" nogil:
     void lamina_team_run(int threads, lamina_member member, void* job)
     void lamina_team_rest()
     void lamina_team_set_spin(double seconds)
+    ctypedef void (*lamina_range_body)(void* args, int t, long start, long end) noexcept nogil
+    void lamina_team_for(int threads, long n, lamina_range_body body, void* args)
 
 
 def team_rest():
@@ -356,9 +358,9 @@ cdef extern from "activations.h" nogil:
     void lamina_erf_activation_grad_f(int kind, const float* x, const float* dy, float* dx, long n, float beta)
 
 
-# element-wise spans of this many values per task in the vectorised activations
+# element-wise kernels share their values among the team's members in spans of this many
 cdef enum:
-    ACTIVATION_SPAN = 8192
+    ELEMENT_SPAN = 8192
 
 
 def fast_erf(float[::1] x, float[::1] y):
@@ -366,60 +368,119 @@ def fast_erf(float[::1] x, float[::1] y):
     lamina_erf_activation_f(ERF, &x[0], &y[0], x.shape[0])
 
 
-def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
-    """y = f(x), element-wise (x and y may be the same buffer). float32 tanh and sigmoid use the
-    fast tanh of cells.h, float32 GELU (both forms) and erf activations.h (vectorised);
-    everything else libm in double."""
-    cdef Py_ssize_t i, n = x.shape[0]
-    if kind == BOUNDED_RELU:  # the bound as the values hold it: backward tells it from y
-        slope = <real>slope
-    cdef real cap = <real>slope
+ctypedef struct _elementwise_job:
+    int kind
+    bint single            # float32 arrays (else float64)
+    void* x
+    void* y
+    void* dy
+    void* dx
+    long n
+    double slope, alpha, beta
+
+
+cdef inline int _threads_for(bint worth) noexcept nogil:
+    """The threads a kernel called here may use (lamina's count, 1 inside a split_work piece:
+    OpenMP's count per calling thread, which lamina.threads sets) where its work is worth them."""
+    return openmp.omp_get_max_threads() if worth else 1
+
+
+cdef inline void _activate(int kind, const real* x, real* y, long lo, long hi, real cap, double slope) noexcept nogil:
+    cdef long i
     if kind == RELU:  # the common case, as a loop the compiler vectorises (NaN stays NaN)
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = 0 if x[i] < 0 else x[i]
     elif kind == BOUNDED_RELU:  # ReLU6, vectorised as ReLU
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = 0 if x[i] < 0 else (cap if x[i] > cap else x[i])
     elif real is float and kind == TANH:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = lamina_fast_tanhf(x[i])
     elif real is float and kind == SIGMOID:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = <float>0.5 + <float>0.5 * lamina_fast_tanhf(<float>0.5 * x[i])
     elif real is float and (kind == GELU or kind == GELU_TANH or kind == ERF):
-        for i in prange((n + ACTIVATION_SPAN - 1) // ACTIVATION_SPAN, nogil=True, schedule="static",
-                        use_threads_if=n > PARALLEL_MIN // 8):
-            lamina_erf_activation_f(kind, &x[i * ACTIVATION_SPAN], &y[i * ACTIVATION_SPAN],
-                                    min(ACTIVATION_SPAN, n - i * ACTIVATION_SPAN))
+        lamina_erf_activation_f(kind, x + lo, y + lo, hi - lo)
     else:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = <real>_act(kind, x[i], slope)
 
 
-def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, double beta, double slope):
-    """dx = dy * f'(x) + beta * dx, with f'(x) computed from y = f(x)."""
-    cdef Py_ssize_t i, n = y.shape[0]
-    if kind == BOUNDED_RELU:
-        slope = <real>slope
-    cdef real cap = <real>slope
+cdef void _activation_spans(void* args, int t, long s0, long s1) noexcept nogil:
+    """activation_forward over the spans s0 .. s1 of ELEMENT_SPAN values."""
+    cdef _elementwise_job* j = <_elementwise_job*>args
+    cdef long lo = s0 * ELEMENT_SPAN, hi = min(s1 * ELEMENT_SPAN, j.n)
+    if j.single:
+        _activate(j.kind, <const float*>j.x, <float*>j.y, lo, hi, <float>j.slope, j.slope)
+    else:
+        _activate(j.kind, <const double*>j.x, <double*>j.y, lo, hi, <double>j.slope, j.slope)
+
+
+cdef inline void _activate_grad(int kind, const real* y, const real* dy, real* dx, long lo, long hi, real cap,
+                                double slope, double beta) noexcept nogil:
+    cdef long i
     if kind == RELU and beta == 0:  # vectorised, as the forward
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             dx[i] = dy[i] if y[i] > 0 else 0
     elif kind == BOUNDED_RELU and beta == 0:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             dx[i] = dy[i] if 0 < y[i] < cap else 0
     elif real is float and (kind == GELU or kind == GELU_TANH or kind == ERF):  # y is the input x
-        for i in prange((n + ACTIVATION_SPAN - 1) // ACTIVATION_SPAN, nogil=True, schedule="static",
-                        use_threads_if=n > PARALLEL_MIN // 8):
-            lamina_erf_activation_grad_f(kind, &y[i * ACTIVATION_SPAN], &dy[i * ACTIVATION_SPAN],
-                                         &dx[i * ACTIVATION_SPAN], min(ACTIVATION_SPAN, n - i * ACTIVATION_SPAN),
-                                         <float>beta)
+        lamina_erf_activation_grad_f(kind, y + lo, dy + lo, dx + lo, hi - lo, <float>beta)
     elif beta == 0:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope))
     else:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             dx[i] = <real>(dy[i] * _act_grad_from_output(kind, y[i], slope) + beta * dx[i])
+
+
+cdef void _activation_grad_spans(void* args, int t, long s0, long s1) noexcept nogil:
+    """activation_backward over the spans s0 .. s1 of ELEMENT_SPAN values."""
+    cdef _elementwise_job* j = <_elementwise_job*>args
+    cdef long lo = s0 * ELEMENT_SPAN, hi = min(s1 * ELEMENT_SPAN, j.n)
+    if j.single:
+        _activate_grad(j.kind, <const float*>j.y, <const float*>j.dy, <float*>j.dx, lo, hi, <float>j.slope, j.slope,
+                       j.beta)
+    else:
+        _activate_grad(j.kind, <const double*>j.y, <const double*>j.dy, <double*>j.dx, lo, hi, <double>j.slope,
+                       j.slope, j.beta)
+
+
+cdef inline bint _vector_erf(int kind, bint single) noexcept nogil:
+    return single and (kind == GELU or kind == GELU_TANH or kind == ERF)
+
+
+def activation_forward(int kind, real[::1] x, real[::1] y, double slope):
+    """y = f(x), element-wise (x and y may be the same buffer), on lamina's team of threads
+    (team.h) from PARALLEL_MIN values (PARALLEL_MIN / 8 for the vectorised erf). float32 tanh
+    and sigmoid use the fast tanh of cells.h, float32 GELU (both forms) and erf activations.h
+    (vectorised); everything else libm in double."""
+    cdef _elementwise_job j
+    j.n = x.shape[0]
+    if j.n == 0:
+        return
+    if kind == BOUNDED_RELU:  # the bound as the values hold it: backward tells it from y
+        slope = <real>slope
+    j.kind, j.single, j.x, j.y, j.slope = kind, real is float, &x[0], &y[0], slope
+    cdef bint worth = j.n > (PARALLEL_MIN // 8 if _vector_erf(kind, j.single) else PARALLEL_MIN)
+    with nogil:
+        lamina_team_for(_threads_for(worth), (j.n + ELEMENT_SPAN - 1) // ELEMENT_SPAN, _activation_spans, &j)
+
+
+def activation_backward(int kind, real[::1] y, real[::1] dy, real[::1] dx, double beta, double slope):
+    """dx = dy * f'(x) + beta * dx, with f'(x) computed from y = f(x) (the input x for GELU and
+    erf), on the team as the forward."""
+    cdef _elementwise_job j
+    j.n = y.shape[0]
+    if j.n == 0:
+        return
+    if kind == BOUNDED_RELU:
+        slope = <real>slope
+    j.kind, j.single, j.y, j.dy, j.dx, j.slope, j.beta = kind, real is float, &y[0], &dy[0], &dx[0], slope, beta
+    cdef bint worth = j.n > (PARALLEL_MIN // 8 if _vector_erf(kind, j.single) else PARALLEL_MIN)
+    with nogil:
+        lamina_team_for(_threads_for(worth), (j.n + ELEMENT_SPAN - 1) // ELEMENT_SPAN, _activation_grad_spans, &j)
 
 
 cdef extern from "softmax.h" nogil:
@@ -493,15 +554,34 @@ def bias_grad(real[:, ::1] dy, real[::1] db, double beta):
         free(acc)
 
 
-def axpby(double alpha, real[::1] x, double beta, real[::1] y):
-    """y = alpha * x + beta * y (beta == 0 never reads y)."""
-    cdef Py_ssize_t i, n = x.shape[0]
+cdef inline void _axpby(double alpha, const real* x, double beta, real* y, long lo, long hi) noexcept nogil:
+    cdef long i
     if beta == 0:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = <real>(alpha * x[i])
     else:
-        for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
+        for i in range(lo, hi):
             y[i] = <real>(alpha * x[i] + beta * y[i])
+
+
+cdef void _axpby_spans(void* args, int t, long s0, long s1) noexcept nogil:
+    cdef _elementwise_job* j = <_elementwise_job*>args
+    cdef long lo = s0 * ELEMENT_SPAN, hi = min(s1 * ELEMENT_SPAN, j.n)
+    if j.single:
+        _axpby(j.alpha, <const float*>j.x, j.beta, <float*>j.y, lo, hi)
+    else:
+        _axpby(j.alpha, <const double*>j.x, j.beta, <double*>j.y, lo, hi)
+
+
+def axpby(double alpha, real[::1] x, double beta, real[::1] y):
+    """y = alpha * x + beta * y (beta == 0 never reads y), on the team from PARALLEL_MIN values."""
+    cdef _elementwise_job j
+    j.n = x.shape[0]
+    if j.n == 0:
+        return
+    j.single, j.x, j.y, j.alpha, j.beta = real is float, &x[0], &y[0], alpha, beta
+    with nogil:
+        lamina_team_for(_threads_for(j.n > PARALLEL_MIN), (j.n + ELEMENT_SPAN - 1) // ELEMENT_SPAN, _axpby_spans, &j)
 
 
 def multiply(real[::1] a, real[::1] b, real[::1] out, double beta):
@@ -1308,30 +1388,58 @@ def attention_backward(const real[:, ::1] qkv, real[:, ::1] out, real[:, ::1] ls
                      scale, causal, scratch)
 
 
+ctypedef struct _attention_job:
+    bint backward, causal, single   # single: float32 arrays (else float64)
+    const void* qkv
+    const void* out
+    void* lse
+    const void* dout
+    void* dqkv
+    const int* starts
+    long n, E, heads, stride        # stride: each thread's scratch, values
+    double scale
+    void* scratch
+
+
+cdef void _attention_run(void* args, int t, long p0, long p1) noexcept nogil:
+    """The tasks p0 .. p1 of _attention_tasks, in thread t's scratch."""
+    cdef _attention_job* j = <_attention_job*>args
+    cdef long p, s, h, a, b, d = j.E // j.heads
+    for p in range(p0, p1):
+        s, h = p % j.n, p // j.n  # neighbouring tasks take other sequences: no rows shared
+        a, b = j.starts[s], j.starts[s + 1]
+        if b <= a:
+            continue
+        if j.single:
+            if j.backward:
+                attention_head_backward_f(<const float*>j.qkv, <const float*>j.out, <const float*>j.lse,
+                                          <const float*>j.dout, j.E, d, h, j.heads, a, b, <float>j.scale, j.causal,
+                                          <float*>j.dqkv, <float*>j.scratch + t * j.stride)
+            else:
+                attention_head_f(<const float*>j.qkv, j.E, d, h, j.heads, a, b, <float>j.scale, j.causal,
+                                 <float*>j.out, <float*>j.lse, <float*>j.scratch + t * j.stride)
+        else:
+            if j.backward:
+                attention_head_backward_d(<const double*>j.qkv, <const double*>j.out, <const double*>j.lse,
+                                          <const double*>j.dout, j.E, d, h, j.heads, a, b, j.scale, j.causal,
+                                          <double*>j.dqkv, <double*>j.scratch + t * j.stride)
+            else:
+                attention_head_d(<const double*>j.qkv, j.E, d, h, j.heads, a, b, j.scale, j.causal,
+                                 <double*>j.out, <double*>j.lse, <double*>j.scratch + t * j.stride)
+
+
 cdef void _attention_tasks(bint backward, const real* qkv, real* out, real* lse, const real* dout, real* dqkv,
                            const int[::1] starts, long E, long heads, double scale, bint causal,
                            real[:, ::1] scratch) noexcept nogil:
-    """One task per (sequence, head) over the threads, forward (out and lse written) or backward
-    (dqkv written from out, lse and dout)."""
-    cdef long d = E // heads, n = starts.shape[0] - 1, p, s, h, a, b
-    cdef real* kt
-    with parallel(num_threads=scratch.shape[0], use_threads_if=_attention_work(starts, E) > PARALLEL_MIN):
-        kt = &scratch[openmp.omp_get_thread_num(), 0]
-        for p in prange(n * heads, schedule="dynamic"):
-            s, h = p % n, p // n  # neighbouring tasks take other sequences: no rows shared
-            a, b = starts[s], starts[s + 1]
-            if b <= a:
-                continue
-            if real is float:
-                if backward:
-                    attention_head_backward_f(qkv, out, lse, dout, E, d, h, heads, a, b, <float>scale, causal, dqkv, kt)
-                else:
-                    attention_head_f(qkv, E, d, h, heads, a, b, <float>scale, causal, out, lse, kt)
-            else:
-                if backward:
-                    attention_head_backward_d(qkv, out, lse, dout, E, d, h, heads, a, b, scale, causal, dqkv, kt)
-                else:
-                    attention_head_d(qkv, E, d, h, heads, a, b, scale, causal, out, lse, kt)
+    """One task per (sequence, head) on lamina's team (team.h), forward (out and lse written) or
+    backward (dqkv written from out, lse and dout); at most one thread per row of scratch."""
+    cdef _attention_job j
+    j.backward, j.causal, j.single = backward, causal, real is float
+    j.qkv, j.out, j.lse, j.dout, j.dqkv = qkv, out, lse, dout, dqkv
+    j.starts, j.n, j.E, j.heads, j.scale = &starts[0], starts.shape[0] - 1, E, heads, scale
+    j.stride, j.scratch = scratch.shape[1], &scratch[0, 0]
+    cdef int threads = min(<long>scratch.shape[0], _threads_for(_attention_work(starts, E) > PARALLEL_MIN))
+    lamina_team_for(threads, j.n * heads, _attention_run, &j)
 
 
 cdef long _attention_work(const int[::1] starts, long E) noexcept nogil:
@@ -1361,43 +1469,103 @@ cdef extern from "norms.h" nogil:
                                   double* dbeta, double beta_beta)
 
 
+ctypedef struct _norm_job:
+    bint single, center             # single: float32 arrays (else float64)
+    const void* x
+    const void* dy
+    const void* gamma
+    const void* beta
+    void* y
+    void* mean
+    void* rstd
+    void* dx
+    void* dgamma
+    void* dbeta
+    long rows, n
+    double eps, dx_beta, dgamma_beta, dbeta_beta
+
+
+cdef void _layer_norm_rows(void* args, int t, long r0, long r1) noexcept nogil:
+    cdef _norm_job* j = <_norm_job*>args
+    cdef long i, n = j.n
+    for i in range(r0, r1):
+        if j.single:
+            layer_norm_row_f(<const float*>j.x + i * n, n, j.eps, j.center, <const float*>j.gamma,
+                             <const float*>j.beta, <float*>j.y + i * n, <float*>j.mean + i, <float*>j.rstd + i)
+        else:
+            layer_norm_row_d(<const double*>j.x + i * n, n, j.eps, j.center, <const double*>j.gamma,
+                             <const double*>j.beta, <double*>j.y + i * n, <double*>j.mean + i, <double*>j.rstd + i)
+
+
+cdef void _layer_norm_grad_rows(void* args, int t, long r0, long r1) noexcept nogil:
+    cdef _norm_job* j = <_norm_job*>args
+    cdef long i, n = j.n
+    for i in range(r0, r1):
+        if j.single:
+            layer_norm_row_backward_f(<const float*>j.x + i * n, <const float*>j.dy + i * n, n,
+                                      (<const float*>j.mean)[i], (<const float*>j.rstd)[i], j.center,
+                                      <const float*>j.gamma, <float*>j.dx + i * n, j.dx_beta)
+        else:
+            layer_norm_row_backward_d(<const double*>j.x + i * n, <const double*>j.dy + i * n, n,
+                                      (<const double*>j.mean)[i], (<const double*>j.rstd)[i], j.center,
+                                      <const double*>j.gamma, <double*>j.dx + i * n, j.dx_beta)
+
+
+cdef void _layer_norm_param_grad_chunks(void* args, int t, long c0, long c1) noexcept nogil:
+    """dgamma and dbeta over the columns of chunks c0 .. c1 of NORM_CHUNK, a chunk at a time (the
+    most layer_norm_param_grads sums at once)."""
+    cdef _norm_job* j = <_norm_job*>args
+    cdef long c, j0, j1
+    for c in range(c0, c1):
+        j0, j1 = c * NORM_CHUNK, min((c + 1) * NORM_CHUNK, j.n)
+        if j.single:
+            layer_norm_param_grads_f(<const float*>j.x, <const float*>j.dy, <const float*>j.mean,
+                                     <const float*>j.rstd, j.rows, j.n, j0, j1, <float*>j.dgamma, j.dgamma_beta,
+                                     <float*>j.dbeta, j.dbeta_beta)
+        else:
+            layer_norm_param_grads_d(<const double*>j.x, <const double*>j.dy, <const double*>j.mean,
+                                     <const double*>j.rstd, j.rows, j.n, j0, j1, <double*>j.dgamma, j.dgamma_beta,
+                                     <double*>j.dbeta, j.dbeta_beta)
+
+
 def layer_norm(const real[:, ::1] x, const real[::1] gamma, const real[::1] beta, double eps, bint center,
                real[:, ::1] y, real[::1] mean, real[::1] rstd):
     """Each row normalised (norms.h): y = (x - mean) rstd gamma + beta; an empty gamma or beta is
-    absent (1, 0)."""
-    cdef Py_ssize_t i, rows = x.shape[0], n = x.shape[1]
-    cdef const real* g = &gamma[0] if gamma.shape[0] else NULL
-    cdef const real* b = &beta[0] if beta.shape[0] else NULL
-    for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
-        if real is float:
-            layer_norm_row_f(&x[i, 0], n, eps, center, g, b, &y[i, 0], &mean[i], &rstd[i])
-        else:
-            layer_norm_row_d(&x[i, 0], n, eps, center, g, b, &y[i, 0], &mean[i], &rstd[i])
+    absent (1, 0). Rows shared by lamina's team (team.h) from PARALLEL_MIN values."""
+    cdef _norm_job j
+    j.rows, j.n = x.shape[0], x.shape[1]
+    if j.rows == 0:
+        return
+    j.single, j.center, j.eps = real is float, center, eps
+    j.x, j.y, j.mean, j.rstd = &x[0, 0], &y[0, 0], &mean[0], &rstd[0]
+    j.gamma = &gamma[0] if gamma.shape[0] else NULL
+    j.beta = &beta[0] if beta.shape[0] else NULL
+    with nogil:
+        lamina_team_for(_threads_for(j.rows * j.n > PARALLEL_MIN), j.rows, _layer_norm_rows, &j)
 
 
 def layer_norm_backward(const real[:, ::1] x, const real[:, ::1] dy, const real[::1] mean, const real[::1] rstd,
                         const real[::1] gamma, bint center, real[:, ::1] dx, double dx_beta, real[::1] dgamma,
                         double dgamma_beta, real[::1] dbeta, double dbeta_beta):
-    """dx by rows, dgamma and dbeta by blocks of columns, each written with its beta; an empty
-    gamma is absent (1), an empty target is not computed."""
-    cdef Py_ssize_t i, c, rows = x.shape[0], n = x.shape[1], chunks = (n + NORM_CHUNK - 1) // NORM_CHUNK
-    cdef const real* g = &gamma[0] if gamma.shape[0] else NULL
-    cdef real* dg = &dgamma[0] if dgamma.shape[0] else NULL
-    cdef real* db = &dbeta[0] if dbeta.shape[0] else NULL
-    if dx.shape[0]:
-        for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
-            if real is float:
-                layer_norm_row_backward_f(&x[i, 0], &dy[i, 0], n, mean[i], rstd[i], center, g, &dx[i, 0], dx_beta)
-            else:
-                layer_norm_row_backward_d(&x[i, 0], &dy[i, 0], n, mean[i], rstd[i], center, g, &dx[i, 0], dx_beta)
-    if dg != NULL or db != NULL:
-        for c in prange(chunks, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
-            if real is float:
-                layer_norm_param_grads_f(&x[0, 0], &dy[0, 0], &mean[0], &rstd[0], rows, n, c * NORM_CHUNK,
-                                         min((c + 1) * NORM_CHUNK, n), dg, dgamma_beta, db, dbeta_beta)
-            else:
-                layer_norm_param_grads_d(&x[0, 0], &dy[0, 0], &mean[0], &rstd[0], rows, n, c * NORM_CHUNK,
-                                         min((c + 1) * NORM_CHUNK, n), dg, dgamma_beta, db, dbeta_beta)
+    """dx by rows, dgamma and dbeta by blocks of columns, each written with its beta, on the team
+    as the forward; an empty gamma is absent (1), an empty target is not computed."""
+    cdef _norm_job j
+    j.rows, j.n = x.shape[0], x.shape[1]
+    if j.rows == 0:
+        return
+    j.single, j.center = real is float, center
+    j.x, j.dy, j.mean, j.rstd = &x[0, 0], &dy[0, 0], &mean[0], &rstd[0]
+    j.gamma = &gamma[0] if gamma.shape[0] else NULL
+    j.dx = &dx[0, 0] if dx.shape[0] else NULL
+    j.dgamma = &dgamma[0] if dgamma.shape[0] else NULL
+    j.dbeta = &dbeta[0] if dbeta.shape[0] else NULL
+    j.dx_beta, j.dgamma_beta, j.dbeta_beta = dx_beta, dgamma_beta, dbeta_beta
+    cdef int threads = _threads_for(j.rows * j.n > PARALLEL_MIN)
+    with nogil:
+        if j.dx != NULL:
+            lamina_team_for(threads, j.rows, _layer_norm_grad_rows, &j)
+        if j.dgamma != NULL or j.dbeta != NULL:
+            lamina_team_for(threads, (j.n + NORM_CHUNK - 1) // NORM_CHUNK, _layer_norm_param_grad_chunks, &j)
 
 
 # ---------------------------------------------------------------- volumes: vol2col / col2vol

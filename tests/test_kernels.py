@@ -743,6 +743,55 @@ def test_a_compiled_team_runs_all_its_members_at_once():
         _kernels.team_roll_call(0)
 
 
+def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
+    """The element-wise, normalization and attention kernels share their loops among lamina's
+    team (team.h) above their thresholds: on 1, 2 and 3 threads each value is computed by the
+    same code whichever member takes it, so the results agree to the bit, float32 and float64."""
+    import lamina as lm
+    rng = rng_for("team loops")
+    be = CPUBackend()
+    starts = np.array([0, 70, 120, 210, 213], np.int32)  # (Σ length² · E above PARALLEL_MIN)
+    heads, E = 4, 64
+
+    def results(dtype):
+        x = rng_for("team loops x").standard_normal((2100, 160)).astype(dtype)
+        out = {}
+        for kind in ("gelu", "relu", "tanh"):
+            out[kind] = np.empty_like(x)
+            be.activation(kind, x, out[kind])
+            out[kind + " grad"] = np.ones_like(x)
+            be.activation_backward(kind, x if kind == "gelu" else out[kind], x, out[kind + " grad"], beta=0.5)
+        out["axpby"] = x[::-1].copy()
+        be.axpby(0.25, x, -2.0, out["axpby"])
+        out["norm"], mean, rstd = np.empty_like(x), np.empty(len(x), dtype), np.empty(len(x), dtype)
+        gamma, beta = x[0] + 1, x[1]
+        be.layer_norm(x, gamma, beta, 1e-5, out["norm"], mean, rstd)
+        out["norm dx"], out["dgamma"], out["dbeta"] = np.ones_like(x), np.ones(160, dtype), np.ones(160, dtype)
+        be.layer_norm_backward(x, x[::-1].copy(), mean, rstd, gamma, out["norm dx"], 0.5, out["dgamma"], 0.5,
+                               out["dbeta"], 0.5)
+        qkv = rng_for("team loops qkv").standard_normal((starts[-1], 3 * E)).astype(dtype)
+        out["attention"], lse = np.empty((starts[-1], E), dtype), np.empty((starts[-1], heads), dtype)
+        be.attention(qkv, starts, heads, 0.125, False, out["attention"], lse)
+        out["dqkv"] = np.empty_like(qkv)
+        be.attention_backward(qkv, out["attention"], lse, qkv[:, :E].copy(), starts, heads, 0.125, False,
+                              out["dqkv"])
+        return out
+
+    before = lm.get_num_threads()
+    try:
+        for dtype in (np.float32, np.float64):
+            found = []
+            for threads in (1, 2, 3):
+                lm.set_num_threads(threads)
+                found.append(results(dtype))
+            for other in found[1:]:
+                for name, values in found[0].items():
+                    assert np.array_equal(values, other[name]), (dtype.__name__, name)
+            assert np.all(np.isfinite(found[0]["dqkv"])) and np.abs(found[0]["gelu grad"]).max() > 0
+    finally:
+        lm.set_num_threads(before)
+
+
 def test_the_fused_recurrence_takes_no_more_threads_than_its_batch_has_shares():
     """Asked for more threads than the batch has sequences (by rows), the fused recurrence runs on
     as many as it has, with the one-thread result: none waits for a member that has no share."""

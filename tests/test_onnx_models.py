@@ -317,11 +317,15 @@ def run_like_onnx_runtime(net, blob, x):
     return ours
 
 
-CASES = [(name, dynamo, shapes) for name in MODELS for dynamo in (False, True) for shapes in ("static", "dynamic")]
+# the dynamo exports with a dynamic batch are the slowest cases here: make test runs those of a
+# CNN and the recurrent models (the batch first and second), the slow run every one
+IN_MAKE_TEST = ("resnet", "lstm", "gru", "language_model")
+CASES = [pytest.param(name, dynamo, shapes, id=f"{name}-{'dynamo' if dynamo else 'torchscript'}-{shapes}",
+                      marks=pytest.mark.slow if dynamo and shapes == "dynamic" and name not in IN_MAKE_TEST else ())
+         for name in MODELS for dynamo in (False, True) for shapes in ("static", "dynamic")]
 
 
-@pytest.mark.parametrize("name,dynamo,shapes", CASES,
-                         ids=[f"{n}-{'dynamo' if d else 'torchscript'}-{s}" for n, d, s in CASES])
+@pytest.mark.parametrize("name,dynamo,shapes", CASES)
 def test_exported_model_runs_as_in_onnx_runtime(name, dynamo, shapes):
     """Static exports run at their own shapes, dynamic ones at batch 1 and 3."""
     model = build(name)
@@ -401,7 +405,8 @@ def _damaged(model, rng, count):
         yield f"{kind} at node #{i} ({node.op_type})", damaged
 
 
-@pytest.mark.parametrize("name", ["mobilenet_v2", "shufflenet", "segmentation", "lstm", "gru", "language_model"])
+@pytest.mark.parametrize("name", ["mobilenet_v2", "lstm"] + [pytest.param(name, marks=pytest.mark.slow) for name in
+                                                             ("shufflenet", "segmentation", "gru", "language_model")])
 def test_damaged_exports_are_refused_by_node(name):
     """Exports with a node dropped, an attribute changed or an input rewired either load or are
     refused with the importer's errors (every problem naming its node), never another exception."""
