@@ -244,6 +244,29 @@ def test_samples_split_between_threads_give_the_one_thread_result(case):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("case", BLOCKED, ids=[f"{c[0].__name__}-{c[3]}" for c in BLOCKED])
+def test_blocks_of_a_sample_split_between_threads_give_the_one_thread_result(case, monkeypatch):
+    """With fewer samples than threads, the threads share each sample's blocks of columns: one
+    and two samples over 1, 2 and 3 threads, many blocks a sample, give the one-thread output and
+    gradients."""
+    import lamina.backends.columns as columns
+    monkeypatch.setattr(columns, "COL_BLOCK", 7)
+    before = lm.get_num_threads()
+    lm.set_conv_algorithm("columns")  # (the CPU's rule takes direct or Winograd for some)
+    try:
+        for batch in (1, 2):
+            results = []
+            for threads in (1, 2, 3):
+                lm.set_num_threads(threads)
+                results.append(output_and_gradients(case, batch=batch, passes=1))
+            for other in results[1:]:
+                for a, b in zip(results[0], other):
+                    np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+    finally:
+        lm.set_num_threads(before)
+        lm.set_conv_algorithm("rule")
+
+
 def test_split_work_covers_the_items_and_restores_kernel_threads():
     import threading
     from lamina.backends.cpu import _kernels, _openblas

@@ -61,10 +61,13 @@ class Blocks:
         self.buffer = ctx.workspace(key, (col_rows * min(self.step, total) * grid[-1],))
 
     def __iter__(self):
-        width = self.grid[-1]
-        for r0, r1 in self.ranges:
-            cols = (r1 - r0) * width
-            yield (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
+        return (self.block(i) for i in range(len(self.ranges)))
+
+    def block(self, i):
+        """Block i: its window rows (r0, r1), its columns' slice and its [rows, columns] view."""
+        (r0, r1), width = self.ranges[i], self.grid[-1]
+        cols = (r1 - r0) * width
+        return (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
 
 
 class WithOutput:
@@ -156,16 +159,32 @@ def forward(geom, weight, ctx, bias=None):
         split_work(x.shape[0], pointwise, threads(ctx))
         return
 
-    def work(t, samples):
-        blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
-        for n in samples:
+    # With fewer samples than the backend's host threads (a batch of one, at inference), the
+    # threads share each sample's blocks of columns, every block a vol2col and products of its own
+    # on one thread, instead of each block's product alone split between them (its vol2col on one
+    # thread, a wake of the others for every block); the outputs start from their bias before.
+    per_sample = len(Blocks(ctx, col_rows, geometry[4], ("col", 0)).ranges)
+    sharing = min(be.sample_threads(x.shape[0] * per_sample), free_threads())
+    by_blocks = sharing > threads(ctx)
+    if by_blocks:
+        for n in range(x.shape[0]):
             start(n)
+
+    def work(t, items):
+        blocks = Blocks(ctx, col_rows, geometry[4], ("col", t))
+        for i in items:
+            n, part = divmod(i, per_sample) if by_blocks else (i, None)
+            if not by_blocks:
+                start(n)
             xn, yn = as_volume(x[n]), y[n].reshape(geom.out_channels, -1)
-            for rows, cols, col in blocks:
+            for rows, cols, col in (blocks if part is None else [blocks.block(part)]):
                 be.vol2col(xn, col, geometry, rows)
                 for g in range(geom.groups):
                     be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols], beta=beta)
-    split_work(x.shape[0], work, threads(ctx))
+    if by_blocks:
+        split_work(x.shape[0] * per_sample, work, sharing)
+    else:
+        split_work(x.shape[0], work, threads(ctx))
 
 
 def backward(geom, weight, ctx, dx):
