@@ -1668,96 +1668,132 @@ def depthwise_scratch_size(int oH, int oW, int kh, int kw, int sh, int sw, int d
                lamina_dw_channels_size(oH, oW, kh, kw, sh, sw, dh, dw))
 
 
+ctypedef struct _depthwise_job:
+    bint single, clamp             # single: float32 arrays (else float64)
+    const void* x                  # [N, C, D, H, W]
+    const void* w                  # [O, K]
+    const void* bias               # [O] or NULL
+    void* y                        # [N, O, oD, oH, oW]
+    void* scratch
+    long stride                    # each thread's scratch, values
+    long C, D, H, W, O, oD, oH, oW, mult, K, lanes, blocks
+    long kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw
+    long rows, width, phase, count
+    double cap
+
+
+cdef inline void _depthwise_planes_of(const _depthwise_job* j, const real* x, const real* w, const real* bias,
+                                      real* y, real* q, long t0, long t1) noexcept nogil:
+    """Planes t0 .. t1 of the (sample, channel) planes, each staged in q (depthwise.h)."""
+    cdef real* acc = q + j.sh * j.sw * j.phase
+    cdef long task, n, o, od, a, i_d, i
+    cdef real b0
+    for task in range(t0, t1):
+        n, o = task // j.O, task % j.O
+        b0 = bias[o] if bias != NULL else 0
+        for od in range(j.oD):
+            for i in range(j.count):
+                acc[i] = b0
+            for a in range(j.kd):
+                i_d = od * j.sd - j.pd + a * j.dd
+                if 0 <= i_d < j.D:
+                    if real is float:
+                        lamina_dw_stage_f(x + ((n * j.C + o // j.mult) * j.D + i_d) * j.H * j.W, j.H, j.W, j.sh, j.sw,
+                                          j.ph, j.pw, j.rows, j.width, j.phase, q)
+                        lamina_dw_taps_f(q, j.phase, j.width, w + o * j.K + a * j.kh * j.kw, j.kh, j.kw, j.sh, j.sw,
+                                         j.dh, j.dw, j.count, acc)
+                    else:
+                        lamina_dw_stage_d(x + ((n * j.C + o // j.mult) * j.D + i_d) * j.H * j.W, j.H, j.W, j.sh, j.sw,
+                                          j.ph, j.pw, j.rows, j.width, j.phase, q)
+                        lamina_dw_taps_d(q, j.phase, j.width, w + o * j.K + a * j.kh * j.kw, j.kh, j.kw, j.sh, j.sw,
+                                         j.dh, j.dw, j.count, acc)
+            if real is float:
+                lamina_dw_store_f(acc, j.width, j.oH, j.oW, j.clamp, <float>j.cap,
+                                  y + ((n * j.O + o) * j.oD + od) * j.oH * j.oW)
+            else:
+                lamina_dw_store_d(acc, j.width, j.oH, j.oW, j.clamp, j.cap, y + ((n * j.O + o) * j.oD + od) * j.oH * j.oW)
+
+
+cdef inline void _depthwise_channels_of(const _depthwise_job* j, const real* x, const real* w, const real* bias,
+                                        real* y, real* q, long t0, long t1) noexcept nogil:
+    """Tasks t0 .. t1 of the (sample, block of lanes channels) tasks (images: D = oD = 1)."""
+    cdef long task, n, c0, count
+    for task in range(t0, t1):
+        n, c0 = task // j.blocks, task % j.blocks * j.lanes
+        count = min(j.lanes, j.O - c0)
+        if real is float:
+            lamina_dw_channels_f(x + (n * j.C + c0) * j.H * j.W, j.H * j.W, count, j.H, j.W, w + c0 * j.K, j.kh, j.kw,
+                                 j.sh, j.sw, j.ph, j.pw, j.dh, j.dw, bias + c0 if bias != NULL else NULL, j.clamp,
+                                 <float>j.cap, y + (n * j.O + c0) * j.oH * j.oW, j.oH * j.oW, j.oH, j.oW, q)
+        else:
+            lamina_dw_channels_d(x + (n * j.C + c0) * j.H * j.W, j.H * j.W, count, j.H, j.W, w + c0 * j.K, j.kh, j.kw,
+                                 j.sh, j.sw, j.ph, j.pw, j.dh, j.dw, bias + c0 if bias != NULL else NULL, j.clamp,
+                                 j.cap, y + (n * j.O + c0) * j.oH * j.oW, j.oH * j.oW, j.oH, j.oW, q)
+
+
+cdef void _depthwise_planes(void* args, int t, long t0, long t1) noexcept nogil:
+    cdef _depthwise_job* j = <_depthwise_job*>args
+    if j.single:
+        _depthwise_planes_of(j, <const float*>j.x, <const float*>j.w, <const float*>j.bias, <float*>j.y,
+                             <float*>j.scratch + t * j.stride, t0, t1)
+    else:
+        _depthwise_planes_of(j, <const double*>j.x, <const double*>j.w, <const double*>j.bias, <double*>j.y,
+                             <double*>j.scratch + t * j.stride, t0, t1)
+
+
+cdef void _depthwise_channels(void* args, int t, long t0, long t1) noexcept nogil:
+    cdef _depthwise_job* j = <_depthwise_job*>args
+    if j.single:
+        _depthwise_channels_of(j, <const float*>j.x, <const float*>j.w, <const float*>j.bias, <float*>j.y,
+                               <float*>j.scratch + t * j.stride, t0, t1)
+    else:
+        _depthwise_channels_of(j, <const double*>j.x, <const double*>j.w, <const double*>j.bias, <double*>j.y,
+                               <double*>j.scratch + t * j.stride, t0, t1)
+
+
 def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint clamp,
                    double cap, real[:, ::1] scratch, int kd, int kh, int kw, int sd, int sh, int sw, int pd, int ph,
                    int pw, int dd, int dh, int dw, bint by_channels=False):
     """y[n, o] = Σ_taps w[o, tap] x[n, o // mult] at the tap's offset (+ bias[o]; where clamp is
     set, 0 where below 0 and cap where above cap: ReLU with cap = inf, ReLU6 with 6): every
     output is written. scratch [threads, depthwise_scratch_size(...)] holds each thread's staged
-    input planes and outputs (depthwise.h). by_channels: vectors along channels instead of along
+    input planes and outputs (depthwise.h); the tasks are shared by lamina's team (team.h), at
+    most one thread per row of scratch. by_channels: vectors along channels instead of along
     each plane (lamina_dw_channels: images, one output channel per input channel)."""
     cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oD = y.shape[2], oH = y.shape[3], oW = y.shape[4]
     cdef Py_ssize_t D = x.shape[2], H = x.shape[3], W = x.shape[4], mult = O // x.shape[1]
-    cdef Py_ssize_t task, n, o, od, a, i_d, j
-    cdef long rows, width, phase, count
-    cdef real b0
-    cdef real* q
-    cdef real* acc
     cdef const real[::1] bv
-    cdef bint has_bias = bias is not None
     _check_depthwise("depthwise_conv", x.shape[0], x.shape[1], N, O, w.shape[0], w.shape[1], kd, kh, kw, sd, sh, sw,
                      dd, dh, dw)
-    if has_bias:
+    if bias is not None:
         bv = bias
         if bv.shape[0] != O:
             raise ValueError(f"depthwise_conv: bias must hold {O} values, found {bv.shape[0]}")
-    rows, width = lamina_dw_rows(oH, kh, sh, dh), lamina_dw_width(oW, kw, sw, dw)
-    phase, count = lamina_dw_phase_size(oH, oW, kh, kw, sh, sw, dh, dw), lamina_dw_outputs_size(oH, oW, kw, sw, dw)
     need = depthwise_scratch_size(oH, oW, kh, kw, sh, sw, dh, dw)
     if scratch.shape[0] < 1 or scratch.shape[1] < need:
         raise ValueError(f"depthwise_conv: scratch must be [threads, {need}], found "
                          f"[{scratch.shape[0]}, {scratch.shape[1]}]")
-    if by_channels:
-        if mult != 1 or D != 1 or oD != 1 or kd != 1:
-            raise ValueError(f"depthwise_conv: by channels takes images with one output channel per input channel, "
-                             f"found {O} outputs of {x.shape[1]} channels, depth {D} -> {oD}, kernel depth {kd}")
-        _depthwise_by_channels(x, w, y, bias, clamp, cap, scratch, kh, kw, sh, sw, ph, pw, dh, dw)
+    if by_channels and (mult != 1 or D != 1 or oD != 1 or kd != 1):
+        raise ValueError(f"depthwise_conv: by channels takes images with one output channel per input channel, "
+                         f"found {O} outputs of {x.shape[1]} channels, depth {D} -> {oD}, kernel depth {kd}")
+    if N * O == 0:
         return
-    with nogil, parallel(num_threads=scratch.shape[0],
-                         use_threads_if=N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN):
-        q = &scratch[openmp.omp_get_thread_num(), 0]
-        acc = q + sh * sw * phase
-        for task in prange(N * O, schedule="static"):
-            n = task // O
-            o = task % O
-            b0 = bv[o] if has_bias else 0
-            for od in range(oD):
-                for j in range(count):
-                    acc[j] = b0
-                for a in range(kd):
-                    i_d = od * sd - pd + a * dd
-                    if 0 <= i_d < D:
-                        if real is float:
-                            lamina_dw_stage_f(&x[n, o // mult, i_d, 0, 0], H, W, sh, sw, ph, pw, rows, width, phase, q)
-                            lamina_dw_taps_f(q, phase, width, &w[o, a * kh * kw], kh, kw, sh, sw, dh, dw, count, acc)
-                        else:
-                            lamina_dw_stage_d(&x[n, o // mult, i_d, 0, 0], H, W, sh, sw, ph, pw, rows, width, phase, q)
-                            lamina_dw_taps_d(q, phase, width, &w[o, a * kh * kw], kh, kw, sh, sw, dh, dw, count, acc)
-                if real is float:
-                    lamina_dw_store_f(acc, width, oH, oW, clamp, <float>cap, &y[n, o, od, 0, 0])
-                else:
-                    lamina_dw_store_d(acc, width, oH, oW, clamp, cap, &y[n, o, od, 0, 0])
-
-
-cdef _depthwise_by_channels(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y,
-                            bias, bint clamp, double cap, real[:, ::1] scratch, int kh, int kw, int sh, int sw,
-                            int ph, int pw, int dh, int dw):
-    """depthwise_conv by vectors of channels (bias checked there): one task per sample and block
-    of LANES channels."""
-    cdef Py_ssize_t N = y.shape[0], O = y.shape[1], oH = y.shape[3], oW = y.shape[4]
-    cdef Py_ssize_t H = x.shape[3], W = x.shape[4]
-    cdef Py_ssize_t lanes = 8 if real is float else 4, blocks = (O + lanes - 1) // lanes
-    cdef Py_ssize_t task, n, c0, count
-    cdef bint has_bias = bias is not None
-    cdef const real[::1] bv
-    cdef real* q
-    if has_bias:
-        bv = bias
-    with nogil, parallel(num_threads=scratch.shape[0],
-                         use_threads_if=N * O * oH * oW * kh * kw > PARALLEL_MIN):
-        q = &scratch[openmp.omp_get_thread_num(), 0]
-        for task in prange(N * blocks, schedule="static"):
-            n = task // blocks
-            c0 = task % blocks * lanes
-            count = min(lanes, O - c0)
-            if real is float:
-                lamina_dw_channels_f(&x[n, c0, 0, 0, 0], H * W, count, H, W, &w[c0, 0], kh, kw, sh, sw, ph, pw, dh,
-                                     dw, &bv[c0] if has_bias else NULL, clamp, <float>cap, &y[n, c0, 0, 0, 0],
-                                     oH * oW, oH, oW, q)
-            else:
-                lamina_dw_channels_d(&x[n, c0, 0, 0, 0], H * W, count, H, W, &w[c0, 0], kh, kw, sh, sw, ph, pw, dh,
-                                     dw, &bv[c0] if has_bias else NULL, clamp, cap, &y[n, c0, 0, 0, 0], oH * oW,
-                                     oH, oW, q)
+    cdef _depthwise_job j
+    j.single, j.clamp, j.cap = real is float, clamp, cap
+    j.x, j.w, j.y, j.scratch, j.stride = &x[0, 0, 0, 0, 0], &w[0, 0], &y[0, 0, 0, 0, 0], &scratch[0, 0], scratch.shape[1]
+    j.bias = &bv[0] if bias is not None else NULL
+    j.C, j.D, j.H, j.W, j.O, j.oD, j.oH, j.oW, j.mult, j.K = x.shape[1], D, H, W, O, oD, oH, oW, mult, w.shape[1]
+    j.kd, j.kh, j.kw, j.sd, j.sh, j.sw, j.pd, j.ph, j.pw, j.dd, j.dh, j.dw = kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw
+    j.rows, j.width = lamina_dw_rows(oH, kh, sh, dh), lamina_dw_width(oW, kw, sw, dw)
+    j.phase, j.count = lamina_dw_phase_size(oH, oW, kh, kw, sh, sw, dh, dw), lamina_dw_outputs_size(oH, oW, kw, sw, dw)
+    j.lanes = 8 if real is float else 4
+    j.blocks = (O + j.lanes - 1) // j.lanes
+    cdef int threads = min(<long>scratch.shape[0], _threads_for(N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN))
+    with nogil:
+        if by_channels:
+            lamina_team_for(threads, N * j.blocks, _depthwise_channels, &j)
+        else:
+            lamina_team_for(threads, N * O, _depthwise_planes, &j)
 
 
 def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1] w, real[:, :, :, :, ::1] dx,

@@ -744,8 +744,8 @@ def test_a_compiled_team_runs_all_its_members_at_once():
 
 
 def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
-    """The element-wise, normalization and attention kernels share their loops among lamina's
-    team (team.h) above their thresholds: on 1, 2 and 3 threads each value is computed by the
+    """The element-wise, normalization, attention and depthwise kernels share their loops among
+    lamina's team (team.h) above their thresholds: on 1, 2 and 3 threads each value is computed by the
     same code whichever member takes it, so the results agree to the bit, float32 and float64."""
     import lamina as lm
     rng = rng_for("team loops")
@@ -775,11 +775,19 @@ def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
         out["dqkv"] = np.empty_like(qkv)
         be.attention_backward(qkv, out["attention"], lse, qkv[:, :E].copy(), starts, heads, 0.125, False,
                               out["dqkv"])
+        out["depthwise by planes"], out["depthwise by channels"] = depthwise.run({"x": images.astype(dtype)}).values()
         return out
+
+    depthwise = lm.Network()  # (a plane of 56², and stride 2: by planes and by vectors of channels)
+    images = rng_for("team loops images").standard_normal((2, 32, 56, 56))
+    image = depthwise.input("x", (32, 56, 56))
+    depthwise.outputs(planes=lm.layers.Conv2d(32, 32, 3, padding=1, groups=32)(image),
+                      channels=lm.layers.Conv2d(32, 32, 3, stride=2, padding=1, groups=32)(image))
 
     before = lm.get_num_threads()
     try:
         for dtype in (np.float32, np.float64):
+            depthwise.astype(dtype)
             found = []
             for threads in (1, 2, 3):
                 lm.set_num_threads(threads)
