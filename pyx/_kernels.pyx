@@ -1116,6 +1116,114 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
             panel_gemm_team_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta, b, threads, by_rows)
 
 
+# ---------------------------------------------------------------- a BLAS product shared by the team
+# OpenBLAS runs on one thread (lamina.threads says why); a product worth two threads is split into
+# blocks of c, one BLAS call each, called by the team's members (the provider's function found by
+# its address: _openblas.gemm_functions), so a split costs a team's start (a microsecond or two
+# while its workers watch) rather than a wake of Python workers (30-95 µs).
+
+ctypedef void (*_sgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float* a,
+                           int lda, const float* b, int ldb, float beta, float* c, int ldc) noexcept nogil
+ctypedef void (*_dgemm_fn)(int order, int trans_a, int trans_b, int m, int n, int k, double alpha, const double* a,
+                           int lda, const double* b, int ldb, double beta, double* c, int ldc) noexcept nogil
+
+cdef enum:  # (CBLAS's values)
+    CBLAS_ROW_MAJOR = 101
+    CBLAS_NO_TRANS = 111
+    CBLAS_TRANS = 112
+
+ctypedef struct _gemm_job:
+    bint single, trans_a, trans_b, by_rows
+    void* fn
+    const void* a
+    const void* b
+    void* c
+    const void* bias
+    long m, n, k, lda, ldb, ldc, pieces, align
+    double alpha, beta
+
+
+cdef inline long _block_start(long size, long pieces, long align, long i) noexcept nogil:
+    """Where block i of `pieces` nearly equal blocks of range(size) starts (inner bounds rounded
+    to multiples of align; i = pieces: size)."""
+    if i >= pieces:
+        return size
+    return (2 * i * size + pieces * align) // (2 * pieces * align) * align
+
+
+cdef inline void _gemm_block(const _gemm_job* j, const real* a, const real* b, real* c, const real* bias,
+                             long i) noexcept nogil:
+    """Block i of c (rows or columns): its bias rows, then its product (beta 1), or its product
+    with beta."""
+    cdef long size = j.m if j.by_rows else j.n
+    cdef long lo = _block_start(size, j.pieces, j.align, i), hi = _block_start(size, j.pieces, j.align, i + 1)
+    cdef long rows = hi - lo if j.by_rows else j.m, cols = j.n if j.by_rows else hi - lo, r
+    cdef double beta = j.beta
+    if rows <= 0 or cols <= 0:
+        return
+    if j.by_rows:
+        a, c = a + (lo if j.trans_a else lo * j.lda), c + lo * j.ldc
+    else:
+        b, c = b + (lo * j.ldb if j.trans_b else lo), c + lo
+        if bias != NULL:
+            bias = bias + lo
+    if bias != NULL:
+        for r in range(rows):
+            memcpy(c + r * j.ldc, bias, cols * sizeof(real))
+        beta = 1.0
+    cdef int ta = CBLAS_TRANS if j.trans_a else CBLAS_NO_TRANS, tb = CBLAS_TRANS if j.trans_b else CBLAS_NO_TRANS
+    if real is float:
+        (<_sgemm_fn>j.fn)(CBLAS_ROW_MAJOR, ta, tb, <int>rows, <int>cols, <int>j.k, <float>j.alpha, a, <int>j.lda, b,
+                          <int>j.ldb, <float>beta, c, <int>j.ldc)
+    else:
+        (<_dgemm_fn>j.fn)(CBLAS_ROW_MAJOR, ta, tb, <int>rows, <int>cols, <int>j.k, j.alpha, a, <int>j.lda, b,
+                          <int>j.ldb, beta, c, <int>j.ldc)
+
+
+cdef void _gemm_blocks(void* args, int t, long i0, long i1) noexcept nogil:
+    cdef _gemm_job* j = <_gemm_job*>args
+    cdef long i
+    for i in range(i0, i1):
+        if j.single:
+            _gemm_block(j, <const float*>j.a, <const float*>j.b, <float*>j.c, <const float*>j.bias, i)
+        else:
+            _gemm_block(j, <const double*>j.a, <const double*>j.b, <double*>j.c, <const double*>j.bias, i)
+
+
+def gemm_team(uintptr_t function, real[:, :] a, real[:, :] b, real[:, :] c, bint trans_a, bint trans_b,
+              double alpha, double beta, bias, int pieces, bint by_rows):
+    """c = alpha op(a) op(b) + beta c, or + bias (one value per column of c; beta unused), by the
+    row-major CBLAS function at `function` (sgemm for float32, dgemm for float64), c cut into
+    `pieces` blocks of rows (by_rows: multiples of 8) or columns (of 16), one call each, shared by
+    lamina's team (team.h). Rows must be contiguous; the caller checks the shapes and types and
+    gives a product with an inner size of at least 1."""
+    cdef _gemm_job j
+    cdef const real[::1] bv
+    if function == 0:
+        raise ValueError("gemm_team: no BLAS function")
+    j.m, j.n = c.shape[0], c.shape[1]
+    j.k = a.shape[0] if trans_a else a.shape[1]
+    if j.m == 0 or j.n == 0:
+        return
+    if j.k < 1:
+        raise ValueError(f"gemm_team: the inner size must be at least 1, found {j.k}")
+    j.single, j.trans_a, j.trans_b, j.by_rows, j.fn = real is float, trans_a, trans_b, by_rows, <void*>function
+    j.align = 8 if by_rows else 16
+    j.pieces = max(1, min(<long>pieces, (j.m if by_rows else j.n) // j.align))
+    j.lda = max(a.strides[0] // sizeof(real), a.shape[1], 1)
+    j.ldb = max(b.strides[0] // sizeof(real), b.shape[1], 1)
+    j.ldc = max(c.strides[0] // sizeof(real), c.shape[1], 1)
+    j.a, j.b, j.c, j.alpha, j.beta = &a[0, 0], &b[0, 0], &c[0, 0], alpha, beta
+    j.bias = NULL
+    if bias is not None:
+        bv = bias
+        if bv.shape[0] != j.n:
+            raise ValueError(f"gemm_team: bias must hold {j.n} values (one per column), found {bv.shape[0]}")
+        j.bias = &bv[0]
+    with nogil:
+        lamina_team_for(<int>j.pieces, j.pieces, _gemm_blocks, &j)
+
+
 def panel_count(long n, size_t itemsize):
     """How many panels n columns take (16 floats or 8 doubles each, the last zero-padded)."""
     return panel_count_f(n) if itemsize == 4 else panel_count_d(n)

@@ -18,6 +18,14 @@ cdef extern from "cblas.h" nogil:
 
 include "gemm.pxi"
 
+from libc.stdint cimport uintptr_t
+
+
+def gemm_functions():
+    """The addresses of this provider's row-major sgemm and dgemm: the kernels that share one
+    product between lamina's team call them (_kernels.gemm_team)."""
+    return <uintptr_t>&sgemm_, <uintptr_t>&dgemm_
+
 
 def set_num_threads(int n):
     scipy_openblas_set_num_threads(n)

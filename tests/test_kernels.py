@@ -689,13 +689,15 @@ def test_channel_reductions(backend, dtype, spatial):
     np.testing.assert_allclose(var, x64.var(axis=(0, 2)), rtol=1e-9 if exact else 1e-3, atol=1e-12)
 
 
-def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
-    """OpenBLAS runs on one thread: the CPU backend splits a large product between lamina's
-    threads, but inside a run of split_work (already one thread) it is one call."""
+def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_on_the_team_outside(monkeypatch):
+    """OpenBLAS runs on one thread: the CPU backend splits a large product into blocks of c's
+    longer side, one per free thread, called by the compiled team (gemm_team); inside a run of
+    split_work (already one thread) it is one call."""
     import lamina as lm
+    from lamina.backends.cpu import _kernels
     from lamina.threads import split_work
     be = CPUBackend("openblas")
-    calls = []
+    calls, teams = [], []
 
     class Counting:
         def __init__(self, blas):
@@ -705,6 +707,8 @@ def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
             calls.append(args[2].shape)
             self.blas.gemm(*args)
     be.blas = Counting(be.blas)
+    team = _kernels.gemm_team
+    monkeypatch.setattr(_kernels, "gemm_team", lambda *args: teams.append(args[-2:]) or team(*args))
     rng = rng_for("split gemm")
     a, b = rng.standard_normal((4097, 125)).astype(np.float32), rng.standard_normal((125, 33)).astype(np.float32)
     assert 4097 * 125 * 33 >= GEMM_SPLIT_MIN  # (large enough to split)
@@ -713,16 +717,43 @@ def test_a_large_gemm_is_one_blas_call_inside_a_split_and_blocks_outside():
         lm.set_num_threads(2)
         c = np.empty((4097, 33), np.float32)
         be.gemm(a, b, c)
-        assert sorted(calls) == [(2048, 33), (2049, 33)]  # rows, the longer side, in two blocks
+        assert teams == [(2, True)] and calls == []  # rows, the longer side, in two blocks
         close(c, a.astype(np.float64) @ b, np.float32)
-        calls.clear()
+        teams.clear()
         be.gemm(a[:257], b, c[:257])
-        assert calls == [(257, 33)]  # a small product: one call
+        assert teams == [] and calls == [(257, 33)]  # a small product: one call
         calls.clear()
         split_work(2, lambda t, items: be.gemm(a, b, np.empty((4097, 33), np.float32)))
-        assert calls == [(4097, 33), (4097, 33)]
+        assert teams == [] and calls == [(4097, 33), (4097, 33)]
     finally:
         lm.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_gemm_on_the_team_equals_one_call_in_every_block_shape(dtype, trans_a, trans_b):
+    """gemm_team: c cut into blocks of rows or columns (uneven sizes, strided views of larger
+    arrays, with beta or with a bias) equals the one-call product on 1, 2 and 3 pieces."""
+    from lamina.backends.cpu import _kernels, _openblas
+    function = _openblas.gemm_functions()[dtype == np.float64]
+    rng = rng_for("gemm team", trans_a, trans_b)
+    m, n, k = 53, 71, 19
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    wide = rng.standard_normal((n + 5, k + 3) if trans_b else (k + 3, n + 5)).astype(dtype)  # (b: a strided view)
+    b = wide[:n, :k] if trans_b else wide[:k, :n]
+    bias = rng.standard_normal(n).astype(dtype)
+    want = 0.5 * (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+    c0 = rng.standard_normal((m, n + 2)).astype(dtype)
+    for by_rows in (True, False):
+        for pieces in (1, 2, 3):
+            c = c0.copy()
+            _kernels.gemm_team(function, a, b, c[:, :n], trans_a, trans_b, 0.5, 2.0, None, pieces, by_rows)
+            close(c[:, :n], want + 2.0 * c0[:, :n], dtype)
+            assert np.array_equal(c[:, n:], c0[:, n:])  # (outside the view: untouched)
+            _kernels.gemm_team(function, a, b, c[:, :n], trans_a, trans_b, 0.5, 0.0, bias, pieces, by_rows)
+            close(c[:, :n], want + bias, dtype)
+    with pytest.raises(ValueError, match="bias must hold 71 values"):
+        _kernels.gemm_team(function, a, b, c[:, :n], trans_a, trans_b, 1.0, 0.0, bias[:3], 2, True)
 
 
 def test_a_compiled_team_runs_all_its_members_at_once():

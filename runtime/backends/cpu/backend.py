@@ -16,7 +16,7 @@ from ..checks import select_on_host
 from ..checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                       check_selection, gemm_sizes)
 from .blas import default_provider, mkl, provider
-from ...threads import free_threads, get_num_threads, split_work
+from ...threads import free_threads, get_num_threads
 from . import conv_algorithms, fused_recurrence
 from .aligned import aligned_empty
 
@@ -96,10 +96,11 @@ class PackedMatrix:
         self.handle, self.panels, self.scales, self.sums = handle, panels, scales, sums
 
 
-# An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in waking the
-# other thread than it saves: on 2 threads the split broke even at 16-20 M multiply-adds,
+# An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in starting
+# the team than it saves: on 2 threads the split by the team gained 1.2-1.7x from 4 M
+# multiply-adds while its workers watched, and broke even there after they slept,
 # docs/measurements.md)
-GEMM_SPLIT_MIN = 1 << 24
+GEMM_SPLIT_MIN = 1 << 22
 # A panel-packed product of fewer multiply-adds runs on one thread (waking another costs more
 # than it saves); a larger one is split by runs of panels (each thread reads only its part of a
 # pack that outgrows a core's L2), or by blocks of rows when each thread gets at least
@@ -122,24 +123,6 @@ INT8_BLOCK = 1 << 22
 PACK_MAX_DEPTH = 8192
 
 
-def _block_bounds(size, pieces, align):
-    """Bounds of up to `pieces` nearly equal blocks of range(size), inner bounds multiples of align."""
-    pieces = max(1, min(pieces, size // align))
-    inner = [round(i * size / pieces / align) * align for i in range(1, pieces)]
-    return [0] + inner + [size]
-
-
-def _over_blocks(size, pieces, align, block):
-    """block(part) for each slice `part` of _block_bounds(size, pieces, align), the blocks split
-    between lamina's threads (split_work)."""
-    bounds = _block_bounds(size, pieces, align)
-
-    def work(t, blocks):
-        for i in blocks:
-            block(slice(bounds[i], bounds[i + 1]))
-    split_work(len(bounds) - 1, work)
-
-
 class CPUBackend(HostStatistics, Backend):
     name = "cpu"
     host_arrays = True
@@ -147,6 +130,7 @@ class CPUBackend(HostStatistics, Backend):
     def __init__(self, blas=None):
         self.blas_name = blas or default_provider()
         self.blas = provider(self.blas_name)
+        self._gemm_functions = self.blas.gemm_functions() if self.blas_name == "openblas" else None
         self._mkl = mkl()  # MKL's bfloat16 GEMM serves whichever provider does float32 (None: not built)
 
     def __repr__(self):
@@ -218,18 +202,16 @@ class CPUBackend(HostStatistics, Backend):
                 np.multiply(c, beta, out=c)
         # OpenBLAS runs on one thread (lamina.threads says why): a large product is split into
         # blocks of c's longer side, one per free thread, each block reading the whole of the other
-        # operand (MKL threads through libgomp itself)
-        big = self.blas_name == "openblas" and m * n * k >= GEMM_SPLIT_MIN
+        # operand, the blocks' calls made by lamina's compiled team (MKL threads through libgomp
+        # itself)
+        big = self.blas_name == "openblas" and k and m * n * k >= GEMM_SPLIT_MIN
         threads = free_threads() if big else 1
         if threads == 1:
             self._mkl_threads_start()
             block(a, b, c, bias)
             return
-        if m > n:
-            _over_blocks(m, threads, 8, lambda rows: block(a[:, rows] if trans_a else a[rows], b, c[rows], bias))
-        else:
-            _over_blocks(n, threads, 16, lambda cols: block(a, b[cols] if trans_b else b[:, cols], c[:, cols],
-                                                            None if bias is None else bias[cols]))
+        K.gemm_team(self._gemm_functions[a.dtype != np.float32], a, b, c, trans_a, trans_b, alpha, beta, bias,
+                    threads, m > n)
 
     def _mkl_threads_start(self):
         """Before a product MKL threads itself: the compiled team's workers (team.h) sleep at once
