@@ -1777,7 +1777,7 @@ def depthwise_scratch_size(int oH, int oW, int kh, int kw, int sh, int sw, int d
 
 
 ctypedef struct _depthwise_job:
-    bint single, clamp             # single: float32 arrays (else float64)
+    bint single, clamp, by_channels  # single: float32 arrays (else float64)
     const void* x                  # [N, C, D, H, W]
     const void* w                  # [O, K]
     const void* bias               # [O] or NULL
@@ -1839,24 +1839,23 @@ cdef inline void _depthwise_channels_of(const _depthwise_job* j, const real* x, 
                                  j.cap, y + (n * j.O + c0) * j.oH * j.oW, j.oH * j.oW, j.oH, j.oW, q)
 
 
-cdef void _depthwise_planes(void* args, int t, long t0, long t1) noexcept nogil:
-    cdef _depthwise_job* j = <_depthwise_job*>args
-    if j.single:
-        _depthwise_planes_of(j, <const float*>j.x, <const float*>j.w, <const float*>j.bias, <float*>j.y,
-                             <float*>j.scratch + t * j.stride, t0, t1)
+cdef inline void _depthwise_tasks_of(const _depthwise_job* j, const real* x, const real* w, const real* bias,
+                                     real* y, real* q, long t0, long t1) noexcept nogil:
+    if j.by_channels:
+        _depthwise_channels_of(j, x, w, bias, y, q, t0, t1)
     else:
-        _depthwise_planes_of(j, <const double*>j.x, <const double*>j.w, <const double*>j.bias, <double*>j.y,
-                             <double*>j.scratch + t * j.stride, t0, t1)
+        _depthwise_planes_of(j, x, w, bias, y, q, t0, t1)
 
 
-cdef void _depthwise_channels(void* args, int t, long t0, long t1) noexcept nogil:
+cdef void _depthwise_tasks(void* args, int t, long t0, long t1) noexcept nogil:
+    """Tasks t0 .. t1 of depthwise_conv, in thread t's scratch."""
     cdef _depthwise_job* j = <_depthwise_job*>args
     if j.single:
-        _depthwise_channels_of(j, <const float*>j.x, <const float*>j.w, <const float*>j.bias, <float*>j.y,
-                               <float*>j.scratch + t * j.stride, t0, t1)
+        _depthwise_tasks_of(j, <const float*>j.x, <const float*>j.w, <const float*>j.bias, <float*>j.y,
+                            <float*>j.scratch + t * j.stride, t0, t1)
     else:
-        _depthwise_channels_of(j, <const double*>j.x, <const double*>j.w, <const double*>j.bias, <double*>j.y,
-                               <double*>j.scratch + t * j.stride, t0, t1)
+        _depthwise_tasks_of(j, <const double*>j.x, <const double*>j.w, <const double*>j.bias, <double*>j.y,
+                            <double*>j.scratch + t * j.stride, t0, t1)
 
 
 def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, :, :, :, ::1] y, bias, bint clamp,
@@ -1897,11 +1896,9 @@ def depthwise_conv(const real[:, :, :, :, ::1] x, const real[:, ::1] w, real[:, 
     j.lanes = 8 if real is float else 4
     j.blocks = (O + j.lanes - 1) // j.lanes
     cdef int threads = min(<long>scratch.shape[0], _threads_for(N * O * oD * oH * oW * kd * kh * kw > PARALLEL_MIN))
+    j.by_channels = by_channels
     with nogil:
-        if by_channels:
-            lamina_team_for(threads, N * j.blocks, _depthwise_channels, &j)
-        else:
-            lamina_team_for(threads, N * O, _depthwise_planes, &j)
+        lamina_team_for(threads, N * j.blocks if by_channels else N * O, _depthwise_tasks, &j)
 
 
 def depthwise_conv_input_grad(const real[:, :, :, :, ::1] dy, const real[:, ::1] w, real[:, :, :, :, ::1] dx,

@@ -194,8 +194,9 @@ static inline long lamina_claim_run(long *next, long n, int nt, long *end) {
 
 /* A loop over the items [0, n) on a team of up to `threads`: each member claims runs of
  * neighbouring items (lamina_claim_run) and calls body(args, t, start, end) on each, t its
- * place in the team (for per-thread scratch). The element-wise, attention and normalization
- * kernels run their loops here rather than in OpenMP regions: between two products on the team,
+ * place in the team (for per-thread scratch). The kernels that run between the team's products
+ * (element-wise, attention, normalization, depthwise convolution, the blocks of an OpenBLAS
+ * product) run their loops here rather than in OpenMP regions: between two products on the team,
  * an OpenMP region woke a second pool of threads on the same CPUs, whose wakes and the team's
  * watching workers slowed both (an encoder's products at one request ran at 101-133 GFLOP/s on
  * two threads among OpenMP regions, 151-171 alone). One thread, or a call inside a member, runs
