@@ -2477,22 +2477,51 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
                                  oWp, geo, &partials[0], &dw[g * out_g * in_g * taps])
 
 
+cdef inline void _bias_planes(real* y, const real* b, long C, long S, double beta, long p0, long p1) noexcept nogil:
+    cdef long p, i
+    cdef real bc, scale = <real>beta
+    cdef real* row
+    for p in range(p0, p1):
+        bc, row = b[p % C], y + p * S
+        if beta == 0:
+            for i in range(S):
+                row[i] = bc
+        elif beta == 1:
+            for i in range(S):
+                row[i] += bc
+        else:
+            for i in range(S):
+                row[i] = scale * row[i] + bc
+
+
+ctypedef struct _bias_job:
+    bint single                    # float32 arrays (else float64)
+    void* y                        # [N, C, S]
+    const void* b                  # [C]
+    long C, S
+    double beta
+
+
+cdef void _channel_bias_planes(void* args, int t, long p0, long p1) noexcept nogil:
+    """channel_bias over the (sample, channel) planes p0 .. p1."""
+    cdef _bias_job* j = <_bias_job*>args
+    if j.single:
+        _bias_planes(<float*>j.y, <const float*>j.b, j.C, j.S, j.beta, p0, p1)
+    else:
+        _bias_planes(<double*>j.y, <const double*>j.b, j.C, j.S, j.beta, p0, p1)
+
+
 def channel_bias(real[:, :, ::1] y, real[::1] b, double beta=1.0):
     """y[n, c, :] = beta·y[n, c, :] + b[c] (y viewed as [N, C, spatial]); beta 0 overwrites y
-    (what it held, NaN included, is not read)."""
-    cdef Py_ssize_t n, c, i, N = y.shape[0], C = y.shape[1], S = y.shape[2]
-    cdef real scale = <real>beta
-    for n in prange(N, nogil=True, schedule="static", use_threads_if=N * C * S > PARALLEL_MIN):
-        for c in range(C):
-            if beta == 0:
-                for i in range(S):
-                    y[n, c, i] = b[c]
-            elif beta == 1:
-                for i in range(S):
-                    y[n, c, i] += b[c]
-            else:
-                for i in range(S):
-                    y[n, c, i] = scale * y[n, c, i] + b[c]
+    (what it held, NaN included, is not read). Planes shared by the team from PARALLEL_MIN values."""
+    cdef _bias_job j
+    j.C, j.S = y.shape[1], y.shape[2]
+    if y.shape[0] * j.C * j.S == 0:
+        return
+    j.single, j.y, j.b, j.beta = real is float, &y[0, 0, 0], &b[0], beta
+    with nogil:
+        lamina_team_for(_threads_for(y.shape[0] * j.C * j.S > PARALLEL_MIN), y.shape[0] * j.C, _channel_bias_planes,
+                        &j)
 
 
 def channel_bias_grad(real[:, :, ::1] dy, real[::1] db, double beta):

@@ -775,9 +775,10 @@ def test_a_compiled_team_runs_all_its_members_at_once():
 
 
 def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
-    """The element-wise, normalization, attention and depthwise kernels share their loops among
-    lamina's team (team.h) above their thresholds: on 1, 2 and 3 threads each value is computed by the
-    same code whichever member takes it, so the results agree to the bit, float32 and float64."""
+    """The element-wise, bias, normalization, attention and depthwise kernels share their loops
+    among lamina's team (team.h) above their thresholds: on 1, 2 and 3 threads each value is
+    computed by the same code whichever member takes it, so the results agree to the bit,
+    float32 and float64."""
     import lamina as lm
     rng = rng_for("team loops")
     be = CPUBackend()
@@ -794,6 +795,8 @@ def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
             be.activation_backward(kind, x if kind == "gelu" else out[kind], x, out[kind + " grad"], beta=0.5)
         out["axpby"] = x[::-1].copy()
         be.axpby(0.25, x, -2.0, out["axpby"])
+        out["channel bias"] = x.reshape(3, 700, 160).copy()
+        be.channel_bias(out["channel bias"], x.reshape(-1)[:700].copy(), beta=0.5)
         out["norm"], mean, rstd = np.empty_like(x), np.empty(len(x), dtype), np.empty(len(x), dtype)
         gamma, beta = x[0] + 1, x[1]
         be.layer_norm(x, gamma, beta, 1e-5, out["norm"], mean, rstd)

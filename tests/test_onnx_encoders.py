@@ -413,7 +413,7 @@ def test_an_element_wise_subgraph_that_is_not_gelu_stays_as_it_is():
     np.testing.assert_allclose(ours, AlmostGelu()(x).numpy(), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["torch-post-norm", "bert", "roberta"])
+@pytest.mark.parametrize("name", ["torch-post-norm", "bert", pytest.param("roberta", marks=pytest.mark.slow)])
 def test_damaged_encoder_exports_are_refused_by_node(name):
     """Encoder exports with a node dropped, an attribute changed or an input rewired either load or
     are refused with the importer's errors (every problem naming its node), never another
