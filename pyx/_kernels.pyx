@@ -385,8 +385,9 @@ cdef inline int _threads_for(bint worth) noexcept nogil:
     return openmp.omp_get_max_threads() if worth else 1
 
 
-cdef inline void _activate(int kind, const real* x, real* y, long lo, long hi, real cap, double slope) noexcept nogil:
+cdef inline void _activate(int kind, const real* x, real* y, long lo, long hi, double slope) noexcept nogil:
     cdef long i
+    cdef real cap = <real>slope
     if kind == RELU:  # the common case, as a loop the compiler vectorises (NaN stays NaN)
         for i in range(lo, hi):
             y[i] = 0 if x[i] < 0 else x[i]
@@ -411,14 +412,15 @@ cdef void _activation_spans(void* args, int t, long s0, long s1) noexcept nogil:
     cdef _elementwise_job* j = <_elementwise_job*>args
     cdef long lo = s0 * ELEMENT_SPAN, hi = min(s1 * ELEMENT_SPAN, j.n)
     if j.single:
-        _activate(j.kind, <const float*>j.x, <float*>j.y, lo, hi, <float>j.slope, j.slope)
+        _activate(j.kind, <const float*>j.x, <float*>j.y, lo, hi, j.slope)
     else:
-        _activate(j.kind, <const double*>j.x, <double*>j.y, lo, hi, <double>j.slope, j.slope)
+        _activate(j.kind, <const double*>j.x, <double*>j.y, lo, hi, j.slope)
 
 
-cdef inline void _activate_grad(int kind, const real* y, const real* dy, real* dx, long lo, long hi, real cap,
-                                double slope, double beta) noexcept nogil:
+cdef inline void _activate_grad(int kind, const real* y, const real* dy, real* dx, long lo, long hi, double slope,
+                                double beta) noexcept nogil:
     cdef long i
+    cdef real cap = <real>slope
     if kind == RELU and beta == 0:  # vectorised, as the forward
         for i in range(lo, hi):
             dx[i] = dy[i] if y[i] > 0 else 0
@@ -440,11 +442,9 @@ cdef void _activation_grad_spans(void* args, int t, long s0, long s1) noexcept n
     cdef _elementwise_job* j = <_elementwise_job*>args
     cdef long lo = s0 * ELEMENT_SPAN, hi = min(s1 * ELEMENT_SPAN, j.n)
     if j.single:
-        _activate_grad(j.kind, <const float*>j.y, <const float*>j.dy, <float*>j.dx, lo, hi, <float>j.slope, j.slope,
-                       j.beta)
+        _activate_grad(j.kind, <const float*>j.y, <const float*>j.dy, <float*>j.dx, lo, hi, j.slope, j.beta)
     else:
-        _activate_grad(j.kind, <const double*>j.y, <const double*>j.dy, <double*>j.dx, lo, hi, <double>j.slope,
-                       j.slope, j.beta)
+        _activate_grad(j.kind, <const double*>j.y, <const double*>j.dy, <double*>j.dx, lo, hi, j.slope, j.beta)
 
 
 cdef inline bint _vector_erf(int kind, bint single) noexcept nogil:

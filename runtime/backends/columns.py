@@ -48,17 +48,22 @@ def threads(ctx):
     return ctx.be.sample_threads(ctx.inputs[0].shape[0])
 
 
+def block_ranges(col_rows, grid):
+    """The window rows [r0, r1) of each block of a column matrix of col_rows rows over `grid`."""
+    step = max(1, COL_BLOCK // (col_rows * grid[-1]))
+    total = int(math.prod(grid[:-1]))
+    return [(r0, min(total, r0 + step)) for r0 in range(0, total, step)]
+
+
 class Blocks:
     """The column-matrix blocks of one convolution: window rows [r0, r1) of a grid, a buffer
     sized for the largest block, and each block's [rows, columns] view of it."""
 
     def __init__(self, ctx, col_rows, grid, key="col"):
         self.grid, self.rows = grid, col_rows
-        per_row = col_rows * grid[-1]
-        self.step = max(1, COL_BLOCK // per_row)
-        total = int(math.prod(grid[:-1]))
-        self.ranges = [(r0, min(total, r0 + self.step)) for r0 in range(0, total, self.step)]
-        self.buffer = ctx.workspace(key, (col_rows * min(self.step, total) * grid[-1],))
+        self.ranges = block_ranges(col_rows, grid)
+        largest = max((r1 - r0 for r0, r1 in self.ranges), default=0)
+        self.buffer = ctx.workspace(key, (col_rows * largest * grid[-1],))
 
     def __iter__(self):
         return (self.block(i) for i in range(len(self.ranges)))
@@ -163,7 +168,7 @@ def forward(geom, weight, ctx, bias=None):
     # threads share each sample's blocks of columns, every block a vol2col and products of its own
     # on one thread, instead of each block's product alone split between them (its vol2col on one
     # thread, a wake of the others for every block); the outputs start from their bias before.
-    per_sample = len(Blocks(ctx, col_rows, geometry[4], ("col", 0)).ranges)
+    per_sample = len(block_ranges(col_rows, geometry[4]))
     sharing = min(be.sample_threads(x.shape[0] * per_sample), free_threads())
     by_blocks = sharing > threads(ctx)
     if by_blocks:
