@@ -5,10 +5,12 @@ spinning), so they leave the cores to lamina's turn.
 
     python -m bench.pairs transformer [--cases ragged,uniform] [--pairs 20] [--threads 2]
     python -m bench.pairs onnx [--cases resnet18_b1,mobilenet_v2_b1] [--pairs 20] [--threads 1]
+    python -m bench.pairs onnx --cases lstm_lm_int8,gru_classifier_int8 --threads 2
 
 Prints each case's median times and the quartiles of the pairs' ratios (ONNX Runtime's time over
 lamina's: above 1, lamina is faster). Requires what the suite named requires; the models are the
-suite's own (exported on first use)."""
+suite's own (exported on first use); an onnx case ending in "_int8" is the file ONNX Runtime's
+`quantize_dynamic` wrote, run quantized by both."""
 import argparse
 import time
 
@@ -24,7 +26,9 @@ def _calls(suite, case, threads):
                 "onnxruntime": transformer.ort_infer(case, threads, spin=False)}
     from . import onnx
     onnx.export_models()
-    return {"lamina": onnx.lamina_onnx(case), "onnxruntime": onnx.ort_onnx(case, threads, spin=False)}
+    name, suffix = (case[:-len("_int8")], "_int8") if case.endswith("_int8") else (case, "")
+    return {"lamina": onnx.lamina_onnx(name, suffix),
+            "onnxruntime": onnx.ort_onnx(name, threads, suffix, spin=False)}
 
 
 def main():

@@ -230,14 +230,19 @@ cdef extern from "panels.h" nogil:
 
 
 cdef extern from "recurrence.h" nogil:
+    ctypedef struct lamina_reduction:
+        int kind, levels
+        long per_thread
+        void* scratch
     void recurrence_forward_team_f(int kind, long steps, const long* starts, long H, long G, float* g,
                                    const float* bias, float* hh, const float* b_hh, const float* packed, float* hs,
                                    float* cs, const float* init_h, const float* init_c, float* out, long ldo,
-                                   const int* out_rows, int threads, int by_rows)
+                                   const int* out_rows, int threads, int by_rows, lamina_reduction reduction)
     void recurrence_forward_team_d(int kind, long steps, const long* starts, long H, long G, double* g,
                                    const double* bias, double* hh, const double* b_hh, const double* packed,
                                    double* hs, double* cs, const double* init_h, const double* init_c, double* out,
-                                   long ldo, const int* out_rows, int threads, int by_rows)
+                                   long ldo, const int* out_rows, int threads, int by_rows,
+                                   lamina_reduction reduction)
     void recurrence_backward_team_f(int kind, long steps, const long* starts, long H, long G, const float* g,
                                     const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
                                     float* dg, float* dgh, const float* packed, const float* init_h,
@@ -624,6 +629,7 @@ def round_bfloat16(const float[::1] x, float[::1] out):
 cdef extern from "quantize.h" nogil:
     void lamina_quantize_row(const float *x, long k, int levels, int symmetric, float *q, float *scale)
     void lamina_quantize_row_u8(const float *x, long k, int levels, unsigned char *u, float *scale, int *zero)
+    void lamina_snap_row(const float *x, long k, int levels, int symmetric, float *y)
     void lamina_dequantize_row(const int *c, long n, float row_scale, int zero, const float *col_scale,
                                const int *col_sum, const float *bias, float beta, float *y)
 
@@ -634,6 +640,17 @@ def quantize_rows(const float[:, ::1] x, float[:, ::1] q, float[::1] scales, int
     cdef Py_ssize_t i, m = x.shape[0], k = x.shape[1]
     for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > QUANTIZE_PARALLEL_MIN):
         lamina_quantize_row(&x[i, 0], k, levels, symmetric, &q[i, 0], &scales[i])
+
+
+def snap_rows(const float[:, ::1] x, float[:, ::1] y, int levels):
+    """y = each row of x as its u8 grid of `levels` steps holds it (lamina.precision.quantize_rows'
+    integers times the row's scale): the left operand of a float32 product computing an int8 one."""
+    cdef Py_ssize_t i, m = x.shape[0], k = x.shape[1]
+    if y.shape[0] != m or y.shape[1] != k or not 1 <= levels <= 255:
+        raise ValueError(f"snap_rows: y must be {m} x {k} and levels in 1..255, found {y.shape[0]} x {y.shape[1]} "
+                         f"and {levels}")
+    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > QUANTIZE_PARALLEL_MIN):
+        lamina_snap_row(&x[i, 0], k, levels, 0, &y[i, 0])
 
 
 def quantize_rows_u8(const float[:, ::1] x, unsigned char[:, ::1] u, float[::1] scales, int[::1] zeros, int levels):
@@ -1256,14 +1273,17 @@ cdef inline real* _opt(real[:, ::1] a, bint present) noexcept nogil:
 def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[::1] b_hh,
                        bint has_hh_bias, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
-                       real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows):
+                       real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows,
+                       int reduce=0, int levels=0, real[:, :, ::1] reduced=None):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
     3 GRU) on a team of up to `threads` threads (team.h; as many as recurrence_threads lets share
     the batch), sharing it by rows (sequences) or by blocks of hidden units: see recurrence.h.
     g arrives with the input bias added (the kernels' own bias argument stays NULL).
     Row r of hs also goes to
     out[out_rows[r], out_col:out_col + H] (out_rows: a permutation of out's rows, the layer's
-    output in the sequences' order). Arguments not present are placeholders."""
+    output in the sequences' order). Arguments not present are placeholders. reduce (float32
+    only): the recurrent product multiplies the states rounded to bfloat16 (1) or snapped to their
+    rows' u8 grids of `levels` steps (2), made in `reduced` (a step's rows x H per team member)."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
     if out_rows.shape[0] != hs.shape[0] or out.shape[0] != hs.shape[0] or not 0 <= out_col <= out.shape[1] - H:
         raise ValueError(f"recurrence_forward: out ({out.shape[0]}, {out.shape[1]}) at column {out_col} and out_rows "
@@ -1271,19 +1291,43 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     cdef real *out_at = &out[0, out_col] if hs.shape[0] else NULL
     cdef int *rows_at = &out_rows[0] if hs.shape[0] else NULL
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_forward")
+    cdef lamina_reduction reduction = _reduction(reduce, levels, reduced, team, H, starts, real is float)
     with nogil:
         if real is float:
             recurrence_forward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
-                                 rows_at, team, by_rows)
+                                 rows_at, team, by_rows, reduction)
         else:
             recurrence_forward_team_d(kind, steps, &starts[0], H, G, &g[0, 0], NULL,
                                  _opt(hh, kind == 3),
                                  &b_hh[0] if has_hh_bias else NULL, &packed[0], &hs[0, 0], _opt(cs, has_cell),
                                  _opt(init_h, has_init_h), _opt(init_c, has_init_c), out_at, out.shape[1],
-                                 rows_at, team, by_rows)
+                                 rows_at, team, by_rows, reduction)
+
+
+cdef lamina_reduction _reduction(int reduce, int levels, real[:, :, ::1] reduced, int team, long H,
+                                 const long[::1] starts, bint single):
+    """The recurrence's reduction of its product's left operand, its scratch checked to hold a
+    step's rows (the first step's are the most) for each of the team's members."""
+    cdef lamina_reduction r
+    r.kind, r.levels, r.per_thread, r.scratch = reduce, levels, 0, NULL
+    if reduce == 0:
+        return r
+    most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
+    if reduce not in (1, 2) or not single or (reduce == 2 and not 1 <= levels <= 255):
+        raise ValueError(f"recurrence_forward: reduce must be 1 (bfloat16) or 2 (int8, levels 1..255) in "
+                         f"float32, found {reduce} with levels {levels} in {'float32' if single else 'float64'}")
+    if reduced is None or reduced.shape[0] < team or reduced.shape[1] < most or reduced.shape[2] != H:
+        found = None if reduced is None else tuple(reduced.shape)[:3]
+        raise ValueError(f"recurrence_forward: the reduced states need at least ({team}, {most}, {H}), "
+                         f"found {found}")
+    r.per_thread = reduced.shape[1] * H
+    r.scratch = &reduced[0, 0, 0] if reduced.shape[1] else NULL
+    if r.scratch == NULL:
+        r.kind = 0  # (no rows: nothing to multiply)
+    return r
 
 
 def recurrence_backward(int kind, const long[::1] starts, real[:, ::1] g, real[:, ::1] hh, real[:, ::1] hs,

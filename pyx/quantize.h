@@ -76,6 +76,16 @@ LAMINA_CLONES static void lamina_quantize_row(const float *restrict x, long k, i
     }
 }
 
+/* y[i] = x[i] as its row's grid holds it: its integer (less the zero point) times the scale
+ * (lamina.precision.quantize_rows), in float32; a row holding NaN or infinity becomes NaN. The
+ * left operand of a float32 product that computes an int8 one */
+LAMINA_CLONES static void lamina_snap_row(const float *x, long k, int levels, int symmetric, float *y) {
+    float scale;
+    lamina_quantize_row(x, k, levels, symmetric, y, &scale);
+    for (long i = 0; i < k; i++)
+        y[i] *= scale;
+}
+
 /* u[i] = the u8 value of x[i] (its steps plus the zero point, in [0, levels]), for an unsigned
  * GEMM operand; the row's scale and zero point are returned beside it */
 LAMINA_CLONES static void lamina_quantize_row_u8(const float *restrict x, long k, int levels,

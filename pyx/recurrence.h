@@ -22,7 +22,9 @@
 #include <immintrin.h>
 #endif
 #include "cells.h"
+#include "convert.h"
 #include "panels.h"
+#include "quantize.h"
 #include "team.h"
 
 enum { LAMINA_RNN_TANH = 0, LAMINA_RNN_RELU = 1, LAMINA_LSTM = 2, LAMINA_GRU = 3 };
@@ -75,6 +77,31 @@ static inline lamina_share lamina_share_of(int by_rows, long H, long NR, long t,
 /* rows of a step of b rows that the thread takes */
 static inline long lamina_share_rows(const lamina_share *sh, long b) {
     return b > sh->first ? (b - sh->first + sh->stride - 1) / sh->stride : 0;
+}
+
+/* The left operand of the recurrent product in a reduced precision (lamina.precision), which a
+ * float32 product then multiplies: each state rounded to bfloat16 (LAMINA_REDUCE_BFLOAT16), or a
+ * row snapped to its u8 grid of `levels` steps (LAMINA_REDUCE_INT8), the values an int8 product
+ * would multiply. Reduced precision is float32's: the double form only copies (never asked to
+ * reduce: the caller refuses it). */
+enum { LAMINA_REDUCE_NONE = 0, LAMINA_REDUCE_BFLOAT16 = 1, LAMINA_REDUCE_INT8 = 2 };
+
+/* what reduces the recurrent product's left operand: kind (LAMINA_REDUCE_*), the u8 grid's steps,
+ * and per thread of the team a scratch of `per_thread` values (a step's rows times H) */
+typedef struct { int kind, levels; long per_thread; void *scratch; } lamina_reduction;
+
+static void lamina_reduce_row_f(int reduce, int levels, const float *h, long H, float *out) {
+    if (reduce == LAMINA_REDUCE_INT8) {
+        lamina_snap_row(h, H, levels, 0, out);
+        return;
+    }
+    for (long j = 0; j < H; j++)
+        out[j] = lamina_round_bfloat16(h[j]);
+}
+
+static void lamina_reduce_row_d(int reduce, int levels, const double *h, long H, double *out) {
+    (void)reduce, (void)levels;
+    memcpy(out, h, sizeof(double) * H);
 }
 
 #define LAMINA_IMPL "recurrence_impl.h"

@@ -48,22 +48,28 @@ static inline const REAL *SUFFIXED(previous)(long s, const long *starts, long H,
  * which read them anyway (b_ih + b_hh; for GRU b_ih, b_hh going into hh), instead of a pass of its
  * own over all of g. out (or NULL): each new state also goes to row out_rows[row] of out (row
  * stride ldo; the layer's output in the sequences' own order) while it is in cache, instead of a
- * scatter pass over all of hs afterwards. */
+ * scatter pass over all of hs afterwards. rd: the product's left operand in a reduced precision
+ * (recurrence.h; kind LAMINA_REDUCE_NONE: the states themselves). */
 static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *starts, long H, long G, REAL *g,
                                          const REAL *bias, REAL *hh, const REAL *b_hh, const REAL *packed,
                                          REAL *hs, REAL *cs, const REAL *init_h, const REAL *init_c,
                                          REAL *out, long ldo, const int *out_rows, int t, int nt,
-                                         lamina_spin_barrier *barrier, int by_rows) {
+                                         lamina_spin_barrier *barrier, int by_rows, const lamina_reduction *rd) {
     const long NR = 2 * LANES, GH = G * H;
     lamina_share sh = lamina_share_of(by_rows, H, NR, t, nt);
     int sense = 0;
     long u0 = sh.u0, width = sh.width;
+    REAL *reduced = rd->kind ? (REAL *)rd->scratch + t * rd->per_thread : NULL;
     for (long s = 0; s < steps; s++) {
         long r0 = starts[s], b = starts[s + 1] - r0;
         const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
         const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
         REAL *prod = kind == LAMINA_GRU ? hh + r0 * GH : g + r0 * GH;  /* GRU keeps it apart */
-        if (prev_h)
+        if (prev_h && reduced) {  /* the rows this thread's product reads (by units: all of them) */
+            for (long r = sh.first; r < b; r += sh.stride)
+                SUFFIXED(lamina_reduce_row)(rd->kind, rd->levels, prev_h + r * H, H, reduced + r * H);
+            SUFFIXED(share_product)(&sh, b, H, H, G, reduced, H, packed, prod, GH, kind == LAMINA_GRU ? 0 : 1);
+        } else if (prev_h)
             SUFFIXED(share_product)(&sh, b, H, H, G, prev_h, H, packed, prod, GH, kind == LAMINA_GRU ? 0 : 1);
         for (long r = sh.first; r < b && width > 0; r += sh.stride) {
             long row = r0 + r;
@@ -145,21 +151,23 @@ typedef struct {
     const REAL *bias, *b_hh, *packed, *init_h, *init_c;
     const int *out_rows;
     lamina_spin_barrier barrier;
+    lamina_reduction reduction;
 } SUFFIXED(recurrence_forward_job);
 
 static void SUFFIXED(recurrence_forward_member)(void *job, int t, int nt) {
     SUFFIXED(recurrence_forward_job) *j = job;
     SUFFIXED(recurrence_forward)(j->kind, j->steps, j->starts, j->H, j->G, j->g, j->bias, j->hh, j->b_hh, j->packed,
                                  j->hs, j->cs, j->init_h, j->init_c, j->out, j->ldo, j->out_rows, t, nt, &j->barrier,
-                                 j->by_rows);
+                                 j->by_rows, &j->reduction);
 }
 
 static void SUFFIXED(recurrence_forward_team)(int kind, long steps, const long *starts, long H, long G, REAL *g,
                                               const REAL *bias, REAL *hh, const REAL *b_hh, const REAL *packed,
                                               REAL *hs, REAL *cs, const REAL *init_h, const REAL *init_c,
-                                              REAL *out, long ldo, const int *out_rows, int threads, int by_rows) {
+                                              REAL *out, long ldo, const int *out_rows, int threads, int by_rows,
+                                              lamina_reduction reduction) {
     SUFFIXED(recurrence_forward_job) job = {kind, by_rows, steps, H, G, ldo, starts, g, hh, hs, cs, out, bias, b_hh,
-                                            packed, init_h, init_c, out_rows, {0, 0}};
+                                            packed, init_h, init_c, out_rows, {0, 0}, reduction};
     lamina_team_run(threads, SUFFIXED(recurrence_forward_member), &job);
 }
 

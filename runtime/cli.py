@@ -447,7 +447,7 @@ def cmd_inspect(args):
 def cmd_devices(args):
     lm = _setup(args)
     from importlib.metadata import PackageNotFoundError, version
-    from .backends.cpu.blas import available, default_provider
+    from .backends.cpu.blas import available, default_provider, low_precision_products
 
     def ver(pkg):
         try:
@@ -465,16 +465,19 @@ def cmd_devices(args):
     for family, path in compiled.describe().items():
         print(f"     {family}: {path}")
     sets = set(cpu.instruction_sets())
-    if "mkl" in available():
+    if low_precision_products() == "mkl":
         bf16 = "MKL's packed bfloat16 GEMM" + (" on AMX" if "amx_bf16" in sets else
                                                " on AVX512-BF16" if "avx512_bf16" in sets else "")
         int8 = "MKL's packed u8 x s8 GEMM" + (" on AMX" if "amx_int8" in sets else
                                              " on VNNI" if sets & {"avx512_vnni", "avx_vnni"} else
                                              " (activations in 127 steps: no int8 dot product)")
     else:
-        bf16 = int8 = "float32 products of the rounded operands (built without MKL)"
-    print(f"     bfloat16 products: {bf16}")
-    print(f"     int8 products: {int8}; LAMINA_ISA={'|'.join(compiled.PATHS)} picks the kernels' path")
+        bf16 = "float32 products of the operands rounded to bfloat16"
+        int8 = "float32 products of the int8 weights and the activations snapped to their u8 grids"
+    forced = " (forced)" if os.environ.get("LAMINA_LOW_PRECISION") else ""
+    print(f"     bfloat16 products: {bf16}{forced}")
+    print(f"     int8 products: {int8}{forced}; LAMINA_LOW_PRECISION=mkl|float32 to choose")
+    print(f"     LAMINA_ISA={'|'.join(compiled.PATHS)} picks the kernels' path")
     try:
         import pyopencl as cl
     except ImportError:

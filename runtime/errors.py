@@ -18,7 +18,7 @@ class SequenceError(ValueError):
 
 class SettingError(ValueError):
     """A setting that is not valid: a thread count that is not a positive integer (LAMINA_THREADS,
-    set_num_threads), or an unknown LAMINA_BLAS."""
+    set_num_threads), or an unknown LAMINA_BLAS or LAMINA_LOW_PRECISION."""
 
 
 class IndexRangeError(ValueError):

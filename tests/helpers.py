@@ -41,13 +41,14 @@ def one_step_sequences(rows, width, seed):
     return lm.Sequences.from_list([rng.standard_normal((1, width)).astype(np.float32) for _ in range(rows)])
 
 
-def one_layer_network(make, width):
+def one_layer_network(make, width, low_precision=None):
     """A network of one layer (make() builds it) over sequences of `width` features, its first
-    output named 'y'; the same parameters each time (seeded)."""
+    output named 'y'; the same parameters each time (seeded). low_precision: on a CPU backend
+    whose bfloat16 and int8 products take that path ('float32', 'mkl')."""
     import lamina as lm
     lm.manual_seed(4)
     net = lm.Network()
     x = net.input("x", width, sequence=True)
     out = make()(x)
     net.outputs(y=out[0] if isinstance(out, tuple) else out)
-    return net
+    return net.to(lm.CPUBackend(low_precision=low_precision)) if low_precision else net

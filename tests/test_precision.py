@@ -48,7 +48,8 @@ def test_round_to_bfloat16_kernel(backend, n):
 
 @pytest.mark.parametrize("trans", [False, True])
 @pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 100, 70, 0.5)])
-def test_bfloat16_packed_product(backend, trans, m, k, n, alpha):
+def test_bfloat16_packed_product(reduced_backend, trans, m, k, n, alpha):
+    backend = reduced_backend
     rng = np.random.default_rng(m + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if trans else (k, n)).astype(np.float32)
@@ -70,7 +71,7 @@ def test_bfloat16_packed_product(backend, trans, m, k, n, alpha):
 
 
 @pytest.mark.parametrize("kind", ["Linear", "RNN", "LSTM", "GRU"])
-def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind):
+def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind, low_precision):
     """One step from a zero state: each gate pre-activation is x W_ihᵀ + b, within
     PRODUCT·(|x| |W_ih|ᵀ) of float32's; the cell passes it through functions whose slopes bound
     how far the output moves (RNN tanh: 1; LSTM: 1/4 + 1/4 + 1 over the o, i and g gates; GRU
@@ -78,7 +79,7 @@ def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind):
     width, hidden = 96, 64
     make = {"Linear": lambda: lm.layers.Linear(width, hidden), "RNN": lambda: lm.layers.RNN(width, hidden),
             "LSTM": lambda: lm.layers.LSTM(width, hidden), "GRU": lambda: lm.layers.GRU(width, hidden)}[kind]
-    f32, b16 = one_layer_network(make, width), one_layer_network(make, width).astype("bfloat16")
+    f32, b16 = one_layer_network(make, width), one_layer_network(make, width, low_precision).astype("bfloat16")
     assert b16.precision == "bfloat16"
     seqs = one_step_sequences(40, width, 1)
     want, got = (np.asarray(getattr(net.run({"x": seqs})["y"], "values", None) if kind != "Linear"
@@ -95,13 +96,14 @@ def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind):
     assert np.abs(got - want).max() > 0  # the products did run in bfloat16
 
 
-def test_the_bfloat16_network_uses_the_reference_semantics_everywhere():
-    """The CPU's MKL bfloat16 products and the composed form on the core-only reference give the
-    same layer outputs, up to float32 accumulation (a step apart, a rounding of h may flip)."""
+def test_the_bfloat16_network_uses_the_reference_semantics_everywhere(low_precision):
+    """The CPU's bfloat16 products (MKL's, or float32 ones of the rounded operands) and the
+    composed form on the core-only reference give the same layer outputs, up to float32
+    accumulation (a step apart, a rounding of h may flip)."""
     from lamina.testing import core_only
     width, hidden = 48, 32
     seqs = one_step_sequences(20, width, 2)
-    cpu = one_layer_network(lambda: lm.layers.LSTM(width, hidden), width).astype("bfloat16")
+    cpu = one_layer_network(lambda: lm.layers.LSTM(width, hidden), width, low_precision).astype("bfloat16")
     core = one_layer_network(lambda: lm.layers.LSTM(width, hidden), width).to(core_only(ReferenceBackend)()).astype("bfloat16")
     np.testing.assert_allclose(core.run({"x": seqs})["y"].values, cpu.run({"x": seqs})["y"].values,
                                rtol=0, atol=width * 2.0 ** -22)
@@ -116,7 +118,7 @@ def test_bfloat16_is_an_inference_setting_that_saves_and_loads(tmp_path):
         one_layer_network(lambda: lm.layers.LSTM(16, 8), 16).astype("float64").astype("bfloat16")
 
 
-def test_bfloat16_layers_agree_on_every_backend():
+def test_bfloat16_layers_agree_on_every_backend(low_precision):
     """A bfloat16 LSTM and Linear on each device backend (and the core-only reference) against
     the CPU's, one step from a zero state: the rounded operands are the same everywhere and their
     products exact in float32, so only the order of the float32 sums differs."""
@@ -129,7 +131,7 @@ def test_bfloat16_layers_agree_on_every_backend():
     width, hidden = 64, 48
     seqs = one_step_sequences(24, width, 3)
     for make in (lambda: lm.layers.LSTM(width, hidden), lambda: lm.layers.Linear(width, hidden)):
-        want = one_layer_network(make, width).astype("bfloat16").run({"x": seqs})["y"].values
+        want = one_layer_network(make, width, low_precision).astype("bfloat16").run({"x": seqs})["y"].values
         for be in backends:
             got = one_layer_network(make, width).to(be).astype("bfloat16").run({"x": seqs})["y"].values
             np.testing.assert_allclose(got, want, rtol=0, atol=width * 2.0 ** -22, err_msg=str(be))

@@ -51,6 +51,45 @@ def test_the_numpy_definition_quantizes_within_half_a_step():
             assert q[1].min() == 0 and q[2].max() == 0 and span.max() <= levels
 
 
+def test_the_low_precision_products_follow_the_cpu_vendor_unless_forced(monkeypatch):
+    """MKL's bfloat16 and int8 GEMMs on Intel CPUs, float32 products of the reduced operands
+    elsewhere (where MKL's ran slower than float32); LAMINA_LOW_PRECISION forces either, and a
+    wrong name is refused with the choices."""
+    from lamina.backends.cpu import blas
+    from lamina.errors import SettingError
+    monkeypatch.delenv("LAMINA_LOW_PRECISION", raising=False)
+    for vendor, path in (("GenuineIntel", "mkl" if blas.built("mkl") else "float32"), ("AuthenticAMD", "float32")):
+        monkeypatch.setattr(blas, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert blas.low_precision_products() == path
+        assert lm.CPUBackend().low_precision == path
+    monkeypatch.setenv("LAMINA_LOW_PRECISION", "float32")
+    monkeypatch.setattr(blas, "cpu_vendor", lambda: "GenuineIntel")
+    assert lm.CPUBackend().low_precision == "float32"
+    if blas.built("mkl"):  # the backend's own argument over the environment
+        assert lm.CPUBackend(low_precision="mkl").low_precision == "mkl"
+    monkeypatch.setenv("LAMINA_LOW_PRECISION", "fp8")
+    with pytest.raises(SettingError, match=r"LAMINA_LOW_PRECISION: expected 'mkl' or 'float32', found 'fp8'"):
+        lm.CPUBackend()
+    with pytest.raises(SettingError, match=r"low_precision=.*found 'int4'"):
+        lm.CPUBackend(low_precision="int4")
+
+
+def test_float32_products_compute_int8_from_the_snapped_activations():
+    """The float32 path's left operand: each row on its u8 grid (numpy's integers times the
+    row's scale, to float32 rounding), a NaN row all NaN."""
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((9, 301)) * 4).astype(np.float32)
+    a[3] = 0
+    a[5, 7] = np.nan
+    be = lm.CPUBackend(low_precision="float32")
+    got = be.reduced_operand(a, "int8")
+    q, s = quantize_rows(a, ACTIVATION_LEVELS)
+    keep = np.arange(9) != 5
+    np.testing.assert_allclose(got[keep], (q * s[:, None])[keep], rtol=2 ** -23, atol=0)
+    assert np.isnan(got[5]).all() and not got[3].any()
+    np.testing.assert_array_equal(be.reduced_operand(a, "bfloat16")[keep], round_bfloat16(a)[keep])
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("m,k", [(1, 1), (7, 300), (600, 513)])
 def test_quantize_rows_kernel(backend, m, k, symmetric):
@@ -65,7 +104,8 @@ def test_quantize_rows_kernel(backend, m, k, symmetric):
 
 
 @pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 700, 70, 0.5)])
-def test_int8_packed_product(backend, m, k, n, alpha):
+def test_int8_packed_product(reduced_backend, m, k, n, alpha):
+    backend = reduced_backend
     rng = np.random.default_rng(m + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)
     a[:, :3] += 2.0  # rows whose range is not centred on 0
@@ -91,7 +131,8 @@ def test_int8_packed_product(backend, m, k, n, alpha):
         assert np.abs(c - (full + bias)).max() > (k * EPS * np.abs(alpha) * (np.abs(a) @ np.abs(w).T)).max()
 
 
-def test_a_row_with_nan_or_infinity_gives_nan_not_a_number_that_looks_right(backend):
+def test_a_row_with_nan_or_infinity_gives_nan_not_a_number_that_looks_right(reduced_backend):
+    backend = reduced_backend
     rng = np.random.default_rng(5)
     a = rng.standard_normal((4, 40)).astype(np.float32)
     a[1, 7], a[2, 39] = np.nan, np.inf
@@ -116,13 +157,13 @@ LAYERS = {"Linear": lambda w, h: lm.layers.Linear(w, h), "RNN": lambda w, h: lm.
 
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_layers_in_int8_are_within_the_quantization_of_float32(kind):
+def test_layers_in_int8_are_within_the_quantization_of_float32(kind, low_precision):
     """One step from a zero state: each gate pre-activation x W_ihᵀ + b is within the
     quantization bound of float32's; the cell's slopes bound how far the output moves (as for
     bfloat16: RNN 1, LSTM 1.5, GRU 1.25 + |b_hn|/4)."""
     width, hidden = 96, 64
     f32 = one_layer_network(lambda: LAYERS[kind](width, hidden), width)
-    q8 = lm.quantize(one_layer_network(lambda: LAYERS[kind](width, hidden), width))
+    q8 = lm.quantize(one_layer_network(lambda: LAYERS[kind](width, hidden), width, low_precision))
     assert q8.precision == "int8"
     seqs = one_step_sequences(40, width, 1)
     want, got = (net.run({"x": seqs})["y"].values for net in (f32, q8))
@@ -150,7 +191,7 @@ def test_quantize_rounds_the_product_weights_to_their_int8_values():
             np.testing.assert_array_equal(p.value, before[k])
 
 
-def test_int8_agrees_on_every_backend():
+def test_int8_agrees_on_every_backend(low_precision):
     """An int8 LSTM and Linear on each device backend (and the core-only reference) against the
     CPU's, one step from a zero state: the same integers everywhere (where the CPU sums 255
     activation steps exactly), so only float32 rounding differs."""
@@ -160,12 +201,12 @@ def test_int8_agrees_on_every_backend():
     if OPENCL_DEVICES:
         from lamina.backends.opencl import OpenCLBackend
         backends += [OpenCLBackend(i) for i in range(len(OPENCL_DEVICES))]
-    if lm.CPUBackend().int8_activation_levels != ACTIVATION_LEVELS:
+    if lm.CPUBackend(low_precision=low_precision).int8_activation_levels != ACTIVATION_LEVELS:
         pytest.skip("this CPU's int8 products sum 127 activation steps (no VNNI): the other test covers it")
     width, hidden = 64, 48
     seqs = one_step_sequences(24, width, 3)
     for make in (lambda: lm.layers.LSTM(width, hidden), lambda: lm.layers.Linear(width, hidden)):
-        want = lm.quantize(one_layer_network(make, width)).run({"x": seqs})["y"].values
+        want = lm.quantize(one_layer_network(make, width, low_precision)).run({"x": seqs})["y"].values
         for be in backends:
             got = lm.quantize(one_layer_network(make, width).to(be)).run({"x": seqs})["y"].values
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(be))
@@ -272,32 +313,49 @@ def test_bfloat16_rounds_the_product_weights():
 
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN", "RNN-relu"])
-def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch, kind, precision):
-    """The CPU's whole-direction loop (fused_recurrence.reduced_forward) against the layer's
-    steps one at a time, on a ragged batch through two bidirectional layers with initial states:
-    the same products of the same operands, so equal but for the order of float32 sums."""
+def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch, kind, precision, low_precision):
+    """The CPU's whole-direction loop against the layer's steps one at a time, on a ragged batch
+    through two bidirectional layers with initial states: the same products of the same
+    operands, so equal but for the order of float32 sums. With MKL's products the loop is
+    fused_recurrence.reduced_forward; with float32 products (on lamina's panels) the fused
+    recurrence reducing the states before each product, on one thread and shared by sequences
+    and by units."""
     from lamina.backends.cpu import fused_recurrence
     rng = np.random.default_rng(7)
     lm.manual_seed(2)
-    make = {"LSTM": lambda: lm.layers.LSTM(24, 40, num_layers=2, bidirectional=True),
-            "GRU": lambda: lm.layers.GRU(24, 40, num_layers=2, bidirectional=True),
-            "RNN": lambda: lm.layers.RNN(24, 40, num_layers=2, bidirectional=True),
-            "RNN-relu": lambda: lm.layers.RNN(24, 40, num_layers=2, bidirectional=True, nonlinearity="relu")}[kind]
+    # (48 units: three panels, so two threads can share them by units)
+    make = {"LSTM": lambda: lm.layers.LSTM(24, 48, num_layers=2, bidirectional=True),
+            "GRU": lambda: lm.layers.GRU(24, 48, num_layers=2, bidirectional=True),
+            "RNN": lambda: lm.layers.RNN(24, 48, num_layers=2, bidirectional=True),
+            "RNN-relu": lambda: lm.layers.RNN(24, 48, num_layers=2, bidirectional=True, nonlinearity="relu")}[kind]
     net = lm.Network()
-    x, h0 = net.input("x", 24, sequence=True), net.input("h0", [4, 40])
+    x, h0 = net.input("x", 24, sequence=True), net.input("h0", [4, 48])
     layer = make()
     net.outputs(y=layer(x, h0)[0])
+    net.to(lm.CPUBackend("openblas" if low_precision == "float32" else None, low_precision))
     net.set_precision(precision)
-    seqs = lm.Sequences.from_list([rng.standard_normal((n, 24)).astype(np.float32) for n in (7, 1, 12, 5, 12, 3)])
-    feeds = {"x": seqs, "h0": rng.standard_normal((6, 4, 40)).astype(np.float32)}
-    calls = []
-    original = fused_recurrence.reduced_forward
-    monkeypatch.setattr(fused_recurrence, "reduced_forward", lambda *a: calls.append(1) or original(*a))
-    fused = net.run(feeds)["y"].values
-    assert len(calls) == 4  # two layers, two directions
+    lengths = (7, 1, 12, 5, 12, 3, 9, 4, 12)  # (enough sequences for two threads to share them)
+    seqs = lm.Sequences.from_list([rng.standard_normal((n, 24)).astype(np.float32) for n in lengths])
+    feeds = {"x": seqs, "h0": rng.standard_normal((len(lengths), 4, 48)).astype(np.float32)}
+    loop = "reduced_forward" if low_precision == "mkl" else "forward"
+    original, calls = getattr(fused_recurrence, loop), []
+    monkeypatch.setattr(fused_recurrence, loop, lambda *a: calls.append(1) or original(*a))
+    shares = ("auto",) if low_precision == "mkl" else ("auto", "rows", "units")
+    teams, share_of = [], fused_recurrence._share
+    monkeypatch.setattr(fused_recurrence, "_share", lambda *a: teams.append(share_of(*a)) or teams[-1])
+    fused = []
+    for share in shares:
+        monkeypatch.setattr(fused_recurrence, "FUSED_SHARE", share)
+        monkeypatch.setattr(fused_recurrence, "FUSED_PARALLEL_MIN", 0 if share != "auto" else 1 << 24)
+        fused.append(net.run(feeds)["y"].values)
+    assert len(calls) == 4 * len(shares)  # two layers, two directions
+    if low_precision == "float32" and lm.get_num_threads() > 1:  # shared by sequences, and by units
+        assert {by_rows for threads, by_rows in teams if threads > 1} == {True, False}
     monkeypatch.setattr(fused_recurrence, "fuses_reduced", lambda *a: False)
+    monkeypatch.setattr(fused_recurrence, "fuses", lambda *a: False)
     stepwise = net.run(feeds)["y"].values
-    np.testing.assert_allclose(fused, stepwise, rtol=0, atol=1e-6)
+    for got in fused:
+        np.testing.assert_allclose(got, stepwise, rtol=0, atol=1e-6)
 
 
 def test_a_checkpoint_of_a_quantized_network_resumes_exactly(tmp_path):

@@ -10,12 +10,12 @@ import numpy as np
 
 from .compiled import _kernels as K
 from .compiled import _selective
-from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, Snapshot, check_activation, window_parts
-from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight
+from ..base import ACTIVATIONS, POOL_MODES, Backend, HostStatistics, check_activation, window_parts
+from ...precision import ACTIVATION_LEVELS, check_int8_pack, check_precision, quantize_weight, round_to_precision
 from ..checks import select_on_host
 from ..checks import (check_attention, check_by_column, check_index, check_layer_norm, check_offsets, check_positions,
                       check_selection, gemm_sizes)
-from .blas import default_provider, mkl, provider
+from .blas import check_low_precision, default_provider, low_precision_products, mkl, provider
 from ...threads import free_threads, get_num_threads
 from . import conv_algorithms, fused_recurrence
 from .aligned import aligned_empty
@@ -89,11 +89,14 @@ class PackedMatrix:
     for bfloat16 products MKL's bfloat16 format ('mkl-bfloat16', whichever the provider), for int8
     products MKL's s8 format ('mkl-int8') with each output channel's scale (times alpha) and the
     sum of its integers. `provider` names the format; only a backend of that provider computes
-    with it."""
+    with it. Where float32 products serve bfloat16 and int8 (CPUBackend.low_precision), the pack
+    is a float32 one of the weight's values in that precision and `operands` names it: each
+    product reduces its left operand the same way first."""
 
-    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None, scales=None, sums=None):
+    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None, scales=None, sums=None,
+                 operands=None):
         self.provider, self.k, self.n, self.dtype, self.max_rows = provider, k, n, dtype, max_rows
-        self.handle, self.panels, self.scales, self.sums = handle, panels, scales, sums
+        self.handle, self.panels, self.scales, self.sums, self.operands = handle, panels, scales, sums, operands
 
 
 # An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in starting
@@ -127,14 +130,20 @@ class CPUBackend(HostStatistics, Backend):
     name = "cpu"
     host_arrays = True
 
-    def __init__(self, blas=None):
+    def __init__(self, blas=None, low_precision=None):
+        """blas: the float32 GEMM's provider ('mkl', 'openblas'; blas.default_provider);
+        low_precision: what multiplies bfloat16 and int8 ('mkl': MKL's low-precision GEMMs,
+        whichever provider does float32; 'float32': that provider's products of the reduced
+        operands; blas.low_precision_products)."""
         self.blas_name = blas or default_provider()
         self.blas = provider(self.blas_name)
         self._gemm_functions = self.blas.gemm_functions() if self.blas_name == "openblas" else None
-        self._mkl = mkl()  # MKL's bfloat16 GEMM serves whichever provider does float32 (None: not built)
+        self.low_precision = (check_low_precision(low_precision, "CPUBackend(low_precision=...)") if low_precision
+                              else low_precision_products())
+        self._mkl = mkl() if self.low_precision == "mkl" else None
 
     def __repr__(self):
-        return f"CPUBackend(blas={self.blas_name!r})"
+        return f"CPUBackend(blas={self.blas_name!r}, low_precision={self.low_precision!r})"
 
     # -- arrays
     def empty(self, shape, dtype):
@@ -158,7 +167,8 @@ class CPUBackend(HostStatistics, Backend):
         self._gemm(a, b, c, trans_a, trans_b, alpha, beta, None)
 
     def gemm_in(self, precision, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
-        """bfloat16 through MKL's bfloat16 GEMM on the operands' bfloat16 bits."""
+        """bfloat16 through MKL's bfloat16 GEMM on the operands' bfloat16 bits (low_precision
+        'mkl'; else the rounded operands' float32 product)."""
         if precision != "bfloat16" or self._mkl is None:
             return super().gemm_in(precision, a, b, c, trans_a, trans_b, alpha, beta)
         check_matrix("gemm_in", "a", a, dtype=np.float32)
@@ -226,8 +236,10 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
         check_precision(precision, "pack")
         check_int8_pack(precision, b, trans)
-        if precision != "float32" and self._mkl is None:  # (no low-precision GEMM in this build: the composed form)
-            return super().pack(b, trans, alpha, max_rows, precision)
+        if precision != "float32" and self._mkl is None:  # float32 products of the reduced operands
+            packed = self._float_pack(round_to_precision(b, precision), trans, alpha, max_rows)
+            packed.operands = precision
+            return packed
         if precision == "bfloat16":
             bits = np.empty(b.shape, np.uint16)
             K.to_bfloat16(_flat(b), _flat(bits))
@@ -238,6 +250,10 @@ class CPUBackend(HostStatistics, Backend):
             return PackedMatrix("mkl-int8", k, n, b.dtype, max(max_rows, 1), handle=self._mkl.pack_b_s8(q, max_rows),
                                 scales=(scales * np.float32(alpha)).astype(np.float32),
                                 sums=q.sum(axis=1, dtype=np.int32))
+        return self._float_pack(b, trans, alpha, max_rows)
+
+    def _float_pack(self, b, trans, alpha, max_rows):
+        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         if self.blas_name == "mkl":
             return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=self.blas.pack_b(b, trans, alpha, max_rows))
         panels = aligned_empty(K.panel_size(b, trans), b.dtype)
@@ -258,8 +274,6 @@ class CPUBackend(HostStatistics, Backend):
         self._packed_product(a, packed, c, 0.0, bias)
 
     def _packed_product(self, a, packed, c, beta, bias):
-        if isinstance(packed, Snapshot) and isinstance(packed.b, np.ndarray):  # the composed form (no MKL)
-            return super().packed_gemm(a, packed, c, beta) if bias is None else super().packed_gemm_bias(a, packed, c, bias)
         expected = ("mkl-bfloat16", "mkl-int8") + (("mkl",) if self.blas_name == "mkl" else ("panels",))
         if not isinstance(packed, PackedMatrix) or packed.provider not in expected:
             raise ValueError(f"packed_gemm: {self} computes with {expected[-1]!r} packs, found "
@@ -278,6 +292,8 @@ class CPUBackend(HostStatistics, Backend):
         m, n = c.shape
         if packed.provider == "mkl-int8":
             return self._int8_packed_product(a, packed, c, beta, bias)
+        if packed.operands is not None:
+            a = self.reduced_operand(a, packed.operands)
         if packed.provider == "mkl-bfloat16":
             bits = self.scratch("packed_gemm bfloat16", a.shape, np.uint16)
             K.to_bfloat16(_flat(a), _flat(bits))
@@ -319,11 +335,21 @@ class CPUBackend(HostStatistics, Backend):
             self._mkl.packed_gemm_u8s8(u[:b], packed.handle, sums[:b])
             K.dequantize_rows(sums[:b], row_scales[:b], zeros[:b], packed.scales, packed.sums, c[rows], bias, beta)
 
+    def reduced_operand(self, a, precision):
+        """a (C-contiguous float32 rows) as a float32 product computing a `precision` one
+        multiplies it: rounded to bfloat16, or each row snapped to its u8 grid; in scratch."""
+        reduced = self.scratch("reduced operand", a.shape, np.float32)
+        if precision == "bfloat16":
+            K.round_bfloat16(_flat(a), _flat(reduced))
+        else:
+            K.snap_rows(a, reduced, ACTIVATION_LEVELS)
+        return reduced
+
     @property
     def int8_activation_levels(self):
         """Steps of an activation row in int8 products: 255 where MKL's u8 x s8 product sums
         exactly (an int8 dot product: VNNI, AMX), else 127, which keeps its int16 pair sums from
-        saturating (probed once); without MKL, the composed form's 255."""
+        saturating (probed once); in float32 products, 255."""
         levels = self.__dict__.get("_int8_levels")
         if levels is None:
             exact = self._mkl is None or self._mkl.u8s8_sums_exact()
@@ -693,7 +719,9 @@ class CPUBackend(HostStatistics, Backend):
     def recurrence_forward(self, cell, ctx, run):
         if fused_recurrence.fuses_reduced(cell, self, ctx):
             return fused_recurrence.reduced_forward(self, cell, ctx, run)
-        fused = fused_recurrence.fuses(cell, self) and ctx.precision == "float32"  # (its panels are float32)
+        # (its panels are float32: in bfloat16 or int8 it multiplies the reduced states by the
+        # panels of W_hh's reduced values, where float32 products serve those precisions)
+        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self._mkl is None)
         (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):

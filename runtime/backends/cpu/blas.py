@@ -1,8 +1,9 @@
 """The GEMM providers behind the CPU backend: MKL and OpenBLAS (scipy-openblas32).
 
 MKL is not the fastest BLAS everywhere: on AMD processors its sgemm runs behind OpenBLAS's. The
-provider is chosen from the CPU vendor (MKL on Intel, OpenBLAS elsewhere) and forced with LAMINA_BLAS=mkl|openblas. Packed GEMM is MKL's alone and is available
-whichever provider does plain GEMM.
+provider is chosen from the CPU vendor (MKL on Intel, OpenBLAS elsewhere) and forced with
+LAMINA_BLAS=mkl|openblas. Likewise the products of bfloat16 and int8 networks: MKL's on Intel,
+float32 products of the reduced operands elsewhere (low_precision_products).
 
 OpenBLAS is always built. MKL is built where the build environment has mkl-devel (MKL has no
 wheel for Arm hosts) and LAMINA_WITHOUT_MKL is not set; without it lamina runs on OpenBLAS alone.
@@ -64,6 +65,29 @@ def default_provider():
         _check(forced, "LAMINA_BLAS")  # (not imported: this runs before libgomp may load)
         return forced
     return "mkl" if cpu_vendor() == "GenuineIntel" and built("mkl") else "openblas"
+
+
+def low_precision_products():
+    """Which products serve bfloat16 and int8 (lamina.precision): 'mkl', MKL's packed bfloat16 and
+    u8 x s8 GEMMs, which run MKL's own kernels on Intel CPUs (AMX, AVX512-BF16, VNNI); or
+    'float32', the float32 provider's products of the operands rounded to bfloat16 or snapped to
+    their int8 grids (the same values, summed in float32). On Intel, MKL; elsewhere float32: on an
+    AMD EPYC (AVX2) MKL's u8 x s8 products ran at 41 GOP/s against 111-122 GFLOP/s for its
+    float32 ones, and a bfloat16 LSTM at 0.7x its float32 speed. LAMINA_LOW_PRECISION=mkl|float32
+    forces one; without MKL in the build, float32."""
+    forced = os.environ.get("LAMINA_LOW_PRECISION")
+    if forced:
+        return check_low_precision(forced, "LAMINA_LOW_PRECISION")
+    return "mkl" if cpu_vendor() == "GenuineIntel" and built("mkl") else "float32"
+
+
+def check_low_precision(name, where):
+    from ...errors import SettingError
+    if name not in ("mkl", "float32"):
+        raise SettingError(f"{where}: expected 'mkl' or 'float32', found {name!r}")
+    if name == "mkl" and not built("mkl"):
+        raise SettingError(f"{where}: 'mkl' needs MKL, which this installation was built without; use 'float32'")
+    return name
 
 
 def provider(name, where="BLAS provider"):

@@ -4,9 +4,12 @@ as one compiled call on a team of threads (team.h) instead of a team of threads 
 step's GEMM and a cell pass on one thread.
 
 In bfloat16 or int8 (lamina.precision: inference, or bfloat16 training under Network.autocast) a
-layer direction's forward runs as one compiled call too (`reduced_forward`): each step converts or quantizes the previous states, runs MKL's packed
-low-precision product (threaded by MKL, called through the function pointers of
-_mkl.product_functions) and the cells, with no Python between steps.
+layer direction's forward runs as one compiled call too. Where MKL's products serve those
+precisions (`reduced_forward`), each step converts or quantizes the previous states, runs MKL's
+packed low-precision product (threaded by MKL, called through the function pointers of
+_mkl.product_functions) and the cells, with no Python between steps. Where float32 products serve
+them, the fused recurrence above runs with W_hh's panels holding its reduced values, each step's
+states rounded to bfloat16 or snapped to their rows' u8 grids before the product.
 
 The threads share the batch by sequences (each runs its own sequences start to end, never
 waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
@@ -19,6 +22,7 @@ even on 8 sequences.
 import numpy as np
 
 from .compiled import _kernels
+from ...precision import ACTIVATION_LEVELS
 from ...threads import free_threads
 
 # the compiled kernels' cell codes, by the layers' cell names
@@ -36,6 +40,9 @@ ROWS_PER_THREAD = 4
 # several steps save
 UNITS_MIN_STEPS = 8
 FUSED_SHARE = "auto"  # or "rows", "units"
+# the compiled kernel's reductions of the recurrent product's left operand (recurrence.h), by the
+# precision a float32 pack's values are in (PackedMatrix.operands)
+REDUCE = {"bfloat16": 1, "int8": 2}
 
 
 def fuses(cell, backend):
@@ -45,7 +52,7 @@ def fuses(cell, backend):
 
 def fuses_reduced(cell, backend, ctx):
     """Whether `reduced_forward` runs this layer direction: a run in bfloat16 or int8 with MKL's
-    packs, and a cell it has (GRU's reset-first form multiplies by W_hh in two parts: step by step).
+    low-precision packs (CPUBackend.low_precision 'mkl'), and a cell it has (GRU's reset-first form multiplies by W_hh in two parts: step by step).
     It keeps what the backward reads (activated gates, states, GRU's recurrent products) as the
     step-by-step forward does."""
     return ctx.precision != "float32" and backend._mkl is not None and cell.cell_name in FUSED_CELLS
@@ -123,12 +130,21 @@ def forward(cell, ctx, run):
     """Every step on a compiled team (G arrives with the input bias already added by the layer's
     input projection; GRU's b_hh joins the recurrent product); the output rows are written as the
     cells finish."""
-    panels = cell.recurrent_pack(ctx, run.sfx, transpose=True).panels
+    pack = cell.recurrent_pack(ctx, run.sfx, transpose=True)
+    panels = pack.panels
     b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
     args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run),
             *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
             *_given(run.init_c, run.hs), *run.output)
-    _kernels.recurrence_forward(*args, *_share(cell, ctx, run.g))
+    threads, by_rows = _share(cell, ctx, run.g)
+    if pack.operands is None:
+        return _kernels.recurrence_forward(*args, threads, by_rows)
+    # bfloat16 or int8 in float32 products: each member reduces the previous states its product
+    # reads into its own scratch
+    starts = ctx.order.step_starts
+    most = int(starts[1] - starts[0]) if len(starts) > 1 else 0
+    reduced = ctx.be.scratch("reduced states", (threads, most, cell.hidden_size), np.float32)
+    _kernels.recurrence_forward(*args, threads, by_rows, REDUCE[pack.operands], ACTIVATION_LEVELS, reduced)
 
 
 def backward(cell, ctx, run):
