@@ -619,11 +619,33 @@ def to_bfloat16(const float[::1] x, unsigned short[::1] out):
         lamina_to_bfloat16(&x[0] + lo, &out[0] + lo, hi - lo)
 
 
+ctypedef struct _reduce_job:
+    const float* x
+    float* y
+    long k                         # values per row (round_bfloat16: per span)
+    long n                         # values in all
+    int levels
+
+
+cdef void _round_spans(void* args, int t, long s0, long s1) noexcept nogil:
+    cdef _reduce_job* j = <_reduce_job*>args
+    cdef long i
+    for i in range(s0 * ELEMENT_SPAN, min(s1 * ELEMENT_SPAN, j.n)):
+        j.y[i] = lamina_round_bfloat16(j.x[i])
+
+
 def round_bfloat16(const float[::1] x, float[::1] out):
-    """out = x rounded to the nearest bfloat16 value (ties to even), as float32."""
-    cdef Py_ssize_t i, n = x.shape[0]
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
-        out[i] = lamina_round_bfloat16(x[i])
+    """out = x rounded to the nearest bfloat16 value (ties to even), as float32; spans of
+    ELEMENT_SPAN values shared by the team from PARALLEL_MIN values."""
+    cdef _reduce_job j
+    j.x, j.n = &x[0] if x.shape[0] else NULL, x.shape[0]
+    j.y = &out[0] if out.shape[0] else NULL
+    if out.shape[0] != j.n:
+        raise ValueError(f"round_bfloat16: out must hold {j.n} values, found {out.shape[0]}")
+    if j.n == 0:
+        return
+    with nogil:
+        lamina_team_for(_threads_for(j.n > PARALLEL_MIN), (j.n + ELEMENT_SPAN - 1) // ELEMENT_SPAN, _round_spans, &j)
 
 
 cdef extern from "quantize.h" nogil:
@@ -649,8 +671,22 @@ def snap_rows(const float[:, ::1] x, float[:, ::1] y, int levels):
     if y.shape[0] != m or y.shape[1] != k or not 1 <= levels <= 255:
         raise ValueError(f"snap_rows: y must be {m} x {k} and levels in 1..255, found {y.shape[0]} x {y.shape[1]} "
                          f"and {levels}")
-    for i in prange(m, nogil=True, schedule="static", use_threads_if=m * k > QUANTIZE_PARALLEL_MIN):
-        lamina_snap_row(&x[i, 0], k, levels, 0, &y[i, 0])
+    cdef _reduce_job j
+    if m == 0 or k == 0:
+        return
+    j.x, j.y, j.k, j.n, j.levels = &x[0, 0], &y[0, 0], k, m * k, levels
+    if x.strides[0] != k * sizeof(float) or y.strides[0] != k * sizeof(float):
+        raise ValueError(f"snap_rows: x and y must be C-contiguous rows of {k} floats, found rows "
+                         f"{x.strides[0]} and {y.strides[0]} bytes apart")
+    with nogil:
+        lamina_team_for(_threads_for(m * k > QUANTIZE_PARALLEL_MIN), m, _snap_rows, &j)
+
+
+cdef void _snap_rows(void* args, int t, long r0, long r1) noexcept nogil:
+    cdef _reduce_job* j = <_reduce_job*>args
+    cdef long r
+    for r in range(r0, r1):
+        lamina_snap_row(j.x + r * j.k, j.k, j.levels, 0, j.y + r * j.k)
 
 
 def quantize_rows_u8(const float[:, ::1] x, unsigned char[:, ::1] u, float[::1] scales, int[::1] zeros, int levels):

@@ -47,7 +47,8 @@ def test_round_to_bfloat16_kernel(backend, n):
 
 
 @pytest.mark.parametrize("trans", [False, True])
-@pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 100, 70, 0.5)])
+# (600 rows: more than a pack serves, the plain GEMM of the reduced values where float32 products serve)
+@pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 100, 70, 0.5), (600, 130, 40, 1.0)])
 def test_bfloat16_packed_product(reduced_backend, trans, m, k, n, alpha):
     backend = reduced_backend
     rng = np.random.default_rng(m + k + n)

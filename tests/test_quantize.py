@@ -103,7 +103,8 @@ def test_quantize_rows_kernel(backend, m, k, symmetric):
     np.testing.assert_array_equal(q, want_q)
 
 
-@pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 700, 70, 0.5)])
+# (600 rows: more than a pack serves, the plain GEMM of the reduced values where float32 products serve)
+@pytest.mark.parametrize("m,k,n,alpha", [(1, 7, 5, 1.0), (64, 256, 1024, 1.0), (30, 700, 70, 0.5), (600, 130, 40, 1.0)])
 def test_int8_packed_product(reduced_backend, m, k, n, alpha):
     backend = reduced_backend
     rng = np.random.default_rng(m + k + n)

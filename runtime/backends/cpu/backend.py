@@ -91,12 +91,15 @@ class PackedMatrix:
     sum of its integers. `provider` names the format; only a backend of that provider computes
     with it. Where float32 products serve bfloat16 and int8 (CPUBackend.low_precision), the pack
     is a float32 one of the weight's values in that precision and `operands` names it: each
-    product reduces its left operand the same way first."""
+    product reduces its left operand the same way first, and a product of more rows than a pack
+    serves well multiplies the reduced values themselves."""
 
-    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None, scales=None, sums=None,
-                 operands=None):
+    def __init__(self, provider, k, n, dtype, max_rows, handle=None, panels=None, scales=None, sums=None):
         self.provider, self.k, self.n, self.dtype, self.max_rows = provider, k, n, dtype, max_rows
-        self.handle, self.panels, self.scales, self.sums, self.operands = handle, panels, scales, sums, operands
+        self.handle, self.panels, self.scales, self.sums = handle, panels, scales, sums
+        # (reduced operands: the precision, and op(values)·alpha, the weight's reduced values
+        # as given, for products of more rows than a pack serves faster than the plain GEMM)
+        self.operands = self.values = self.trans = self.alpha = None
 
 
 # An OpenBLAS GEMM of fewer multiply-adds runs on one thread (split, it would pay more in starting
@@ -237,8 +240,9 @@ class CPUBackend(HostStatistics, Backend):
         check_precision(precision, "pack")
         check_int8_pack(precision, b, trans)
         if precision != "float32" and self._mkl is None:  # float32 products of the reduced operands
-            packed = self._float_pack(round_to_precision(b, precision), trans, alpha, max_rows)
-            packed.operands = precision
+            values = round_to_precision(b, precision)
+            packed = self._float_pack(values, trans, alpha, max_rows)
+            packed.operands, packed.values, packed.trans, packed.alpha = precision, values, trans, alpha
             return packed
         if precision == "bfloat16":
             bits = np.empty(b.shape, np.uint16)
@@ -294,6 +298,8 @@ class CPUBackend(HostStatistics, Backend):
             return self._int8_packed_product(a, packed, c, beta, bias)
         if packed.operands is not None:
             a = self.reduced_operand(a, packed.operands)
+            if not self.packs_fixed_weights(m, packed.k, n):  # (the pack serves fewer rows faster)
+                return self._gemm(a, packed.values, c, False, packed.trans, packed.alpha, beta, bias)
         if packed.provider == "mkl-bfloat16":
             bits = self.scratch("packed_gemm bfloat16", a.shape, np.uint16)
             K.to_bfloat16(_flat(a), _flat(bits))
