@@ -246,11 +246,13 @@ cdef extern from "recurrence.h" nogil:
     void recurrence_backward_team_f(int kind, long steps, const long* starts, long H, long G, const float* g,
                                     const float* hh, const float* hs, const float* cs, float* dhs, float* dcs,
                                     float* dg, float* dgh, const float* packed, const float* init_h,
-                                    const float* init_c, float* dh0, float* dc0, int threads, int by_rows)
+                                    const float* init_c, float* dh0, float* dc0, int threads, int by_rows,
+                                    lamina_reduction reduction)
     void recurrence_backward_team_d(int kind, long steps, const long* starts, long H, long G, const double* g,
                                     const double* hh, const double* hs, const double* cs, double* dhs, double* dcs,
                                     double* dg, double* dgh, const double* packed, const double* init_h,
-                                    const double* init_c, double* dh0, double* dc0, int threads, int by_rows)
+                                    const double* init_c, double* dh0, double* dc0, int threads, int by_rows,
+                                    lamina_reduction reduction)
 
 
 def fast_tanh(float[::1] x, float[::1] y):
@@ -1327,7 +1329,8 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     cdef real *out_at = &out[0, out_col] if hs.shape[0] else NULL
     cdef int *rows_at = &out_rows[0] if hs.shape[0] else NULL
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_forward")
-    cdef lamina_reduction reduction = _reduction(reduce, levels, reduced, team, H, starts, real is float)
+    cdef lamina_reduction reduction = _reduction("recurrence_forward", reduce, levels, reduced, team, H, starts,
+                                                 real is float)
     with nogil:
         if real is float:
             recurrence_forward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], NULL,
@@ -1343,23 +1346,23 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
                                  rows_at, team, by_rows, reduction)
 
 
-cdef lamina_reduction _reduction(int reduce, int levels, real[:, :, ::1] reduced, int team, long H,
+cdef lamina_reduction _reduction(str where, int reduce, int levels, real[:, :, ::1] reduced, int team, long width,
                                  const long[::1] starts, bint single):
-    """The recurrence's reduction of its product's left operand, its scratch checked to hold a
-    step's rows (the first step's are the most) for each of the team's members."""
+    """The recurrence's reduction of its product's left operand (rows of `width` values), its
+    scratch checked to hold a step's rows (the first step's are the most) for each of the team's
+    members."""
     cdef lamina_reduction r
     r.kind, r.levels, r.per_thread, r.scratch = reduce, levels, 0, NULL
     if reduce == 0:
         return r
     most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
     if reduce not in (1, 2) or not single or (reduce == 2 and not 1 <= levels <= 255):
-        raise ValueError(f"recurrence_forward: reduce must be 1 (bfloat16) or 2 (int8, levels 1..255) in "
+        raise ValueError(f"{where}: reduce must be 1 (bfloat16) or 2 (int8, levels 1..255) in "
                          f"float32, found {reduce} with levels {levels} in {'float32' if single else 'float64'}")
-    if reduced is None or reduced.shape[0] < team or reduced.shape[1] < most or reduced.shape[2] != H:
+    if reduced is None or reduced.shape[0] < team or reduced.shape[1] < most or reduced.shape[2] != width:
         found = None if reduced is None else tuple(reduced.shape)[:3]
-        raise ValueError(f"recurrence_forward: the reduced states need at least ({team}, {most}, {H}), "
-                         f"found {found}")
-    r.per_thread = reduced.shape[1] * H
+        raise ValueError(f"{where}: the reduced operand needs at least ({team}, {most}, {width}), found {found}")
+    r.per_thread = reduced.shape[1] * width
     r.scratch = &reduced[0, 0, 0] if reduced.shape[1] else NULL
     if r.scratch == NULL:
         r.kind = 0  # (no rows: nothing to multiply)
@@ -1370,22 +1373,27 @@ def recurrence_backward(int kind, const long[::1] starts, real[:, ::1] g, real[:
                         real[:, ::1] cs, real[:, ::1] dhs, real[:, ::1] dcs, bint has_cell, real[:, ::1] dg,
                         real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
                         real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
-                        real[:, ::1] dc0, bint want_dc0, int threads, bint by_rows):
+                        real[:, ::1] dc0, bint want_dc0, int threads, bint by_rows, int reduce=0,
+                        real[:, :, ::1] reduced=None):
     """Every step of one direction's backward recurrence, on a team as in recurrence_forward;
-    packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders."""
+    packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders. reduce 1
+    (float32 only): the product dG · W_hh multiplies dG's rows rounded to bfloat16, made in
+    `reduced` (a step's rows x G·H per team member)."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_backward")
+    cdef lamina_reduction reduction = _reduction("recurrence_backward", reduce, 0, reduced, team, G * H, starts,
+                                                 real is float)
     with nogil:
         if real is float:
             recurrence_backward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), team, by_rows)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), team, by_rows, reduction)
         else:
             recurrence_backward_team_d(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],
                                   _opt(cs, has_cell), &dhs[0, 0], _opt(dcs, has_cell), &dg[0, 0], &dgh[0, 0],
                                   &packed[0], _opt(init_h, has_init_h), _opt(init_c, has_init_c),
-                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), team, by_rows)
+                                  _opt(dh0, want_dh0), _opt(dc0, want_dc0), team, by_rows, reduction)
 
 
 # ---------------------------------------------------------------- embeddings and sparse rows

@@ -87,21 +87,22 @@ static inline long lamina_share_rows(const lamina_share *sh, long b) {
 enum { LAMINA_REDUCE_NONE = 0, LAMINA_REDUCE_BFLOAT16 = 1, LAMINA_REDUCE_INT8 = 2 };
 
 /* what reduces the recurrent product's left operand: kind (LAMINA_REDUCE_*), the u8 grid's steps,
- * and per thread of the team a scratch of `per_thread` values (a step's rows times H) */
+ * and per thread of the team a scratch of `per_thread` values (a step's rows times the operand's
+ * width: H forward, G·H backward) */
 typedef struct { int kind, levels; long per_thread; void *scratch; } lamina_reduction;
 
-static void lamina_reduce_row_f(int reduce, int levels, const float *h, long H, float *out) {
+static void lamina_reduce_row_f(int reduce, int levels, const float *x, long n, float *out) {
     if (reduce == LAMINA_REDUCE_INT8) {
-        lamina_snap_row(h, H, levels, 0, out);
+        lamina_snap_row(x, n, levels, 0, out);
         return;
     }
-    for (long j = 0; j < H; j++)
-        out[j] = lamina_round_bfloat16(h[j]);
+    for (long j = 0; j < n; j++)
+        out[j] = lamina_round_bfloat16(x[j]);
 }
 
-static void lamina_reduce_row_d(int reduce, int levels, const double *h, long H, double *out) {
+static void lamina_reduce_row_d(int reduce, int levels, const double *x, long n, double *out) {
     (void)reduce, (void)levels;
-    memcpy(out, h, sizeof(double) * H);
+    memcpy(out, x, sizeof(double) * n);
 }
 
 #define LAMINA_IMPL "recurrence_impl.h"

@@ -103,16 +103,19 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
  * panels of W_hh, G·H x H). By units, a barrier between the two (the product reads every unit
  * of dG); the next step reads only the share's own part of dh_prev and dc_prev, so one barrier
  * per step suffices. dhs/dcs: gradients reaching each row's h (and c) from outside and from later
- * steps; dh0/dc0: the initial states' gradients or NULL (not wanted). */
+ * steps; dh0/dc0: the initial states' gradients or NULL (not wanted). rd: dG's rows reduced
+ * before the product, as in the forward (recurrence.h). */
 static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *starts, long H, long G,
                                           const REAL *g, const REAL *hh, const REAL *hs, const REAL *cs,
                                           REAL *dhs, REAL *dcs, REAL *dg, REAL *dgh, const REAL *packed,
                                           const REAL *init_h, const REAL *init_c, REAL *dh0, REAL *dc0,
-                                          int t, int nt, lamina_spin_barrier *barrier, int by_rows) {
+                                          int t, int nt, lamina_spin_barrier *barrier, int by_rows,
+                                          const lamina_reduction *rd) {
     const long NR = 2 * LANES, GH = G * H;
     lamina_share sh = lamina_share_of(by_rows, H, NR, t, nt);
     int sense = 0;
     long u0 = sh.u0, width = sh.width;
+    REAL *reduced = rd->kind ? (REAL *)rd->scratch + t * rd->per_thread : NULL;
     for (long s = steps - 1; s >= 0; s--) {
         long r0 = starts[s], b = starts[s + 1] - r0;
         const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
@@ -136,7 +139,11 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
         }
         if (!sh.by_rows)
             lamina_spin_wait(barrier, nt, &sense);
-        if (dprev_h)  /* dh_prev += dG_t W_hh */
+        if (dprev_h && reduced) {  /* dh_prev += dG_t W_hh, dG_t's rows that the share reads reduced */
+            for (long r = sh.first; r < b; r += sh.stride)
+                SUFFIXED(lamina_reduce_row)(rd->kind, rd->levels, dgh + (r0 + r) * GH, GH, reduced + r * GH);
+            SUFFIXED(share_product)(&sh, b, GH, H, 1, reduced, GH, packed, dprev_h, H, 1);
+        } else if (dprev_h)
             SUFFIXED(share_product)(&sh, b, GH, H, 1, dgh + r0 * GH, GH, packed, dprev_h, H, 1);
     }
 }
@@ -178,21 +185,22 @@ typedef struct {
     const REAL *g, *hh, *hs, *cs, *packed, *init_h, *init_c;
     REAL *dhs, *dcs, *dg, *dgh, *dh0, *dc0;
     lamina_spin_barrier barrier;
+    lamina_reduction reduction;
 } SUFFIXED(recurrence_backward_job);
 
 static void SUFFIXED(recurrence_backward_member)(void *job, int t, int nt) {
     SUFFIXED(recurrence_backward_job) *j = job;
     SUFFIXED(recurrence_backward)(j->kind, j->steps, j->starts, j->H, j->G, j->g, j->hh, j->hs, j->cs, j->dhs, j->dcs,
                                   j->dg, j->dgh, j->packed, j->init_h, j->init_c, j->dh0, j->dc0, t, nt, &j->barrier,
-                                  j->by_rows);
+                                  j->by_rows, &j->reduction);
 }
 
 static void SUFFIXED(recurrence_backward_team)(int kind, long steps, const long *starts, long H, long G,
                                                const REAL *g, const REAL *hh, const REAL *hs, const REAL *cs,
                                                REAL *dhs, REAL *dcs, REAL *dg, REAL *dgh, const REAL *packed,
                                                const REAL *init_h, const REAL *init_c, REAL *dh0, REAL *dc0,
-                                               int threads, int by_rows) {
+                                               int threads, int by_rows, lamina_reduction reduction) {
     SUFFIXED(recurrence_backward_job) job = {kind, by_rows, steps, H, G, starts, g, hh, hs, cs, packed, init_h,
-                                             init_c, dhs, dcs, dg, dgh, dh0, dc0, {0, 0}};
+                                             init_c, dhs, dcs, dg, dgh, dh0, dc0, {0, 0}, reduction};
     lamina_team_run(threads, SUFFIXED(recurrence_backward_member), &job);
 }

@@ -223,6 +223,41 @@ def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
     assert moved > 2 ** -20  # the products did run in bfloat16
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(monkeypatch, kind):
+    """Where float32 products serve bfloat16 (on lamina's panels), the fused recurrence rounds
+    the states before each forward product and dG's rows before each backward one, on one thread
+    and shared by sequences and by units: the gradients equal the layer's steps one at a time
+    (the same rounded operands; the float32 sums' order may flip a rounding, so nearly all
+    elements agree to float32 rounding and every one within a bfloat16 unit of the largest)."""
+    from lamina.backends.cpu import fused_recurrence
+    make = {"LSTM": lambda: lm.layers.LSTM(32, 48), "GRU": lambda: lm.layers.GRU(32, 48),
+            "RNN": lambda: lm.layers.RNN(32, 48)}[kind]
+    rng = np.random.default_rng(4)
+    lengths = (5, 9, 3, 7, 9, 2, 6, 8)  # (enough sequences for two threads to share them)
+    feeds = {"x": lm.Sequences.from_list([rng.standard_normal((n, 32)).astype(np.float32) for n in lengths]),
+             "t": lm.Sequences.from_list([rng.standard_normal((n, 8)).astype(np.float32) for n in lengths])}
+    backend = lm.CPUBackend("openblas", "float32")
+    calls, original = [], fused_recurrence.backward
+    monkeypatch.setattr(fused_recurrence, "backward", lambda *a: calls.append(1) or original(*a))
+    fused = []
+    for share in ("auto", "rows", "units"):
+        monkeypatch.setattr(fused_recurrence, "FUSED_SHARE", share)
+        monkeypatch.setattr(fused_recurrence, "FUSED_PARALLEL_MIN", 0 if share != "auto" else 1 << 24)
+        fused.append(_gradients(_sequence_regression(make).to(backend).autocast("bfloat16"), feeds)[1])
+    assert len(calls) == 3
+    monkeypatch.setattr(fused_recurrence, "fuses", lambda *a: False)
+    _, stepwise = _gradients(_sequence_regression(make).to(backend).autocast("bfloat16"), feeds)
+    _, float32 = _gradients(_sequence_regression(make).to(backend), feeds)
+    for grads in fused:
+        for key, want in stepwise.items():
+            scale = np.abs(want).max()
+            close = np.abs(grads[key] - want) <= 1e-6 * scale
+            assert close.mean() >= 0.99 and np.abs(grads[key] - want).max() <= 2 ** -8 * scale, key
+            if "weight_hh" in key:  # and they are bfloat16's gradients, not float32's
+                assert (np.abs(float32[key] - want) > 1e-6 * scale).mean() > 0.5, key
+
+
 def test_autocast_follows_float32_training_and_keeps_float32_weights():
     """40 Adam steps of an LSTM regression under autocast: the loss curve follows float32's (each
     of the last ten losses within 2%) and the weights stay float32, not rounded to bfloat16."""

@@ -731,7 +731,7 @@ class CPUBackend(HostStatistics, Backend):
         (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
-        fused = fused_recurrence.fuses(cell, self) and ctx.precision == "float32"
+        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self._mkl is None)
         (fused_recurrence.backward if fused else super().recurrence_backward)(cell, ctx, run)
 
     def sample_threads(self, batch):

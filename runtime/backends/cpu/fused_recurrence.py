@@ -141,17 +141,27 @@ def forward(cell, ctx, run):
         return _kernels.recurrence_forward(*args, threads, by_rows)
     # bfloat16 or int8 in float32 products: each member reduces the previous states its product
     # reads into its own scratch
-    starts = ctx.order.step_starts
-    most = int(starts[1] - starts[0]) if len(starts) > 1 else 0
-    reduced = ctx.be.scratch("reduced states", (threads, most, cell.hidden_size), np.float32)
+    reduced = ctx.be.scratch("reduced states", (threads, _most(ctx), cell.hidden_size), np.float32)
     _kernels.recurrence_forward(*args, threads, by_rows, REDUCE[pack.operands], ACTIVATION_LEVELS, reduced)
 
 
 def backward(cell, ctx, run):
-    panels = cell.recurrent_pack(ctx, run.sfx, transpose=False).panels
+    pack = cell.recurrent_pack(ctx, run.sfx, transpose=False)
+    panels = pack.panels
     has_cell = run.cs is not None
     args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run), run.hs,
             run.cs if has_cell else run.hs, run.dhs, run.dcs if has_cell else run.hs, has_cell, run.dg, run.dgh, panels,
             *_given(run.init_h, run.hs), *_given(run.init_c, run.hs), *_given(run.dh0, run.hs),
             *_given(run.dc0, run.hs))
-    _kernels.recurrence_backward(*args, *_share(cell, ctx, run.g))
+    threads, by_rows = _share(cell, ctx, run.g)
+    if pack.operands is None:
+        return _kernels.recurrence_backward(*args, threads, by_rows)
+    # (bfloat16 training: each member rounds the rows of dG its product reads)
+    reduced = ctx.be.scratch("reduced gradients", (threads, _most(ctx), run.g.shape[1]), np.float32)
+    _kernels.recurrence_backward(*args, threads, by_rows, REDUCE[pack.operands], reduced)
+
+
+def _most(ctx):
+    """The rows of a step at most (the first step's)."""
+    starts = ctx.order.step_starts
+    return int(starts[1] - starts[0]) if len(starts) > 1 else 0
