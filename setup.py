@@ -65,7 +65,8 @@ openblas_inc = scipy_openblas32.get_include_dir()
 
 # -fno-trapping-math lets gcc turn conditional expressions into blends and vectorise the
 # loops that use them (no kernel relies on floating-point traps)
-common_compile = ["-O3", "-fno-trapping-math", "-fopenmp", "-Wno-unused-function", "-Wno-unreachable-code"]
+# (-fno-math-errno: lamina never reads errno, and without it gcc keeps sqrt out of vector lanes)
+common_compile = ["-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-Wno-unused-function", "-Wno-unreachable-code"]
 common_link = ["-fopenmp"]
 np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 

@@ -885,18 +885,17 @@ def square_error_backward(real[:, ::1] x, real[:, ::1] t, real[::1] w, bint weig
 
 
 # ---------------------------------------------------------------- optimizer updates (fused)
+# Each rule's element-wise update is one C function per span (optimizers.h); the spans, or the
+# rows of a sparse gradient, are shared by lamina's team.
 
-cdef inline void _sgd_span(real* p, real* g, real* v, Py_ssize_t n, double lr, double momentum,
-                           double dampening, bint nesterov, double weight_decay) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef double gi, vi
-    for i in range(n):
-        gi = g[i] + weight_decay * p[i]
-        if momentum != 0:
-            vi = momentum * v[i] + (1 - dampening) * gi
-            v[i] = <real>vi
-            gi = gi + momentum * vi if nesterov else vi
-        p[i] = <real>(p[i] - lr * gi)
+cdef extern from "optimizers.h" nogil:
+    ctypedef struct lamina_update_rule:
+        int rule, nesterov, decoupled
+        long step
+        double lr, momentum, dampening, beta1, beta2, eps, alpha, weight_decay
+    int LAMINA_SGD, LAMINA_ADAM, LAMINA_ADAGRAD, LAMINA_RMSPROP
+    void update_span_f(const lamina_update_rule* u, float* p, const float* g, float* s1, float* s2, long n)
+    void update_span_d(const lamina_update_rule* u, double* p, const double* g, double* s1, double* s2, long n)
 
 
 # element-wise updates run over spans of this many values per thread
@@ -904,61 +903,101 @@ cdef enum:
     UPDATE_SPAN = 16384
 
 
+ctypedef struct _update_job:
+    lamina_update_rule rule
+    bint single
+    char* p                        # the arrays' first values; s1 / s2 NULL where the rule has none
+    const char* g
+    char* s1
+    char* s2
+    const int* rows                # the rows to update (NULL: every value, by spans)
+    long n, width, itemsize        # values (or rows, and their width)
+
+
+cdef inline void _update_at(_update_job* j, long offset, long n) noexcept nogil:
+    cdef long b = offset * j.itemsize
+    cdef char* s1 = j.s1 + b if j.s1 != NULL else NULL
+    cdef char* s2 = j.s2 + b if j.s2 != NULL else NULL
+    if j.single:
+        update_span_f(&j.rule, <float*>(j.p + b), <const float*>(j.g + b), <float*>s1, <float*>s2, n)
+    else:
+        update_span_d(&j.rule, <double*>(j.p + b), <const double*>(j.g + b), <double*>s1, <double*>s2, n)
+
+
+cdef void _update_items(void* args, int t, long i0, long i1) noexcept nogil:
+    """Spans (or rows) i0 .. i1 of an update."""
+    cdef _update_job* j = <_update_job*>args
+    cdef long i
+    for i in range(i0, i1):
+        if j.rows != NULL:
+            _update_at(j, <long>j.rows[i] * j.width, j.width)
+        else:
+            _update_at(j, i * UPDATE_SPAN, min(<long>UPDATE_SPAN, j.n - i * UPDATE_SPAN))
+
+
+cdef inline char* _values(real[::1] a):
+    """Where a's values start (NULL: none)."""
+    return <char*>&a[0] if a.shape[0] else NULL
+
+
+cdef inline char* _row_values(real[:, ::1] a):
+    """Where a 2-D C-contiguous array's values start (NULL: none)."""
+    return <char*>&a[0, 0] if a.shape[0] * a.shape[1] else NULL
+
+
+cdef void _run_update(_update_job* j, bint single, size_t itemsize, char* p, const char* g, char* s1, char* s2,
+                      long n, const int[::1] rows, long width):
+    """The update over the n values from p (the same offsets in g, s1, s2), or over the listed
+    rows of `width` values, on the team."""
+    cdef long items, worth
+    j.single, j.itemsize, j.width, j.n = single, itemsize, width, n
+    j.p, j.g, j.s1, j.s2 = p, g, s1, s2
+    j.rows = &rows[0] if rows is not None and rows.shape[0] else NULL
+    if rows is not None:
+        items, worth = rows.shape[0], rows.shape[0] * width
+    else:
+        items, worth = (n + UPDATE_SPAN - 1) // UPDATE_SPAN, n
+    if items == 0 or n == 0:
+        return
+    with nogil:
+        lamina_team_for(_threads_for(worth > PARALLEL_MIN), items, _update_items, <void*>j)
+
+
 def sgd_update(real[::1] p, real[::1] g, real[::1] v, double lr, double momentum,
                double dampening, bint nesterov, double weight_decay):
     """PyTorch's SGD: g' = g + wd p; v = momentum v + (1 - dampening) g'; step = g' + momentum v
     (Nesterov) or v; p -= lr step. With momentum == 0, v is not touched."""
-    cdef Py_ssize_t c, i0, n = p.shape[0]
-    for c in prange((n + UPDATE_SPAN - 1) // UPDATE_SPAN, nogil=True, schedule="static",
-                    use_threads_if=n > PARALLEL_MIN):
-        i0 = c * UPDATE_SPAN
-        _sgd_span(&p[i0], &g[i0], &v[i0] if momentum != 0 else &p[i0], min(UPDATE_SPAN, n - i0), lr,
-                  momentum, dampening, nesterov, weight_decay)
+    cdef _update_job j
+    j.rule.rule, j.rule.lr, j.rule.momentum, j.rule.dampening = LAMINA_SGD, lr, momentum, dampening
+    j.rule.nesterov, j.rule.weight_decay = nesterov, weight_decay
+    _run_update(&j, real is float, sizeof(real), _values(p), _values(g), _values(v) if momentum != 0 else NULL, NULL,
+                p.shape[0], None, 0)
 
 
 def sgd_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] v, const int[::1] rows, double lr,
                     double momentum, double dampening, bint nesterov):
     """sgd_update on the listed rows only (momentum == 0: exact on a sparse gradient; with
     momentum, the lazy form: rows without gradient keep their velocity and do not move)."""
-    cdef Py_ssize_t i, r, n = rows.shape[0], cols = p.shape[1]
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
-        r = rows[i]
-        _sgd_span(&p[r, 0], &g[r, 0], &v[r, 0] if momentum != 0 else &p[r, 0], cols, lr, momentum,
-                  dampening, nesterov, 0.0)
+    cdef _update_job j
+    j.rule.rule, j.rule.lr, j.rule.momentum, j.rule.dampening = LAMINA_SGD, lr, momentum, dampening
+    j.rule.nesterov, j.rule.weight_decay = nesterov, 0.0
+    _run_update(&j, real is float, sizeof(real), _row_values(p), _row_values(g),
+                _row_values(v) if momentum != 0 else NULL, NULL, p.shape[0] * p.shape[1], rows, p.shape[1])
 
 
-cdef inline void _adam_span(real* p, real* g, real* m, real* v, Py_ssize_t n, double lr,
-                            double beta1, double beta2, double eps, double weight_decay,
-                            bint decoupled, long step) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef double gi, mi, vi, pi
-    cdef double c1 = 1 - beta1 ** step, c2 = 1 - beta2 ** step
-    cdef double step_size = lr / c1
-    cdef double root_c2 = sqrt(c2)
-    for i in range(n):
-        pi = p[i]
-        gi = g[i]
-        if decoupled:
-            pi = pi * (1 - lr * weight_decay)
-        else:
-            gi = gi + weight_decay * pi
-        mi = beta1 * m[i] + (1 - beta1) * gi
-        vi = beta2 * v[i] + (1 - beta2) * gi * gi
-        m[i] = <real>mi
-        v[i] = <real>vi
-        p[i] = <real>(pi - step_size * mi / (sqrt(vi) / root_c2 + eps))
+cdef void _adam_rule(lamina_update_rule* u, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, bint decoupled, long step):
+    u.rule, u.lr, u.beta1, u.beta2, u.eps = LAMINA_ADAM, lr, beta1, beta2, eps
+    u.weight_decay, u.decoupled, u.step = weight_decay, decoupled, step
 
 
 def adam_update(real[::1] p, real[::1] g, real[::1] m, real[::1] v, double lr, double beta1,
                 double beta2, double eps, double weight_decay, bint decoupled, long step):
     """Adam (decoupled=False: L2 added to the gradient) and AdamW (decoupled=True:
     p *= 1 - lr wd), with bias correction at `step` (1-based), as in PyTorch."""
-    cdef Py_ssize_t c, i0, n = p.shape[0]
-    for c in prange((n + UPDATE_SPAN - 1) // UPDATE_SPAN, nogil=True, schedule="static",
-                    use_threads_if=n > PARALLEL_MIN):
-        i0 = c * UPDATE_SPAN
-        _adam_span(&p[i0], &g[i0], &m[i0], &v[i0], min(UPDATE_SPAN, n - i0), lr, beta1, beta2, eps,
-                   weight_decay, decoupled, step)
+    cdef _update_job j
+    _adam_rule(&j.rule, lr, beta1, beta2, eps, weight_decay, decoupled, step)
+    _run_update(&j, real is float, sizeof(real), _values(p), _values(g), _values(m), _values(v), p.shape[0], None, 0)
 
 
 def adam_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] m, real[:, ::1] v, const int[::1] rows,
@@ -966,38 +1005,37 @@ def adam_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] m, real[:, ::1
     """Adam on the listed rows only, the lazy form (TensorFlow's LazyAdam, torch's SparseAdam):
     rows without gradient keep their moments and do not move; the bias correction uses the
     parameter's update count."""
-    cdef Py_ssize_t i, r, n = rows.shape[0], cols = p.shape[1]
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
-        r = rows[i]
-        _adam_span(&p[r, 0], &g[r, 0], &m[r, 0], &v[r, 0], cols, lr, beta1, beta2, eps, 0.0, False, step)
+    cdef _update_job j
+    _adam_rule(&j.rule, lr, beta1, beta2, eps, 0.0, False, step)
+    _run_update(&j, real is float, sizeof(real), _row_values(p), _row_values(g), _row_values(m), _row_values(v),
+                p.shape[0] * p.shape[1], rows, p.shape[1])
 
 
 def adagrad_update(real[::1] p, real[::1] g, real[::1] s, double lr, double eps, double weight_decay):
     """AdaGrad: g' = g + wd p; s += g'^2; p -= lr g' / (sqrt(s) + eps)."""
-    cdef Py_ssize_t i, n = p.shape[0]
-    cdef double gi, si
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
-        gi = g[i] + weight_decay * p[i]
-        si = s[i] + gi * gi
-        s[i] = <real>si
-        p[i] = <real>(p[i] - lr * gi / (sqrt(si) + eps))
+    cdef _update_job j
+    j.rule.rule, j.rule.lr, j.rule.eps, j.rule.weight_decay = LAMINA_ADAGRAD, lr, eps, weight_decay
+    _run_update(&j, real is float, sizeof(real), _values(p), _values(g), _values(s), NULL, p.shape[0], None, 0)
+
+
+def adagrad_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] s, const int[::1] rows, double lr, double eps):
+    """AdaGrad on the listed rows (exact on a sparse gradient without weight decay: a zero
+    gradient leaves both s and p unchanged)."""
+    cdef _update_job j
+    j.rule.rule, j.rule.lr, j.rule.eps, j.rule.weight_decay = LAMINA_ADAGRAD, lr, eps, 0.0
+    _run_update(&j, real is float, sizeof(real), _row_values(p), _row_values(g), _row_values(s), NULL,
+                p.shape[0] * p.shape[1], rows, p.shape[1])
 
 
 def rmsprop_update(real[::1] p, real[::1] g, real[::1] s, real[::1] buf, double lr, double alpha,
                    double eps, double weight_decay, double momentum):
     """RMSProp as in PyTorch (not centered): s = alpha s + (1 - alpha) g'^2;
     with momentum: buf = momentum buf + g' / (sqrt(s) + eps), p -= lr buf; else p -= lr g'/(...)."""
-    cdef Py_ssize_t i, n = p.shape[0]
-    cdef double gi, si, step
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n > PARALLEL_MIN):
-        gi = g[i] + weight_decay * p[i]
-        si = alpha * s[i] + (1 - alpha) * gi * gi
-        s[i] = <real>si
-        step = gi / (sqrt(si) + eps)
-        if momentum != 0:
-            step = momentum * buf[i] + step
-            buf[i] = <real>step
-        p[i] = <real>(p[i] - lr * step)
+    cdef _update_job j
+    j.rule.rule, j.rule.lr, j.rule.alpha, j.rule.eps = LAMINA_RMSPROP, lr, alpha, eps
+    j.rule.weight_decay, j.rule.momentum = weight_decay, momentum
+    _run_update(&j, real is float, sizeof(real), _values(p), _values(g), _values(s),
+                _values(buf) if momentum != 0 else NULL, p.shape[0], None, 0)
 
 
 # ---------------------------------------------------------------- index checks
@@ -1417,20 +1455,6 @@ def fill_rows(real[:, ::1] dst, const int[::1] rows, double value):
     for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
         for j in range(cols):
             dst[rows[i], j] = <real>value
-
-
-def adagrad_update_rows(real[:, ::1] p, real[:, ::1] g, real[:, ::1] s, const int[::1] rows, double lr, double eps):
-    """AdaGrad on the listed rows (exact on a sparse gradient without weight decay: a zero
-    gradient leaves both s and p unchanged)."""
-    cdef Py_ssize_t i, j, r, n = rows.shape[0], cols = p.shape[1]
-    cdef double gi, si
-    for i in prange(n, nogil=True, schedule="static", use_threads_if=n * cols > PARALLEL_MIN):
-        r = rows[i]
-        for j in range(cols):
-            gi = g[r, j]
-            si = s[r, j] + gi * gi
-            s[r, j] = <real>si
-            p[r, j] = <real>(p[r, j] - lr * gi / (sqrt(si) + eps))
 
 
 # ---------------------------------------------------------------- sequence pooling and softmax

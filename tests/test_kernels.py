@@ -775,10 +775,10 @@ def test_a_compiled_team_runs_all_its_members_at_once():
 
 
 def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
-    """The element-wise, bias, normalization, attention and depthwise kernels share their loops
-    among lamina's team (team.h) above their thresholds: on 1, 2 and 3 threads each value is
-    computed by the same code whichever member takes it, so the results agree to the bit,
-    float32 and float64."""
+    """The element-wise, bias, normalization, attention, depthwise and optimizer kernels share
+    their loops among lamina's team (team.h) above their thresholds: on 1, 2 and 3 threads each
+    value is computed by the same code whichever member takes it, so the results agree to the
+    bit, float32 and float64 (and the optimizers' spans and rows agree with the reference)."""
     import lamina as lm
     rng = rng_for("team loops")
     be = CPUBackend()
@@ -810,6 +810,26 @@ def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
         be.attention_backward(qkv, out["attention"], lse, qkv[:, :E].copy(), starts, heads, 0.125, False,
                               out["dqkv"])
         out["depthwise by planes"], out["depthwise by channels"] = depthwise.run({"x": images.astype(dtype)}).values()
+        out.update(updates(x, dtype))
+        return out
+
+    def updates(x, dtype, be=be):
+        """Each optimizer's update of a parameter of 336,000 values (21 spans), and of 1,000 of
+        its rows."""
+        out, g = {}, x[::-1].copy()
+        rows = np.sort(rng_for("team loops rows").choice(len(x), 1000, replace=False)).astype(np.int32)
+        for name, call in {
+                "sgd": lambda p, s1, s2: be.sgd_update(p, g, s1, 0.1, 0.9, 0.1, True, 0.01),
+                "adam": lambda p, s1, s2: be.adam_update(p, g, s1, s2, 0.1, 0.9, 0.999, 1e-8, 0.01, False, 3),
+                "adamw": lambda p, s1, s2: be.adam_update(p, g, s1, s2, 0.1, 0.9, 0.999, 1e-8, 0.01, True, 3),
+                "adagrad": lambda p, s1, s2: be.adagrad_update(p, g, s1, 0.1, 1e-10, 0.01),
+                "rmsprop": lambda p, s1, s2: be.rmsprop_update(p, g, s1, s2, 0.1, 0.99, 1e-8, 0.01, 0.9),
+                "sgd rows": lambda p, s1, s2: be.sgd_update_rows(p, g, s1, rows, 0.1, 0.9, 0.1, False),
+                "adam rows": lambda p, s1, s2: be.adam_update_rows(p, g, s1, s2, rows, 0.1, 0.9, 0.999, 1e-8, 3),
+                "adagrad rows": lambda p, s1, s2: be.adagrad_update_rows(p, g, s1, rows, 0.1, 1e-10)}.items():
+            p, s1, s2 = x.copy(), np.abs(np.roll(x, 1)), np.abs(np.roll(x, 2))
+            call(p, s1, s2)
+            out[name], out[name + " state"], out[name + " second state"] = p, s1, s2
         return out
 
     depthwise = lm.Network()  # (a plane of 56², and stride 2: by planes and by vectors of channels)
@@ -829,6 +849,12 @@ def test_loops_on_the_team_give_the_one_thread_values_on_any_team():
             for other in found[1:]:
                 for name, values in found[0].items():
                     assert np.array_equal(values, other[name]), (dtype.__name__, name)
+            x = rng_for("team loops x").standard_normal((2100, 160)).astype(dtype)
+            # every span and row in its place: the reference's arithmetic is in the arrays' type, the
+            # kernels' in double, so they differ by a few roundings of terms of magnitude 1 + |x|
+            scale = 1 + np.abs(np.stack([x, np.roll(x, 1), np.roll(x, 2)])).max(axis=0)
+            for name, want in updates(x, dtype, ReferenceBackend()).items():
+                assert np.all(np.abs(found[0][name] - want) <= 32 * np.finfo(dtype).eps * scale), (dtype.__name__, name)
             assert np.all(np.isfinite(found[0]["dqkv"])) and np.abs(found[0]["gelu grad"]).max() > 0
     finally:
         lm.set_num_threads(before)
