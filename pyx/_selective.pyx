@@ -18,12 +18,11 @@ ctypedef fused real:
 cdef extern from "rows.h" nogil:
     float lamina_dot_f(const float* a, const float* b, long n)
     double lamina_dot_d(const double* a, const double* b, long n)
-    void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n)
-    void lamina_axpby_d(double alpha, const double* x, double beta, double* y, long n)
+    void lamina_combine_rows_f(const float* rows, long ld, const int* index, const float* coef, long m, float beta,
+                               float* y, long n)
+    void lamina_combine_rows_d(const double* rows, long ld, const int* index, const double* coef, long m,
+                               double beta, double* y, long n)
     void lamina_prefetch(const void* p, long bytes)
-    void lamina_stream_copy_f(float* dst, const float* src, long n)
-    void lamina_stream_copy_d(double* dst, const double* src, long n)
-    void lamina_store_fence()
 
 # selected rows of w are asked for this many columns ahead of their use (a selection skips
 # rows, which breaks the hardware prefetcher's streams)
@@ -40,20 +39,6 @@ cdef inline double _dot(real* a, real* b, long n) noexcept nogil:
         return lamina_dot_f(a, b, n)
     else:
         return lamina_dot_d(a, b, n)
-
-
-cdef inline void _stream_copy(real* dst, real* src, long n) noexcept nogil:
-    if real is float:
-        lamina_stream_copy_f(dst, src, n)
-    else:
-        lamina_stream_copy_d(dst, src, n)
-
-
-cdef inline void _axpby(double alpha, real* x, double beta, real* y, long n) noexcept nogil:
-    if real is float:
-        lamina_axpby_f(<float>alpha, x, <float>beta, y, n)
-    else:
-        lamina_axpby_d(alpha, x, beta, y, n)
 
 
 def selected_dots(real[:, ::1] x, real[:, ::1] w, const int[::1] columns, const int[::1] bucket,
@@ -76,55 +61,61 @@ def selected_dots(real[:, ::1] x, real[:, ::1] w, const int[::1] columns, const 
                 out[e] = <real>(v + beta * out[e])
 
 
+cdef inline void _combine(real* rows, long ld, const int* index, real* coef, long m, double beta, real* y,
+                         long n) noexcept nogil:
+    if real is float:
+        lamina_combine_rows_f(rows, ld, index, coef, m, <float>beta, y, n)
+    else:
+        lamina_combine_rows_d(rows, ld, index, coef, m, beta, y, n)
+
+
 def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1] columns,
                       const int[::1] bucket, const int[::1] entries, const int[::1] entry_rows,
                       real[:, ::1] dx, double dx_beta, bint want_dx,
                       real[:, ::1] dw, double dw_beta, bint want_dw):
-    """One pass over the selected columns c (each row of w read once, each selected row of dw
-    written once):
-        dx[i] = Σ_e g[e] w[col(e)] over row i's entries      (with dx_beta, if want_dx)
-        dw[c] = Σ_e g[e] x[row(e)] over column c's entries   (with dw_beta, if want_dw)
-    Threads own ranges of columns; each adds into a private copy of dx, summed at the end, and
-    builds each dw row in a private scratch row, stored with non-temporal stores when dw_beta
-    is 0 (the row is not read: no need to fetch it first)."""
-    cdef Py_ssize_t u, k, e, r, i, j, t, n = x.shape[1], rows = x.shape[0], distinct = columns.shape[0]
-    cdef int threads = openmp.omp_get_max_threads()
-    cdef bint parallel = entries.shape[0] * n > PARALLEL_MIN
-    cdef double b, acc
-    cdef real* scratch
-    # per thread: rows of private dx, then one scratch row for dw
-    cdef real[:, :, ::1] part = np.zeros((threads if parallel else 1, rows + 1, n),
-                                         dtype=np.float32 if real is float else np.float64)
-    for u in prange(distinct, nogil=True, schedule="static", use_threads_if=parallel):
-        t = openmp.omp_get_thread_num()
-        scratch = &part[t, rows, 0]
-        if u + PREFETCH_AHEAD < distinct:
-            if want_dx:
-                lamina_prefetch(&w[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
-            if want_dw and dw_beta != 0:
-                lamina_prefetch(&dw[columns[u + PREFETCH_AHEAD], 0], n * sizeof(real))
-        b = 0.0
-        for k in range(bucket[u], bucket[u + 1]):
-            e = entries[k]
-            r = entry_rows[k]
-            if want_dx:
-                _axpby(g[e], &w[columns[u], 0], 1.0, &part[t, r, 0], n)
-            if want_dw:
-                _axpby(g[e], &x[r, 0], b, scratch, n)
-                b = 1.0
-        if want_dw:
-            if dw_beta == 0:
-                _stream_copy(&dw[columns[u], 0], scratch, n)
-            else:
-                _axpby(1.0, scratch, dw_beta, &dw[columns[u], 0], n)
-    lamina_store_fence()
-    if want_dx:
-        for i in prange(rows, nogil=True, schedule="static", use_threads_if=rows * n > PARALLEL_MIN):
-            for j in range(n):
-                acc = 0
-                for t in range(part.shape[0]):
-                    acc = acc + part[t, i, j]
-                dx[i, j] = <real>(acc if dx_beta == 0 else acc + dx_beta * dx[i, j])
+    """The gradients of the selected dots (with their betas, each where wanted):
+        dx[i] = Σ_e g[e] w[col(e)] over row i's entries
+        dw[c] = Σ_e g[e] x[row(e)] over column c's entries (each selected row of dw written once)
+    Each output row is one combination of the rows it sums, in registers (rows.h
+    lamina_combine_rows) and stored once: dw by the selected columns (the by_column order), dx
+    by rows, its listing regrouped by row first (a counting sort, one pass over the entries:
+    within a row its columns stay in increasing order). Threads own output rows, so none adds
+    into another's."""
+    cdef Py_ssize_t u, k, r, i, pos, n = x.shape[1], rows = x.shape[0], distinct = columns.shape[0]
+    cdef Py_ssize_t listed = entries.shape[0]
+    cdef bint parallel = listed * n > PARALLEL_MIN
+    cdef real* x_rows = &x[0, 0] if rows * n else NULL
+    cdef real* w_rows = &w[0, 0] if w.shape[0] * n else NULL
+    if n == 0:
+        return
+    dtype = np.float32 if real is float else np.float64
+    cdef real[::1] coef = np.empty(max(listed, 1), dtype)
+    cdef real[::1] row_coef
+    cdef int[::1] row_cols, row_start, fill
+    for k in range(listed):
+        coef[k] = g[entries[k]]
+    if want_dw:
+        for u in prange(distinct, nogil=True, schedule="static", use_threads_if=parallel):
+            _combine(x_rows, n, &entry_rows[bucket[u]], &coef[bucket[u]], bucket[u + 1] - bucket[u], dw_beta,
+                     &dw[columns[u], 0], n)
+    if not want_dx:
+        return
+    row_coef, row_cols = np.empty(max(listed, 1), dtype), np.empty(max(listed, 1), np.int32)
+    row_start, fill = np.zeros(rows + 1, np.int32), np.zeros(rows, np.int32)
+    with nogil:
+        for k in range(listed):
+            row_start[entry_rows[k] + 1] += 1
+        for r in range(rows):
+            row_start[r + 1] += row_start[r]
+            fill[r] = row_start[r]
+        for u in range(distinct):
+            for k in range(bucket[u], bucket[u + 1]):
+                pos = fill[entry_rows[k]]
+                fill[entry_rows[k]] = pos + 1
+                row_cols[pos], row_coef[pos] = columns[u], coef[k]
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=parallel):
+        _combine(w_rows, n, &row_cols[row_start[i]], &row_coef[row_start[i]], row_start[i + 1] - row_start[i],
+                 dx_beta, &dx[i, 0], n)
 
 
 def selected_bias_grad(real[::1] g, const int[::1] columns, const int[::1] bucket, const int[::1] entries,

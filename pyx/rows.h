@@ -1,7 +1,7 @@
 /* Row primitives for the selective kernels: dot products, axpbys, streaming copies and
  * prefetches over contiguous rows.
  *
- * The dots and axpbys are compiled for AVX2 + FMA and for the baseline (clones.h). The dots keep four independent
+ * The dots, axpbys and combinations are compiled for AVX2 + FMA and for the baseline (clones.h). The dots keep four independent
  * vector accumulators: a single one would wait on each add's latency. */
 #ifndef LAMINA_ROWS_H
 #define LAMINA_ROWS_H
@@ -110,6 +110,58 @@ LAMINA_CLONES static void lamina_axpby_d(double alpha, const double* x, double b
     LAMINA_AXPBY_BODY
 }
 
+/* ask for a row that a loop will read soon (one hint per 64-byte line) */
+static inline void lamina_prefetch(const void* p, long bytes) {
+    for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char*)p + off, 0, 0);
+}
+
+/* y = Σ_k coef[k] · rows[index[k]] (+ beta y; beta 0 never reads y): m rows of n values, ld
+ * apart, weighted and summed in registers 8 vectors (256 bytes of columns) at a time before
+ * one store per block, where an axpby per row would read and write y m times. The rows lie
+ * anywhere (a selection's rows of a weight or of the inputs): while the first block of columns
+ * is summed, each row LAMINA_COMBINE_AHEAD places ahead is fetched whole, so the random reads
+ * overlap instead of each waiting on memory, and the later blocks find the rows in cache. The
+ * indices were checked by the caller. */
+#define LAMINA_COMBINE_AHEAD 4
+#define LAMINA_COMBINE_BODY(T, V, LANES)                                           \
+    const long B = 8 * LANES;                                                     \
+    long j0 = 0;                                                                  \
+    for (; j0 + B <= n; j0 += B) {                                                \
+        V a[8] = {{0}}, v;                                                        \
+        for (long k = 0; k < m; k++) {                                            \
+            if (j0 == 0 && k + LAMINA_COMBINE_AHEAD < m)                          \
+                for (long off = 0; off < n * (long)sizeof(T); off += 64)          \
+                    __builtin_prefetch((const char *)(rows + (long)index[k + LAMINA_COMBINE_AHEAD] * ld) + off, 0, 3); \
+            const T *r = rows + (long)index[k] * ld + j0, c = coef[k];            \
+            for (int q = 0; q < 8; q++) {                                         \
+                memcpy(&v, r + q * LANES, sizeof v);                              \
+                a[q] += c * v;                                                    \
+            }                                                                     \
+        }                                                                         \
+        for (int q = 0; q < 8; q++) {                                             \
+            if (beta != 0) {                                                      \
+                memcpy(&v, y + j0 + q * LANES, sizeof v);                         \
+                a[q] += beta * v;                                                 \
+            }                                                                     \
+            memcpy(y + j0 + q * LANES, &a[q], sizeof v);                          \
+        }                                                                         \
+    }                                                                             \
+    for (long j = j0; j < n; j++) {                                               \
+        T acc = 0;                                                                \
+        for (long k = 0; k < m; k++) acc += coef[k] * rows[(long)index[k] * ld + j]; \
+        y[j] = beta != 0 ? acc + beta * y[j] : acc;                               \
+    }
+
+LAMINA_CLONES static void lamina_combine_rows_f(const float* rows, long ld, const int* index, const float* coef,
+                                                long m, float beta, float* y, long n) {
+    LAMINA_COMBINE_BODY(float, lamina_v8f, 8)
+}
+
+LAMINA_CLONES static void lamina_combine_rows_d(const double* rows, long ld, const int* index, const double* coef,
+                                                long m, double beta, double* y, long n) {
+    LAMINA_COMBINE_BODY(double, lamina_v4d, 4)
+}
+
 /* dst = src, bypassing the caches where the CPU can (non-temporal stores): for rows written
  * once and not read again soon, this saves reading each destination line before writing it.
  * Call lamina_store_fence() before another thread reads dst. */
@@ -139,11 +191,6 @@ static inline void lamina_store_fence(void) {
 #if defined(__x86_64__)
     _mm_sfence();
 #endif
-}
-
-/* ask for a row that a loop will read soon (one hint per 64-byte line) */
-static inline void lamina_prefetch(const void* p, long bytes) {
-    for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char*)p + off, 0, 0);
 }
 
 #endif

@@ -59,11 +59,12 @@ def full_scores(layer, feeds, n_inputs):
 
 # ---------------------------------------------------------------- kernels
 
+# (the second: rows of whole vector blocks and a tail, and enough entries for the threads to share)
+@pytest.mark.parametrize("rows,n,out,most", [(9, 33, 40, 12), (300, 200, 500, 60)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_selective_kernels(backend, dtype):
+def test_selective_kernels(backend, dtype, rows, n, out, most):
     rng = np.random.default_rng(5)
-    rows, n, out = 9, 33, 40
-    lists = [rng.integers(0, out, rng.integers(1, 12)).astype(np.int32) for _ in range(rows)]
+    lists = [rng.integers(0, out, rng.integers(1, most)).astype(np.int32) for _ in range(rows)]
     sel = lm.Selection.from_lists(lists)
     starts, cols = sel.starts(rows), sel.columns
     nnz = len(cols)
