@@ -172,7 +172,7 @@ class CPUBackend(HostStatistics, Backend):
     def gemm_in(self, precision, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         """bfloat16 through MKL's bfloat16 GEMM on the operands' bfloat16 bits (low_precision
         'mkl'; else the rounded operands' float32 product)."""
-        if precision != "bfloat16" or self._mkl is None:
+        if precision != "bfloat16" or self.low_precision != "mkl":
             return super().gemm_in(precision, a, b, c, trans_a, trans_b, alpha, beta)
         check_matrix("gemm_in", "a", a, dtype=np.float32)
         check_matrix("gemm_in", "b", b, dtype=np.float32)
@@ -239,7 +239,7 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
         check_precision(precision, "pack")
         check_int8_pack(precision, b, trans)
-        if precision != "float32" and self._mkl is None:  # float32 products of the reduced operands
+        if precision != "float32" and self.low_precision == "float32":  # products of the reduced operands
             values = round_to_precision(b, precision)
             packed = self._float_pack(values, trans, alpha, max_rows)
             packed.operands, packed.values, packed.trans, packed.alpha = precision, values, trans, alpha
@@ -358,7 +358,7 @@ class CPUBackend(HostStatistics, Backend):
         saturating (probed once); in float32 products, 255."""
         levels = self.__dict__.get("_int8_levels")
         if levels is None:
-            exact = self._mkl is None or self._mkl.u8s8_sums_exact()
+            exact = self.low_precision == "float32" or self._mkl.u8s8_sums_exact()
             levels = self.__dict__["_int8_levels"] = ACTIVATION_LEVELS if exact else 127
         return levels
 
@@ -727,11 +727,11 @@ class CPUBackend(HostStatistics, Backend):
             return fused_recurrence.reduced_forward(self, cell, ctx, run)
         # (its panels are float32: in bfloat16 or int8 it multiplies the reduced states by the
         # panels of W_hh's reduced values, where float32 products serve those precisions)
-        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self._mkl is None)
+        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self.low_precision == "float32")
         (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
-        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self._mkl is None)
+        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self.low_precision == "float32")
         (fused_recurrence.backward if fused else super().recurrence_backward)(cell, ctx, run)
 
     def sample_threads(self, batch):

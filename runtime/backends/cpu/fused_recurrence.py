@@ -55,7 +55,7 @@ def fuses_reduced(cell, backend, ctx):
     low-precision packs (CPUBackend.low_precision 'mkl'), and a cell it has (GRU's reset-first form multiplies by W_hh in two parts: step by step).
     It keeps what the backward reads (activated gates, states, GRU's recurrent products) as the
     step-by-step forward does."""
-    return ctx.precision != "float32" and backend._mkl is not None and cell.cell_name in FUSED_CELLS
+    return ctx.precision != "float32" and backend.low_precision == "mkl" and cell.cell_name in FUSED_CELLS
 
 
 def reduced_forward(be, cell, ctx, run):
