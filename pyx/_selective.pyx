@@ -7,7 +7,6 @@ out[e]. Conventions as in lamina._kernels: C-contiguous arrays, "with beta" outp
 (beta == 0 never reads the output), shapes checked by the caller (lamina.backends.cpu).
 """
 from cython.parallel cimport prange
-cimport openmp
 from libc.math cimport exp, log
 import numpy as np
 

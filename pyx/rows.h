@@ -1,16 +1,12 @@
-/* Row primitives for the selective kernels: dot products, axpbys, streaming copies and
- * prefetches over contiguous rows.
+/* Row primitives for the selective kernels: dot products, combinations of rows and prefetches
+ * over contiguous rows.
  *
- * The dots, axpbys and combinations are compiled for AVX2 + FMA and for the baseline (clones.h). The dots keep four independent
+ * The dots and combinations are compiled for AVX2 + FMA and for the baseline (clones.h). The dots keep four independent
  * vector accumulators: a single one would wait on each add's latency. */
 #ifndef LAMINA_ROWS_H
 #define LAMINA_ROWS_H
 
-#include <stdint.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "clones.h"
 
@@ -94,25 +90,14 @@ LAMINA_CLONES static double lamina_sum_sq_dev_d(const double* a, long n, double 
     LAMINA_SUM_BODY(lamina_load4_d, (v - m) * (v - m))
 }
 
-/* y = alpha x + beta y; beta == 0 never reads y */
-#define LAMINA_AXPBY_BODY                                                          \
-    if (beta == 0) {                                                              \
-        for (long j = 0; j < n; j++) y[j] = alpha * x[j];                         \
-    } else {                                                                      \
-        for (long j = 0; j < n; j++) y[j] = alpha * x[j] + beta * y[j];           \
-    }
-
-LAMINA_CLONES static void lamina_axpby_f(float alpha, const float* x, float beta, float* y, long n) {
-    LAMINA_AXPBY_BODY
-}
-
-LAMINA_CLONES static void lamina_axpby_d(double alpha, const double* x, double beta, double* y, long n) {
-    LAMINA_AXPBY_BODY
-}
-
 /* ask for a row that a loop will read soon (one hint per 64-byte line) */
 static inline void lamina_prefetch(const void* p, long bytes) {
     for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char*)p + off, 0, 0);
+}
+
+/* the same for a row read several times soon: kept in every cache level */
+static inline void lamina_prefetch_kept(const void* p, long bytes) {
+    for (long off = 0; off < bytes; off += 64) __builtin_prefetch((const char*)p + off, 0, 3);
 }
 
 /* y = Σ_k coef[k] · rows[index[k]] (+ beta y; beta 0 never reads y): m rows of n values, ld
@@ -130,8 +115,7 @@ static inline void lamina_prefetch(const void* p, long bytes) {
         V a[8] = {{0}}, v;                                                        \
         for (long k = 0; k < m; k++) {                                            \
             if (j0 == 0 && k + LAMINA_COMBINE_AHEAD < m)                          \
-                for (long off = 0; off < n * (long)sizeof(T); off += 64)          \
-                    __builtin_prefetch((const char *)(rows + (long)index[k + LAMINA_COMBINE_AHEAD] * ld) + off, 0, 3); \
+                lamina_prefetch_kept(rows + (long)index[k + LAMINA_COMBINE_AHEAD] * ld, n * (long)sizeof(T)); \
             const T *r = rows + (long)index[k] * ld + j0, c = coef[k];            \
             for (int q = 0; q < 8; q++) {                                         \
                 memcpy(&v, r + q * LANES, sizeof v);                              \
@@ -160,37 +144,6 @@ LAMINA_CLONES static void lamina_combine_rows_f(const float* rows, long ld, cons
 LAMINA_CLONES static void lamina_combine_rows_d(const double* rows, long ld, const int* index, const double* coef,
                                                 long m, double beta, double* y, long n) {
     LAMINA_COMBINE_BODY(double, lamina_v4d, 4)
-}
-
-/* dst = src, bypassing the caches where the CPU can (non-temporal stores): for rows written
- * once and not read again soon, this saves reading each destination line before writing it.
- * Call lamina_store_fence() before another thread reads dst. */
-#define LAMINA_STREAM_BODY(STREAM, LOAD, LANES)                                    \
-    long j = 0;                                                                   \
-    for (; j < n && ((uintptr_t)(dst + j) & 15); j++) dst[j] = src[j];            \
-    for (; j + LANES <= n; j += LANES) STREAM(dst + j, LOAD(src + j));            \
-    for (; j < n; j++) dst[j] = src[j];
-
-static inline void lamina_stream_copy_f(float* dst, const float* src, long n) {
-#if defined(__x86_64__)
-    LAMINA_STREAM_BODY(_mm_stream_ps, _mm_loadu_ps, 4)
-#else
-    memcpy(dst, src, n * sizeof *dst);
-#endif
-}
-
-static inline void lamina_stream_copy_d(double* dst, const double* src, long n) {
-#if defined(__x86_64__)
-    LAMINA_STREAM_BODY(_mm_stream_pd, _mm_loadu_pd, 2)
-#else
-    memcpy(dst, src, n * sizeof *dst);
-#endif
-}
-
-static inline void lamina_store_fence(void) {
-#if defined(__x86_64__)
-    _mm_sfence();
-#endif
 }
 
 #endif

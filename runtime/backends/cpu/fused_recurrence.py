@@ -63,7 +63,7 @@ def reduced_forward(be, cell, ctx, run):
     pack = cell.recurrent_pack(ctx, run.sfx, transpose=True)
     order, H = ctx.order, cell.hidden_size
     starts = order.step_starts
-    most = int(starts[1] - starts[0]) if len(starts) > 1 else 0
+    most = _most(ctx)
     n = pack.n
     hh = _hh(cell, ctx, run)
     rows_of = int(starts[-1])
