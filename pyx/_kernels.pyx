@@ -229,11 +229,35 @@ cdef extern from "panels.h" nogil:
                            long p1, double* c, long ldc, double beta, const double* bias, int threads, int by_rows)
 
 
+cdef extern from "int8_panels.h" nogil:
+    ctypedef struct lamina_int8_out:
+        float* row_scale
+        int* zero
+        const float* col_scale
+        const float* bias
+        const int* col_sum
+        float beta
+        float* c
+        long ldc
+    long lamina_int8_quads(long k)
+    long lamina_int8_panels(long n)
+    long lamina_int8_pack_size(long k, long n)
+    int lamina_int8_uses_avx2()
+    void lamina_int8_pack(const signed char* q, long k, long n, long p0, long p1, signed char* out)
+    void lamina_int8_product_team(long m, long k, long n, const float* a, long lda, unsigned char* u, long ldu,
+                                  const signed char* packed, lamina_int8_out out, int threads, int by_rows)
+    int INT8_ACTIVATION_LEVELS
+
+
 cdef extern from "recurrence.h" nogil:
     ctypedef struct lamina_reduction:
         int kind, levels
         long per_thread
         void* scratch
+        const signed char* int8_panels
+        const float* col_scale
+        const int* col_sum
+        long rows, ldu
     void recurrence_forward_team_f(int kind, long steps, const long* starts, long H, long G, float* g,
                                    const float* bias, float* hh, const float* b_hh, const float* packed, float* hs,
                                    float* cs, const float* init_h, const float* init_c, float* out, long ldo,
@@ -1209,6 +1233,76 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
             panel_gemm_team_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta, b, threads, by_rows)
 
 
+# ---------------------------------------------------------------- lamina's int8 product (int8_panels.h)
+INT8_LEVELS = INT8_ACTIVATION_LEVELS  # an activation row's steps in int8_product
+
+
+def int8_pack_size(long k, long n):
+    """Bytes of the int8 panels of a weight of n output channels, each k deep."""
+    if k < 1 or n < 1:
+        raise ValueError(f"int8_pack_size: a weight must have at least one channel and depth, found {n} x {k}")
+    return lamina_int8_pack_size(k, n)
+
+
+def int8_row_bytes(long k):
+    """Bytes of an activation row of depth k in int8_product's u8 scratch (whole quads)."""
+    return 4 * lamina_int8_quads(k)
+
+
+def int8_pack(const signed char[:, ::1] q, signed char[::1] out):
+    """out = the int8 panels of q (n output channels x k, int8_panels.h)."""
+    cdef long n = q.shape[0], k = q.shape[1]
+    if out.shape[0] != int8_pack_size(k, n):
+        raise ValueError(f"int8_pack: the panels of a {n} x {k} weight take {lamina_int8_pack_size(k, n)} bytes, "
+                         f"found {out.shape[0]}")
+    with nogil:
+        lamina_int8_pack(&q[0, 0], k, n, 0, lamina_int8_panels(n), &out[0])
+
+
+def int8_uses_avx2():
+    """Whether int8_product runs its AVX2 kernel on this CPU (else its portable one)."""
+    return bool(lamina_int8_uses_avx2())
+
+
+# the deepest product whose int32 sums stay exact: a sum and its zero point's share are each at most
+# k · 127 · 127 in magnitude, their difference twice that
+INT8_MAX_DEPTH = (2**31 - 1) // (2 * 127 * INT8_ACTIVATION_LEVELS)
+
+
+def int8_product(const float[:, ::1] a, const signed char[::1] packed, const float[::1] col_scales,
+                 const int[::1] col_sums, float[:, ::1] c, float beta, const float[::1] bias,
+                 unsigned char[:, ::1] u, float[::1] row_scales, int[::1] zeros, int threads=1, bint by_rows=False):
+    """c = each row of a quantized to u8 (INT8_LEVELS steps, its scale and zero point in row_scales
+    and zeros) times the int8 panels (int8_pack) of a weight of c.shape[1] channels, back in
+    float32 with the channels' scales and integer sums, plus bias (or beta c). u: a's rows as u8
+    in whole quads (a.shape[1] rounded up to 4 columns). On a team of `threads`, sharing the
+    panels or (by_rows) blocks of rows."""
+    cdef long m = a.shape[0], k = a.shape[1], n = c.shape[1]
+    cdef lamina_int8_out out
+    if k < 1 or n < 1 or packed.shape[0] != lamina_int8_pack_size(k, n):
+        raise ValueError(f"int8_product: the panels of a {n} x {k} weight take "
+                         f"{lamina_int8_pack_size(k, n) if k > 0 and n > 0 else 0} bytes, found {packed.shape[0]}")
+    if k > INT8_MAX_DEPTH:
+        raise ValueError(f"int8_product: a depth of at most {INT8_MAX_DEPTH} keeps the int32 sums exact, found {k}")
+    if c.shape[0] != m or col_scales.shape[0] != n or col_sums.shape[0] != n or (bias is not None and bias.shape[0] != n):
+        raise ValueError(f"int8_product: for a ({m}, {k}) times {n} channels: c ({c.shape[0]}, {n}), col_scales "
+                         f"{col_scales.shape[0]}, col_sums {col_sums.shape[0]}, bias "
+                         f"{None if bias is None else bias.shape[0]}")
+    if u.shape[0] < m or u.shape[1] != 4 * lamina_int8_quads(k) or row_scales.shape[0] < m or zeros.shape[0] < m:
+        raise ValueError(f"int8_product: scratch for {m} rows of {4 * lamina_int8_quads(k)} bytes: u ({u.shape[0]}, "
+                         f"{u.shape[1]}), row_scales {row_scales.shape[0]}, zeros {zeros.shape[0]}")
+    if threads < 1:
+        raise ValueError(f"int8_product: threads must be at least 1, found {threads}")
+    if m == 0:
+        return
+    out.row_scale, out.zero, out.col_scale, out.col_sum = &row_scales[0], &zeros[0], &col_scales[0], &col_sums[0]
+    out.bias = &bias[0] if bias is not None else NULL
+    out.beta, out.c, out.ldc = beta, &c[0, 0], c.strides[0] // sizeof(float)
+    with nogil:
+        lamina_int8_product_team(m, k, n, &a[0, 0], a.strides[0] // sizeof(float), &u[0, 0], u.shape[1], &packed[0],
+                                 out, threads, by_rows)
+
+
 # ---------------------------------------------------------------- a BLAS product shared by the team
 # OpenBLAS runs on one thread (lamina.threads says why); a product worth two threads is split into
 # blocks of c, one BLAS call each, called by the team's members (the provider's function found by
@@ -1350,7 +1444,7 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
                        bint has_hh_bias, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
                        real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows,
-                       int reduce=0, int levels=0, real[:, :, ::1] reduced=None):
+                       int reduce=0, int levels=0, real[:, :, ::1] reduced=None, int8=None):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
     3 GRU) on a team of up to `threads` threads (team.h; as many as recurrence_threads lets share
     the batch), sharing it by rows (sequences) or by blocks of hidden units: see recurrence.h.
@@ -1359,7 +1453,10 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     out[out_rows[r], out_col:out_col + H] (out_rows: a permutation of out's rows, the layer's
     output in the sequences' order). Arguments not present are placeholders. reduce (float32
     only): the recurrent product multiplies the states rounded to bfloat16 (1) or snapped to their
-    rows' u8 grids of `levels` steps (2), made in `reduced` (a step's rows x H per team member)."""
+    rows' u8 grids of `levels` steps (2), made in `reduced` (a step's rows x H per team member); or
+    multiplied as u8 rows of `levels` (at most INT8_LEVELS) steps by W_hh's int8 panels (3): int8 is
+    (panels, col_scales, col_sums, scratch), the pack's int8_pack panels, scales and integer sums and
+    int8_state_bytes(rows, H) bytes per team member (packed is then a placeholder)."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
     if out_rows.shape[0] != hs.shape[0] or out.shape[0] != hs.shape[0] or not 0 <= out_col <= out.shape[1] - H:
         raise ValueError(f"recurrence_forward: out ({out.shape[0]}, {out.shape[1]}) at column {out_col} and out_rows "
@@ -1367,8 +1464,11 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     cdef real *out_at = &out[0, out_col] if hs.shape[0] else NULL
     cdef int *rows_at = &out_rows[0] if hs.shape[0] else NULL
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_forward")
-    cdef lamina_reduction reduction = _reduction("recurrence_forward", reduce, levels, reduced, team, H, starts,
-                                                 real is float)
+    cdef lamina_reduction reduction
+    if reduce == 3:
+        reduction = _int8_reduction(levels, int8, team, H, G, starts, real is float)
+    else:
+        reduction = _reduction("recurrence_forward", reduce, levels, reduced, team, H, starts, real is float)
     with nogil:
         if real is float:
             recurrence_forward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], NULL,
@@ -1391,6 +1491,7 @@ cdef lamina_reduction _reduction(str where, int reduce, int levels, real[:, :, :
     members."""
     cdef lamina_reduction r
     r.kind, r.levels, r.per_thread, r.scratch = reduce, levels, 0, NULL
+    r.int8_panels, r.col_scale, r.col_sum, r.rows, r.ldu = NULL, NULL, NULL, 0, 0
     if reduce == 0:
         return r
     most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
@@ -1402,6 +1503,41 @@ cdef lamina_reduction _reduction(str where, int reduce, int levels, real[:, :, :
         raise ValueError(f"{where}: the reduced operand needs at least ({team}, {most}, {width}), found {found}")
     r.per_thread = reduced.shape[1] * width
     r.scratch = &reduced[0, 0, 0] if reduced.shape[1] else NULL
+    if r.scratch == NULL:
+        r.kind = 0  # (no rows: nothing to multiply)
+    return r
+
+
+def int8_state_bytes(long rows, long H):
+    """Scratch bytes a team member of the int8 recurrence takes: rows u8 states of H, their scales
+    and zero points."""
+    return rows * (4 * lamina_int8_quads(H) + 8)
+
+
+cdef lamina_reduction _int8_reduction(int levels, tuple int8, int team, long H, long G, const long[::1] starts,
+                                      bint single):
+    """The int8 recurrence's products (recurrence.h LAMINA_REDUCE_INT8_PANELS), its arguments checked."""
+    cdef lamina_reduction r
+    cdef const signed char[::1] panels
+    cdef const float[::1] col_scales
+    cdef const int[::1] col_sums
+    cdef unsigned char[::1] scratch
+    most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
+    if not single or int8 is None or len(int8) != 4 or not 1 <= levels <= INT8_ACTIVATION_LEVELS:
+        raise ValueError(f"recurrence_forward: int8 products (reduce 3) take float32, levels 1..{INT8_ACTIVATION_LEVELS} "
+                         f"and (panels, col_scales, col_sums, scratch); found {'float32' if single else 'float64'}, "
+                         f"levels {levels}, {None if int8 is None else len(int8)} arguments")
+    panels, col_scales, col_sums, scratch = int8
+    if H > INT8_MAX_DEPTH or panels.shape[0] != lamina_int8_pack_size(H, G * H) or col_scales.shape[0] != G * H \
+            or col_sums.shape[0] != G * H or scratch.shape[0] < team * int8_state_bytes(most, H):
+        raise ValueError(f"recurrence_forward: int8 panels of W_hh ({G * H} x {H}) take "
+                         f"{lamina_int8_pack_size(H, G * H)} bytes and {G * H} scales and sums, with "
+                         f"{team * int8_state_bytes(most, H)} bytes of scratch; found {panels.shape[0]}, "
+                         f"{col_scales.shape[0]}, {col_sums.shape[0]}, {scratch.shape[0]}")
+    r.kind, r.levels, r.per_thread = 3, levels, int8_state_bytes(most, H)
+    r.scratch = &scratch[0] if scratch.shape[0] else NULL
+    r.int8_panels, r.col_scale, r.col_sum = &panels[0], &col_scales[0], &col_sums[0]
+    r.rows, r.ldu = most, 4 * lamina_int8_quads(H)
     if r.scratch == NULL:
         r.kind = 0  # (no rows: nothing to multiply)
     return r

@@ -23,6 +23,7 @@
 #endif
 #include "cells.h"
 #include "convert.h"
+#include "int8_panels.h"
 #include "panels.h"
 #include "quantize.h"
 #include "team.h"
@@ -82,14 +83,25 @@ static inline long lamina_share_rows(const lamina_share *sh, long b) {
 /* The left operand of the recurrent product in a reduced precision (lamina.precision), which a
  * float32 product then multiplies: each state rounded to bfloat16 (LAMINA_REDUCE_BFLOAT16), or a
  * row snapped to its u8 grid of `levels` steps (LAMINA_REDUCE_INT8), the values an int8 product
- * would multiply. Reduced precision is float32's: the double form only copies (never asked to
- * reduce: the caller refuses it). */
-enum { LAMINA_REDUCE_NONE = 0, LAMINA_REDUCE_BFLOAT16 = 1, LAMINA_REDUCE_INT8 = 2 };
+ * would multiply. Or an int8 product itself (LAMINA_REDUCE_INT8_PANELS, forward only): the states
+ * quantized to u8 rows and multiplied by W_hh's int8 panels (int8_panels.h). Reduced precision is
+ * float32's: the double form only copies (never asked to reduce: the caller refuses it). */
+enum { LAMINA_REDUCE_NONE = 0, LAMINA_REDUCE_BFLOAT16 = 1, LAMINA_REDUCE_INT8 = 2, LAMINA_REDUCE_INT8_PANELS = 3 };
 
 /* what reduces the recurrent product's left operand: kind (LAMINA_REDUCE_*), the u8 grid's steps,
  * and per thread of the team a scratch of `per_thread` values (a step's rows times the operand's
- * width: H forward, G·H backward) */
-typedef struct { int kind, levels; long per_thread; void *scratch; } lamina_reduction;
+ * width: H forward, G·H backward). For LAMINA_REDUCE_INT8_PANELS: W_hh's int8 panels with their
+ * channels' scales and integer sums, and per thread `per_thread` bytes of scratch: `rows` u8 rows
+ * of ldu bytes, then their scales (float) and zero points (int32). */
+typedef struct {
+    int kind, levels;
+    long per_thread;
+    void *scratch;
+    const int8_t *int8_panels;
+    const float *col_scale;
+    const int32_t *col_sum;
+    long rows, ldu;
+} lamina_reduction;
 
 static void lamina_reduce_row_f(int reduce, int levels, const float *x, long n, float *out) {
     if (reduce == LAMINA_REDUCE_INT8) {
@@ -103,6 +115,37 @@ static void lamina_reduce_row_f(int reduce, int levels, const float *x, long n, 
 static void lamina_reduce_row_d(int reduce, int levels, const double *x, long n, double *out) {
     (void)reduce, (void)levels;
     memcpy(out, x, sizeof(double) * n);
+}
+
+/* c[rows of the share] (+ beta c) = the share's rows of a (float32 states, k = H wide) as u8 times
+ * W_hh's int8 panels, for the share's units of each of G column blocks of H (by rows: every unit) */
+static void lamina_int8_share_product_f(const lamina_share *sh, long b, long H, long G, const float *a,
+                                        const lamina_reduction *rd, int t, float *c, long ldc, float beta) {
+    const long m = lamina_share_rows(sh, b), n = G * H;
+    if (m == 0 || sh->width == 0)
+        return;
+    uint8_t *u = (uint8_t *)rd->scratch + t * rd->per_thread;
+    float *row_scale = (float *)(u + rd->rows * rd->ldu);
+    int32_t *zero = (int32_t *)(row_scale + rd->rows);
+    for (long i = 0; i < m; i++) {
+        lamina_quantize_row_u8(a + (sh->first + i * sh->stride) * H, H, rd->levels, u + i * rd->ldu, &row_scale[i],
+                               &zero[i]);
+        memset(u + i * rd->ldu + H, 0, rd->ldu - H);
+    }
+    lamina_int8_out o = {row_scale, zero, rd->col_scale, NULL, rd->col_sum, beta, c + sh->first * ldc,
+                         sh->stride * ldc};
+    if (sh->width == H)
+        lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->int8_panels, 0, lamina_int8_panels(n), &o);
+    else
+        for (long q = 0; q < G; q++)
+            lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->int8_panels, (q * H + sh->u0) / INT8_NR,
+                             (q * H + sh->u0 + sh->width) / INT8_NR, &o);
+}
+
+/* (the double recurrence never reduces) */
+static void lamina_int8_share_product_d(const lamina_share *sh, long b, long H, long G, const double *a,
+                                        const lamina_reduction *rd, int t, double *c, long ldc, double beta) {
+    (void)sh, (void)b, (void)H, (void)G, (void)a, (void)rd, (void)t, (void)c, (void)ldc, (void)beta;
 }
 
 #define LAMINA_IMPL "recurrence_impl.h"

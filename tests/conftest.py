@@ -101,8 +101,8 @@ def backend(request):
 
 
 # What multiplies bfloat16 and int8 on the CPU (CPUBackend.low_precision): a machine takes one path
-# by default, and the tests of those precisions run both, with each float32 provider.
-LOW_PRECISION_PATHS = ["float32"] + (["mkl"] if built("mkl") else [])
+# by default, and the tests of those precisions run every one, with each float32 provider.
+LOW_PRECISION_PATHS = ["lamina", "float32"] + (["mkl"] if built("mkl") else [])
 REDUCED_BACKENDS = {**{name: make for name, make in BACKENDS.items() if not name.startswith("cpu-")},
                     **{f"cpu-{blas}-{path}-products": lambda blas=blas, path=path: CPUBackend(blas, path)
                        for blas in BLAS_PROVIDERS for path in LOW_PRECISION_PATHS}}
@@ -116,7 +116,7 @@ def reduced_backend(request):
 
 @pytest.fixture(params=LOW_PRECISION_PATHS)
 def low_precision(request):
-    """A CPU backend's path for bfloat16 and int8 products ('float32' or 'mkl'), the other
+    """A CPU backend's path for bfloat16 and int8 products ('lamina', 'float32' or 'mkl'), the other
     settings the machine's own."""
     return request.param
 

@@ -52,23 +52,25 @@ def test_the_numpy_definition_quantizes_within_half_a_step():
 
 
 def test_the_low_precision_products_follow_the_cpu_vendor_unless_forced(monkeypatch):
-    """MKL's bfloat16 and int8 GEMMs on Intel CPUs, float32 products of the reduced operands
-    elsewhere (where MKL's ran slower than float32); LAMINA_LOW_PRECISION forces either, and a
-    wrong name is refused with the choices."""
+    """MKL's bfloat16 and int8 GEMMs on Intel CPUs, lamina's own products elsewhere (where MKL's
+    ran slower than float32); LAMINA_LOW_PRECISION forces any, and a wrong name is refused with
+    the choices."""
     from lamina.backends.cpu import blas
     from lamina.errors import SettingError
     monkeypatch.delenv("LAMINA_LOW_PRECISION", raising=False)
-    for vendor, path in (("GenuineIntel", "mkl" if blas.built("mkl") else "float32"), ("AuthenticAMD", "float32")):
+    for vendor, path in (("GenuineIntel", "mkl" if blas.built("mkl") else "lamina"), ("AuthenticAMD", "lamina")):
         monkeypatch.setattr(blas, "cpu_vendor", lambda vendor=vendor: vendor)
         assert blas.low_precision_products() == path
         assert lm.CPUBackend().low_precision == path
-    monkeypatch.setenv("LAMINA_LOW_PRECISION", "float32")
     monkeypatch.setattr(blas, "cpu_vendor", lambda: "GenuineIntel")
-    assert lm.CPUBackend().low_precision == "float32"
+    for forced in ("float32", "lamina"):
+        monkeypatch.setenv("LAMINA_LOW_PRECISION", forced)
+        assert lm.CPUBackend().low_precision == forced
     if blas.built("mkl"):  # the backend's own argument over the environment
         assert lm.CPUBackend(low_precision="mkl").low_precision == "mkl"
     monkeypatch.setenv("LAMINA_LOW_PRECISION", "fp8")
-    with pytest.raises(SettingError, match=r"LAMINA_LOW_PRECISION: expected 'mkl' or 'float32', found 'fp8'"):
+    with pytest.raises(SettingError, match=r"LAMINA_LOW_PRECISION: expected one of 'mkl', 'lamina', 'float32', "
+                                           r"found 'fp8'"):
         lm.CPUBackend()
     with pytest.raises(SettingError, match=r"low_precision=.*found 'int4'"):
         lm.CPUBackend(low_precision="int4")
@@ -145,6 +147,31 @@ def test_a_row_with_nan_or_infinity_gives_nan_not_a_number_that_looks_right(redu
     assert np.isnan(c[1:3]).all() and np.isfinite(c[[0, 3]]).all()
 
 
+@pytest.mark.parametrize("k", [1, 4, 255, 4099])
+def test_lamina_int8_panels_sum_the_largest_products_exactly(k):
+    """lamina's int8 kernel sums u8 x s8 pairs in int16 (AVX2's vpmaddubsw): activations at the top
+    of their 127 steps times weights at ±127, every pair's sum the largest, and rows of mixed
+    signs (zero points inside the grid), give numpy's integers exactly, at every depth's tail of
+    a quad and every tail of a 16-channel panel; the sums are then in float32 only."""
+    be = lm.CPUBackend(low_precision="lamina")
+    rng = np.random.default_rng(k)
+    m, n = 11, 37
+    a = np.full((m, k), 3.0, np.float32)
+    a[1::2] = rng.standard_normal((m // 2, k))  # (the others on their grids' top step: [0, 3] in 127 steps)
+    w = np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    w[3] = rng.standard_normal(k)
+    packed = be.pack(w, True, 1.0, m, precision="int8")
+    c = np.empty((m, n), np.float32)
+    be.packed_gemm(a, packed, c)
+    qa, sa = quantize_rows(a, be.int8_activation_levels)
+    qw, sw = quantize_rows(w, WEIGHT_LEVELS, symmetric=True)
+    assert be.int8_activation_levels == 127 and qa[0].min() == 127 and np.abs(qw[0]).min() == 127
+    exact = (qa.astype(np.float64) @ qw.T.astype(np.float64)) * sa[:, None] * sw[None, :]
+    np.testing.assert_allclose(c, exact, rtol=4 * EPS, atol=k * EPS * (sa[:, None] * sw[None, :] * 127 * 127).max())
+    with pytest.raises(ValueError, match="int8 products sum exactly in int32 to a depth of"):
+        be.pack(np.ones((2, 70000), np.float32), True, 1.0, 1, precision="int8")
+
+
 def test_an_int8_pack_takes_the_weight_as_rows(backend):
     w = np.ones((4, 3), np.float32)
     with pytest.raises(ValueError, match="per output channel"):
@@ -170,7 +197,8 @@ def test_layers_in_int8_are_within_the_quantization_of_float32(kind, low_precisi
     want, got = (net.run({"x": seqs})["y"].values for net in (f32, q8))
     layer = f32.layers[0]
     w = layer.params["weight" if kind == "Linear" else "weight_ih_l0"].value
-    gates = quantization_bound(seqs.values, w).reshape(len(seqs.values), -1, hidden).max(axis=1)
+    levels = lm.CPUBackend(low_precision=low_precision).int8_activation_levels
+    gates = quantization_bound(seqs.values, w, levels).reshape(len(seqs.values), -1, hidden).max(axis=1)
     if kind == "GRU":
         slope = 1.25 + 0.25 * np.abs(layer.params["bias_hh_l0"].value[2 * hidden:]).max()
     else:
@@ -319,8 +347,9 @@ def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch
     through two bidirectional layers with initial states: the same products of the same
     operands, so equal but for the order of float32 sums. With MKL's products the loop is
     fused_recurrence.reduced_forward; with float32 products (on lamina's panels) the fused
-    recurrence reducing the states before each product, on one thread and shared by sequences
-    and by units."""
+    recurrence reducing the states before each product, and with lamina's int8 panels the fused
+    recurrence multiplying them in int8, each on one thread and shared by sequences and by
+    units."""
     from lamina.backends.cpu import fused_recurrence
     rng = np.random.default_rng(7)
     lm.manual_seed(2)
@@ -333,7 +362,7 @@ def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch
     x, h0 = net.input("x", 24, sequence=True), net.input("h0", [4, 48])
     layer = make()
     net.outputs(y=layer(x, h0)[0])
-    net.to(lm.CPUBackend("openblas" if low_precision == "float32" else None, low_precision))
+    net.to(lm.CPUBackend("openblas" if low_precision != "mkl" else None, low_precision))
     net.set_precision(precision)
     lengths = (7, 1, 12, 5, 12, 3, 9, 4, 12)  # (enough sequences for two threads to share them)
     seqs = lm.Sequences.from_list([rng.standard_normal((n, 24)).astype(np.float32) for n in lengths])
@@ -350,7 +379,7 @@ def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch
         monkeypatch.setattr(fused_recurrence, "FUSED_PARALLEL_MIN", 0 if share != "auto" else 1 << 24)
         fused.append(net.run(feeds)["y"].values)
     assert len(calls) == 4 * len(shares)  # two layers, two directions
-    if low_precision == "float32" and lm.get_num_threads() > 1:  # shared by sequences, and by units
+    if low_precision != "mkl" and lm.get_num_threads() > 1:  # shared by sequences, and by units
         assert {by_rows for threads, by_rows in teams if threads > 1} == {True, False}
     monkeypatch.setattr(fused_recurrence, "fuses_reduced", lambda *a: False)
     monkeypatch.setattr(fused_recurrence, "fuses", lambda *a: False)

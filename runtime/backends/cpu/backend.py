@@ -87,9 +87,10 @@ class PackedMatrix:
     """alpha * op(B) packed for products with up to max_rows rows on the left: MKL's packed format
     (`handle`) where MKL is the GEMM provider, else lamina's column panels (`panels`, panels.h);
     for bfloat16 products MKL's bfloat16 format ('mkl-bfloat16', whichever the provider), for int8
-    products MKL's s8 format ('mkl-int8') with each output channel's scale (times alpha) and the
-    sum of its integers. `provider` names the format; only a backend of that provider computes
-    with it. Where float32 products serve bfloat16 and int8 (CPUBackend.low_precision), the pack
+    products MKL's s8 format ('mkl-int8') or lamina's int8 panels ('int8-panels', in `panels`; int8_panels.h),
+    each with its output channels' scales (times alpha) and the sums of their integers. `provider`
+    names the format; only a backend of that provider computes with it. Where float32 products
+    serve bfloat16 or int8 (CPUBackend.low_precision), the pack
     is a float32 one of the weight's values in that precision and `operands` names it: each
     product reduces its left operand the same way first, and a product of more rows than a pack
     serves well multiplies the reduced values themselves."""
@@ -126,6 +127,9 @@ MKL_PACK_ROWS = 128
 # int32 sums of an int8 product per block of rows (16 MiB): the scratch of a large batch stays
 # bounded; smaller blocks made MKL's product slower than the cache they save
 INT8_BLOCK = 1 << 22
+# lamina's int8 product of fewer multiply-adds runs on one thread (it runs 2.3-3.6x the float32
+# panels' speed, so twice PANEL_SPLIT_MIN)
+INT8_SPLIT_MIN = 1 << 22
 PACK_MAX_DEPTH = 8192
 
 
@@ -136,8 +140,9 @@ class CPUBackend(HostStatistics, Backend):
     def __init__(self, blas=None, low_precision=None):
         """blas: the float32 GEMM's provider ('mkl', 'openblas'; blas.default_provider);
         low_precision: what multiplies bfloat16 and int8 ('mkl': MKL's low-precision GEMMs,
-        whichever provider does float32; 'float32': that provider's products of the reduced
-        operands; blas.low_precision_products)."""
+        whichever provider does float32; 'lamina': lamina's int8 panels, and the float32
+        provider's products of bfloat16 operands; 'float32': that provider's products of the
+        reduced operands for both; blas.low_precision_products)."""
         self.blas_name = blas or default_provider()
         self.blas = provider(self.blas_name)
         self._gemm_functions = self.blas.gemm_functions() if self.blas_name == "openblas" else None
@@ -239,7 +244,9 @@ class CPUBackend(HostStatistics, Backend):
             raise ValueError(f"pack: b must not be empty, found shape {b.shape}")
         check_precision(precision, "pack")
         check_int8_pack(precision, b, trans)
-        if precision != "float32" and self.low_precision == "float32":  # products of the reduced operands
+        if precision == "int8" and self.low_precision == "lamina":
+            return self._int8_pack(b, alpha, max_rows)
+        if precision != "float32" and self.low_precision != "mkl":  # float32 products of the reduced operands
             values = round_to_precision(b, precision)
             packed = self._float_pack(values, trans, alpha, max_rows)
             packed.operands, packed.values, packed.trans, packed.alpha = precision, values, trans, alpha
@@ -255,6 +262,19 @@ class CPUBackend(HostStatistics, Backend):
                                 scales=(scales * np.float32(alpha)).astype(np.float32),
                                 sums=q.sum(axis=1, dtype=np.int32))
         return self._float_pack(b, trans, alpha, max_rows)
+
+    @staticmethod
+    def _int8_pack(b, alpha, max_rows):
+        """lamina's int8 panels of b [n, k] quantized per output channel (its rows)."""
+        q, scales = quantize_weight(b)
+        n, k = q.shape
+        if k > K.INT8_MAX_DEPTH:
+            raise ValueError(f"pack: int8 products sum exactly in int32 to a depth of {K.INT8_MAX_DEPTH}, found a "
+                             f"weight of depth {k}")
+        panels = aligned_empty((K.int8_pack_size(k, n),), np.int8)
+        K.int8_pack(q, panels)
+        return PackedMatrix("int8-panels", k, n, b.dtype, max(max_rows, 1), panels=panels,
+                            scales=(scales * np.float32(alpha)).astype(np.float32), sums=q.sum(axis=1, dtype=np.int32))
 
     def _float_pack(self, b, trans, alpha, max_rows):
         k, n = (b.shape[1], b.shape[0]) if trans else b.shape
@@ -278,11 +298,14 @@ class CPUBackend(HostStatistics, Backend):
         self._packed_product(a, packed, c, 0.0, bias)
 
     def _packed_product(self, a, packed, c, beta, bias):
-        expected = ("mkl-bfloat16", "mkl-int8") + (("mkl",) if self.blas_name == "mkl" else ("panels",))
-        if not isinstance(packed, PackedMatrix) or packed.provider not in expected:
-            raise ValueError(f"packed_gemm: {self} computes with {expected[-1]!r} packs, found "
+        expected = {"float32": "mkl" if self.blas_name == "mkl" else "panels",
+                    "bfloat16": "mkl-bfloat16" if self.low_precision == "mkl" else None,
+                    "int8": {"mkl": "mkl-int8", "lamina": "int8-panels"}.get(self.low_precision)}
+        if not isinstance(packed, PackedMatrix) or packed.provider not in expected.values():
+            raise ValueError(f"packed_gemm: {self} computes with {expected['float32']!r} packs, found "
                              f"{getattr(packed, 'provider', type(packed).__name__)!r} (pack with this backend; "
-                             f"its bfloat16 and int8 packs are {expected[0]!r} and {expected[1]!r})")
+                             f"its bfloat16 and int8 packs: {expected['bfloat16'] or expected['float32']!r} and "
+                             f"{expected['int8'] or expected['float32']!r})")
         check_array("packed_gemm", "a", a, dtype=packed.dtype, ndim=2)
         check_array("packed_gemm", "c", c, dtype=packed.dtype, shape=(a.shape[0], packed.n))
         if bias is not None:
@@ -296,6 +319,8 @@ class CPUBackend(HostStatistics, Backend):
         m, n = c.shape
         if packed.provider == "mkl-int8":
             return self._int8_packed_product(a, packed, c, beta, bias)
+        if packed.provider == "int8-panels":
+            return self._int8_panel_product(a, packed, c, beta, bias)
         if packed.operands is not None:
             a = self.reduced_operand(a, packed.operands)
             if not self.packs_fixed_weights(m, packed.k, n):  # (the pack serves fewer rows faster)
@@ -341,6 +366,17 @@ class CPUBackend(HostStatistics, Backend):
             self._mkl.packed_gemm_u8s8(u[:b], packed.handle, sums[:b])
             K.dequantize_rows(sums[:b], row_scales[:b], zeros[:b], packed.scales, packed.sums, c[rows], bias, beta)
 
+    def _int8_panel_product(self, a, packed, c, beta, bias):
+        """lamina's int8 product (int8_panels.h): a's rows quantized to u8 and multiplied by the
+        panels on a compiled team, the int32 sums scaled back to float32 as each tile is stored."""
+        m, n = c.shape
+        u = self.scratch("int8 rows", (m, K.int8_row_bytes(packed.k)), np.uint8)
+        row_scales = self.scratch("int8 row scales", (m,), np.float32)
+        zeros = self.scratch("int8 zero points", (m,), np.int32)
+        threads = free_threads() if m * n * packed.k >= INT8_SPLIT_MIN else 1
+        K.int8_product(a, packed.panels, packed.scales, packed.sums, c, beta, bias, u, row_scales, zeros,
+                       threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
+
     def reduced_operand(self, a, precision):
         """a (C-contiguous float32 rows) as a float32 product computing a `precision` one
         multiplies it: rounded to bfloat16, or each row snapped to its u8 grid; in scratch."""
@@ -355,8 +391,11 @@ class CPUBackend(HostStatistics, Backend):
     def int8_activation_levels(self):
         """Steps of an activation row in int8 products: 255 where MKL's u8 x s8 product sums
         exactly (an int8 dot product: VNNI, AMX), else 127, which keeps its int16 pair sums from
-        saturating (probed once); in float32 products, 255."""
+        saturating (probed once); in lamina's int8 panels 127 (the same reason); in float32
+        products, 255."""
         levels = self.__dict__.get("_int8_levels")
+        if levels is None and self.low_precision == "lamina":
+            levels = self.__dict__["_int8_levels"] = K.INT8_LEVELS
         if levels is None:
             exact = self.low_precision == "float32" or self._mkl.u8s8_sums_exact()
             levels = self.__dict__["_int8_levels"] = ACTIVATION_LEVELS if exact else 127
@@ -725,13 +764,11 @@ class CPUBackend(HostStatistics, Backend):
     def recurrence_forward(self, cell, ctx, run):
         if fused_recurrence.fuses_reduced(cell, self, ctx):
             return fused_recurrence.reduced_forward(self, cell, ctx, run)
-        # (its panels are float32: in bfloat16 or int8 it multiplies the reduced states by the
-        # panels of W_hh's reduced values, where float32 products serve those precisions)
-        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self.low_precision == "float32")
+        fused = fused_recurrence.fuses_in(cell, self, ctx.precision)
         (fused_recurrence.forward if fused else super().recurrence_forward)(cell, ctx, run)
 
     def recurrence_backward(self, cell, ctx, run):
-        fused = fused_recurrence.fuses(cell, self) and (ctx.precision == "float32" or self.low_precision == "float32")
+        fused = fused_recurrence.fuses_in(cell, self, ctx.precision)
         (fused_recurrence.backward if fused else super().recurrence_backward)(cell, ctx, run)
 
     def sample_threads(self, batch):

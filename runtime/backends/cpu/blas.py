@@ -3,7 +3,8 @@
 MKL is not the fastest BLAS everywhere: on AMD processors its sgemm runs behind OpenBLAS's. The
 provider is chosen from the CPU vendor (MKL on Intel, OpenBLAS elsewhere) and forced with
 LAMINA_BLAS=mkl|openblas. Likewise the products of bfloat16 and int8 networks: MKL's on Intel,
-float32 products of the reduced operands elsewhere (low_precision_products).
+lamina's own int8 products and float32 ones of the reduced operands elsewhere
+(low_precision_products).
 
 OpenBLAS is always built. MKL is built where the build environment has mkl-devel (MKL has no
 wheel for Arm hosts) and LAMINA_WITHOUT_MKL is not set; without it lamina runs on OpenBLAS alone.
@@ -68,25 +69,33 @@ def default_provider():
 
 
 def low_precision_products():
-    """Which products serve bfloat16 and int8 (lamina.precision): 'mkl', MKL's packed bfloat16 and
-    u8 x s8 GEMMs, which run MKL's own kernels on Intel CPUs (AMX, AVX512-BF16, VNNI); or
-    'float32', the float32 provider's products of the operands rounded to bfloat16 or snapped to
-    their int8 grids (the same values, summed in float32). On Intel, MKL; elsewhere float32: on an
-    AMD EPYC (AVX2) MKL's u8 x s8 products ran at 41 GOP/s against 111-122 GFLOP/s for its
-    float32 ones, and a bfloat16 LSTM at 0.7x its float32 speed. LAMINA_LOW_PRECISION=mkl|float32
-    forces one; without MKL in the build, float32."""
+    """Which products serve bfloat16 and int8 (lamina.precision):
+    - 'mkl': MKL's packed bfloat16 and u8 x s8 GEMMs, which run MKL's own kernels on Intel CPUs
+      (AMX, AVX512-BF16, VNNI);
+    - 'lamina': lamina's own u8 x s8 panels for int8 (pyx/int8_panels.h: AVX2, activations in 127
+      steps), float32 products of the operands rounded to bfloat16 for bfloat16;
+    - 'float32': the float32 provider's products of the reduced operands for both (int8: the
+      activations snapped to 255 steps; the same values as an int8 product, summed in float32).
+    On Intel, MKL; elsewhere lamina's: on an AMD EPYC (AVX2) MKL's u8 x s8 products ran at 41 GOP/s
+    against 111-122 GFLOP/s for its float32 ones, lamina's int8 panels 2.3-3.6x lamina's float32
+    panels, and MKL's bfloat16 LSTM at 0.7x its float32 speed. LAMINA_LOW_PRECISION forces one;
+    without MKL in the build, lamina's."""
     forced = os.environ.get("LAMINA_LOW_PRECISION")
     if forced:
         return check_low_precision(forced, "LAMINA_LOW_PRECISION")
-    return "mkl" if cpu_vendor() == "GenuineIntel" and built("mkl") else "float32"
+    return "mkl" if cpu_vendor() == "GenuineIntel" and built("mkl") else "lamina"
+
+
+LOW_PRECISION_PATHS = ("mkl", "lamina", "float32")
 
 
 def check_low_precision(name, where):
     from ...errors import SettingError
-    if name not in ("mkl", "float32"):
-        raise SettingError(f"{where}: expected 'mkl' or 'float32', found {name!r}")
+    if name not in LOW_PRECISION_PATHS:
+        raise SettingError(f"{where}: expected one of {', '.join(map(repr, LOW_PRECISION_PATHS))}, found {name!r}")
     if name == "mkl" and not built("mkl"):
-        raise SettingError(f"{where}: 'mkl' needs MKL, which this installation was built without; use 'float32'")
+        raise SettingError(f"{where}: 'mkl' needs MKL, which this installation was built without; use 'lamina' "
+                           f"or 'float32'")
     return name
 
 

@@ -1,0 +1,246 @@
+/* lamina's own int8 product for CPUs where MKL's u8 x s8 GEMM runs no kernel of its own (every
+ * non-Intel CPU: there MKL's packed s8 product ran at 41-43 GOP/s against 111-122 GFLOP/s for its
+ * packed sgemm on a 2-core AMD EPYC). c[m x n] = dequantized(u8(a) · W) for a weight W quantized
+ * to int8 per output channel and packed once; a's rows are quantized to u8 in the same call.
+ *
+ * The weight's int8 values go into panels of 16 output channels, in quads of 4 depths (k padded
+ * to whole quads with zeros):
+ *
+ *     panel p, quad kq, channel j, depth r:  byte ((p·quads + kq)·16 + j)·4 + r = W[16p + j, 4kq + r]
+ *
+ * so one 32-byte vector holds 4 depths of 8 channels. Per quad and row of a, the AVX2 kernel
+ * broadcasts a's 4 bytes, multiplies them with vpmaddubsw (u8 x s8, pairs summed to int16),
+ * adds the pairs with vpmaddwd by ones (int32) and those to the row's sums: 4 rows x 16 channels
+ * in 8 registers. vpmaddubsw saturates its int16 pair sums: a's rows are quantized to 127 steps
+ * (7 bits: 2 · 127 · 127 = 32258 fits), so every sum is exact; the portable kernel computes the
+ * same integers. The int32 sums go back to float32 in the tile's store:
+ *
+ *     c[i, j] = row_scale[i] · col_scale[j] · (sum[i, j] - zero[i] · col_sum[j]) + (bias[j], or beta · c[i, j])
+ *
+ * (lamina_dequantize_row's numbers), never held in a buffer of int32 sums. */
+#ifndef LAMINA_INT8_PANELS_H
+#define LAMINA_INT8_PANELS_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+#include "quantize.h"
+#include "team.h"
+
+#define INT8_NR 16
+#define INT8_MR 4
+/* the activation rows' steps: no int16 pair sum of vpmaddubsw saturates (see above) */
+#define INT8_ACTIVATION_LEVELS 127
+
+/* The AVX2 kernel is compiled where the module may run it: the module with AVX2 clones and the
+ * AVX-512 one (every AVX-512 CPU has AVX2), not the baseline one. */
+#if defined(__x86_64__) && defined(__GNUC__) && !(defined(LAMINA_NO_CLONES) && !defined(LAMINA_TARGET_V4))
+#define LAMINA_INT8_AVX2 1
+#endif
+
+static inline long lamina_int8_quads(long k) { return (k + 3) / 4; }
+static inline long lamina_int8_panels(long n) { return (n + INT8_NR - 1) / INT8_NR; }
+/* bytes of the panels of a k-deep, n-channel weight */
+static inline long lamina_int8_pack_size(long k, long n) {
+    return lamina_int8_panels(n) * lamina_int8_quads(k) * INT8_NR * 4;
+}
+
+/* Panels [p0, p1) of q (n x k int8, a row per output channel) into out (layout above). */
+static void lamina_int8_pack(const int8_t *restrict q, long k, long n, long p0, long p1, int8_t *restrict out) {
+    const long quads = lamina_int8_quads(k);
+    for (long p = p0; p < p1; p++)
+        for (long kq = 0; kq < quads; kq++) {
+            int8_t *dst = out + (p * quads + kq) * INT8_NR * 4;
+            for (long j = 0; j < INT8_NR; j++)
+                for (long r = 0; r < 4; r++) {
+                    long col = p * INT8_NR + j, kk = 4 * kq + r;
+                    dst[j * 4 + r] = col < n && kk < k ? q[col * k + kk] : 0;
+                }
+        }
+}
+
+/* How the int32 sums go back to float32 (formula above): per row of a its scale and zero point,
+ * per channel its scale and the sum of its integers; bias (n values) or NULL, then beta. */
+typedef struct {
+    float *row_scale;
+    int32_t *zero;
+    const float *col_scale, *bias;
+    const int32_t *col_sum;
+    float beta, *c;
+    long ldc;
+} lamina_int8_out;
+
+/* Row i of a tile's sums (nr <= 16 of them, from channel col) back to c. */
+static inline void lamina_int8_store_row(const lamina_int8_out *o, long i, long col, long nr, const int32_t *sums) {
+    float *c = o->c + i * o->ldc + col;
+    const float rs = o->row_scale[i];
+    const int32_t zero = o->zero[i];
+    for (long j = 0; j < nr; j++) {
+        float v = rs * o->col_scale[col + j] * (float)(sums[j] - zero * o->col_sum[col + j]);
+        c[j] = v + (o->bias ? o->bias[col + j] : (o->beta != 0.0f ? o->beta * c[j] : 0.0f));
+    }
+}
+
+/* Rows [0, mr) of a tile (u: u8 rows of stride ldu, whole quads) times one panel, any CPU. */
+static void lamina_int8_tile_portable(long mr, long quads, const uint8_t *u, long ldu, const int8_t *panel,
+                                      const lamina_int8_out *o, long i0, long col, long nr) {
+    for (long i = 0; i < mr; i++) {
+        int32_t sums[INT8_NR] = {0};
+        const uint8_t *a = u + i * ldu;
+        for (long kq = 0; kq < quads; kq++) {
+            const int8_t *b = panel + kq * INT8_NR * 4;
+            for (long j = 0; j < INT8_NR; j++)
+                for (long r = 0; r < 4; r++)
+                    sums[j] += (int32_t)a[4 * kq + r] * (int32_t)b[j * 4 + r];
+        }
+        lamina_int8_store_row(o, i0 + i, col, nr, sums);
+    }
+}
+
+#ifdef LAMINA_INT8_AVX2
+/* The AVX2 tile: ROWS (4, 2 or 1: a constant where inlined) rows of a times one panel. */
+static inline __attribute__((always_inline, target("avx2"))) void
+lamina_int8_tile_avx2(const long ROWS, long quads, const uint8_t *u, long ldu, const int8_t *panel,
+                      const lamina_int8_out *o, long i0, long col, long nr) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i lo[INT8_MR], hi[INT8_MR];
+    for (long i = 0; i < ROWS; i++) {
+        lo[i] = _mm256_setzero_si256();
+        hi[i] = _mm256_setzero_si256();
+    }
+    for (long kq = 0; kq < quads; kq++) {
+        const __m256i b0 = _mm256_loadu_si256((const __m256i *)(panel + kq * 64));
+        const __m256i b1 = _mm256_loadu_si256((const __m256i *)(panel + kq * 64 + 32));
+        for (long i = 0; i < ROWS; i++) {
+            int32_t quad;
+            memcpy(&quad, u + i * ldu + 4 * kq, 4);
+            const __m256i x = _mm256_set1_epi32(quad);
+            lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, b0), ones));
+            hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, b1), ones));
+        }
+    }
+    for (long i = 0; i < ROWS; i++) {
+        const long r = i0 + i;
+        float *c = o->c + r * o->ldc + col;
+        if (nr < INT8_NR) {
+            int32_t sums[INT8_NR];
+            _mm256_storeu_si256((__m256i *)sums, lo[i]);
+            _mm256_storeu_si256((__m256i *)(sums + 8), hi[i]);
+            lamina_int8_store_row(o, r, col, nr, sums);
+            continue;
+        }
+        const __m256i zero = _mm256_set1_epi32(o->zero[r]);
+        const __m256 rs = _mm256_set1_ps(o->row_scale[r]);
+        __m256i acc[2] = {lo[i], hi[i]};
+        for (int h = 0; h < 2; h++) {
+            const long j = col + 8 * h;
+            const __m256i sums = _mm256_loadu_si256((const __m256i *)(o->col_sum + j));
+            const __m256 diff = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h], _mm256_mullo_epi32(zero, sums)));
+            __m256 v = _mm256_mul_ps(_mm256_mul_ps(rs, _mm256_loadu_ps(o->col_scale + j)), diff);
+            if (o->bias)
+                v = _mm256_add_ps(v, _mm256_loadu_ps(o->bias + j));
+            else if (o->beta != 0.0f)
+                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(c + 8 * h)));
+            _mm256_storeu_ps(c + 8 * h, v);
+        }
+    }
+}
+
+static __attribute__((target("avx2"))) void lamina_int8_panel_avx2(long m, long quads, const uint8_t *u, long ldu,
+                                                                   const int8_t *panel, const lamina_int8_out *o,
+                                                                   long i0, long col, long nr) {
+    long i = 0;
+    for (; i + INT8_MR <= m; i += INT8_MR)
+        lamina_int8_tile_avx2(INT8_MR, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
+    if (m - i >= 2) {
+        lamina_int8_tile_avx2(2, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
+        i += 2;
+    }
+    if (i < m)
+        lamina_int8_tile_avx2(1, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
+}
+#endif
+
+/* whether this module's int8 product runs the AVX2 kernel on this CPU */
+static inline int lamina_int8_uses_avx2(void) {
+#ifdef LAMINA_INT8_AVX2
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* Rows [i0, i1) of a (u: their u8 values, whole quads of stride ldu) times panels [p0, p1):
+ * rows in blocks that stay in cache while the panels pass over them (as panel_gemm does). */
+static void lamina_int8_gemm(long i0, long i1, long k, long n, const uint8_t *u, long ldu, const int8_t *packed,
+                             long p0, long p1, const lamina_int8_out *o) {
+    const long quads = lamina_int8_quads(k), panel_bytes = quads * INT8_NR * 4;
+    long block = 128 * 1024 / (quads * 4) / INT8_MR * INT8_MR;
+    block = block < INT8_MR ? INT8_MR : block;
+    const int avx2 = lamina_int8_uses_avx2();
+    for (long r0 = i0; r0 < i1; r0 += block) {
+        long r1 = i1 - r0 < block ? i1 : r0 + block;
+        for (long p = p0; p < p1; p++) {
+            long col = p * INT8_NR, nr = n - col < INT8_NR ? n - col : INT8_NR;
+#ifdef LAMINA_INT8_AVX2
+            if (avx2) {
+                lamina_int8_panel_avx2(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);
+                continue;
+            }
+#endif
+            (void)avx2;
+            lamina_int8_tile_portable(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);
+        }
+    }
+}
+
+/* The whole product on a team of `threads` (team.h): first each member quantizes its block of
+ * a's rows (u8, INT8_ACTIVATION_LEVELS steps, zero-padded to whole quads in u: m x ldu bytes;
+ * row_scale and zero: m values each, filled here), then each takes its share of the panels, or
+ * with by_rows its block of whole row tiles. */
+typedef struct {
+    long m, k, n, lda, ldu;
+    const float *a;
+    uint8_t *u;
+    const int8_t *packed;
+    lamina_int8_out out;
+    int by_rows;
+} lamina_int8_job;
+
+static void lamina_int8_quantize_member(void *job, int t, int nt) {
+    lamina_int8_job *j = job;
+    for (long i = t * j->m / nt; i < (t + 1) * j->m / nt; i++) {
+        uint8_t *row = j->u + i * j->ldu;
+        lamina_quantize_row_u8(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, row, &j->out.row_scale[i],
+                               &j->out.zero[i]);
+        memset(row + j->k, 0, j->ldu - j->k);
+    }
+}
+
+static void lamina_int8_product_member(void *job, int t, int nt) {
+    const lamina_int8_job *j = job;
+    const long panels = lamina_int8_panels(j->n), tiles = (j->m + INT8_MR - 1) / INT8_MR;
+    long r0 = 0, r1 = j->m, q0 = 0, q1 = panels;
+    if (j->by_rows) {
+        r0 = t * tiles / nt * INT8_MR;
+        r1 = (t + 1) * tiles / nt * INT8_MR;
+        r0 = r0 < j->m ? r0 : j->m;
+        r1 = r1 < j->m ? r1 : j->m;
+    } else {
+        q0 = t * panels / nt;
+        q1 = (t + 1) * panels / nt;
+    }
+    if (r0 < r1 && q0 < q1)
+        lamina_int8_gemm(r0, r1, j->k, j->n, j->u, j->ldu, j->packed, q0, q1, &j->out);
+}
+
+static void lamina_int8_product_team(long m, long k, long n, const float *a, long lda, uint8_t *u, long ldu,
+                                     const int8_t *packed, lamina_int8_out out, int threads, int by_rows) {
+    lamina_int8_job job = {m, k, n, lda, ldu, a, u, packed, out, by_rows};
+    lamina_team_run(threads < m ? threads : (int)m, lamina_int8_quantize_member, &job);
+    lamina_team_run(threads, lamina_int8_product_member, &job);
+}
+
+#endif
