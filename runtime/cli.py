@@ -474,9 +474,13 @@ def cmd_devices(args):
     else:
         bf16 = "float32 products of the operands rounded to bfloat16"
         int8 = "float32 products of the int8 weights and the activations snapped to their u8 grids"
+    if low_precision_products() == "lamina":
+        from .backends.cpu.compiled import _kernels
+        int8 = ("lamina's u8 x s8 panels, " + ("AVX2" if _kernels.int8_uses_avx2() else "portable code")
+                + " (activations in 127 steps)")
     forced = " (forced)" if os.environ.get("LAMINA_LOW_PRECISION") else ""
     print(f"     bfloat16 products: {bf16}{forced}")
-    print(f"     int8 products: {int8}{forced}; LAMINA_LOW_PRECISION=mkl|float32 to choose")
+    print(f"     int8 products: {int8}{forced}; LAMINA_LOW_PRECISION=mkl|lamina|float32 to choose")
     print(f"     LAMINA_ISA={'|'.join(compiled.PATHS)} picks the kernels' path")
     try:
         import pyopencl as cl

@@ -263,8 +263,7 @@ class CPUBackend(HostStatistics, Backend):
                                 sums=q.sum(axis=1, dtype=np.int32))
         return self._float_pack(b, trans, alpha, max_rows)
 
-    @staticmethod
-    def _int8_pack(b, alpha, max_rows):
+    def _int8_pack(self, b, alpha, max_rows):
         """lamina's int8 panels of b [n, k] quantized per output channel (its rows)."""
         q, scales = quantize_weight(b)
         n, k = q.shape
