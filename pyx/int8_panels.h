@@ -221,19 +221,10 @@ static void lamina_int8_quantize_member(void *job, int t, int nt) {
 
 static void lamina_int8_product_member(void *job, int t, int nt) {
     const lamina_int8_job *j = job;
-    const long panels = lamina_int8_panels(j->n), tiles = (j->m + INT8_MR - 1) / INT8_MR;
-    long r0 = 0, r1 = j->m, q0 = 0, q1 = panels;
-    if (j->by_rows) {
-        r0 = t * tiles / nt * INT8_MR;
-        r1 = (t + 1) * tiles / nt * INT8_MR;
-        r0 = r0 < j->m ? r0 : j->m;
-        r1 = r1 < j->m ? r1 : j->m;
-    } else {
-        q0 = t * panels / nt;
-        q1 = (t + 1) * panels / nt;
-    }
-    if (r0 < r1 && q0 < q1)
-        lamina_int8_gemm(r0, r1, j->k, j->n, j->u, j->ldu, j->packed, q0, q1, &j->out);
+    const lamina_product_share sh = lamina_product_share_of(j->by_rows, j->m, INT8_MR, 0, lamina_int8_panels(j->n),
+                                                            t, nt);
+    if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
+        lamina_int8_gemm(sh.r0, sh.r1, j->k, j->n, j->u, j->ldu, j->packed, sh.q0, sh.q1, &j->out);
 }
 
 static void lamina_int8_product_team(long m, long k, long n, const float *a, long lda, uint8_t *u, long ldu,

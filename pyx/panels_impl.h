@@ -180,17 +180,9 @@ typedef struct {
 
 static void SUFFIXED(panel_gemm_member)(void *job, int t, int nt) {
     const SUFFIXED(panel_gemm_job) *j = job;
-    const long NR = 2 * LANES, tiles = (j->m + PANEL_MR - 1) / PANEL_MR;
-    long r0 = 0, r1 = j->m, q0 = j->p0, q1 = j->p1;
-    if (j->by_rows) {
-        r0 = t * tiles / nt * PANEL_MR;
-        r1 = (t + 1) * tiles / nt * PANEL_MR;
-        r0 = r0 < j->m ? r0 : j->m;
-        r1 = r1 < j->m ? r1 : j->m;
-    } else {
-        q0 = j->p0 + t * (j->p1 - j->p0) / nt;
-        q1 = j->p0 + (t + 1) * (j->p1 - j->p0) / nt;
-    }
+    const long NR = 2 * LANES;
+    const lamina_product_share sh = lamina_product_share_of(j->by_rows, j->m, PANEL_MR, j->p0, j->p1, t, nt);
+    const long r0 = sh.r0, r1 = sh.r1, q0 = sh.q0, q1 = sh.q1;
     if (r0 >= r1 || q0 >= q1)
         return;
     REAL beta = j->beta;

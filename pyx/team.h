@@ -229,6 +229,27 @@ static void lamina_team_for(int threads, long n, lamina_range_body body, void *a
     lamina_team_run(threads, lamina_range_member, &job);
 }
 
+/* Member t of nt's share of a product of m rows over panels [p0, p1): by_rows, its block of whole
+ * tiles of `tile` rows and every panel; else every row and its block of the panels: rows
+ * [r0, r1) and panels [q0, q1) (either may be empty). */
+typedef struct { long r0, r1, q0, q1; } lamina_product_share;
+
+static inline lamina_product_share lamina_product_share_of(int by_rows, long m, long tile, long p0, long p1, int t,
+                                                           int nt) {
+    lamina_product_share s = {0, m, p0, p1};
+    if (by_rows) {
+        const long tiles = (m + tile - 1) / tile;
+        s.r0 = t * tiles / nt * tile;
+        s.r1 = (t + 1) * tiles / nt * tile;
+        s.r0 = s.r0 < m ? s.r0 : m;
+        s.r1 = s.r1 < m ? s.r1 : m;
+    } else {
+        s.q0 = p0 + t * (p1 - p0) / nt;
+        s.q1 = p0 + (t + 1) * (p1 - p0) / nt;
+    }
+    return s;
+}
+
 /* The workers stop watching for work and sleep (until the next team). */
 static void lamina_team_rest(void) { __atomic_store_n(&lamina_team.rest, 1, __ATOMIC_RELAXED); }
 
