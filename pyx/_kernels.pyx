@@ -227,6 +227,10 @@ cdef extern from "panels.h" nogil:
                            float* c, long ldc, float beta, const float* bias, int threads, int by_rows)
     void panel_gemm_team_d(long m, long k, long n, const double* a, long lda, const double* packed, long p0,
                            long p1, double* c, long ldc, double beta, const double* bias, int threads, int by_rows)
+    void pointwise_conv_team_f(long cout, long cin, long S, const float* w, const float* x, float* y,
+                               const float* bias, int act, float cap, int threads)
+    void pointwise_conv_team_d(long cout, long cin, long S, const double* w, const double* x, double* y,
+                               const double* bias, int act, double cap, int threads)
 
 
 cdef extern from "int8_panels.h" nogil:
@@ -1231,6 +1235,39 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
                               by_rows)
         else:
             panel_gemm_team_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta, b, threads, by_rows)
+
+
+POINTWISE_ACTIVATIONS = {None: 0, "relu": 1, "bounded_relu": 2}  # pointwise_conv's act codes
+
+
+def pointwise_min_positions(int itemsize):
+    """The fewest positions (columns of x) pointwise_conv takes for values of `itemsize` bytes: one
+    panel of 64 bytes."""
+    return 64 // itemsize
+
+
+def pointwise_conv(real[:, ::1] w, real[:, ::1] x, real[:, ::1] y, real[::1] bias=None, int act=0, double cap=0.0,
+                   int threads=1):
+    """y = act(w @ x + bias[:, None]) for one sample of a pointwise convolution: w [cout, cin], x
+    [cin, S] (S >= pointwise_min_positions), y [cout, S], bias (cout values) or None; act 0 none, 1
+    ReLU, 2 ReLU capped at cap (POINTWISE_ACTIVATIONS). On a team of up to `threads`, sharing the
+    positions (panels.h pointwise_conv)."""
+    cdef long cout = w.shape[0], cin = w.shape[1], S = x.shape[1]
+    if x.shape[0] != cin or y.shape[0] != cout or y.shape[1] != S or cin < 1 or cout < 1:
+        raise ValueError(f"pointwise_conv: w ({cout}, {cin}) x ({x.shape[0]}, {S}) -> y must be ({cout}, {S}), "
+                         f"found ({y.shape[0]}, {y.shape[1]}); every size at least 1")
+    if S < 64 // sizeof(real):
+        raise ValueError(f"pointwise_conv: at least {64 // sizeof(real)} positions (a panel), found {S}")
+    if bias is not None and bias.shape[0] != cout:
+        raise ValueError(f"pointwise_conv: bias must hold {cout} values (one per output channel), found {bias.shape[0]}")
+    if act not in (0, 1, 2) or threads < 1:
+        raise ValueError(f"pointwise_conv: act must be 0, 1 or 2 and threads at least 1, found {act} and {threads}")
+    cdef real* b = &bias[0] if bias is not None else NULL
+    with nogil:
+        if real is float:
+            pointwise_conv_team_f(cout, cin, S, &w[0, 0], &x[0, 0], &y[0, 0], b, act, <float>cap, threads)
+        else:
+            pointwise_conv_team_d(cout, cin, S, &w[0, 0], &x[0, 0], &y[0, 0], b, act, cap, threads)
 
 
 # ---------------------------------------------------------------- lamina's int8 product (int8_panels.h)

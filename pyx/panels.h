@@ -21,6 +21,7 @@
 
 #include <string.h>
 #include "clones.h"
+#include "epilogue.h"
 #include "team.h"
 
 #define PANEL_MR 6

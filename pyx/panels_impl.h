@@ -33,9 +33,34 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_prefetch)(const
     __builtin_prefetch(c, 1, 3);
 }
 
-/* One row of a tile back to c: c[0..nr) = acc + beta·c (c not read when beta is 0). */
-static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c, long nr, VEC lo, VEC hi, REAL beta) {
+/* What a pointwise convolution's tile does as it stores (NULL in a plain product): add its row's
+ * bias (row_bias + the tile's first row, or NULL), then a ReLU (act 1) or a ReLU capped at cap
+ * (act 2), as epilogue.h's kernels do. */
+typedef struct {
+    const REAL *row_bias;
+    int act;
+    REAL cap;
+} SUFFIXED(panel_epilogue);
+
+/* One row of a tile back to c: c[0..nr) = acc + beta·c (c not read when beta is 0), or with an
+ * epilogue act(acc + bias) (beta unused). */
+static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c, long nr, VEC lo, VEC hi, REAL beta,
+                                                                        const SUFFIXED(panel_epilogue) *epi, long row) {
     const long NR = 2 * LANES;
+    if (epi) {
+        if (epi->row_bias) {
+            lo += epi->row_bias[row];
+            hi += epi->row_bias[row];
+        }
+        if (epi->act == 1) {
+            lo = SUFFIXED(relu)(lo);
+            hi = SUFFIXED(relu)(hi);
+        } else if (epi->act == 2) {
+            lo = SUFFIXED(relu_capped)(lo, epi->cap);
+            hi = SUFFIXED(relu_capped)(hi, epi->cap);
+        }
+        beta = 0;
+    }
     if (nr == NR) {
         if (beta != 0) {
             VEC o0, o1;
@@ -54,14 +79,16 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c,
     }
 }
 
-/* One tile: rows [0, mr) of c (mr <= ROWS <= PANEL_MR) from the same rows of a and one panel.
- * ROWS is a constant where this is inlined, so the loops over rows unroll and the 2·ROWS sums
- * stay in registers; rows past mr read row 0 again and are not stored. (x = v - 0 broadcasts v:
- * unlike v + 0 it is exact for -0, so the compiler drops the subtraction.) */
+/* One tile: rows [0, mr) of c (mr <= ROWS <= PANEL_MR) from the same rows of a and one panel
+ * (its rows ldp values apart: NR in a pack, a row of the matrix itself in a pointwise
+ * convolution). ROWS is a constant where this is inlined, so the loops over rows unroll and the
+ * 2·ROWS sums stay in registers; rows past mr read row 0 again and are not stored. (x = v - 0
+ * broadcasts v: unlike v + 0 it is exact for -0, so the compiler drops the subtraction.) */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const long ROWS, long mr, long k,
                                                                        const REAL *a, long lda,
-                                                                       const REAL *panel, REAL *c, long ldc,
-                                                                       long nr, REAL beta) {
+                                                                       const REAL *panel, long ldp, REAL *c,
+                                                                       long ldc, long nr, REAL beta,
+                                                                       const SUFFIXED(panel_epilogue) *epi) {
     const long NR = 2 * LANES;
     const REAL *ar[PANEL_MR];
     VEC lo[PANEL_MR], hi[PANEL_MR];
@@ -72,7 +99,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
         if (i < mr) SUFFIXED(panel_prefetch)(c + i * ldc);
     }
     const REAL *bp = panel;
-    for (long kk = 0; kk < k; kk++, bp += NR) {
+    for (long kk = 0; kk < k; kk++, bp += ldp) {
         VEC b0, b1;
         memcpy(&b0, bp, sizeof b0);
         memcpy(&b1, bp + LANES, sizeof b1);
@@ -83,7 +110,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
         }
     }
     for (long i = 0; i < ROWS; i++)
-        if (i < mr) SUFFIXED(panel_store)(c + i * ldc, nr, lo[i], hi[i], beta);
+        if (i < mr) SUFFIXED(panel_store)(c + i * ldc, nr, lo[i], hi[i], beta, epi, i);
 }
 
 /* One or two rows (a lone sequence's step, the tail of a batch): the sums above would be two or
@@ -92,8 +119,9 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
  * of sums, added at the end: twice the chains, twice the rate. ROWS (1 or 2) is a constant
  * where this is inlined. */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(const long ROWS, long k, const REAL *a,
-                                                                              long lda, const REAL *panel, REAL *c,
-                                                                              long ldc, long nr, REAL beta) {
+                                                                              long lda, const REAL *panel, long ldp,
+                                                                              REAL *c, long ldc, long nr, REAL beta,
+                                                                              const SUFFIXED(panel_epilogue) *epi) {
     const long NR = 2 * LANES;
     VEC lo[2][2], hi[2][2];
     for (long s = 0; s < 2; s++)
@@ -105,12 +133,12 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
         SUFFIXED(panel_prefetch)(c + i * ldc);
     const REAL *bp = panel;
     long kk = 0;
-    for (; kk + 1 < k; kk += 2, bp += 2 * NR) {
+    for (; kk + 1 < k; kk += 2, bp += 2 * ldp) {
         VEC b0, b1, b2, b3;
         memcpy(&b0, bp, sizeof b0);
         memcpy(&b1, bp + LANES, sizeof b1);
-        memcpy(&b2, bp + NR, sizeof b2);
-        memcpy(&b3, bp + NR + LANES, sizeof b3);
+        memcpy(&b2, bp + ldp, sizeof b2);
+        memcpy(&b3, bp + ldp + LANES, sizeof b3);
         for (long i = 0; i < ROWS; i++) {
             VEC x = a[i * lda + kk] - (VEC){0}, y = a[i * lda + kk + 1] - (VEC){0};
             lo[0][i] += x * b0;
@@ -130,7 +158,22 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
         }
     }
     for (long i = 0; i < ROWS; i++)
-        SUFFIXED(panel_store)(c + i * ldc, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta);
+        SUFFIXED(panel_store)(c + i * ldc, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta, epi, i);
+}
+
+/* Rows [0, mr) of c from the same rows of a and one panel, the tile for mr rows (6, 4, 2, 1). */
+static inline __attribute__((always_inline)) void SUFFIXED(panel_rows)(long mr, long k, const REAL *a, long lda,
+                                                                       const REAL *panel, long ldp, REAL *c,
+                                                                       long ldc, long nr, REAL beta,
+                                                                       const SUFFIXED(panel_epilogue) *epi) {
+    if (mr > 4)
+        SUFFIXED(panel_tile)(6, mr, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+    else if (mr > 2)
+        SUFFIXED(panel_tile)(4, mr, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+    else if (mr == 2)
+        SUFFIXED(panel_tile_narrow)(2, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+    else
+        SUFFIXED(panel_tile_narrow)(1, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
 }
 
 /* c[m x n] = a[m x k] · P + beta·c over panels [p0, p1) of P (their columns of c only). Rows go
@@ -152,16 +195,7 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
             long col = p * NR, nr = n - col < NR ? n - col : NR;
             for (long i = i0; i < i1; i += PANEL_MR) {
                 long mr = i1 - i < PANEL_MR ? i1 - i : PANEL_MR;
-                const REAL *ai = a + i * lda;
-                REAL *ci = c + i * ldc + col;
-                if (mr > 4)
-                    SUFFIXED(panel_tile)(6, mr, k, ai, lda, panel, ci, ldc, nr, beta);
-                else if (mr > 2)
-                    SUFFIXED(panel_tile)(4, mr, k, ai, lda, panel, ci, ldc, nr, beta);
-                else if (mr == 2)
-                    SUFFIXED(panel_tile_narrow)(2, k, ai, lda, panel, ci, ldc, nr, beta);
-                else
-                    SUFFIXED(panel_tile_narrow)(1, k, ai, lda, panel, ci, ldc, nr, beta);
+                SUFFIXED(panel_rows)(mr, k, a + i * lda, lda, panel, NR, c + i * ldc + col, ldc, nr, beta, NULL);
             }
         }
     }
@@ -201,4 +235,52 @@ static void SUFFIXED(panel_gemm_team)(long m, long k, long n, const REAL *a, lon
                                       int by_rows) {
     SUFFIXED(panel_gemm_job) job = {m, k, n, lda, ldc, p0, p1, a, packed, bias, c, beta, by_rows};
     lamina_team_run(threads, SUFFIXED(panel_gemm_member), &job);
+}
+
+/* A pointwise convolution of one sample: y[cout x S] = act(w[cout x cin] · x[cin x S] + bias)
+ * (epi: the bias per output channel and the activation), the panel tiles reading x itself: a
+ * panel is 16 (or 8 double) columns of x, its rows S apart, stored as act(sum + bias), so y is
+ * written once (a GEMM into y, a bias pass and an activation pass wrote it three times). Columns
+ * [16·q0, 16·q1) of S >= NR; the member with q1 = the last whole panel also takes the tail past it
+ * as a panel ending where x's rows end (its first columns computed again, the same values). The
+ * columns go in chunks whose x stays in L2 while every row tile of w passes over it. */
+LAMINA_CLONES static void SUFFIXED(pointwise_conv)(long cout, long cin, long S, const REAL *w, const REAL *x, REAL *y,
+                                                   const SUFFIXED(panel_epilogue) *epi, long q0, long q1) {
+    const long NR = 2 * LANES, whole = S / NR;
+    long chunk = PANEL_RUN_BYTES / 2 / (cin * NR * (long)sizeof(REAL));
+    chunk = chunk < 1 ? 1 : chunk;
+    long last = q1 == whole && S % NR ? q1 + 1 : q1;  /* the tail's panel, if this member takes it */
+    for (long c0 = q0; c0 < last; c0 += chunk) {
+        long c1 = last - c0 < chunk ? last : c0 + chunk;
+        for (long i = 0; i < cout; i += PANEL_MR) {
+            long mr = cout - i < PANEL_MR ? cout - i : PANEL_MR;
+            SUFFIXED(panel_epilogue) rows = {epi->row_bias ? epi->row_bias + i : NULL, epi->act, epi->cap};
+            for (long p = c0; p < c1; p++) {
+                long col = p < whole ? p * NR : S - NR;
+                SUFFIXED(panel_rows)(mr, cin, w + i * cin, cin, x + col, S, y + i * S + col, S, NR, 0, &rows);
+            }
+        }
+    }
+}
+
+typedef struct {
+    long cout, cin, S;
+    const REAL *w, *x;
+    REAL *y;
+    SUFFIXED(panel_epilogue) epi;
+} SUFFIXED(pointwise_job);
+
+static void SUFFIXED(pointwise_member)(void *job, int t, int nt) {
+    const SUFFIXED(pointwise_job) *j = job;
+    const long whole = j->S / (2 * LANES), q0 = t * whole / nt, q1 = (t + 1) * whole / nt;
+    if (q0 < q1)
+        SUFFIXED(pointwise_conv)(j->cout, j->cin, j->S, j->w, j->x, j->y, &j->epi, q0, q1);
+}
+
+/* pointwise_conv of a whole sample on a team of up to `threads` (at most one per whole panel) */
+static void SUFFIXED(pointwise_conv_team)(long cout, long cin, long S, const REAL *w, const REAL *x, REAL *y,
+                                          const REAL *bias, int act, REAL cap, int threads) {
+    const long whole = S / (2 * LANES);
+    SUFFIXED(pointwise_job) job = {cout, cin, S, w, x, y, {bias, act, cap}};
+    lamina_team_run(threads < whole ? threads : (int)whole, SUFFIXED(pointwise_member), &job);
 }

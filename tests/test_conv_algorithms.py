@@ -47,6 +47,11 @@ WIDE = [
 POINTWISE = [
     (Conv3d, 4, 6, (3, 4, 5), dict(kernel_size=1, groups=2)),
     (Conv2d, 3, 1, (5, 7), dict(kernel_size=1, bias=False)),
+    # one group: output channels past whole tiles of 6 rows, positions past whole panels of 16
+    # floats (the last panel ends where the rows end) and fewer than one panel (columns), depth
+    (Conv2d, 13, 11, (7, 7), dict(kernel_size=1)),
+    (Conv2d, 5, 7, (3, 5), dict(kernel_size=1)),
+    (Conv3d, 3, 20, (2, 3, 9), dict(kernel_size=1, bias=False)),
 ]
 # one group per input channel (depthwise): strides, dilation, asymmetric padding, a channel
 # multiplier, a volume, windows past the input's edges on every side
@@ -91,15 +96,18 @@ def test_every_algorithm_matches_direct_loops(case, name, algorithm):
         np.testing.assert_allclose(net.run({"x": X.astype(dtype)})["y"], ref, rtol=tol, atol=tol, err_msg=dtype)
 
 
-FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP + DEPTHWISE)
-         for kind in ("relu", "tanh")] + [(case, "depthwise", "bounded_relu") for case in DEPTHWISE]
+FUSED = [(case, name, kind) for case, name in forced_cases(WINOGRAD + WIDE + CASES[:2] + NO_OVERLAP + DEPTHWISE
+                                                            + POINTWISE[2:])
+         for kind in ("relu", "tanh")] + [(case, name, "bounded_relu") for case, name in forced_cases(DEPTHWISE + POINTWISE[2:])
+                                          if name in ("depthwise", "pointwise")]
 
 
 @pytest.mark.parametrize("case,name,kind", FUSED,
                          ids=[f"{c[0].__name__}-{i}-{n}-{k}" for i, (c, n, k) in enumerate(FUSED)])
 def test_a_following_activation_runs_inside_every_algorithm(case, name, kind, algorithm):
     """Inference runs conv -> Activation as one node (the kernels that can add the bias and apply
-    a ReLU (the depthwise one a ReLU6 too) as they store do so; the rest take the passes after):
+    a ReLU (the depthwise and pointwise ones a ReLU6 too) as they store do so; the rest take the
+    passes after):
     the values equal the unfused run's (a training forward) bit for bit, and the direct-loop
     reference."""
     algorithm(name)
@@ -205,7 +213,9 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be) == {"forward": "winograd", "input grad": "winograd", "weight grad": "direct"}
     assert narrow.algorithms(be)["forward"] == "direct"  # one input channel: Winograd pads it to eight
     assert Conv3d(4, 4, 3, stride=2).algorithms(be)["forward"] == "columns"
-    assert set(Conv3d(16, 8, 1).algorithms(be).values()) == {"columns"}  # pointwise: GEMMs on the input
+    # pointwise: panel tiles on the input forward, GEMMs on it backward; with groups GEMMs both ways
+    assert Conv3d(16, 8, 1).algorithms(be) == {"forward": "pointwise", "input grad": "columns", "weight grad": "columns"}
+    assert set(Conv3d(16, 8, 1, groups=2).algorithms(be).values()) == {"columns"}
     up = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
     assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
     assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"
@@ -221,7 +231,7 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be)["forward"] == "measured"
     np.testing.assert_allclose(net.run({"x": X})["y"], want, rtol=1e-5, atol=1e-5)
     assert list(cpu_conv._measured.values())[0] in cpu_conv.candidates(wide)
-    with pytest.raises(SettingError, match="expected 'rule', 'measure' or one of depthwise, winograd"):
+    with pytest.raises(SettingError, match="expected 'rule', 'measure' or one of depthwise, pointwise, winograd"):
         lm.set_conv_algorithm("fft")
 
 
@@ -599,3 +609,28 @@ def test_any_geometry_gives_pytorchs_values_and_gradients_with_every_algorithm(c
                                            atol=1e-10, err_msg=where)
     finally:
         lm.set_conv_algorithm("rule")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pointwise_kernel_on_a_team_equals_the_gemm(dtype):
+    """A lone sample's positions shared by the team (batch 1 at inference), against numpy's
+    product with the bias and ReLU6; every thread count; sizes it refuses."""
+    rng = np.random.default_rng(4)
+    cout, cin, positions = 21, 19, 16 * 7 + 5
+    w, x = rng.standard_normal((cout, cin)).astype(dtype), rng.standard_normal((cin, positions)).astype(dtype)
+    bias = rng.standard_normal(cout).astype(dtype)
+    want = np.clip(w.astype(np.float64) @ x + bias[:, None], 0, 1.5)
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    for threads in range(1, lm.get_num_threads() + 2):
+        y = np.full((cout, positions), np.nan, dtype)
+        _kernels.pointwise_conv(w, x, y, bias, 2, 1.5, threads)
+        np.testing.assert_allclose(y, want, rtol=tol, atol=tol, err_msg=str(threads))
+    y = np.empty((cout, positions), dtype)
+    _kernels.pointwise_conv(w, x, y, None, 0, 0.0, 2)
+    np.testing.assert_allclose(y, w.astype(np.float64) @ x, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="pointwise_conv: at least"):
+        _kernels.pointwise_conv(w, x[:, :3].copy(), y[:, :3].copy(), None, 0, 0.0, 1)
+    with pytest.raises(ValueError, match=r"pointwise_conv: w \(21, 19\) x \(19, 117\) -> y must be \(21, 117\)"):
+        _kernels.pointwise_conv(w, x, y[1:].copy(), None, 0, 0.0, 1)
+    with pytest.raises(ValueError, match="bias must hold 21 values"):
+        _kernels.pointwise_conv(w, x, y, bias[1:].copy(), 0, 0.0, 1)

@@ -12,9 +12,12 @@
   output once from its column matrix instead of adding it into a zeroed output;
 - sub-pixel (cpu/phases.py): a strided transposed convolution as one stride-1 direct
   convolution per output phase, forward;
+- pointwise (cpu/pointwise.py): kernel 1, stride 1, no padding, one group: panel tiles of W
+  times the input itself, each stored with its bias and activation;
 - columns: vol2col + GEMM (lamina.backends.columns), everything else; for a pointwise
-  convolution (kernel 1, stride 1, no padding) the GEMMs read the input itself, and the rule
-  takes it there (the direct kernel would copy the input and compute its channels by 4).
+  convolution the GEMMs read the input itself (the direct kernel would copy the input and
+  compute its channels by 4), and the rule takes it where the pointwise kernel does not apply
+  (groups).
 
 The Winograd and direct kernels add the bias and apply a ReLU as they store each output (no pass
 over the output of their own); other algorithms and activations take those passes after.
@@ -26,12 +29,12 @@ import time
 from .compiled import _kernels
 from .. import columns
 from ...threads import SettingError, get_num_threads
-from . import depth_taps, depthwise, direct, phases, winograd
+from . import depth_taps, depthwise, direct, phases, pointwise, winograd
 
 _log = logging.getLogger("lamina.conv")
 
-ALGORITHMS = ("depthwise", "winograd", "direct", "direct, width phases", "depth taps", "depth to space", "sub-pixel",
-              "columns")
+ALGORITHMS = ("depthwise", "pointwise", "winograd", "direct", "direct, width phases", "depth taps", "depth to space",
+              "sub-pixel", "columns")
 _setting = {"mode": "rule"}
 _measured: dict = {}  # (geometry, batch, dtype, threads) -> the fastest forward measured
 _ruled: dict = {}  # (geometry, batch, mode) -> the rule's forward (a run asks once per layer)
@@ -61,7 +64,8 @@ def candidates(geom):
     if geom.transposed:
         return (["depth to space"] if _no_overlap(geom) else []) + (["sub-pixel"] if phases.applies(geom) else []) \
             + ["columns"]
-    found = [name for name, applies in (("depthwise", depthwise.applies), ("winograd", winograd.applies),
+    found = [name for name, applies in (("depthwise", depthwise.applies), ("pointwise", pointwise.applies),
+                                        ("winograd", winograd.applies),
                                         ("direct", direct.applies),
                                         ("direct, width phases", direct.width_phases_apply),
                                         ("depth taps", depth_taps.applies)) if applies(geom)]
@@ -94,8 +98,8 @@ def _pick(geom, found, positions=None):
     batch's output positions, where known) rules out the direct kernel on a small batch."""
     if _setting["mode"] in found:
         return _setting["mode"]
-    if geom.pointwise and "columns" in found:
-        return "columns"
+    if geom.pointwise:
+        return "pointwise" if "pointwise" in found else "columns"
     skip = set()
     if min(geom.in_channels, geom.out_channels) < WINOGRAD_MIN_CHANNELS:
         skip.add("winograd")
@@ -251,8 +255,10 @@ def _forward_depth_to_space(geom, weight, ctx, bias=None, relu=False):
 # the algorithms whose kernels add the bias and apply an activation as they store, and the
 # activations each applies: forward(geom, weight, ctx, bias, relu) (the depthwise kernel's
 # bounded ReLU is its relu with cap=slope)
-_STORES_EPILOGUE = {"depthwise": ("linear", "relu", "bounded_relu"), "winograd": ("linear", "relu"),
+_STORES_EPILOGUE = {"depthwise": ("linear", "relu", "bounded_relu"), "pointwise": ("linear", "relu", "bounded_relu"),
+                    "winograd": ("linear", "relu"),
                     "direct": ("linear", "relu"), "depth to space": ("linear", "relu")}
-_FORWARD = {"depthwise": depthwise.forward, "winograd": winograd.forward, "direct": direct.forward,
+_FORWARD = {"depthwise": depthwise.forward, "pointwise": pointwise.forward, "winograd": winograd.forward,
+            "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
             "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": columns.any_forward}
