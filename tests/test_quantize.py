@@ -54,12 +54,14 @@ def test_the_numpy_definition_quantizes_within_half_a_step():
 
 def test_the_low_precision_products_follow_the_cpu_vendor_unless_forced(monkeypatch):
     """MKL's bfloat16 and int8 GEMMs on Intel CPUs, lamina's own products elsewhere (where MKL's
-    ran slower than float32); LAMINA_LOW_PRECISION forces any, and a wrong name is refused with
-    the choices."""
+    ran slower than float32) where its int8 kernel runs vector code (AVX2; else float32 products);
+    LAMINA_LOW_PRECISION forces any, and a wrong name is refused with the choices."""
     from lamina.backends.cpu import blas
+    from lamina.backends.cpu.compiled import _kernels
     from lamina.errors import SettingError
     monkeypatch.delenv("LAMINA_LOW_PRECISION", raising=False)
-    for vendor, path in (("GenuineIntel", "mkl" if blas.built("mkl") else "lamina"), ("AuthenticAMD", "lamina")):
+    own = "lamina" if _kernels.int8_uses_avx2() else "float32"
+    for vendor, path in (("GenuineIntel", "mkl" if blas.built("mkl") else own), ("AuthenticAMD", own)):
         monkeypatch.setattr(blas, "cpu_vendor", lambda vendor=vendor: vendor)
         assert blas.low_precision_products() == path
         assert lm.CPUBackend().low_precision == path
