@@ -213,9 +213,13 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be) == {"forward": "winograd", "input grad": "winograd", "weight grad": "direct"}
     assert narrow.algorithms(be)["forward"] == "direct"  # one input channel: Winograd pads it to eight
     assert Conv3d(4, 4, 3, stride=2).algorithms(be)["forward"] == "columns"
-    # pointwise: panel tiles on the input forward, GEMMs on it backward; with groups GEMMs both ways
-    assert Conv3d(16, 8, 1).algorithms(be) == {"forward": "pointwise", "input grad": "columns", "weight grad": "columns"}
-    assert set(Conv3d(16, 8, 1, groups=2).algorithms(be).values()) == {"columns"}
+    # pointwise: panel tiles on the input forward, GEMMs on it backward; with groups, more input
+    # channels than the kernel's depth or fewer positions than its floor, GEMMs both ways
+    pointwise = {"forward": "pointwise", "input grad": "columns", "weight grad": "columns"}
+    assert Conv3d(16, 8, 1).algorithms(be, (4, 4, 4)) == pointwise
+    assert set(Conv3d(16, 8, 1, groups=2).algorithms(be, (4, 4, 4)).values()) == {"columns"}
+    assert Conv2d(cpu_conv.POINTWISE_MAX_DEPTH + 1, 8, 1).algorithms(be, (8, 8))["forward"] == "columns"
+    assert Conv2d(16, 8, 1).algorithms(be, (7, 7))["forward"] == "columns"
     up = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
     assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
     assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"
