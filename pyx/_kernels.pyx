@@ -1237,9 +1237,6 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
             panel_gemm_team_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta, b, threads, by_rows)
 
 
-POINTWISE_ACTIVATIONS = {None: 0, "relu": 1, "bounded_relu": 2}  # pointwise_conv's act codes
-
-
 def pointwise_min_positions(int itemsize):
     """The fewest positions (columns of x) pointwise_conv takes for values of `itemsize` bytes: one
     panel of 64 bytes."""
@@ -1250,7 +1247,7 @@ def pointwise_conv(real[:, ::1] w, real[:, ::1] x, real[:, ::1] y, real[::1] bia
                    int threads=1):
     """y = act(w @ x + bias[:, None]) for one sample of a pointwise convolution: w [cout, cin], x
     [cin, S] (S >= pointwise_min_positions), y [cout, S], bias (cout values) or None; act 0 none, 1
-    ReLU, 2 ReLU capped at cap (POINTWISE_ACTIVATIONS). On a team of up to `threads`, sharing the
+    ReLU, 2 ReLU capped at cap. On a team of up to `threads`, sharing the
     positions (panels.h pointwise_conv)."""
     cdef long cout = w.shape[0], cin = w.shape[1], S = x.shape[1]
     if x.shape[0] != cin or y.shape[0] != cout or y.shape[1] != S or cin < 1 or cout < 1:

@@ -74,13 +74,16 @@ typedef struct {
 
 /* Row i of a tile's sums (nr <= 16 of them, from channel col) back to c. */
 static inline void lamina_int8_store_row(const lamina_int8_out *o, long i, long col, long nr, const int32_t *sums) {
-    float *c = o->c + i * o->ldc + col;
-    const float rs = o->row_scale[i];
-    const int32_t zero = o->zero[i];
-    for (long j = 0; j < nr; j++) {
-        float v = rs * o->col_scale[col + j] * (float)(sums[j] - zero * o->col_sum[col + j]);
-        c[j] = v + (o->bias ? o->bias[col + j] : (o->beta != 0.0f ? o->beta * c[j] : 0.0f));
-    }
+    lamina_dequantize_row(sums, nr, o->row_scale[i], o->zero[i], o->col_scale + col, o->col_sum + col,
+                          o->bias ? o->bias + col : NULL, o->beta, o->c + i * o->ldc + col);
+}
+
+/* One row of a (k values) as u8 in `levels` steps into u, zero-padded to ldu bytes (whole quads),
+ * with its scale and zero point */
+static inline void lamina_int8_quantize_row(const float *a, long k, int levels, uint8_t *u, long ldu, float *scale,
+                                            int32_t *zero) {
+    lamina_quantize_row_u8(a, k, levels, u, scale, zero);
+    memset(u + k, 0, ldu - k);
 }
 
 /* Rows [0, mr) of a tile (u: u8 rows of stride ldu, whole quads) times one panel, any CPU. */
@@ -212,10 +215,8 @@ typedef struct {
 static void lamina_int8_quantize_member(void *job, int t, int nt) {
     lamina_int8_job *j = job;
     for (long i = t * j->m / nt; i < (t + 1) * j->m / nt; i++) {
-        uint8_t *row = j->u + i * j->ldu;
-        lamina_quantize_row_u8(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, row, &j->out.row_scale[i],
-                               &j->out.zero[i]);
-        memset(row + j->k, 0, j->ldu - j->k);
+        lamina_int8_quantize_row(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, j->u + i * j->ldu, j->ldu,
+                                 &j->out.row_scale[i], &j->out.zero[i]);
     }
 }
 

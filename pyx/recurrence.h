@@ -127,11 +127,9 @@ static void lamina_int8_share_product_f(const lamina_share *sh, long b, long H, 
     uint8_t *u = (uint8_t *)rd->scratch + t * rd->per_thread;
     float *row_scale = (float *)(u + rd->rows * rd->ldu);
     int32_t *zero = (int32_t *)(row_scale + rd->rows);
-    for (long i = 0; i < m; i++) {
-        lamina_quantize_row_u8(a + (sh->first + i * sh->stride) * H, H, rd->levels, u + i * rd->ldu, &row_scale[i],
-                               &zero[i]);
-        memset(u + i * rd->ldu + H, 0, rd->ldu - H);
-    }
+    for (long i = 0; i < m; i++)
+        lamina_int8_quantize_row(a + (sh->first + i * sh->stride) * H, H, rd->levels, u + i * rd->ldu, rd->ldu,
+                                 &row_scale[i], &zero[i]);
     lamina_int8_out o = {row_scale, zero, rd->col_scale, NULL, rd->col_sum, beta, c + sh->first * ldc,
                          sh->stride * ldc};
     if (sh->width == H)

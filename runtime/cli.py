@@ -465,18 +465,17 @@ def cmd_devices(args):
     for family, path in compiled.describe().items():
         print(f"     {family}: {path}")
     sets = set(cpu.instruction_sets())
-    if low_precision_products() == "mkl":
+    products = low_precision_products()
+    bf16 = "float32 products of the operands rounded to bfloat16"
+    int8 = "float32 products of the int8 weights and the activations snapped to their u8 grids"
+    if products == "mkl":
         bf16 = "MKL's packed bfloat16 GEMM" + (" on AMX" if "amx_bf16" in sets else
                                                " on AVX512-BF16" if "avx512_bf16" in sets else "")
         int8 = "MKL's packed u8 x s8 GEMM" + (" on AMX" if "amx_int8" in sets else
                                              " on VNNI" if sets & {"avx512_vnni", "avx_vnni"} else
                                              " (activations in 127 steps: no int8 dot product)")
-    else:
-        bf16 = "float32 products of the operands rounded to bfloat16"
-        int8 = "float32 products of the int8 weights and the activations snapped to their u8 grids"
-    if low_precision_products() == "lamina":
-        from .backends.cpu.compiled import _kernels
-        int8 = ("lamina's u8 x s8 panels, " + ("AVX2" if _kernels.int8_uses_avx2() else "portable code")
+    elif products == "lamina":
+        int8 = ("lamina's u8 x s8 panels, " + ("AVX2" if compiled._kernels.int8_uses_avx2() else "portable code")
                 + " (activations in 127 steps)")
     forced = " (forced)" if os.environ.get("LAMINA_LOW_PRECISION") else ""
     print(f"     bfloat16 products: {bf16}{forced}")

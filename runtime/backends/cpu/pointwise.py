@@ -30,7 +30,7 @@ def forward(geom, weight, ctx, bias=None, relu=False, cap=math.inf):
     w = weight.buffer.reshape(geom.out_channels, geom.in_channels)
     act = 0 if not relu else 1 if cap == math.inf else 2
     xs, ys = x.reshape(n, geom.in_channels, positions), y.reshape(n, geom.out_channels, positions)
-    team = free_threads() if n < columns.threads(ctx) or n == 1 else 1
+    team = free_threads() if n == 1 else 1  # (a lone sample's positions shared by the team)
 
     def samples(t, items):
         for i in items:
