@@ -231,6 +231,10 @@ cdef extern from "panels.h" nogil:
                                const float* bias, int act, float cap, int threads)
     void pointwise_conv_team_d(long cout, long cin, long S, const double* w, const double* x, double* y,
                                const double* bias, int act, double cap, int threads)
+    void pointwise_positions_team_f(long cout, long cin, long S, const float* packed, const float* x, float* y,
+                                    const float* bias, int act, float cap, int threads)
+    void pointwise_positions_team_d(long cout, long cin, long S, const double* packed, const double* x, double* y,
+                                    const double* bias, int act, double cap, int threads)
 
 
 cdef extern from "int8_panels.h" nogil:
@@ -1265,6 +1269,36 @@ def pointwise_conv(real[:, ::1] w, real[:, ::1] x, real[:, ::1] y, real[::1] bia
             pointwise_conv_team_f(cout, cin, S, &w[0, 0], &x[0, 0], &y[0, 0], b, act, <float>cap, threads)
         else:
             pointwise_conv_team_d(cout, cin, S, &w[0, 0], &x[0, 0], &y[0, 0], b, act, cap, threads)
+
+
+def pointwise_positions(real[::1] packed, real[:, ::1] x, real[:, ::1] y, real[::1] bias=None, int act=0,
+                        double cap=0.0, int threads=1):
+    """y = act(w @ x + bias[:, None]) for one sample of a pointwise convolution, by tiles of
+    positions: packed holds the panels of w transposed (panel_pack(w, True, 1.0, packed), w
+    [cout, cin]), x [cin, S], y [cout, S] (any S >= 1), bias (cout values) or None; act as
+    pointwise_conv's. On a team of up to `threads`, sharing the output channels' panels (or the
+    positions, where the panels are few) (panels.h pointwise_positions)."""
+    cdef long cin = x.shape[0], S = x.shape[1], cout = y.shape[0]
+    cdef long panels = panel_count_f(cout) if real is float else panel_count_d(cout)
+    cdef long need = panels * cin * (64 // sizeof(real))
+    if y.shape[1] != S or cin < 1 or cout < 1 or S < 1:
+        raise ValueError(f"pointwise_positions: x ({cin}, {S}) -> y must be (cout, {S}), found ({cout}, "
+                         f"{y.shape[1]}); every size at least 1")
+    if packed.shape[0] != need:
+        raise ValueError(f"pointwise_positions: packed must hold the panels of a ({cout}, {cin}) weight "
+                         f"transposed, {need} values, found {packed.shape[0]}")
+    if bias is not None and bias.shape[0] != cout:
+        raise ValueError(f"pointwise_positions: bias must hold {cout} values (one per output channel), found "
+                         f"{bias.shape[0]}")
+    if act not in (0, 1, 2) or threads < 1:
+        raise ValueError(f"pointwise_positions: act must be 0, 1 or 2 and threads at least 1, found {act} and "
+                         f"{threads}")
+    cdef real* b = &bias[0] if bias is not None else NULL
+    with nogil:
+        if real is float:
+            pointwise_positions_team_f(cout, cin, S, &packed[0], &x[0, 0], &y[0, 0], b, act, <float>cap, threads)
+        else:
+            pointwise_positions_team_d(cout, cin, S, &packed[0], &x[0, 0], &y[0, 0], b, act, cap, threads)
 
 
 # ---------------------------------------------------------------- lamina's int8 product (int8_panels.h)

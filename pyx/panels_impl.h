@@ -34,23 +34,32 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_prefetch)(const
 }
 
 /* What a pointwise convolution's tile does as it stores (NULL in a plain product): add its row's
- * bias (row_bias + the tile's first row, or NULL), then a ReLU (act 1) or a ReLU capped at cap
- * (act 2), as epilogue.h's kernels do. */
+ * bias (row_bias + the tile's first row, or NULL) or its columns' biases (col_bias: NR values,
+ * or NULL), then a ReLU (act 1) or a ReLU capped at cap (act 2), as epilogue.h's kernels do. */
 typedef struct {
-    const REAL *row_bias;
+    const REAL *row_bias, *col_bias;
     int act;
     REAL cap;
 } SUFFIXED(panel_epilogue);
 
-/* One row of a tile back to c: c[0..nr) = acc + beta·c (c not read when beta is 0), or with an
- * epilogue act(acc + bias) (beta unused). */
-static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c, long nr, VEC lo, VEC hi, REAL beta,
+/* One row of a tile back to c: c[j·cstep] = acc[j] + beta·c[j·cstep] for j < nr (c not read when
+ * beta is 0), or with an epilogue act(acc + bias) (beta unused). cstep is 1 (a row of c) or the
+ * distance between c's columns (a tile stored transposed). */
+static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c, long cstep, long nr, VEC lo,
+                                                                        VEC hi, REAL beta,
                                                                         const SUFFIXED(panel_epilogue) *epi, long row) {
     const long NR = 2 * LANES;
     if (epi) {
         if (epi->row_bias) {
             lo += epi->row_bias[row];
             hi += epi->row_bias[row];
+        }
+        if (epi->col_bias) {
+            VEC b0, b1;
+            memcpy(&b0, epi->col_bias, sizeof b0);
+            memcpy(&b1, epi->col_bias + LANES, sizeof b1);
+            lo += b0;
+            hi += b1;
         }
         if (epi->act == 1) {
             lo = SUFFIXED(relu)(lo);
@@ -61,7 +70,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c,
         }
         beta = 0;
     }
-    if (nr == NR) {
+    if (nr == NR && cstep == 1) {
         if (beta != 0) {
             VEC o0, o1;
             memcpy(&o0, c, sizeof o0);
@@ -75,19 +84,22 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c,
         REAL t[2 * LANES];
         memcpy(t, &lo, sizeof lo);
         memcpy(t + LANES, &hi, sizeof hi);
-        for (long j = 0; j < nr; j++) c[j] = beta != 0 ? t[j] + beta * c[j] : t[j];
+        for (long j = 0; j < nr; j++) c[j * cstep] = beta != 0 ? t[j] + beta * c[j * cstep] : t[j];
     }
 }
 
 /* One tile: rows [0, mr) of c (mr <= ROWS <= PANEL_MR) from the same rows of a and one panel
  * (its rows ldp values apart: NR in a pack, a row of the matrix itself in a pointwise
- * convolution). ROWS is a constant where this is inlined, so the loops over rows unroll and the
- * 2·ROWS sums stay in registers; rows past mr read row 0 again and are not stored. (x = v - 0
- * broadcasts v: unlike v + 0 it is exact for -0, so the compiler drops the subtraction.) */
+ * convolution). a's row i holds its depth kk at a[i·lda + kk·astep], c's row i its column j at
+ * c[i·ldc + j·cstep]: astep and cstep are 1 but in a pointwise convolution by positions, which
+ * reads the input as its transpose and stores the tile transposed. ROWS (and the steps) are
+ * constants where this is inlined, so the loops over rows unroll and the 2·ROWS sums stay in
+ * registers; rows past mr read row 0 again and are not stored. (x = v - 0 broadcasts v: unlike
+ * v + 0 it is exact for -0, so the compiler drops the subtraction.) */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const long ROWS, long mr, long k,
-                                                                       const REAL *a, long lda,
+                                                                       const REAL *a, long lda, long astep,
                                                                        const REAL *panel, long ldp, REAL *c,
-                                                                       long ldc, long nr, REAL beta,
+                                                                       long ldc, long cstep, long nr, REAL beta,
                                                                        const SUFFIXED(panel_epilogue) *epi) {
     const long NR = 2 * LANES;
     const REAL *ar[PANEL_MR];
@@ -104,13 +116,13 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
         memcpy(&b0, bp, sizeof b0);
         memcpy(&b1, bp + LANES, sizeof b1);
         for (long i = 0; i < ROWS; i++) {
-            VEC x = ar[i][kk] - (VEC){0};
+            VEC x = ar[i][kk * astep] - (VEC){0};
             lo[i] += x * b0;
             hi[i] += x * b1;
         }
     }
     for (long i = 0; i < ROWS; i++)
-        if (i < mr) SUFFIXED(panel_store)(c + i * ldc, nr, lo[i], hi[i], beta, epi, i);
+        if (i < mr) SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo[i], hi[i], beta, epi, i);
 }
 
 /* One or two rows (a lone sequence's step, the tail of a batch): the sums above would be two or
@@ -119,8 +131,10 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
  * of sums, added at the end: twice the chains, twice the rate. ROWS (1 or 2) is a constant
  * where this is inlined. */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(const long ROWS, long k, const REAL *a,
-                                                                              long lda, const REAL *panel, long ldp,
-                                                                              REAL *c, long ldc, long nr, REAL beta,
+                                                                              long lda, long astep,
+                                                                              const REAL *panel, long ldp, REAL *c,
+                                                                              long ldc, long cstep, long nr,
+                                                                              REAL beta,
                                                                               const SUFFIXED(panel_epilogue) *epi) {
     const long NR = 2 * LANES;
     VEC lo[2][2], hi[2][2];
@@ -140,7 +154,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
         memcpy(&b2, bp + ldp, sizeof b2);
         memcpy(&b3, bp + ldp + LANES, sizeof b3);
         for (long i = 0; i < ROWS; i++) {
-            VEC x = a[i * lda + kk] - (VEC){0}, y = a[i * lda + kk + 1] - (VEC){0};
+            VEC x = a[i * lda + kk * astep] - (VEC){0}, y = a[i * lda + (kk + 1) * astep] - (VEC){0};
             lo[0][i] += x * b0;
             hi[0][i] += x * b1;
             lo[1][i] += y * b2;
@@ -152,28 +166,30 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
         memcpy(&b0, bp, sizeof b0);
         memcpy(&b1, bp + LANES, sizeof b1);
         for (long i = 0; i < ROWS; i++) {
-            VEC x = a[i * lda + kk] - (VEC){0};
+            VEC x = a[i * lda + kk * astep] - (VEC){0};
             lo[0][i] += x * b0;
             hi[0][i] += x * b1;
         }
     }
     for (long i = 0; i < ROWS; i++)
-        SUFFIXED(panel_store)(c + i * ldc, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta, epi, i);
+        SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta, epi, i);
 }
 
-/* Rows [0, mr) of c from the same rows of a and one panel, the tile for mr rows (6, 4, 2, 1). */
+/* Rows [0, mr) of c from the same rows of a and one panel, the tile for mr rows (6, 4, 2, 1);
+ * astep and cstep as panel_tile's. */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_rows)(long mr, long k, const REAL *a, long lda,
-                                                                       const REAL *panel, long ldp, REAL *c,
-                                                                       long ldc, long nr, REAL beta,
+                                                                       long astep, const REAL *panel, long ldp,
+                                                                       REAL *c, long ldc, long cstep, long nr,
+                                                                       REAL beta,
                                                                        const SUFFIXED(panel_epilogue) *epi) {
     if (mr > 4)
-        SUFFIXED(panel_tile)(6, mr, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+        SUFFIXED(panel_tile)(6, mr, k, a, lda, astep, panel, ldp, c, ldc, cstep, nr, beta, epi);
     else if (mr > 2)
-        SUFFIXED(panel_tile)(4, mr, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+        SUFFIXED(panel_tile)(4, mr, k, a, lda, astep, panel, ldp, c, ldc, cstep, nr, beta, epi);
     else if (mr == 2)
-        SUFFIXED(panel_tile_narrow)(2, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+        SUFFIXED(panel_tile_narrow)(2, k, a, lda, astep, panel, ldp, c, ldc, cstep, nr, beta, epi);
     else
-        SUFFIXED(panel_tile_narrow)(1, k, a, lda, panel, ldp, c, ldc, nr, beta, epi);
+        SUFFIXED(panel_tile_narrow)(1, k, a, lda, astep, panel, ldp, c, ldc, cstep, nr, beta, epi);
 }
 
 /* c[m x n] = a[m x k] · P + beta·c over panels [p0, p1) of P (their columns of c only). Rows go
@@ -195,7 +211,8 @@ LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REA
             long col = p * NR, nr = n - col < NR ? n - col : NR;
             for (long i = i0; i < i1; i += PANEL_MR) {
                 long mr = i1 - i < PANEL_MR ? i1 - i : PANEL_MR;
-                SUFFIXED(panel_rows)(mr, k, a + i * lda, lda, panel, NR, c + i * ldc + col, ldc, nr, beta, NULL);
+                SUFFIXED(panel_rows)(mr, k, a + i * lda, lda, 1, panel, NR, c + i * ldc + col, ldc, 1, nr, beta,
+                                     NULL);
             }
         }
     }
@@ -254,10 +271,10 @@ LAMINA_CLONES static void SUFFIXED(pointwise_conv)(long cout, long cin, long S, 
         long c1 = last - c0 < chunk ? last : c0 + chunk;
         for (long i = 0; i < cout; i += PANEL_MR) {
             long mr = cout - i < PANEL_MR ? cout - i : PANEL_MR;
-            SUFFIXED(panel_epilogue) rows = {epi->row_bias ? epi->row_bias + i : NULL, epi->act, epi->cap};
+            SUFFIXED(panel_epilogue) rows = {epi->row_bias ? epi->row_bias + i : NULL, NULL, epi->act, epi->cap};
             for (long p = c0; p < c1; p++) {
                 long col = p < whole ? p * NR : S - NR;
-                SUFFIXED(panel_rows)(mr, cin, w + i * cin, cin, x + col, S, y + i * S + col, S, NR, 0, &rows);
+                SUFFIXED(panel_rows)(mr, cin, w + i * cin, cin, 1, x + col, S, y + i * S + col, S, 1, NR, 0, &rows);
             }
         }
     }
@@ -281,6 +298,63 @@ static void SUFFIXED(pointwise_member)(void *job, int t, int nt) {
 static void SUFFIXED(pointwise_conv_team)(long cout, long cin, long S, const REAL *w, const REAL *x, REAL *y,
                                           const REAL *bias, int act, REAL cap, int threads) {
     const long whole = S / (2 * LANES);
-    SUFFIXED(pointwise_job) job = {cout, cin, S, w, x, y, {bias, act, cap}};
+    SUFFIXED(pointwise_job) job = {cout, cin, S, w, x, y, {bias, NULL, act, cap}};
     lamina_team_run(threads < whole ? threads : (int)whole, SUFFIXED(pointwise_member), &job);
+}
+
+/* A pointwise convolution of one sample by positions: y[cout x S] = act(w · x + bias), as
+ * pointwise_conv but with the roles turned: c = xᵀ · wᵀ, tiles of 6 positions x one panel of 16
+ * (8 double) output channels, wᵀ packed once into panels (panel_pack of w transposed: a pack
+ * whose panels stream contiguously), x read in place as its transpose (position i, depth kk at
+ * x[kk·S + i]) and each tile stored transposed into y (channel j, position i at y[j·S + i]) with
+ * its channels' biases and the activation. For samples of few positions (a panel of positions
+ * would be mostly padding) and deep inputs (rows of w broadcast from cin apart), where the
+ * product over panels of positions loses. Panels [q0, q1) of the output channels, positions
+ * [r0, r1); a panel's positions go in runs whose x stays in L1 (ROWS positions of every depth
+ * cannot: the run is one tile). */
+LAMINA_CLONES static void SUFFIXED(pointwise_positions)(long cout, long cin, long S, const REAL *packed,
+                                                        const REAL *x, REAL *y,
+                                                        const SUFFIXED(panel_epilogue) *epi, long q0, long q1,
+                                                        long r0, long r1) {
+    const long NR = 2 * LANES;
+    for (long p = q0; p < q1; p++) {
+        const long col = p * NR, nr = cout - col < NR ? cout - col : NR;
+        REAL bias[2 * LANES] = {0};
+        for (long j = 0; j < nr && epi->col_bias; j++) bias[j] = epi->col_bias[col + j];
+        SUFFIXED(panel_epilogue) cols = {NULL, epi->col_bias ? bias : NULL, epi->act, epi->cap};
+        const REAL *panel = packed + p * cin * NR;
+        for (long i = r0; i < r1; i += PANEL_MR) {
+            long mr = r1 - i < PANEL_MR ? r1 - i : PANEL_MR;
+            SUFFIXED(panel_rows)(mr, cin, x + i, 1, S, panel, NR, y + col * S + i, 1, S, nr, 0, &cols);
+        }
+    }
+}
+
+typedef struct {
+    long cout, cin, S;
+    const REAL *packed, *x;
+    REAL *y;
+    SUFFIXED(panel_epilogue) epi;
+    int by_rows;
+} SUFFIXED(positions_job);
+
+static void SUFFIXED(positions_member)(void *job, int t, int nt) {
+    const SUFFIXED(positions_job) *j = job;
+    const lamina_product_share sh =
+        lamina_product_share_of(j->by_rows, j->S, PANEL_MR, 0, SUFFIXED(panel_count)(j->cout), t, nt);
+    if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
+        SUFFIXED(pointwise_positions)(j->cout, j->cin, j->S, j->packed, j->x, j->y, &j->epi, sh.q0, sh.q1, sh.r0,
+                                      sh.r1);
+}
+
+/* pointwise_positions of a whole sample on a team of up to `threads`: each member takes a share
+ * of the output channels' panels, or where there are fewer panels than twice the team, a share
+ * of the positions' tiles. bias: cout values or NULL. */
+static void SUFFIXED(pointwise_positions_team)(long cout, long cin, long S, const REAL *packed, const REAL *x,
+                                               REAL *y, const REAL *bias, int act, REAL cap, int threads) {
+    const long panels = SUFFIXED(panel_count)(cout), tiles = (S + PANEL_MR - 1) / PANEL_MR;
+    const int by_rows = panels < 2L * threads;
+    const long shares = by_rows ? tiles : panels;
+    SUFFIXED(positions_job) job = {cout, cin, S, packed, x, y, {NULL, bias, act, cap}, by_rows};
+    lamina_team_run(threads < shares ? threads : (int)shares, SUFFIXED(positions_member), &job);
 }

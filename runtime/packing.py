@@ -15,23 +15,28 @@ from .threads import get_num_threads
 class PackedWeight:
     """alpha * op(param) packed for `backend.packed_gemm`, rebuilt whenever it would be stale."""
 
-    def __init__(self, param, trans=False, alpha=1.0, precision="float32"):
+    def __init__(self, param, trans=False, alpha=1.0, precision="float32", method="pack"):
         self.param, self.trans, self.alpha, self.precision = param, trans, alpha, precision
+        self.method = method  # the backend's packing method: pack, or pack_panels (the CPU's own panels)
         self._packed = None
         self._key = None
         self._lock = threading.Lock()
         self.repacks = 0  # how many times it was (re)built; tests read it
 
     def get(self, backend, rows):
-        """The pack for `backend`, valid for products with up to `rows` rows on the left."""
+        """The pack for `backend`, valid for products with up to `rows` rows on the left. A
+        parameter of more than two axes (a convolution's weight [out, in, k...]) packs as the
+        matrix [out, in·k...]."""
         buffer = self.param.buffer
         key = (self.param.version, id(buffer), id(backend), getattr(backend, "blas_name", None),
                get_num_threads())
+        if buffer.ndim > 2:
+            buffer = buffer.reshape(buffer.shape[0], -1)
         with self._lock:
             packed = self._packed
             if packed is None or key != self._key or rows > packed.max_rows:
                 max_rows = max(rows, packed.max_rows if packed is not None and key == self._key else 0)
-                packed = backend.pack(buffer, self.trans, self.alpha, max_rows, self.precision)
+                packed = getattr(backend, self.method)(buffer, self.trans, self.alpha, max_rows, self.precision)
                 self._packed, self._key = packed, key
                 self.repacks += 1
         return packed

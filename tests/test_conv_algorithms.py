@@ -10,6 +10,7 @@ import pytest
 import lamina as lm
 from lamina.backends.cpu import _kernels
 from lamina.backends.cpu import conv_algorithms as cpu_conv
+from lamina.backends.cpu import pointwise as cpu_pointwise
 from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
 from lamina.testing import add_probe_cost, check_gradients, probe_feed
 from lamina.threads import SettingError
@@ -48,10 +49,13 @@ POINTWISE = [
     (Conv3d, 4, 6, (3, 4, 5), dict(kernel_size=1, groups=2)),
     (Conv2d, 3, 1, (5, 7), dict(kernel_size=1, bias=False)),
     # one group: output channels past whole tiles of 6 rows, positions past whole panels of 16
-    # floats (the last panel ends where the rows end) and fewer than one panel (columns), depth
+    # floats (the last panel ends where the rows end), depth; by positions: fewer positions than
+    # the panels take (49, 15), and an input deeper than they take (output channels past one
+    # panel of 16, positions past whole tiles of 6)
     (Conv2d, 13, 11, (7, 7), dict(kernel_size=1)),
     (Conv2d, 5, 7, (3, 5), dict(kernel_size=1)),
     (Conv3d, 3, 20, (2, 3, 9), dict(kernel_size=1, bias=False)),
+    (Conv2d, 260, 20, (9, 9), dict(kernel_size=1)),
 ]
 # one group per input channel (depthwise): strides, dilation, asymmetric padding, a channel
 # multiplier, a volume, windows past the input's edges on every side
@@ -213,13 +217,17 @@ def test_the_rule_and_measure_mode(algorithm):
     assert wide.algorithms(be) == {"forward": "winograd", "input grad": "winograd", "weight grad": "direct"}
     assert narrow.algorithms(be)["forward"] == "direct"  # one input channel: Winograd pads it to eight
     assert Conv3d(4, 4, 3, stride=2).algorithms(be)["forward"] == "columns"
-    # pointwise: panel tiles on the input forward, GEMMs on it backward; with groups, more input
-    # channels than the kernel's depth or fewer positions than its floor, GEMMs both ways
+    # pointwise: panel tiles on the input forward, GEMMs on it backward (with groups, GEMMs both
+    # ways); by panels of positions, or by tiles of positions where the sample has fewer
+    # positions than the panels take or its input is deeper than they take
     pointwise = {"forward": "pointwise", "input grad": "columns", "weight grad": "columns"}
     assert Conv3d(16, 8, 1).algorithms(be, (4, 4, 4)) == pointwise
     assert set(Conv3d(16, 8, 1, groups=2).algorithms(be, (4, 4, 4)).values()) == {"columns"}
-    assert Conv2d(cpu_conv.POINTWISE_MAX_DEPTH + 1, 8, 1).algorithms(be, (8, 8))["forward"] == "columns"
-    assert Conv2d(16, 8, 1).algorithms(be, (7, 7))["forward"] == "columns"
+    deep = Conv2d(cpu_pointwise.PANELS_MAX_DEPTH + 1, 8, 1)
+    assert deep.algorithms(be, (8, 8)) == pointwise and Conv2d(16, 8, 1).algorithms(be, (7, 7)) == pointwise
+    assert cpu_pointwise.by_positions(deep.geometry((8, 8)), 64)
+    assert cpu_pointwise.by_positions(Conv2d(16, 8, 1).geometry((7, 7)), 49)
+    assert not cpu_pointwise.by_positions(Conv2d(cpu_pointwise.PANELS_MAX_DEPTH, 8, 1).geometry((8, 8)), 64)
     up = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
     assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
     assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"
@@ -638,3 +646,65 @@ def test_pointwise_kernel_on_a_team_equals_the_gemm(dtype):
         _kernels.pointwise_conv(w, x, y[1:].copy(), None, 0, 0.0, 1)
     with pytest.raises(ValueError, match="bias must hold 21 values"):
         _kernels.pointwise_conv(w, x, y, bias[1:].copy(), 0, 0.0, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pointwise_by_positions_on_a_team_equals_the_gemm(dtype):
+    """The kernel by tiles of positions against W's panels: against numpy's product with the
+    bias and each activation, on teams sharing the panels of output channels (many) or the
+    tiles of positions (few); sizes past whole tiles and panels; what it refuses."""
+    rng = np.random.default_rng(5)
+    be = lm.CPUBackend()
+    tol = 1e-12 if dtype == np.float64 else 3e-5
+    for cout, cin, positions in ((21, 19, 6 * 7 + 5), (70, 300, 49), (1, 1, 1), (9, 4, 3)):
+        w, x = rng.standard_normal((cout, cin)).astype(dtype), rng.standard_normal((cin, positions)).astype(dtype)
+        bias = rng.standard_normal(cout).astype(dtype)
+        panels = be.pack_panels(w, True).panels
+        product = w.astype(np.float64) @ x + bias[:, None]
+        for act, cap, want in ((0, 0.0, product), (1, 0.0, np.maximum(product, 0)), (2, 1.5, np.clip(product, 0, 1.5))):
+            for threads in range(1, lm.get_num_threads() + 3):
+                y = np.full((cout, positions), np.nan, dtype)
+                _kernels.pointwise_positions(panels, x, y, bias, act, cap, threads)
+                np.testing.assert_allclose(y, want, rtol=tol, atol=tol, err_msg=f"{cout, cin, positions, act, threads}")
+        y = np.empty((cout, positions), dtype)
+        _kernels.pointwise_positions(panels, x, y, None, 0, 0.0, 2)
+        np.testing.assert_allclose(y, product - bias[:, None], rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match=r"packed must hold the panels of a \(9, 4\) weight transposed"):
+        _kernels.pointwise_positions(panels[1:].copy(), x, y, None, 0, 0.0, 1)
+    with pytest.raises(ValueError, match=r"pointwise_positions: x \(4, 3\) -> y must be \(cout, 3\)"):
+        _kernels.pointwise_positions(panels, x, y[:, 1:].copy(), None, 0, 0.0, 1)
+    with pytest.raises(ValueError, match="bias must hold 9 values"):
+        _kernels.pointwise_positions(panels, x, y, bias[1:].copy(), 0, 0.0, 1)
+    with pytest.raises(ValueError, match="act must be 0, 1 or 2"):
+        _kernels.pointwise_positions(panels, x, y, None, 3, 0.0, 1)
+
+
+def test_pointwise_by_positions_follows_the_weights_it_was_packed_from():
+    """The pointwise convolution by positions multiplies by W's panels, packed once and kept
+    across runs; a change of W (an optimizer step, an assignment) packs them again, in inference
+    and in training."""
+    rng = np.random.default_rng(6)
+    layer = Conv2d(300, 10, 1)
+    net = lm.Network()
+    net.outputs(y=layer(net.input("x", (300, 5, 5))))
+    assert cpu_pointwise.by_positions(layer.geometry((5, 5)), 25)
+    x = rng.standard_normal((2, 300, 5, 5)).astype(np.float32)
+
+    def want():
+        w, b = layer.params["weight"].buffer.reshape(10, 300).astype(np.float64), layer.params["bias"].buffer
+        return np.einsum("oc,ncp->nop", w, x.reshape(2, 300, 25)).reshape(2, 10, 5, 5) + b[:, None, None]
+
+    for _ in range(2):
+        np.testing.assert_allclose(net.run({"x": x})["y"], want(), rtol=2e-5, atol=2e-5)
+    packs = [p for p in layer._packs.values()]
+    assert [p.repacks for p in packs] == [1]
+    layer.params["weight"].assign(rng.standard_normal((10, 300, 1, 1)).astype(np.float32))
+    np.testing.assert_allclose(net.run({"x": x})["y"], want(), rtol=2e-5, atol=2e-5)
+    assert packs[0].repacks == 2
+    opt = lm.optim.SGD(net, lr=0.1)
+    for step in range(2):
+        out = net.forward({"x": x}, training=True, grad_outputs=["y"])
+        np.testing.assert_allclose(np.asarray(out["y"]), want(), rtol=2e-5, atol=2e-5, err_msg=str(step))
+        net.backward(grad_outputs={"y": np.ones((2, 10, 5, 5), np.float32)})
+        opt.step()
+    assert packs[0].repacks == 3  # (the second forward followed the first step)

@@ -70,7 +70,7 @@ class Layer:
     def __init__(self, name: Optional[str] = None) -> None:
         self.name = name
         self.params: dict[str, Parameter] = {}
-        self._packs: dict = {}  # (id(param), transposed) -> PackedWeight (packed_weight)
+        self._packs: dict = {}  # (id(param), transposed, precision, method) -> PackedWeight (packed_weight)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"
@@ -102,14 +102,14 @@ class Layer:
         them in it."""
         return ()
 
-    def packed_weight(self, be, param, transpose, rows, precision="float32"):
-        """op(param) packed for backend `be` (Backend.pack) and products in `precision`, for
-        products of up to `rows` rows, rebuilt whenever the parameter's values or the backend
-        change (lamina.packing)."""
-        key = (id(param), transpose, precision)
+    def packed_weight(self, be, param, transpose, rows, precision="float32", method="pack"):
+        """op(param) packed for backend `be` (Backend.pack, or the backend's `method` of the same
+        arguments) and products in `precision`, for products of up to `rows` rows, rebuilt
+        whenever the parameter's values or the backend change (lamina.packing)."""
+        key = (id(param), transpose, precision, method)
         pack = self._packs.get(key)
         if pack is None or pack.param is not param:
-            pack = self._packs[key] = PackedWeight(param, trans=transpose, precision=precision)
+            pack = self._packs[key] = PackedWeight(param, trans=transpose, precision=precision, method=method)
         return pack.get(be, rows)
 
     def bind_parameters(self):

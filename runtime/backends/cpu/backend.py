@@ -276,9 +276,18 @@ class CPUBackend(HostStatistics, Backend):
                             scales=(scales * np.float32(alpha)).astype(np.float32), sums=q.sum(axis=1, dtype=np.int32))
 
     def _float_pack(self, b, trans, alpha, max_rows):
-        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         if self.blas_name == "mkl":
+            k, n = (b.shape[1], b.shape[0]) if trans else b.shape
             return PackedMatrix("mkl", k, n, b.dtype, max(max_rows, 1), handle=self.blas.pack_b(b, trans, alpha, max_rows))
+        return self.pack_panels(b, trans, alpha, max_rows)
+
+    def pack_panels(self, b, trans=False, alpha=1.0, max_rows=1, precision="float32"):
+        """lamina's panels of alpha·op(b) whatever the BLAS (pack's 'panels' provider), for kernels
+        that read the panels themselves (the pointwise convolution by positions)."""
+        _float("pack_panels", "b", b, ndim=2)
+        if precision != "float32":
+            raise ValueError(f"pack_panels: panels hold float values, found precision {precision!r}")
+        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         panels = aligned_empty(K.panel_size(b, trans), b.dtype)
         K.panel_pack(b, trans, alpha, panels)
         return PackedMatrix("panels", k, n, b.dtype, max(max_rows, 1), panels=panels)

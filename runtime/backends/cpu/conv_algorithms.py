@@ -12,8 +12,9 @@
   output once from its column matrix instead of adding it into a zeroed output;
 - sub-pixel (cpu/phases.py): a strided transposed convolution as one stride-1 direct
   convolution per output phase, forward;
-- pointwise (cpu/pointwise.py): kernel 1, stride 1, no padding, one group: panel tiles of W
-  times the input itself, each stored with its bias and activation;
+- pointwise (cpu/pointwise.py): kernel 1, stride 1, no padding, one group: panel tiles over the
+  input itself (by panels of positions, or by tiles of positions against W's packed panels),
+  each stored with its bias and activation;
 - columns: vol2col + GEMM (lamina.backends.columns), everything else; for a pointwise
   convolution the GEMMs read the input itself (the direct kernel would copy the input and
   compute its channels by 4), and the rule takes it where the pointwise kernel does not apply
@@ -90,15 +91,8 @@ WINOGRAD_MIN_CHANNELS = 8
 # 2.07 / 9.29 / 3.48; 2 threads: 56x56 1.48 / 4.12 / 4.10, 7x7 2.08 / 15.2 / 3.00; batch 32,
 # 2 threads: 56x56 28.3 / 60.4 / 38.2, 7x7 36.0 / 112 / 36.6)
 DIRECT_MIN_POSITIONS = 8192
-# A one-group pointwise convolution runs on the pointwise kernel with at most this many input
-# channels and at least this many positions per sample, else on columns: on deeper products
-# OpenBLAS's blocking of the depth wins, and on fewer positions the last panel of 16 is mostly
-# padding (MobileNet-V2's layers at batch 1, 1 thread, alternating calls, columns' time over the
-# kernel's: 16 -> 96 at 112² 1.66x, 24 -> 144 at 56² 1.40x, 64 -> 384 at 14² 1.21x, 144 -> 24 at
-# 56² 1.22x, 192 -> 32 at 28² 1.17x, 256 -> 256 at 28² 0.99x, 576 -> 96 at 14² 0.99x; at 7²
-# (49 positions): 160 -> 960 1.00x, 320 -> 1280 0.89x, 960 -> 160 0.90x)
-POINTWISE_MAX_DEPTH = 256
-POINTWISE_MIN_POSITIONS = 64
+# A one-group pointwise convolution runs on the pointwise kernels (pointwise.py picks one of its
+# two by the sample's positions and depth), faster than columns at every MobileNet-V2 layer.
 _RULE = ("depthwise", "winograd", "direct", "depth taps", "depth to space", "sub-pixel", "columns")
 
 
@@ -108,9 +102,7 @@ def _pick(geom, found, positions=None):
     if _setting["mode"] in found:
         return _setting["mode"]
     if geom.pointwise:
-        own = ("pointwise" in found and geom.in_channels <= POINTWISE_MAX_DEPTH
-               and math.prod(geom.out_size) >= POINTWISE_MIN_POSITIONS)
-        return "pointwise" if own else "columns"
+        return "pointwise" if "pointwise" in found else "columns"
     skip = set()
     if min(geom.in_channels, geom.out_channels) < WINOGRAD_MIN_CHANNELS:
         skip.add("winograd")
