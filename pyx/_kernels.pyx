@@ -227,14 +227,14 @@ cdef extern from "panels.h" nogil:
                            float* c, long ldc, float beta, const float* bias, int threads, int by_rows)
     void panel_gemm_team_d(long m, long k, long n, const double* a, long lda, const double* packed, long p0,
                            long p1, double* c, long ldc, double beta, const double* bias, int threads, int by_rows)
-    void pointwise_conv_team_f(long cout, long cin, long S, const float* w, const float* x, float* y,
-                               const float* bias, int act, float cap, int threads)
-    void pointwise_conv_team_d(long cout, long cin, long S, const double* w, const double* x, double* y,
-                               const double* bias, int act, double cap, int threads)
-    void pointwise_positions_team_f(long cout, long cin, long S, const float* packed, const float* x, float* y,
-                                    const float* bias, int act, float cap, int threads)
-    void pointwise_positions_team_d(long cout, long cin, long S, const double* packed, const double* x, double* y,
-                                    const double* bias, int act, double cap, int threads)
+    void pointwise_conv_team_f(long cout, long cin, long S, const float* w, const float* x, long ldx, float* y,
+                               long ldy, const float* bias, int act, float cap, int threads)
+    void pointwise_conv_team_d(long cout, long cin, long S, const double* w, const double* x, long ldx, double* y,
+                               long ldy, const double* bias, int act, double cap, int threads)
+    void pointwise_positions_team_f(long cout, long cin, long S, const float* packed, const float* x, long ldx,
+                                    float* y, long ldy, const float* bias, int act, float cap, int threads)
+    void pointwise_positions_team_d(long cout, long cin, long S, const double* packed, const double* x, long ldx,
+                                    double* y, long ldy, const double* bias, int act, double cap, int threads)
 
 
 cdef extern from "int8_panels.h" nogil:
@@ -1247,58 +1247,73 @@ def pointwise_min_positions(int itemsize):
     return 64 // itemsize
 
 
-def pointwise_conv(real[:, ::1] w, real[:, ::1] x, real[:, ::1] y, real[::1] bias=None, int act=0, double cap=0.0,
-                   int threads=1):
+cdef long _row_stride(str where, str name, const real[:, :] a) except -1:
+    """The distance between a's rows in values, its values along a row adjacent (a block of columns
+    of a C-ordered matrix, or the matrix)."""
+    cdef Py_ssize_t size = sizeof(real)
+    if a.shape[1] > 1 and a.strides[1] != size or a.shape[0] > 1 and a.strides[0] < a.shape[1] * size:
+        raise ValueError(f"{where}: {name} must have its values along each row adjacent and its rows apart by at "
+                         f"least a row (a block of a matrix's columns), found strides {a.strides[0]}, {a.strides[1]}")
+    return a.strides[0] // size if a.shape[0] > 1 else a.shape[1]
+
+
+cdef int _pointwise_args(str where, long cout, long S, real[:, :] y, bias, int act, int threads) except -1:
+    if y.shape[0] != cout or y.shape[1] != S or cout < 1 or S < 1:
+        raise ValueError(f"{where}: y must be ({cout}, {S}) (output channels, positions), found ({y.shape[0]}, "
+                         f"{y.shape[1]}); every size at least 1")
+    if bias is not None and bias.shape[0] != cout:
+        raise ValueError(f"{where}: bias must hold {cout} values (one per output channel), found {bias.shape[0]}")
+    if act not in (0, 1, 2) or threads < 1:
+        raise ValueError(f"{where}: act must be 0, 1 or 2 and threads at least 1, found {act} and {threads}")
+    return 0
+
+
+def pointwise_conv(const real[:, ::1] w, const real[:, :] x, real[:, :] y, real[::1] bias=None, int act=0,
+                   double cap=0.0, int threads=1):
     """y = act(w @ x + bias[:, None]) for one sample of a pointwise convolution: w [cout, cin], x
     [cin, S] (S >= pointwise_min_positions), y [cout, S], bias (cout values) or None; act 0 none, 1
-    ReLU, 2 ReLU capped at cap. On a team of up to `threads`, sharing the
+    ReLU, 2 ReLU capped at cap. x and y may be blocks of columns of larger matrices (a block of a
+    column matrix and its columns of the output). On a team of up to `threads`, sharing the
     positions (panels.h pointwise_conv)."""
     cdef long cout = w.shape[0], cin = w.shape[1], S = x.shape[1]
-    if x.shape[0] != cin or y.shape[0] != cout or y.shape[1] != S or cin < 1 or cout < 1:
-        raise ValueError(f"pointwise_conv: w ({cout}, {cin}) x ({x.shape[0]}, {S}) -> y must be ({cout}, {S}), "
-                         f"found ({y.shape[0]}, {y.shape[1]}); every size at least 1")
+    if x.shape[0] != cin or cin < 1:
+        raise ValueError(f"pointwise_conv: w ({cout}, {cin}) x ({x.shape[0]}, {S}): x must have w's {cin} rows "
+                         f"(input channels), at least 1")
+    _pointwise_args("pointwise_conv", cout, S, y, bias, act, threads)
     if S < 64 // sizeof(real):
         raise ValueError(f"pointwise_conv: at least {64 // sizeof(real)} positions (a panel), found {S}")
-    if bias is not None and bias.shape[0] != cout:
-        raise ValueError(f"pointwise_conv: bias must hold {cout} values (one per output channel), found {bias.shape[0]}")
-    if act not in (0, 1, 2) or threads < 1:
-        raise ValueError(f"pointwise_conv: act must be 0, 1 or 2 and threads at least 1, found {act} and {threads}")
+    cdef long ldx = _row_stride("pointwise_conv", "x", x), ldy = _row_stride("pointwise_conv", "y", y)
     cdef real* b = &bias[0] if bias is not None else NULL
     with nogil:
         if real is float:
-            pointwise_conv_team_f(cout, cin, S, &w[0, 0], &x[0, 0], &y[0, 0], b, act, <float>cap, threads)
+            pointwise_conv_team_f(cout, cin, S, &w[0, 0], &x[0, 0], ldx, &y[0, 0], ldy, b, act, <float>cap, threads)
         else:
-            pointwise_conv_team_d(cout, cin, S, &w[0, 0], &x[0, 0], &y[0, 0], b, act, cap, threads)
+            pointwise_conv_team_d(cout, cin, S, &w[0, 0], &x[0, 0], ldx, &y[0, 0], ldy, b, act, cap, threads)
 
 
-def pointwise_positions(real[::1] packed, real[:, ::1] x, real[:, ::1] y, real[::1] bias=None, int act=0,
+def pointwise_positions(const real[::1] packed, const real[:, :] x, real[:, :] y, real[::1] bias=None, int act=0,
                         double cap=0.0, int threads=1):
     """y = act(w @ x + bias[:, None]) for one sample of a pointwise convolution, by tiles of
     positions: packed holds the panels of w transposed (panel_pack(w, True, 1.0, packed), w
-    [cout, cin]), x [cin, S], y [cout, S] (any S >= 1), bias (cout values) or None; act as
-    pointwise_conv's. On a team of up to `threads`, sharing the output channels' panels (or the
-    positions, where the panels are few) (panels.h pointwise_positions)."""
+    [cout, cin]), x [cin, S], y [cout, S] (any S >= 1; blocks of columns allowed, as
+    pointwise_conv's), bias (cout values) or None; act as pointwise_conv's. On a team of up to
+    `threads`, sharing the output channels' panels (or the positions, where the panels are few)
+    (panels.h pointwise_positions)."""
     cdef long cin = x.shape[0], S = x.shape[1], cout = y.shape[0]
     cdef long panels = panel_count_f(cout) if real is float else panel_count_d(cout)
     cdef long need = panels * cin * (64 // sizeof(real))
-    if y.shape[1] != S or cin < 1 or cout < 1 or S < 1:
-        raise ValueError(f"pointwise_positions: x ({cin}, {S}) -> y must be (cout, {S}), found ({cout}, "
-                         f"{y.shape[1]}); every size at least 1")
-    if packed.shape[0] != need:
+    _pointwise_args("pointwise_positions", cout, S, y, bias, act, threads)
+    if cin < 1 or packed.shape[0] != need:
         raise ValueError(f"pointwise_positions: packed must hold the panels of a ({cout}, {cin}) weight "
                          f"transposed, {need} values, found {packed.shape[0]}")
-    if bias is not None and bias.shape[0] != cout:
-        raise ValueError(f"pointwise_positions: bias must hold {cout} values (one per output channel), found "
-                         f"{bias.shape[0]}")
-    if act not in (0, 1, 2) or threads < 1:
-        raise ValueError(f"pointwise_positions: act must be 0, 1 or 2 and threads at least 1, found {act} and "
-                         f"{threads}")
+    cdef long ldx = _row_stride("pointwise_positions", "x", x), ldy = _row_stride("pointwise_positions", "y", y)
     cdef real* b = &bias[0] if bias is not None else NULL
     with nogil:
         if real is float:
-            pointwise_positions_team_f(cout, cin, S, &packed[0], &x[0, 0], &y[0, 0], b, act, <float>cap, threads)
+            pointwise_positions_team_f(cout, cin, S, &packed[0], &x[0, 0], ldx, &y[0, 0], ldy, b, act, <float>cap,
+                                       threads)
         else:
-            pointwise_positions_team_d(cout, cin, S, &packed[0], &x[0, 0], &y[0, 0], b, act, cap, threads)
+            pointwise_positions_team_d(cout, cin, S, &packed[0], &x[0, 0], ldx, &y[0, 0], ldy, b, act, cap, threads)
 
 
 # ---------------------------------------------------------------- lamina's int8 product (int8_panels.h)

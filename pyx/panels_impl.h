@@ -255,13 +255,15 @@ static void SUFFIXED(panel_gemm_team)(long m, long k, long n, const REAL *a, lon
 }
 
 /* A pointwise convolution of one sample: y[cout x S] = act(w[cout x cin] · x[cin x S] + bias)
- * (epi: the bias per output channel and the activation), the panel tiles reading x itself: a
- * panel is 16 (or 8 double) columns of x, its rows S apart, stored as act(sum + bias), so y is
+ * (epi: the bias per output channel and the activation; x's rows ldx apart, y's ldy: a block of
+ * a column matrix and its columns of y), the panel tiles reading x itself: a panel is 16 (or 8
+ * double) columns of x, its rows ldx apart, stored as act(sum + bias), so y is
  * written once (a GEMM into y, a bias pass and an activation pass wrote it three times). Columns
  * [16·q0, 16·q1) of S >= NR; the member with q1 = the last whole panel also takes the tail past it
  * as a panel ending where x's rows end (its first columns computed again, the same values). The
  * columns go in chunks whose x stays in L2 while every row tile of w passes over it. */
-LAMINA_CLONES static void SUFFIXED(pointwise_conv)(long cout, long cin, long S, const REAL *w, const REAL *x, REAL *y,
+LAMINA_CLONES static void SUFFIXED(pointwise_conv)(long cout, long cin, long S, const REAL *w, const REAL *x,
+                                                   long ldx, REAL *y, long ldy,
                                                    const SUFFIXED(panel_epilogue) *epi, long q0, long q1) {
     const long NR = 2 * LANES, whole = S / NR;
     long chunk = PANEL_RUN_BYTES / 2 / (cin * NR * (long)sizeof(REAL));
@@ -274,14 +276,15 @@ LAMINA_CLONES static void SUFFIXED(pointwise_conv)(long cout, long cin, long S, 
             SUFFIXED(panel_epilogue) rows = {epi->row_bias ? epi->row_bias + i : NULL, NULL, epi->act, epi->cap};
             for (long p = c0; p < c1; p++) {
                 long col = p < whole ? p * NR : S - NR;
-                SUFFIXED(panel_rows)(mr, cin, w + i * cin, cin, 1, x + col, S, y + i * S + col, S, 1, NR, 0, &rows);
+                SUFFIXED(panel_rows)(mr, cin, w + i * cin, cin, 1, x + col, ldx, y + i * ldy + col, ldy, 1, NR, 0,
+                                     &rows);
             }
         }
     }
 }
 
 typedef struct {
-    long cout, cin, S;
+    long cout, cin, S, ldx, ldy;
     const REAL *w, *x;
     REAL *y;
     SUFFIXED(panel_epilogue) epi;
@@ -291,14 +294,14 @@ static void SUFFIXED(pointwise_member)(void *job, int t, int nt) {
     const SUFFIXED(pointwise_job) *j = job;
     const long whole = j->S / (2 * LANES), q0 = t * whole / nt, q1 = (t + 1) * whole / nt;
     if (q0 < q1)
-        SUFFIXED(pointwise_conv)(j->cout, j->cin, j->S, j->w, j->x, j->y, &j->epi, q0, q1);
+        SUFFIXED(pointwise_conv)(j->cout, j->cin, j->S, j->w, j->x, j->ldx, j->y, j->ldy, &j->epi, q0, q1);
 }
 
 /* pointwise_conv of a whole sample on a team of up to `threads` (at most one per whole panel) */
-static void SUFFIXED(pointwise_conv_team)(long cout, long cin, long S, const REAL *w, const REAL *x, REAL *y,
-                                          const REAL *bias, int act, REAL cap, int threads) {
+static void SUFFIXED(pointwise_conv_team)(long cout, long cin, long S, const REAL *w, const REAL *x, long ldx,
+                                          REAL *y, long ldy, const REAL *bias, int act, REAL cap, int threads) {
     const long whole = S / (2 * LANES);
-    SUFFIXED(pointwise_job) job = {cout, cin, S, w, x, y, {bias, NULL, act, cap}};
+    SUFFIXED(pointwise_job) job = {cout, cin, S, ldx, ldy, w, x, y, {bias, NULL, act, cap}};
     lamina_team_run(threads < whole ? threads : (int)whole, SUFFIXED(pointwise_member), &job);
 }
 
@@ -306,14 +309,14 @@ static void SUFFIXED(pointwise_conv_team)(long cout, long cin, long S, const REA
  * pointwise_conv but with the roles turned: c = xᵀ · wᵀ, tiles of 6 positions x one panel of 16
  * (8 double) output channels, wᵀ packed once into panels (panel_pack of w transposed: a pack
  * whose panels stream contiguously), x read in place as its transpose (position i, depth kk at
- * x[kk·S + i]) and each tile stored transposed into y (channel j, position i at y[j·S + i]) with
+ * x[kk·ldx + i]) and each tile stored transposed into y (channel j, position i at y[j·ldy + i]) with
  * its channels' biases and the activation. For samples of few positions (a panel of positions
  * would be mostly padding) and deep inputs (rows of w broadcast from cin apart), where the
  * product over panels of positions loses. Panels [q0, q1) of the output channels, positions
- * [r0, r1); a panel's positions go in runs whose x stays in L1 (ROWS positions of every depth
- * cannot: the run is one tile). */
+ * [r0, r1): each panel passes over every position, so x is read once a panel (the caller keeps
+ * x and a panel within the L2 cache). */
 LAMINA_CLONES static void SUFFIXED(pointwise_positions)(long cout, long cin, long S, const REAL *packed,
-                                                        const REAL *x, REAL *y,
+                                                        const REAL *x, long ldx, REAL *y, long ldy,
                                                         const SUFFIXED(panel_epilogue) *epi, long q0, long q1,
                                                         long r0, long r1) {
     const long NR = 2 * LANES;
@@ -325,13 +328,13 @@ LAMINA_CLONES static void SUFFIXED(pointwise_positions)(long cout, long cin, lon
         const REAL *panel = packed + p * cin * NR;
         for (long i = r0; i < r1; i += PANEL_MR) {
             long mr = r1 - i < PANEL_MR ? r1 - i : PANEL_MR;
-            SUFFIXED(panel_rows)(mr, cin, x + i, 1, S, panel, NR, y + col * S + i, 1, S, nr, 0, &cols);
+            SUFFIXED(panel_rows)(mr, cin, x + i, 1, ldx, panel, NR, y + col * ldy + i, 1, ldy, nr, 0, &cols);
         }
     }
 }
 
 typedef struct {
-    long cout, cin, S;
+    long cout, cin, S, ldx, ldy;
     const REAL *packed, *x;
     REAL *y;
     SUFFIXED(panel_epilogue) epi;
@@ -343,18 +346,19 @@ static void SUFFIXED(positions_member)(void *job, int t, int nt) {
     const lamina_product_share sh =
         lamina_product_share_of(j->by_rows, j->S, PANEL_MR, 0, SUFFIXED(panel_count)(j->cout), t, nt);
     if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
-        SUFFIXED(pointwise_positions)(j->cout, j->cin, j->S, j->packed, j->x, j->y, &j->epi, sh.q0, sh.q1, sh.r0,
-                                      sh.r1);
+        SUFFIXED(pointwise_positions)(j->cout, j->cin, j->S, j->packed, j->x, j->ldx, j->y, j->ldy, &j->epi, sh.q0,
+                                      sh.q1, sh.r0, sh.r1);
 }
 
 /* pointwise_positions of a whole sample on a team of up to `threads`: each member takes a share
  * of the output channels' panels, or where there are fewer panels than twice the team, a share
  * of the positions' tiles. bias: cout values or NULL. */
 static void SUFFIXED(pointwise_positions_team)(long cout, long cin, long S, const REAL *packed, const REAL *x,
-                                               REAL *y, const REAL *bias, int act, REAL cap, int threads) {
+                                               long ldx, REAL *y, long ldy, const REAL *bias, int act, REAL cap,
+                                               int threads) {
     const long panels = SUFFIXED(panel_count)(cout), tiles = (S + PANEL_MR - 1) / PANEL_MR;
     const int by_rows = panels < 2L * threads;
     const long shares = by_rows ? tiles : panels;
-    SUFFIXED(positions_job) job = {cout, cin, S, packed, x, y, {NULL, bias, act, cap}, by_rows};
+    SUFFIXED(positions_job) job = {cout, cin, S, ldx, ldy, packed, x, y, {NULL, bias, act, cap}, by_rows};
     lamina_team_run(threads < shares ? threads : (int)shares, SUFFIXED(positions_member), &job);
 }

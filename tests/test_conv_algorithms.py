@@ -225,9 +225,12 @@ def test_the_rule_and_measure_mode(algorithm):
     assert set(Conv3d(16, 8, 1, groups=2).algorithms(be, (4, 4, 4)).values()) == {"columns"}
     deep = Conv2d(cpu_pointwise.PANELS_MAX_DEPTH + 1, 8, 1)
     assert deep.algorithms(be, (8, 8)) == pointwise and Conv2d(16, 8, 1).algorithms(be, (7, 7)) == pointwise
-    assert cpu_pointwise.by_positions(deep.geometry((8, 8)), 64)
-    assert cpu_pointwise.by_positions(Conv2d(16, 8, 1).geometry((7, 7)), 49)
-    assert not cpu_pointwise.by_positions(Conv2d(cpu_pointwise.PANELS_MAX_DEPTH, 8, 1).geometry((8, 8)), 64)
+    kernel = cpu_pointwise.kernel
+    assert kernel(deep.in_channels, 64, 4) == kernel(16, 49, 4) == "positions"
+    assert kernel(cpu_pointwise.PANELS_MAX_DEPTH, 64, 4) == "panels"
+    assert kernel(2304, 784, 4) is None  # (x past the L2 cache: OpenBLAS's GEMM, on columns)
+    # a one-group convolution on columns: each block's product on the pointwise kernels
+    assert Conv2d(3, 32, 3, stride=2, padding=1).algorithms(be, (32, 32))["forward"] == "columns"
     up = dict(kernel_size=3, stride=2, padding=1, output_padding=1)
     assert ConvTranspose3d(8, 8, groups=4, **up).algorithms(be)["forward"] == "sub-pixel"
     assert ConvTranspose3d(8, 8, **up).algorithms(be)["forward"] == "columns"
@@ -642,8 +645,19 @@ def test_pointwise_kernel_on_a_team_equals_the_gemm(dtype):
     np.testing.assert_allclose(y, w.astype(np.float64) @ x, rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="pointwise_conv: at least"):
         _kernels.pointwise_conv(w, x[:, :3].copy(), y[:, :3].copy(), None, 0, 0.0, 1)
-    with pytest.raises(ValueError, match=r"pointwise_conv: w \(21, 19\) x \(19, 117\) -> y must be \(21, 117\)"):
+    with pytest.raises(ValueError, match=r"pointwise_conv: y must be \(21, 117\) \(output channels, positions\), "
+                                         r"found \(20, 117\)"):
         _kernels.pointwise_conv(w, x, y[1:].copy(), None, 0, 0.0, 1)
+    with pytest.raises(ValueError, match=r"pointwise_conv: w \(21, 19\) x \(18, 117\): x must have w's 19 rows"):
+        _kernels.pointwise_conv(w, x[1:], y, None, 0, 0.0, 1)
+    with pytest.raises(ValueError, match="x must have its values along each row adjacent"):
+        _kernels.pointwise_conv(w, x[:, ::2], y[:, ::2], None, 0, 0.0, 1)
+    # blocks of columns of larger matrices: their own columns of y written, the rest untouched
+    y = np.zeros((cout, positions), dtype)
+    _kernels.pointwise_conv(w, x[:, 5:40], y[:, 50:85], bias, 1, 0.0, 2)
+    np.testing.assert_allclose(y[:, 50:85], np.maximum(w.astype(np.float64) @ x[:, 5:40] + bias[:, None], 0),
+                               rtol=tol, atol=tol)
+    assert not y[:, :50].any() and not y[:, 85:].any()
     with pytest.raises(ValueError, match="bias must hold 21 values"):
         _kernels.pointwise_conv(w, x, y, bias[1:].copy(), 0, 0.0, 1)
 
@@ -671,8 +685,14 @@ def test_pointwise_by_positions_on_a_team_equals_the_gemm(dtype):
         np.testing.assert_allclose(y, product - bias[:, None], rtol=tol, atol=tol)
     with pytest.raises(ValueError, match=r"packed must hold the panels of a \(9, 4\) weight transposed"):
         _kernels.pointwise_positions(panels[1:].copy(), x, y, None, 0, 0.0, 1)
-    with pytest.raises(ValueError, match=r"pointwise_positions: x \(4, 3\) -> y must be \(cout, 3\)"):
+    with pytest.raises(ValueError, match=r"pointwise_positions: y must be \(9, 3\) \(output channels, positions\)"):
         _kernels.pointwise_positions(panels, x, y[:, 1:].copy(), None, 0, 0.0, 1)
+    # blocks of columns of larger matrices
+    big = np.zeros((9, 40), dtype)
+    wide = rng.standard_normal((4, 30)).astype(dtype)
+    _kernels.pointwise_positions(panels, wide[:, 3:20], big[:, 10:27], None, 0, 0.0, 2)
+    np.testing.assert_allclose(big[:, 10:27], w.astype(np.float64) @ wide[:, 3:20], rtol=tol, atol=tol)
+    assert not big[:, :10].any() and not big[:, 27:].any()
     with pytest.raises(ValueError, match="bias must hold 9 values"):
         _kernels.pointwise_positions(panels, x, y, bias[1:].copy(), 0, 0.0, 1)
     with pytest.raises(ValueError, match="act must be 0, 1 or 2"):
@@ -687,7 +707,7 @@ def test_pointwise_by_positions_follows_the_weights_it_was_packed_from():
     layer = Conv2d(300, 10, 1)
     net = lm.Network()
     net.outputs(y=layer(net.input("x", (300, 5, 5))))
-    assert cpu_pointwise.by_positions(layer.geometry((5, 5)), 25)
+    assert cpu_pointwise.kernel(300, 25, 4) == "positions"
     x = rng.standard_normal((2, 300, 5, 5)).astype(np.float32)
 
     def want():

@@ -140,9 +140,13 @@ def finish(be, y, bias, activation):
     be.activate_in_place(activation, y)
 
 
-def forward(geom, weight, ctx, bias=None):
+def forward(geom, weight, ctx, bias=None, product=None):
     """y = conv(x) + bias (None: none). Each sample's output is set to its bias first and the
-    products add into it, which spares the product's own pass clearing y and a bias pass after."""
+    products add into it, which spares the product's own pass clearing y and a bias pass after.
+    product(col, y_cols, team): a backend's own product of one column block [rows, columns] into
+    its columns of a sample's output [out channels, columns] (a view of rows apart by the sample's
+    positions), writing them whole (bias included), on up to `team` threads (more than one where
+    a lone sample's lone block would leave the others idle); None: the GEMMs of each group."""
     be, x, y = ctx.be, ctx.inputs[0], ctx.output
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
@@ -151,7 +155,7 @@ def forward(geom, weight, ctx, bias=None):
     beta = 0.0 if bias is None else 1.0
 
     def start(n):
-        if bias is not None:
+        if bias is not None and product is None:
             be.channel_bias(y[n:n + 1], bias, beta=0.0)
 
     if geom.pointwise:  # y_g = W_g x_g, one GEMM per sample and group on the input itself
@@ -171,6 +175,7 @@ def forward(geom, weight, ctx, bias=None):
     per_sample = len(block_ranges(col_rows, geometry[4]))
     sharing = min(be.sample_threads(x.shape[0] * per_sample), free_threads())
     by_blocks = sharing > threads(ctx)
+    team = free_threads() if x.shape[0] * per_sample == 1 else 1
     if by_blocks:
         for n in range(x.shape[0]):
             start(n)
@@ -184,6 +189,9 @@ def forward(geom, weight, ctx, bias=None):
             xn, yn = as_volume(x[n]), y[n].reshape(geom.out_channels, -1)
             for rows, cols, col in (blocks if part is None else [blocks.block(part)]):
                 be.vol2col(xn, col, geometry, rows)
+                if product is not None:
+                    product(col, yn[:, cols], team)
+                    continue
                 for g in range(geom.groups):
                     be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols], beta=beta)
     if by_blocks:

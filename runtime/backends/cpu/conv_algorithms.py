@@ -15,10 +15,10 @@
 - pointwise (cpu/pointwise.py): kernel 1, stride 1, no padding, one group: panel tiles over the
   input itself (by panels of positions, or by tiles of positions against W's packed panels),
   each stored with its bias and activation;
-- columns: vol2col + GEMM (lamina.backends.columns), everything else; for a pointwise
-  convolution the GEMMs read the input itself (the direct kernel would copy the input and
-  compute its channels by 4), and the rule takes it where the pointwise kernel does not apply
-  (groups).
+- columns: vol2col + GEMM (lamina.backends.columns), everything else; with one group each
+  block's product runs on the pointwise kernels, storing the bias and activation
+  (pointwise.columns_forward); for a grouped pointwise convolution the GEMMs read the input
+  itself.
 
 The Winograd and direct kernels add the bias and apply a ReLU as they store each output (no pass
 over the output of their own); other algorithms and activations take those passes after.
@@ -152,8 +152,6 @@ def forward(geom, weight, ctx, bias=None, activation=None):
         if not stored:
             ctx.be.activate_in_place(activation, ctx.output)
         return
-    if name == "columns":
-        return columns.any_forward(geom, weight, ctx, bias, activation)
     _FORWARD[name](geom, weight, ctx)
     columns.finish(ctx.be, ctx.output, bias, activation)
 
@@ -259,9 +257,9 @@ def _forward_depth_to_space(geom, weight, ctx, bias=None, relu=False):
 # activations each applies: forward(geom, weight, ctx, bias, relu) (the depthwise kernel's
 # bounded ReLU is its relu with cap=slope)
 _STORES_EPILOGUE = {"depthwise": ("linear", "relu", "bounded_relu"), "pointwise": ("linear", "relu", "bounded_relu"),
-                    "winograd": ("linear", "relu"),
+                    "columns": ("linear", "relu", "bounded_relu"), "winograd": ("linear", "relu"),
                     "direct": ("linear", "relu"), "depth to space": ("linear", "relu")}
 _FORWARD = {"depthwise": depthwise.forward, "pointwise": pointwise.forward, "winograd": winograd.forward,
             "direct": direct.forward,
             "direct, width phases": direct.forward_width_phases, "depth taps": depth_taps.forward,
-            "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": columns.any_forward}
+            "depth to space": _forward_depth_to_space, "sub-pixel": phases.forward, "columns": pointwise.columns_forward}

@@ -9,23 +9,29 @@ written once. Two kernels (pyx/panels_impl.h):
   its transpose, each tile stored transposed; for samples of few positions, which fill panels of
   16 poorly, and deep inputs, whose rows of W broadcast from far apart.
 The column path ran the same product as an OpenBLAS GEMM into y preset to the bias and then an
-activation pass: three passes over y."""
+activation pass: three passes over y. Its blocks of a column matrix (any one-group convolution
+the column algorithm runs) now take the same kernels (columns_forward)."""
 import math
 
 from .compiled import _kernels
 from .. import columns
 from ...threads import free_threads, split_work
 
-# A sample runs by panels of positions with at least this many positions and at most this many
-# input channels, else by tiles of positions. One layer with ReLU6 at batch 1, AMD EPYC (Zen 3),
-# ms, by tiles / by panels / OpenBLAS (the column path), 1 thread: 384 -> 64 at 14² 0.089 / 0.097
-# / 0.113, 576 -> 96 at 14² 0.201 / 0.219 / 0.231, 960 -> 320 at 7² 0.329 / 0.421 / 0.350, 160 ->
-# 960 at 7² 0.165 / 0.183 / 0.185, 320 -> 1280 at 7² 0.456 / 0.550 / 0.465, but 96 -> 576 at 14²
-# 0.233 / 0.211 / 0.243 and 64 -> 384 at 14² 0.114 / 0.096 / 0.118; 2 threads: 960 -> 320 at 7²
-# 0.170 / 0.323 / 0.187, 576 -> 96 at 14² 0.106 / 0.123 / 0.133, 64 -> 384 at 14² 0.058 / 0.056 /
-# 0.072.
+# A product of W [out, depth] and [depth, positions] runs by panels of positions with at least
+# POSITIONS_MIN_PANELS positions and at most PANELS_MAX_DEPTH input channels; else by tiles of
+# positions where x and one panel of W fit in POSITIONS_MAX_BYTES (the L2 cache of the machines
+# measured, 512 KiB a core: each panel passes over all of x); else as a GEMM. One layer with ReLU6
+# at batch 1, AMD EPYC (Zen 3), ms, by tiles / by panels / OpenBLAS (with a pass for the
+# activation), 1 thread: 384 -> 64 at 14² 0.089 / 0.097 / 0.113, 576 -> 96 at 14² 0.201 / 0.219 /
+# 0.231, 960 -> 320 at 7² 0.329 / 0.421 / 0.350, 160 -> 960 at 7² 0.165 / 0.183 / 0.185, 320 ->
+# 1280 at 7² 0.456 / 0.550 / 0.465, but 96 -> 576 at 14² 0.233 / 0.211 / 0.243 and 64 -> 384 at
+# 14² 0.114 / 0.096 / 0.118; 2 threads: 960 -> 320 at 7² 0.170 / 0.323 / 0.187, 576 -> 96 at 14²
+# 0.106 / 0.123 / 0.133, 64 -> 384 at 14² 0.058 / 0.056 / 0.072. Past the L2 cache, ResNet-18's strided 3x3
+# layers at batch 1 (their column matrices, GEMM's time over the tiles', in one process): 2304
+# deep x 49 0.97x, 576 x 784 0.96x, 1152 x 196 0.99-1.09x.
 POSITIONS_MIN_PANELS = 64
 PANELS_MAX_DEPTH = 256
+POSITIONS_MAX_BYTES = 512 << 10
 
 
 def applies(geom):
@@ -34,31 +40,65 @@ def applies(geom):
             and max(geom.padding + geom.padding_end) == 0)
 
 
-def by_positions(geom, positions):
-    """Whether a sample of `positions` positions runs by tiles of positions (the panels of W
-    packed once) rather than by panels of its positions read in place: where the sample has too
-    few positions to fill panels of 16, or W's rows are too deep to broadcast from in place."""
-    return positions < POSITIONS_MIN_PANELS or geom.in_channels > PANELS_MAX_DEPTH
+def kernel(depth, positions, itemsize):
+    """The pointwise kernel for a product of W [out, depth] and x [depth, positions] of values of
+    `itemsize` bytes: 'panels' (by panels of positions, x read in place), 'positions' (by tiles
+    of positions, W's panels packed once), or None (neither: a GEMM)."""
+    if depth <= PANELS_MAX_DEPTH and positions >= POSITIONS_MIN_PANELS:
+        return "panels"
+    if depth * (positions * itemsize + 64) <= POSITIONS_MAX_BYTES:
+        return "positions"
+    return None
+
+
+def product(weight, ctx, depth, bias=None, relu=False, cap=math.inf):
+    """run(x, y, team): y = act(W x + bias) for W the weight as a matrix [out, depth], x [depth,
+    positions] and y [out, positions] (blocks of columns of larger matrices allowed), on a team
+    of up to `team` threads: by panels of positions where `kernel` says so, else by tiles of
+    positions (the caller asks `kernel` whether either applies)."""
+    act = 0 if not relu else 1 if cap == math.inf else 2
+    cap = cap if act == 2 else 0.0
+    w = weight.buffer.reshape(-1, depth)
+
+    def run(x, y, team=1):
+        if kernel(depth, x.shape[1], x.dtype.itemsize) == "panels":
+            _kernels.pointwise_conv(w, x, y, bias, act, cap, team)
+        else:
+            panels = ctx.layer.packed_weight(ctx.be, weight, True, 1, method="pack_panels").panels
+            _kernels.pointwise_positions(panels, x, y, bias, act, cap, team)
+    return run
+
+
+def _on_columns(geom, weight, ctx, bias, relu, cap):
+    """The column algorithm's GEMMs into y preset to the bias, then the activation's pass."""
+    (columns.transposed_forward if geom.transposed else columns.forward)(geom, weight, ctx, bias=bias)
+    if relu:
+        ctx.be.activate_in_place(("relu", 0.0) if cap == math.inf else ("bounded_relu", cap), ctx.output)
 
 
 def forward(geom, weight, ctx, bias=None, relu=False, cap=math.inf):
     """y = conv(x) + bias, through a ReLU capped at `cap` where relu is set."""
-    be, x, y = ctx.be, ctx.inputs[0], ctx.output
+    x, y = ctx.inputs[0], ctx.output
     n, positions = x.shape[0], math.prod(x.shape[2:])
-    act = 0 if not relu else 1 if cap == math.inf else 2
-    cap = cap if act == 2 else 0.0
+    if kernel(geom.in_channels, positions, x.dtype.itemsize) is None:
+        return _on_columns(geom, weight, ctx, bias, relu, cap)
     xs, ys = x.reshape(n, geom.in_channels, positions), y.reshape(n, geom.out_channels, positions)
-    if by_positions(geom, positions):
-        panels = ctx.layer.packed_weight(be, weight, True, 1, method="pack_panels").panels
-
-        def sample(i, team):
-            _kernels.pointwise_positions(panels, xs[i], ys[i], bias, act, cap, team)
-    else:
-        w = weight.buffer.reshape(geom.out_channels, geom.in_channels)
-
-        def sample(i, team):
-            _kernels.pointwise_conv(w, xs[i], ys[i], bias, act, cap, team)
+    run = product(weight, ctx, geom.in_channels, bias, relu, cap)
     if n == 1:  # a lone sample's product shared by the team
-        sample(0, free_threads())
+        run(xs[0], ys[0], free_threads())
     else:
-        split_work(n, lambda t, items: [sample(i, 1) for i in items], columns.threads(ctx))
+        split_work(n, lambda t, items: [run(xs[i], ys[i]) for i in items], columns.threads(ctx))
+
+
+def columns_forward(geom, weight, ctx, bias=None, relu=False, cap=math.inf):
+    """The column algorithm's forward (vol2col by blocks, columns.forward), each block's product
+    on the pointwise kernels with the block's column matrix as their input, so each output is
+    stored once with its bias and activation: one group, not transposed, where a kernel applies
+    to the largest block; else the column algorithm's GEMMs (_on_columns)."""
+    depth = geom.in_channels * math.prod(geom.kernel_size)
+    grid = geom.windows[4]
+    largest = max((r1 - r0) * grid[-1] for r0, r1 in columns.block_ranges(depth, grid))
+    if (geom.transposed or geom.groups > 1 or geom.pointwise
+            or kernel(depth, largest, ctx.output.dtype.itemsize) is None):
+        return _on_columns(geom, weight, ctx, bias, relu, cap)
+    columns.forward(geom, weight, ctx, product=product(weight, ctx, depth, bias, relu, cap))
