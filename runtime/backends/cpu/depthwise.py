@@ -32,11 +32,13 @@ def _taps(weight, geom):
 
 # Images with one output channel per input channel run by vectors of channels (8 channels at a
 # time, channels-last inside the kernel) where strided or at most this many outputs a plane, else
-# by planes (vectors along each plane's rows). MobileNet-V2's depthwise layers at batch 1, one
-# thread, ms, by planes / by channels: 32x112² 0.337 / 0.318, 144x56² 0.391 / 0.510, 192x28²
-# 0.180 / 0.134, 576x14² 0.274 / 0.149, 960x7² 0.273 / 0.091; stride 2: 96x112² 0.604 / 0.354,
-# 144x56² 0.380 / 0.222, 576x14² 0.275 / 0.081.
-CHANNELS_MAX_PLANE = 1024
+# by planes (vectors along each plane's rows). MobileNet-V2's depthwise layers at batch 1, the
+# kernel alone, calls alternating in one process, by planes' time over by channels': 1 thread
+# 32x112² 1.14-1.17x, 144x56² 1.26-1.29x, 192x28² 1.45x, 576x14² 2.15x, 960x7² 2.58x, stride 2
+# 96x112² 1.46-1.62x, 144x56² 1.64x; 2 threads 32x112² 0.89x (four tasks of 8 channels for two
+# threads), 144x56² 1.21x; in the network (its input fresh from the layer before), 144x56² 1.34x
+# on 1 thread, 1.37x on 2, 32x112² 1.01x and 0.97x.
+CHANNELS_MAX_PLANE = 4096
 
 
 def by_channels(geom, out_size):
