@@ -102,6 +102,37 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_store)(const REAL *restrict acc, lo
     }
 }
 
+/* One output row of 3 x 3 windows by channel vectors (lamina_dw_channels): out [oW][LANES] from
+ * the staged rows at base, base + ldr, base + 2·ldr, the taps tv [9][LANES] held in registers
+ * across the row (the general loop reloads them for every four outputs), four outputs at a time. */
+static inline __attribute__((always_inline)) void SUFFIXED(lamina_dw_row3)(const REAL *base, long ldr, long col,
+                                                                          long step, const REAL *tv, VEC b,
+                                                                          int clamp, REAL cap, long oW,
+                                                                          REAL *restrict out) {
+    VEC t[9];
+    for (long i = 0; i < 9; i++) t[i] = SUFFIXED(lamina_dw_load)(tv + i * LANES);
+    long ow = 0;
+    for (; ow + 4 <= oW; ow += 4) {
+        VEC a0 = b, a1 = b, a2 = b, a3 = b;
+        for (long i = 0; i < 9; i++) {
+            const REAL *p = base + i / 3 * ldr + i % 3 * col + ow * step;
+            a0 += SUFFIXED(lamina_dw_load)(p) * t[i];
+            a1 += SUFFIXED(lamina_dw_load)(p + step) * t[i];
+            a2 += SUFFIXED(lamina_dw_load)(p + 2 * step) * t[i];
+            a3 += SUFFIXED(lamina_dw_load)(p + 3 * step) * t[i];
+        }
+        SUFFIXED(lamina_dw_put)(out + ow * LANES, clamp ? SUFFIXED(relu_capped)(a0, cap) : a0);
+        SUFFIXED(lamina_dw_put)(out + (ow + 1) * LANES, clamp ? SUFFIXED(relu_capped)(a1, cap) : a1);
+        SUFFIXED(lamina_dw_put)(out + (ow + 2) * LANES, clamp ? SUFFIXED(relu_capped)(a2, cap) : a2);
+        SUFFIXED(lamina_dw_put)(out + (ow + 3) * LANES, clamp ? SUFFIXED(relu_capped)(a3, cap) : a3);
+    }
+    for (; ow < oW; ow++) {
+        VEC a = b;
+        for (long i = 0; i < 9; i++) a += SUFFIXED(lamina_dw_load)(base + i / 3 * ldr + i % 3 * col + ow * step) * t[i];
+        SUFFIXED(lamina_dw_put)(out + ow * LANES, clamp ? SUFFIXED(relu_capped)(a, cap) : a);
+    }
+}
+
 /* The forward of up to LANES channels at once, vectors along the channels: for small planes,
  * where one plane per call leaves too few outputs to fill a vector's lanes and the per-plane
  * staging outweighs its taps. x: `lanes` input planes [H, W], in_plane apart; w: their taps
@@ -145,6 +176,10 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_channels)(const REAL *restrict x, l
     const long step = sw * LANES;
     for (long oh = 0; oh < oH; oh++) {
         const REAL *base = stage + oh * sh * Ws * LANES;
+        if (kh == 3 && kw == 3) {
+            SUFFIXED(lamina_dw_row3)(base, Ws * dh * LANES, dw * LANES, step, tv, b, clamp, cap, oW, out);
+            goto store;
+        }
         for (long ow = 0; ow < oW; ow += 4) {
             const long n = oW - ow < 4 ? oW - ow : 4;
             VEC a[4] = {b, b, b, b};
@@ -165,6 +200,7 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_channels)(const REAL *restrict x, l
             for (long j = 0; j < n; j++)
                 SUFFIXED(lamina_dw_put)(out + (ow + j) * LANES, clamp ? SUFFIXED(relu_capped)(a[j], cap) : a[j]);
         }
+    store:;
         REAL *yr = y + oh * oW;
         long ow = 0;
         if (lanes == LANES)

@@ -68,6 +68,7 @@ DEPTHWISE = [
     (Conv2d, 7, 7, (7, 7), dict(kernel_size=3, padding=1, groups=7)),  # MobileNet's last planes
     (Conv2d, 5, 5, (14, 14), dict(kernel_size=5, stride=2, padding=2, groups=5)),  # EfficientNet's
     (Conv2d, 3, 3, (40, 37), dict(kernel_size=3, stride=(2, 1), padding=(0, 1), groups=3, bias=False)),
+    (Conv2d, 4, 4, (9, 11), dict(kernel_size=3, padding=2, dilation=(2, 3), groups=4)),  # 3 x 3 by channels, dilated
 ]
 ALL = CASES + WINOGRAD + NO_OVERLAP + WIDE + POINTWISE + DEPTHWISE
 

@@ -31,14 +31,15 @@ def _taps(weight, geom):
 
 
 # Images with one output channel per input channel run by vectors of channels (8 channels at a
-# time, channels-last inside the kernel) where strided or at most this many outputs a plane, else
-# by planes (vectors along each plane's rows). MobileNet-V2's depthwise layers at batch 1, the
-# kernel alone, calls alternating in one process, by planes' time over by channels': 1 thread
-# 32x112² 1.14-1.17x, 144x56² 1.26-1.29x, 192x28² 1.45x, 576x14² 2.15x, 960x7² 2.58x, stride 2
-# 96x112² 1.46-1.62x, 144x56² 1.64x; 2 threads 32x112² 0.89x (four tasks of 8 channels for two
-# threads), 144x56² 1.21x; in the network (its input fresh from the layer before), 144x56² 1.34x
-# on 1 thread, 1.37x on 2, 32x112² 1.01x and 0.97x.
-CHANNELS_MAX_PLANE = 4096
+# time, channels-last inside the kernel, 3 x 3 windows with their taps held in registers) where
+# strided or at most this many outputs a plane, else by planes (vectors along each plane's rows;
+# larger planes were not measured). MobileNet-V2's depthwise layers at batch 1, the kernel alone,
+# calls alternating in one process, by planes' time over by channels': 1 thread 32x112² 1.48x,
+# 144x56² 1.36x, 192x28² 1.62x, 384x14² 2.17x, 576x14² 2.28x, 960x7² 2.53x, stride 2 96x112²
+# 1.76x, 144x56² 1.93x; 2 threads 32x112² 1.21x, 144x56² 1.41x, stride 2 96x112² 1.67x; in the
+# network, 32x112² 1.56x on 1 thread and 1.33x on 2. (Before the taps in registers the 112² plane
+# ran faster by planes at 2 threads, 0.89x.)
+CHANNELS_MAX_PLANE = 1 << 14
 
 
 def by_channels(geom, out_size):
