@@ -72,8 +72,12 @@ def compare(float_path, quantized_path, x):
     full = ort.InferenceSession(str(float_path)).run(None, {"x": x})[0]
     move = np.abs(want - full).max()
     assert move > 0  # ONNX Runtime did run the model quantized
-    assert np.abs(got - want).max() <= 3 * move, (np.abs(got - want).max(), move)
-    assert np.abs(got - full).max() <= 3 * move
+    # ONNX Runtime's activations take 255 steps; lamina's int8_activation_levels (127 on its own
+    # int8 panels, whose int16 pair sums must not saturate): the rounding grows with the step
+    # (on a CPU with VNNI, ONNX Runtime's own error is the smaller, so the bound scales)
+    bound = 3 * move * 255 / net.backend.int8_activation_levels
+    assert np.abs(got - want).max() <= bound, (np.abs(got - want).max(), move, net.backend.int8_activation_levels)
+    assert np.abs(got - full).max() <= bound
     return net
 
 
