@@ -251,6 +251,7 @@ cdef extern from "int8_panels.h" nogil:
     long lamina_int8_panels(long n)
     long lamina_int8_pack_size(long k, long n)
     int lamina_int8_uses_avx2()
+    int lamina_int8_uses_vnni()
     void lamina_int8_pack(const signed char* q, long k, long n, long p0, long p1, signed char* out)
     void lamina_int8_product_team(long m, long k, long n, const float* a, long lda, unsigned char* u, long ldu,
                                   const signed char* packed, lamina_int8_out out, int threads, int by_rows)
@@ -1343,8 +1344,15 @@ def int8_pack(const signed char[:, ::1] q, signed char[::1] out):
 
 
 def int8_uses_avx2():
-    """Whether int8_product runs its AVX2 kernel on this CPU (else its portable one)."""
+    """Whether int8_product runs its AVX2 kernel on this CPU, or its AVX-512 VNNI one (else its
+    portable one)."""
     return bool(lamina_int8_uses_avx2())
+
+
+def int8_uses_vnni():
+    """Whether int8_product runs its AVX-512 VNNI kernel on this CPU (the AVX-512 module, on a CPU
+    with AVX512-VNNI and AVX512-VL)."""
+    return bool(lamina_int8_uses_vnni())
 
 
 # the deepest product whose int32 sums stay exact: a sum and its zero point's share are each at most

@@ -13,7 +13,9 @@
  * adds the pairs with vpmaddwd by ones (int32) and those to the row's sums: 4 rows x 16 channels
  * in 8 registers. vpmaddubsw saturates its int16 pair sums: a's rows are quantized to 127 steps
  * (7 bits: 2 · 127 · 127 = 32258 fits), so every sum is exact; the portable kernel computes the
- * same integers. The int32 sums go back to float32 in the tile's store:
+ * same integers, and so does the AVX-512 VNNI kernel (vpdpbusd: a quad's four products summed
+ * into int32 in one instruction) where the CPU has it. The int32 sums go back to float32 in the
+ * tile's store:
  *
  *     c[i, j] = row_scale[i] · col_scale[j] · (sum[i, j] - zero[i] · col_sum[j]) + (bias[j], or beta · c[i, j])
  *
@@ -38,6 +40,11 @@
  * AVX-512 one (every AVX-512 CPU has AVX2), not the baseline one. */
 #if defined(__x86_64__) && defined(__GNUC__) && !(defined(LAMINA_NO_CLONES) && !defined(LAMINA_TARGET_V4))
 #define LAMINA_INT8_AVX2 1
+#endif
+/* The VNNI kernel is compiled in the AVX-512 module alone, so LAMINA_ISA=avx2 runs (and tests) the
+ * AVX2 one on a CPU that has both. */
+#if defined(LAMINA_INT8_AVX2) && defined(LAMINA_TARGET_V4)
+#define LAMINA_INT8_VNNI 1
 #endif
 
 static inline long lamina_int8_quads(long k) { return (k + 3) / 4; }
@@ -103,73 +110,42 @@ static void lamina_int8_tile_portable(long mr, long quads, const uint8_t *u, lon
 }
 
 #ifdef LAMINA_INT8_AVX2
-/* The AVX2 tile: ROWS (4, 2 or 1: a constant where inlined) rows of a times one panel. */
-static inline __attribute__((always_inline, target("avx2"))) void
-lamina_int8_tile_avx2(const long ROWS, long quads, const uint8_t *u, long ldu, const int8_t *panel,
-                      const lamina_int8_out *o, long i0, long col, long nr) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i lo[INT8_MR], hi[INT8_MR];
-    for (long i = 0; i < ROWS; i++) {
-        lo[i] = _mm256_setzero_si256();
-        hi[i] = _mm256_setzero_si256();
-    }
-    for (long kq = 0; kq < quads; kq++) {
-        const __m256i b0 = _mm256_loadu_si256((const __m256i *)(panel + kq * 64));
-        const __m256i b1 = _mm256_loadu_si256((const __m256i *)(panel + kq * 64 + 32));
-        for (long i = 0; i < ROWS; i++) {
-            int32_t quad;
-            memcpy(&quad, u + i * ldu + 4 * kq, 4);
-            const __m256i x = _mm256_set1_epi32(quad);
-            lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, b0), ones));
-            hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(_mm256_maddubs_epi16(x, b1), ones));
-        }
-    }
-    for (long i = 0; i < ROWS; i++) {
-        const long r = i0 + i;
-        float *c = o->c + r * o->ldc + col;
-        if (nr < INT8_NR) {
-            int32_t sums[INT8_NR];
-            _mm256_storeu_si256((__m256i *)sums, lo[i]);
-            _mm256_storeu_si256((__m256i *)(sums + 8), hi[i]);
-            lamina_int8_store_row(o, r, col, nr, sums);
-            continue;
-        }
-        const __m256i zero = _mm256_set1_epi32(o->zero[r]);
-        const __m256 rs = _mm256_set1_ps(o->row_scale[r]);
-        __m256i acc[2] = {lo[i], hi[i]};
-        for (int h = 0; h < 2; h++) {
-            const long j = col + 8 * h;
-            const __m256i sums = _mm256_loadu_si256((const __m256i *)(o->col_sum + j));
-            const __m256 diff = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h], _mm256_mullo_epi32(zero, sums)));
-            __m256 v = _mm256_mul_ps(_mm256_mul_ps(rs, _mm256_loadu_ps(o->col_scale + j)), diff);
-            if (o->bias)
-                v = _mm256_add_ps(v, _mm256_loadu_ps(o->bias + j));
-            else if (o->beta != 0.0f)
-                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(c + 8 * h)));
-            _mm256_storeu_ps(c + 8 * h, v);
-        }
-    }
-}
-
-static __attribute__((target("avx2"))) void lamina_int8_panel_avx2(long m, long quads, const uint8_t *u, long ldu,
-                                                                   const int8_t *panel, const lamina_int8_out *o,
-                                                                   long i0, long col, long nr) {
-    long i = 0;
-    for (; i + INT8_MR <= m; i += INT8_MR)
-        lamina_int8_tile_avx2(INT8_MR, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
-    if (m - i >= 2) {
-        lamina_int8_tile_avx2(2, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
-        i += 2;
-    }
-    if (i < m)
-        lamina_int8_tile_avx2(1, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
-}
+/* AVX2: vpmaddubsw (u8 x s8, pairs summed to int16, exact for 127 steps) and vpmaddwd by ones */
+#define INT8_KERNEL(name) lamina_int8_##name##_avx2
+#define INT8_TARGET "avx2"
+#define INT8_DOT(acc, x, b, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, b), ones))
+#include "int8_tile_impl.h"
+#undef INT8_KERNEL
+#undef INT8_TARGET
+#undef INT8_DOT
 #endif
 
-/* whether this module's int8 product runs the AVX2 kernel on this CPU */
+#ifdef LAMINA_INT8_VNNI
+/* AVX-512 VNNI on 256-bit vectors: vpdpbusd sums each quad's four products into int32 in one
+ * instruction, the same integers as the AVX2 pair (no int16 step to saturate; the activations
+ * keep 127 steps, so every path of a network rounds them alike) */
+#define INT8_KERNEL(name) lamina_int8_##name##_vnni
+#define INT8_TARGET "avx2,avx512vl,avx512vnni"
+#define INT8_DOT(acc, x, b, ones) _mm256_dpbusd_epi32(acc, x, b)
+#include "int8_tile_impl.h"
+#undef INT8_KERNEL
+#undef INT8_TARGET
+#undef INT8_DOT
+#endif
+
+/* whether this module's int8 product runs the AVX2 kernel on this CPU (or the VNNI one) */
 static inline int lamina_int8_uses_avx2(void) {
 #ifdef LAMINA_INT8_AVX2
     return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* whether it runs the AVX-512 VNNI kernel */
+static inline int lamina_int8_uses_vnni(void) {
+#ifdef LAMINA_INT8_VNNI
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #else
     return 0;
 #endif
@@ -182,11 +158,18 @@ static void lamina_int8_gemm(long i0, long i1, long k, long n, const uint8_t *u,
     const long quads = lamina_int8_quads(k), panel_bytes = quads * INT8_NR * 4;
     long block = 128 * 1024 / (quads * 4) / INT8_MR * INT8_MR;
     block = block < INT8_MR ? INT8_MR : block;
-    const int avx2 = lamina_int8_uses_avx2();
+    const int avx2 = lamina_int8_uses_avx2(), vnni = lamina_int8_uses_vnni();
+    (void)vnni;
     for (long r0 = i0; r0 < i1; r0 += block) {
         long r1 = i1 - r0 < block ? i1 : r0 + block;
         for (long p = p0; p < p1; p++) {
             long col = p * INT8_NR, nr = n - col < INT8_NR ? n - col : INT8_NR;
+#ifdef LAMINA_INT8_VNNI
+            if (vnni) {
+                lamina_int8_panel_vnni(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);
+                continue;
+            }
+#endif
 #ifdef LAMINA_INT8_AVX2
             if (avx2) {
                 lamina_int8_panel_avx2(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);

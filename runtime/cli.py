@@ -475,8 +475,9 @@ def cmd_devices(args):
                                              " on VNNI" if sets & {"avx512_vnni", "avx_vnni"} else
                                              " (activations in 127 steps: no int8 dot product)")
     elif products == "lamina":
-        int8 = ("lamina's u8 x s8 panels, " + ("AVX2" if compiled._kernels.int8_uses_avx2() else "portable code")
-                + " (activations in 127 steps)")
+        kernel = ("AVX-512 VNNI" if compiled._kernels.int8_uses_vnni() else
+                  "AVX2" if compiled._kernels.int8_uses_avx2() else "portable code")
+        int8 = f"lamina's u8 x s8 panels, {kernel} (activations in 127 steps)"
     forced = " (forced)" if os.environ.get("LAMINA_LOW_PRECISION") else ""
     print(f"     bfloat16 products: {bf16}{forced}")
     print(f"     int8 products: {int8}{forced}; LAMINA_LOW_PRECISION=mkl|lamina|float32 to choose")

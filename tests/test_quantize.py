@@ -150,6 +150,24 @@ def test_a_row_with_nan_or_infinity_gives_nan_not_a_number_that_looks_right(redu
     assert np.isnan(c[1:3]).all() and np.isfinite(c[[0, 3]]).all()
 
 
+def test_the_int8_panels_run_the_widest_kernel_of_the_build_and_the_cpu():
+    """VNNI (vpdpbusd) in the AVX-512 build on a CPU with AVX512-VNNI and AVX512-VL, else AVX2
+    where the CPU has it (LAMINA_ISA=avx2 runs the AVX2 kernel there, and the kernel tests run on
+    it: the same exact sums), else the portable kernel; `lamina devices` names the one taken."""
+    import subprocess
+    import sys
+    from lamina.backends.cpu import compiled
+    from lamina.processor import instruction_sets
+    sets = set(instruction_sets())
+    vnni = compiled.PATH == "avx512" and {"avx512_vnni", "avx512vl"} <= sets
+    assert compiled._kernels.int8_uses_vnni() == vnni
+    assert compiled._kernels.int8_uses_avx2() == (compiled.PATH != "baseline" and "avx2" in sets)
+    if lm.CPUBackend().low_precision == "lamina":
+        out = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], capture_output=True, text=True)
+        kernel = "AVX-512 VNNI" if vnni else "AVX2"
+        assert f"int8 products: lamina's u8 x s8 panels, {kernel} (activations in 127 steps)" in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("k", [1, 4, 255, 4099])
 def test_lamina_int8_panels_sum_the_largest_products_exactly(k):
     """lamina's int8 kernel sums u8 x s8 pairs in int16 (AVX2's vpmaddubsw): activations at the top
