@@ -21,7 +21,7 @@ from ...threads import free_threads, split_work
 # POSITIONS_MIN_PANELS positions and at most PANELS_MAX_DEPTH input channels; else by tiles of
 # positions where x and one panel of W fit in POSITIONS_MAX_BYTES (the L2 cache of the machines
 # measured, 512 KiB a core: each panel passes over all of x); else as a GEMM. One layer with ReLU6
-# at batch 1, AMD EPYC (Zen 3), ms, by tiles / by panels / OpenBLAS (with a pass for the
+# at batch 1, AMD EPYC (Zen 4, the AVX-512 build), ms, by tiles / by panels / OpenBLAS (with a pass for the
 # activation), 1 thread: 384 -> 64 at 14² 0.089 / 0.097 / 0.113, 576 -> 96 at 14² 0.201 / 0.219 /
 # 0.231, 960 -> 320 at 7² 0.329 / 0.421 / 0.350, 160 -> 960 at 7² 0.165 / 0.183 / 0.185, 320 ->
 # 1280 at 7² 0.456 / 0.550 / 0.465, but 96 -> 576 at 14² 0.233 / 0.211 / 0.243 and 64 -> 384 at
