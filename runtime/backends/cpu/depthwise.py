@@ -34,11 +34,11 @@ def _taps(weight, geom):
 # time, channels-last inside the kernel, 3 x 3 windows with their taps held in registers) where
 # strided or at most this many outputs a plane, else by planes (vectors along each plane's rows;
 # larger planes were not measured). MobileNet-V2's depthwise layers at batch 1 on an AMD EPYC
-# (Zen 4, the AVX-512 build), the kernel alone, calls alternating in one process, by planes' time over by channels': 1 thread 32x112² 1.48x,
-# 144x56² 1.36x, 192x28² 1.62x, 384x14² 2.17x, 576x14² 2.28x, 960x7² 2.53x, stride 2 96x112²
-# 1.76x, 144x56² 1.93x; 2 threads 32x112² 1.21x, 144x56² 1.41x, stride 2 96x112² 1.67x; in the
-# network, 32x112² 1.56x on 1 thread and 1.33x on 2. (Before the taps in registers the 112² plane
-# ran faster by planes at 2 threads, 0.89x.)
+# (Zen 4, the AVX-512 build), the kernel alone, calls alternating in one process, by planes' time
+# over by channels': 1 thread 32x112² 1.48x, 144x56² 1.36x, 192x28² 1.62x, 384x14² 2.17x, 576x14²
+# 2.28x, 960x7² 2.53x, stride 2 96x112² 1.76x, 144x56² 1.93x; 2 threads 32x112² 1.21x, 144x56²
+# 1.41x, stride 2 96x112² 1.67x; in the network, 32x112² 1.56x on 1 thread and 1.33x on 2. (Before
+# the taps in registers the 112² plane ran faster by planes at 2 threads, 0.89x.)
 CHANNELS_MAX_PLANE = 1 << 14
 
 
