@@ -113,10 +113,12 @@ static void lamina_int8_tile_portable(long mr, long quads, const uint8_t *u, lon
 /* AVX2: vpmaddubsw (u8 x s8, pairs summed to int16, exact for 127 steps) and vpmaddwd by ones */
 #define INT8_KERNEL(name) lamina_int8_##name##_avx2
 #define INT8_TARGET "avx2"
+#define INT8_ROWS 4
 #define INT8_DOT(acc, x, b, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, b), ones))
 #include "int8_tile_impl.h"
 #undef INT8_KERNEL
 #undef INT8_TARGET
+#undef INT8_ROWS
 #undef INT8_DOT
 #endif
 
@@ -126,10 +128,13 @@ static void lamina_int8_tile_portable(long mr, long quads, const uint8_t *u, lon
  * keep 127 steps, so every path of a network rounds them alike) */
 #define INT8_KERNEL(name) lamina_int8_##name##_vnni
 #define INT8_TARGET "avx2,avx512vl,avx512vnni"
+/* six rows: twelve chains of vpdpbusd, enough to cover its latency at two a cycle */
+#define INT8_ROWS 6
 #define INT8_DOT(acc, x, b, ones) _mm256_dpbusd_epi32(acc, x, b)
 #include "int8_tile_impl.h"
 #undef INT8_KERNEL
 #undef INT8_TARGET
+#undef INT8_ROWS
 #undef INT8_DOT
 #endif
 

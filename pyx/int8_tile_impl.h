@@ -1,14 +1,15 @@
 /* The int8 panels' vector kernel (int8_panels.h), once per instruction set: INT8_KERNEL(name)
- * names its functions, INT8_TARGET is their target, INT8_DOT(acc, x, b, ones) adds to each int32
+ * names its functions, INT8_TARGET is their target, INT8_ROWS the rows of its widest tile (two
+ * int32 sums of 8 channels a row in registers), INT8_DOT(acc, x, b, ones) adds to each int32
  * lane of acc the four u8 x s8 products of its quad (x: a row's 4 bytes in every lane; b: a
  * panel's 4 depths of 8 channels). Both instruction sets compute the same integers. */
-/* The tile: ROWS (4, 2 or 1: a constant where inlined) rows of a times one panel. */
+/* The tile: ROWS (INT8_ROWS, 4, 2 or 1: a constant where inlined) rows of a times one panel. */
 static inline __attribute__((always_inline, target(INT8_TARGET))) void
 INT8_KERNEL(tile)(const long ROWS, long quads, const uint8_t *u, long ldu, const int8_t *panel,
                       const lamina_int8_out *o, long i0, long col, long nr) {
     const __m256i ones = _mm256_set1_epi16(1);
     (void)ones;
-    __m256i lo[INT8_MR], hi[INT8_MR];
+    __m256i lo[INT8_ROWS], hi[INT8_ROWS];
     for (long i = 0; i < ROWS; i++) {
         lo[i] = _mm256_setzero_si256();
         hi[i] = _mm256_setzero_si256();
@@ -55,8 +56,12 @@ static __attribute__((target(INT8_TARGET))) void INT8_KERNEL(panel)(long m, long
                                                                     const int8_t *panel, const lamina_int8_out *o,
                                                                     long i0, long col, long nr) {
     long i = 0;
-    for (; i + INT8_MR <= m; i += INT8_MR)
-        INT8_KERNEL(tile)(INT8_MR, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
+    for (; i + INT8_ROWS <= m; i += INT8_ROWS)
+        INT8_KERNEL(tile)(INT8_ROWS, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
+    if (INT8_ROWS > 4 && m - i >= 4) {
+        INT8_KERNEL(tile)(4, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
+        i += 4;
+    }
     if (m - i >= 2) {
         INT8_KERNEL(tile)(2, quads, u + i * ldu, ldu, panel, o, i0 + i, col, nr);
         i += 2;

@@ -176,19 +176,21 @@ def test_lamina_int8_panels_sum_the_largest_products_exactly(k):
     a quad and every tail of a 16-channel panel; the sums are then in float32 only."""
     be = lm.CPUBackend(low_precision="lamina")
     rng = np.random.default_rng(k)
-    m, n = 11, 37
-    a = np.full((m, k), 3.0, np.float32)
-    a[1::2] = rng.standard_normal((m // 2, k))  # (the others on their grids' top step: [0, 3] in 127 steps)
-    w = np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32)
-    w[3] = rng.standard_normal(k)
-    packed = be.pack(w, True, 1.0, m, precision="int8")
-    c = np.empty((m, n), np.float32)
-    be.packed_gemm(a, packed, c)
-    qa, sa = quantize_rows(a, be.int8_activation_levels)
-    qw, sw = quantize_rows(w, WEIGHT_LEVELS, symmetric=True)
-    assert be.int8_activation_levels == 127 and qa[0].min() == 127 and np.abs(qw[0]).min() == 127
-    exact = (qa.astype(np.float64) @ qw.T.astype(np.float64)) * sa[:, None] * sw[None, :]
-    np.testing.assert_allclose(c, exact, rtol=4 * EPS, atol=k * EPS * (sa[:, None] * sw[None, :] * 127 * 127).max())
+    n = 37
+    for m in (11, 8):  # every tile of rows: 6 (VNNI) or 4 (AVX2), then 4, 2 and 1
+        a = np.full((m, k), 3.0, np.float32)
+        a[1::2] = rng.standard_normal((m // 2, k))  # (the others on their grids' top step: [0, 3] in 127 steps)
+        w = np.where(rng.random((n, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+        w[3] = rng.standard_normal(k)
+        packed = be.pack(w, True, 1.0, m, precision="int8")
+        c = np.empty((m, n), np.float32)
+        be.packed_gemm(a, packed, c)
+        qa, sa = quantize_rows(a, be.int8_activation_levels)
+        qw, sw = quantize_rows(w, WEIGHT_LEVELS, symmetric=True)
+        assert be.int8_activation_levels == 127 and qa[0].min() == 127 and np.abs(qw[0]).min() == 127
+        exact = (qa.astype(np.float64) @ qw.T.astype(np.float64)) * sa[:, None] * sw[None, :]
+        np.testing.assert_allclose(c, exact, rtol=4 * EPS,
+                                   atol=k * EPS * (sa[:, None] * sw[None, :] * 127 * 127).max(), err_msg=str(m))
     with pytest.raises(ValueError, match="int8 products sum exactly in int32 to a depth of"):
         be.pack(np.ones((2, 70000), np.float32), True, 1.0, 1, precision="int8")
 
