@@ -1242,12 +1242,6 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
             panel_gemm_team_d(m, k, n, &a[0, 0], lda, &packed[0], p0, p1, &c[0, 0], ldc, beta, b, threads, by_rows)
 
 
-def pointwise_min_positions(int itemsize):
-    """The fewest positions (columns of x) pointwise_conv takes for values of `itemsize` bytes: one
-    panel of 64 bytes."""
-    return 64 // itemsize
-
-
 cdef long _row_stride(str where, str name, const real[:, :] a) except -1:
     """The distance between a's rows in values, its values along a row adjacent (a block of columns
     of a C-ordered matrix, or the matrix)."""
@@ -1272,7 +1266,7 @@ cdef int _pointwise_args(str where, long cout, long S, real[:, :] y, bias, int a
 def pointwise_conv(const real[:, ::1] w, const real[:, :] x, real[:, :] y, real[::1] bias=None, int act=0,
                    double cap=0.0, int threads=1):
     """y = act(w @ x + bias[:, None]) for one sample of a pointwise convolution: w [cout, cin], x
-    [cin, S] (S >= pointwise_min_positions), y [cout, S], bias (cout values) or None; act 0 none, 1
+    [cin, S] (S at least one panel: 64 bytes of values), y [cout, S], bias (cout values) or None; act 0 none, 1
     ReLU, 2 ReLU capped at cap. x and y may be blocks of columns of larger matrices (a block of a
     column matrix and its columns of the output). On a team of up to `threads`, sharing the
     positions (panels.h pointwise_conv)."""

@@ -176,31 +176,29 @@ LAMINA_CLONES static void SUFFIXED(lamina_dw_channels)(const REAL *restrict x, l
     const long step = sw * LANES;
     for (long oh = 0; oh < oH; oh++) {
         const REAL *base = stage + oh * sh * Ws * LANES;
-        if (kh == 3 && kw == 3) {
+        if (kh == 3 && kw == 3)
             SUFFIXED(lamina_dw_row3)(base, Ws * dh * LANES, dw * LANES, step, tv, b, clamp, cap, oW, out);
-            goto store;
-        }
-        for (long ow = 0; ow < oW; ow += 4) {
-            const long n = oW - ow < 4 ? oW - ow : 4;
-            VEC a[4] = {b, b, b, b};
-            for (long bb = 0; bb < kh; bb++) {
-                const REAL *r = base + (bb * dh * Ws + ow * sw) * LANES;
-                for (long e = 0; e < kw; e++) {
-                    const VEC t = SUFFIXED(lamina_dw_load)(tv + (bb * kw + e) * LANES);
-                    const REAL *p = r + e * dw * LANES;
-                    if (n == 4) {
-                        a[0] += SUFFIXED(lamina_dw_load)(p) * t;
-                        a[1] += SUFFIXED(lamina_dw_load)(p + step) * t;
-                        a[2] += SUFFIXED(lamina_dw_load)(p + 2 * step) * t;
-                        a[3] += SUFFIXED(lamina_dw_load)(p + 3 * step) * t;
-                    } else
-                        for (long j = 0; j < n; j++) a[j] += SUFFIXED(lamina_dw_load)(p + j * step) * t;
+        else
+            for (long ow = 0; ow < oW; ow += 4) {
+                const long n = oW - ow < 4 ? oW - ow : 4;
+                VEC a[4] = {b, b, b, b};
+                for (long bb = 0; bb < kh; bb++) {
+                    const REAL *r = base + (bb * dh * Ws + ow * sw) * LANES;
+                    for (long e = 0; e < kw; e++) {
+                        const VEC t = SUFFIXED(lamina_dw_load)(tv + (bb * kw + e) * LANES);
+                        const REAL *p = r + e * dw * LANES;
+                        if (n == 4) {
+                            a[0] += SUFFIXED(lamina_dw_load)(p) * t;
+                            a[1] += SUFFIXED(lamina_dw_load)(p + step) * t;
+                            a[2] += SUFFIXED(lamina_dw_load)(p + 2 * step) * t;
+                            a[3] += SUFFIXED(lamina_dw_load)(p + 3 * step) * t;
+                        } else
+                            for (long j = 0; j < n; j++) a[j] += SUFFIXED(lamina_dw_load)(p + j * step) * t;
+                    }
                 }
+                for (long j = 0; j < n; j++)
+                    SUFFIXED(lamina_dw_put)(out + (ow + j) * LANES, clamp ? SUFFIXED(relu_capped)(a[j], cap) : a[j]);
             }
-            for (long j = 0; j < n; j++)
-                SUFFIXED(lamina_dw_put)(out + (ow + j) * LANES, clamp ? SUFFIXED(relu_capped)(a[j], cap) : a[j]);
-        }
-    store:;
         REAL *yr = y + oh * oW;
         long ow = 0;
         if (lanes == LANES)

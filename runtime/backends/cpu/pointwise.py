@@ -21,14 +21,14 @@ from ...threads import free_threads, split_work
 # POSITIONS_MIN_PANELS positions and at most PANELS_MAX_DEPTH input channels; else by tiles of
 # positions where x and one panel of W fit in POSITIONS_MAX_BYTES (the L2 cache of the machines
 # measured, 512 KiB a core: each panel passes over all of x); else as a GEMM. One layer with ReLU6
-# at batch 1, AMD EPYC (Zen 4, the AVX-512 build), ms, by tiles / by panels / OpenBLAS (with a pass for the
-# activation), 1 thread: 384 -> 64 at 14² 0.089 / 0.097 / 0.113, 576 -> 96 at 14² 0.201 / 0.219 /
-# 0.231, 960 -> 320 at 7² 0.329 / 0.421 / 0.350, 160 -> 960 at 7² 0.165 / 0.183 / 0.185, 320 ->
-# 1280 at 7² 0.456 / 0.550 / 0.465, but 96 -> 576 at 14² 0.233 / 0.211 / 0.243 and 64 -> 384 at
-# 14² 0.114 / 0.096 / 0.118; 2 threads: 960 -> 320 at 7² 0.170 / 0.323 / 0.187, 576 -> 96 at 14²
-# 0.106 / 0.123 / 0.133, 64 -> 384 at 14² 0.058 / 0.056 / 0.072. Past the L2 cache, ResNet-18's strided 3x3
-# layers at batch 1 (their column matrices, GEMM's time over the tiles', in one process): 2304
-# deep x 49 0.97x, 576 x 784 0.96x, 1152 x 196 0.99-1.09x.
+# at batch 1, AMD EPYC (Zen 4, the AVX-512 build), ms, by tiles / by panels / OpenBLAS (with a
+# pass for the activation), 1 thread: 384 -> 64 at 14² 0.089 / 0.097 / 0.113, 576 -> 96 at 14²
+# 0.201 / 0.219 / 0.231, 960 -> 320 at 7² 0.329 / 0.421 / 0.350, 160 -> 960 at 7² 0.165 / 0.183 /
+# 0.185, 320 -> 1280 at 7² 0.456 / 0.550 / 0.465, but 96 -> 576 at 14² 0.233 / 0.211 / 0.243 and
+# 64 -> 384 at 14² 0.114 / 0.096 / 0.118; 2 threads: 960 -> 320 at 7² 0.170 / 0.323 / 0.187, 576
+# -> 96 at 14² 0.106 / 0.123 / 0.133, 64 -> 384 at 14² 0.058 / 0.056 / 0.072. Past the L2 cache,
+# ResNet-18's strided 3x3 layers at batch 1 (their column matrices, GEMM's time over the tiles',
+# in one process): 2304 deep x 49 0.97x, 576 x 784 0.96x, 1152 x 196 0.99-1.09x.
 POSITIONS_MIN_PANELS = 64
 PANELS_MAX_DEPTH = 256
 POSITIONS_MAX_BYTES = 512 << 10
@@ -71,9 +71,8 @@ def product(weight, ctx, depth, bias=None, relu=False, cap=math.inf):
 
 def _on_columns(geom, weight, ctx, bias, relu, cap):
     """The column algorithm's GEMMs into y preset to the bias, then the activation's pass."""
-    (columns.transposed_forward if geom.transposed else columns.forward)(geom, weight, ctx, bias=bias)
-    if relu:
-        ctx.be.activate_in_place(("relu", 0.0) if cap == math.inf else ("bounded_relu", cap), ctx.output)
+    activation = None if not relu else ("relu", 0.0) if cap == math.inf else ("bounded_relu", cap)
+    columns.any_forward(geom, weight, ctx, bias, activation)
 
 
 def forward(geom, weight, ctx, bias=None, relu=False, cap=math.inf):
