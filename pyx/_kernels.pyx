@@ -258,12 +258,27 @@ cdef extern from "int8_panels.h" nogil:
     int INT8_ACTIVATION_LEVELS
 
 
+cdef extern from "bf16_panels.h" nogil:
+    ctypedef struct lamina_bf16_out:
+        float alpha, beta
+        const float* bias
+        float* c
+        long ldc
+    long lamina_bf16_pairs(long k)
+    long lamina_bf16_panels(long n)
+    long lamina_bf16_pack_size(long k, long n)
+    int lamina_bf16_kernel_runs()
+    void lamina_bf16_pack(const float* b, long k, long n, int trans, long p0, long p1, unsigned short* out)
+    void lamina_bf16_product_team(long m, long k, long n, const float* a, long lda, unsigned short* u, long ldu,
+                                  const unsigned short* packed, lamina_bf16_out out, int threads, int by_rows)
+
+
 cdef extern from "recurrence.h" nogil:
     ctypedef struct lamina_reduction:
         int kind, levels
         long per_thread
         void* scratch
-        const signed char* int8_panels
+        const void* panels
         const float* col_scale
         const int* col_sum
         long rows, ldu
@@ -1388,6 +1403,67 @@ def int8_product(const float[:, ::1] a, const signed char[::1] packed, const flo
                                  out, threads, by_rows)
 
 
+# ---------------------------------------------------------------- lamina's bfloat16 product (bf16_panels.h)
+def bf16_kernel_runs():
+    """Whether bf16_product has a kernel for this CPU: the AVX-512 module on a CPU with
+    AVX512-BF16 (elsewhere the caller multiplies the rounded operands in float32)."""
+    return bool(lamina_bf16_kernel_runs())
+
+
+def bf16_pack_size(long k, long n):
+    """16-bit values in the bfloat16 panels of a k x n op(B)."""
+    if k < 1 or n < 1:
+        raise ValueError(f"bf16_pack_size: a weight must have at least one channel and depth, found {n} x {k}")
+    return lamina_bf16_pack_size(k, n)
+
+
+def bf16_row_values(long k):
+    """16-bit values of an activation row of depth k in bf16_product's scratch (whole pairs)."""
+    return 2 * lamina_bf16_pairs(k)
+
+
+def bf16_pack(const float[:, ::1] b, bint trans, unsigned short[::1] out):
+    """out = the bfloat16 panels of op(b) (trans: b is n output channels x k; else k x n;
+    bf16_panels.h), its values rounded to the nearest bfloat16."""
+    cdef long k = b.shape[1] if trans else b.shape[0], n = b.shape[0] if trans else b.shape[1]
+    if out.shape[0] != bf16_pack_size(k, n):
+        raise ValueError(f"bf16_pack: the panels of a {k} x {n} op(b) take {lamina_bf16_pack_size(k, n)} values, "
+                         f"found {out.shape[0]}")
+    with nogil:
+        lamina_bf16_pack(&b[0, 0], k, n, trans, 0, lamina_bf16_panels(n), &out[0])
+
+
+def bf16_product(const float[:, ::1] a, const unsigned short[::1] packed, float alpha, float[:, ::1] c, float beta,
+                 const float[::1] bias, unsigned short[:, ::1] u, int threads=1, bint by_rows=False):
+    """c = alpha · (a's rows rounded to bfloat16) times the bfloat16 panels (bf16_pack) of a
+    k x c.shape[1] op(B), summed in float32, plus bias (or beta c). u: a's rows in bfloat16, whole
+    pairs (bf16_row_values(a.shape[1]) columns). On a team of `threads`, sharing the panels or
+    (by_rows) blocks of rows. Only where bf16_kernel_runs()."""
+    cdef long m = a.shape[0], k = a.shape[1], n = c.shape[1]
+    cdef lamina_bf16_out out
+    if not lamina_bf16_kernel_runs():
+        raise RuntimeError("bf16_product: this module has no bfloat16 kernel for this CPU (it needs the AVX-512 "
+                           "module and AVX512-BF16); multiply the rounded operands in float32")
+    if k < 1 or n < 1 or packed.shape[0] != lamina_bf16_pack_size(k, n):
+        raise ValueError(f"bf16_product: the panels of a {k} x {n} op(B) take "
+                         f"{lamina_bf16_pack_size(k, n) if k > 0 and n > 0 else 0} values, found {packed.shape[0]}")
+    if c.shape[0] != m or (bias is not None and bias.shape[0] != n):
+        raise ValueError(f"bf16_product: for a ({m}, {k}) times {n} channels: c ({c.shape[0]}, {n}), bias "
+                         f"{None if bias is None else bias.shape[0]}")
+    if u.shape[0] < m or u.shape[1] != 2 * lamina_bf16_pairs(k):
+        raise ValueError(f"bf16_product: scratch for {m} rows of {2 * lamina_bf16_pairs(k)} values: u ({u.shape[0]}, "
+                         f"{u.shape[1]})")
+    if threads < 1:
+        raise ValueError(f"bf16_product: threads must be at least 1, found {threads}")
+    if m == 0:
+        return
+    out.alpha, out.beta, out.bias = alpha, beta, &bias[0] if bias is not None else NULL
+    out.c, out.ldc = &c[0, 0], c.strides[0] // sizeof(float)
+    with nogil:
+        lamina_bf16_product_team(m, k, n, &a[0, 0], a.strides[0] // sizeof(float), &u[0, 0], u.shape[1],
+                                 &packed[0], out, threads, by_rows)
+
+
 # ---------------------------------------------------------------- a BLAS product shared by the team
 # OpenBLAS runs on one thread (lamina.threads says why); a product worth two threads is split into
 # blocks of c, one BLAS call each, called by the team's members (the provider's function found by
@@ -1529,7 +1605,7 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
                        bint has_hh_bias, real[::1] packed, real[:, ::1] hs, real[:, ::1] cs, bint has_cell,
                        real[:, ::1] init_h, bint has_init_h, real[:, ::1] init_c, bint has_init_c,
                        real[:, ::1] out, const int[::1] out_rows, long out_col, int threads, bint by_rows,
-                       int reduce=0, int levels=0, real[:, :, ::1] reduced=None, int8=None):
+                       int reduce=0, int levels=0, real[:, :, ::1] reduced=None, panels=None):
     """Every step of one direction of a recurrent layer (kind: 0 RNN tanh, 1 RNN relu, 2 LSTM,
     3 GRU) on a team of up to `threads` threads (team.h; as many as recurrence_threads lets share
     the batch), sharing it by rows (sequences) or by blocks of hidden units: see recurrence.h.
@@ -1539,9 +1615,11 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     output in the sequences' order). Arguments not present are placeholders. reduce (float32
     only): the recurrent product multiplies the states rounded to bfloat16 (1) or snapped to their
     rows' u8 grids of `levels` steps (2), made in `reduced` (a step's rows x H per team member); or
-    multiplied as u8 rows of `levels` (at most INT8_LEVELS) steps by W_hh's int8 panels (3): int8 is
+    multiplied as u8 rows of `levels` (at most INT8_LEVELS) steps by W_hh's int8 panels (3): panels is
     (panels, col_scales, col_sums, scratch), the pack's int8_pack panels, scales and integer sums and
-    int8_state_bytes(rows, H) bytes per team member (packed is then a placeholder)."""
+    int8_state_bytes(rows, H) bytes per team member; or rounded to bfloat16 and multiplied by W_hh's
+    bfloat16 panels (4, where bf16_kernel_runs()): panels is (panels, scratch), the pack's bf16_pack
+    panels and bf16_state_bytes(rows, H) bytes per team member (packed is then a placeholder)."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
     if out_rows.shape[0] != hs.shape[0] or out.shape[0] != hs.shape[0] or not 0 <= out_col <= out.shape[1] - H:
         raise ValueError(f"recurrence_forward: out ({out.shape[0]}, {out.shape[1]}) at column {out_col} and out_rows "
@@ -1551,7 +1629,9 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_forward")
     cdef lamina_reduction reduction
     if reduce == 3:
-        reduction = _int8_reduction(levels, int8, team, H, G, starts, real is float)
+        reduction = _int8_reduction(levels, panels, team, H, G, starts, real is float)
+    elif reduce == 4:
+        reduction = _bf16_reduction(panels, team, H, G, starts, real is float)
     else:
         reduction = _reduction("recurrence_forward", reduce, levels, reduced, team, H, starts, real is float)
     with nogil:
@@ -1576,7 +1656,7 @@ cdef lamina_reduction _reduction(str where, int reduce, int levels, real[:, :, :
     members."""
     cdef lamina_reduction r
     r.kind, r.levels, r.per_thread, r.scratch = reduce, levels, 0, NULL
-    r.int8_panels, r.col_scale, r.col_sum, r.rows, r.ldu = NULL, NULL, NULL, 0, 0
+    r.panels, r.col_scale, r.col_sum, r.rows, r.ldu = NULL, NULL, NULL, 0, 0
     if reduce == 0:
         return r
     most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
@@ -1621,8 +1701,38 @@ cdef lamina_reduction _int8_reduction(int levels, tuple int8, int team, long H, 
                          f"{col_scales.shape[0]}, {col_sums.shape[0]}, {scratch.shape[0]}")
     r.kind, r.levels, r.per_thread = 3, levels, int8_state_bytes(most, H)
     r.scratch = &scratch[0] if scratch.shape[0] else NULL
-    r.int8_panels, r.col_scale, r.col_sum = &panels[0], &col_scales[0], &col_sums[0]
+    r.panels, r.col_scale, r.col_sum = &panels[0], &col_scales[0], &col_sums[0]
     r.rows, r.ldu = most, 4 * lamina_int8_quads(H)
+    if r.scratch == NULL:
+        r.kind = 0  # (no rows: nothing to multiply)
+    return r
+
+
+def bf16_state_bytes(long rows, long H):
+    """Scratch bytes a team member of the bfloat16 recurrence takes: rows states of H in bfloat16."""
+    return rows * 4 * lamina_bf16_pairs(H)
+
+
+cdef lamina_reduction _bf16_reduction(tuple given, int team, long H, long G, const long[::1] starts, bint single):
+    """The bfloat16 recurrence's products (recurrence.h LAMINA_REDUCE_BF16_PANELS), its arguments checked."""
+    cdef lamina_reduction r
+    cdef const unsigned short[::1] panels
+    cdef unsigned char[::1] scratch
+    most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
+    if not single or given is None or len(given) != 2 or not lamina_bf16_kernel_runs():
+        raise ValueError(f"recurrence_forward: bfloat16 products (reduce 4) take float32, (panels, scratch) and a "
+                         f"module with a bfloat16 kernel for this CPU; found {'float32' if single else 'float64'}, "
+                         f"{None if given is None else len(given)} arguments, kernel "
+                         f"{'present' if lamina_bf16_kernel_runs() else 'absent'}")
+    panels, scratch = given
+    if panels.shape[0] != lamina_bf16_pack_size(H, G * H) or scratch.shape[0] < team * bf16_state_bytes(most, H):
+        raise ValueError(f"recurrence_forward: bfloat16 panels of W_hh ({G * H} x {H}) take "
+                         f"{lamina_bf16_pack_size(H, G * H)} values, with {team * bf16_state_bytes(most, H)} bytes "
+                         f"of scratch; found {panels.shape[0]}, {scratch.shape[0]}")
+    r.kind, r.levels, r.per_thread = 4, 0, bf16_state_bytes(most, H)
+    r.scratch = &scratch[0] if scratch.shape[0] else NULL
+    r.panels, r.col_scale, r.col_sum = &panels[0], NULL, NULL
+    r.rows, r.ldu = most, 4 * lamina_bf16_pairs(H)
     if r.scratch == NULL:
         r.kind = 0  # (no rows: nothing to multiply)
     return r

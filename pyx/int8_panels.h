@@ -110,32 +110,68 @@ static void lamina_int8_tile_portable(long mr, long quads, const uint8_t *u, lon
 }
 
 #ifdef LAMINA_INT8_AVX2
+/* Row r of a tile's int32 sums (two vectors of 8 channels) back to float32 in c (formula above). */
+static inline __attribute__((always_inline, target("avx2"))) void
+lamina_int8_store_tile_row(const lamina_int8_out *o, long r, long col, long nr, const __m256i acc[2]) {
+    float *c = o->c + r * o->ldc + col;
+    if (nr < INT8_NR) {
+        int32_t sums[INT8_NR];
+        _mm256_storeu_si256((__m256i *)sums, acc[0]);
+        _mm256_storeu_si256((__m256i *)(sums + 8), acc[1]);
+        lamina_int8_store_row(o, r, col, nr, sums);
+        return;
+    }
+    const __m256i zero = _mm256_set1_epi32(o->zero[r]);
+    const __m256 rs = _mm256_set1_ps(o->row_scale[r]);
+    for (int h = 0; h < 2; h++) {
+        const long j = col + 8 * h;
+        const __m256i sums = _mm256_loadu_si256((const __m256i *)(o->col_sum + j));
+        const __m256 diff = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h], _mm256_mullo_epi32(zero, sums)));
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(rs, _mm256_loadu_ps(o->col_scale + j)), diff);
+        if (o->bias)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(o->bias + j));
+        else if (o->beta != 0.0f)
+            v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(c + 8 * h)));
+        _mm256_storeu_ps(c + 8 * h, v);
+    }
+}
+
+#define DOT_ACC __m256i
+#define DOT_ZERO() _mm256_setzero_si256()
+#define DOT_OUT lamina_int8_out
+#define DOT_STORE lamina_int8_store_tile_row
+
 /* AVX2: vpmaddubsw (u8 x s8, pairs summed to int16, exact for 127 steps) and vpmaddwd by ones */
-#define INT8_KERNEL(name) lamina_int8_##name##_avx2
-#define INT8_TARGET "avx2"
-#define INT8_ROWS 4
-#define INT8_DOT(acc, x, b, ones) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, b), ones))
-#include "int8_tile_impl.h"
-#undef INT8_KERNEL
-#undef INT8_TARGET
-#undef INT8_ROWS
-#undef INT8_DOT
-#endif
+#define DOT_KERNEL(name) lamina_int8_##name##_avx2
+#define DOT_TARGET "avx2"
+#define DOT_ROWS 4
+#define DOT(acc, x, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, b), _mm256_set1_epi16(1)))
+#include "dot_panel_impl.h"
+#undef DOT_KERNEL
+#undef DOT_TARGET
+#undef DOT_ROWS
+#undef DOT
 
 #ifdef LAMINA_INT8_VNNI
 /* AVX-512 VNNI on 256-bit vectors: vpdpbusd sums each quad's four products into int32 in one
  * instruction, the same integers as the AVX2 pair (no int16 step to saturate; the activations
  * keep 127 steps, so every path of a network rounds them alike) */
-#define INT8_KERNEL(name) lamina_int8_##name##_vnni
-#define INT8_TARGET "avx2,avx512vl,avx512vnni"
+#define DOT_KERNEL(name) lamina_int8_##name##_vnni
+#define DOT_TARGET "avx2,avx512vl,avx512vnni"
 /* six rows: twelve chains of vpdpbusd, enough to cover its latency at two a cycle */
-#define INT8_ROWS 6
-#define INT8_DOT(acc, x, b, ones) _mm256_dpbusd_epi32(acc, x, b)
-#include "int8_tile_impl.h"
-#undef INT8_KERNEL
-#undef INT8_TARGET
-#undef INT8_ROWS
-#undef INT8_DOT
+#define DOT_ROWS 6
+#define DOT(acc, x, b) _mm256_dpbusd_epi32(acc, x, b)
+#include "dot_panel_impl.h"
+#undef DOT_KERNEL
+#undef DOT_TARGET
+#undef DOT_ROWS
+#undef DOT
+#endif
+
+#undef DOT_ACC
+#undef DOT_ZERO
+#undef DOT_OUT
+#undef DOT_STORE
 #endif
 
 /* whether this module's int8 product runs the AVX2 kernel on this CPU (or the VNNI one) */

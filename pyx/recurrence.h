@@ -24,6 +24,10 @@
 #include "cells.h"
 #include "convert.h"
 #include "int8_panels.h"
+#include "bf16_panels.h"
+
+/* (a share by units takes whole panels of both kinds) */
+_Static_assert(INT8_NR == BF16_NR, "the int8 and bfloat16 panels hold as many channels");
 #include "panels.h"
 #include "quantize.h"
 #include "team.h"
@@ -83,21 +87,26 @@ static inline long lamina_share_rows(const lamina_share *sh, long b) {
 /* The left operand of the recurrent product in a reduced precision (lamina.precision), which a
  * float32 product then multiplies: each state rounded to bfloat16 (LAMINA_REDUCE_BFLOAT16), or a
  * row snapped to its u8 grid of `levels` steps (LAMINA_REDUCE_INT8), the values an int8 product
- * would multiply. Or an int8 product itself (LAMINA_REDUCE_INT8_PANELS, forward only): the states
- * quantized to u8 rows and multiplied by W_hh's int8 panels (int8_panels.h). Reduced precision is
- * float32's: the double form only copies (never asked to reduce: the caller refuses it). */
-enum { LAMINA_REDUCE_NONE = 0, LAMINA_REDUCE_BFLOAT16 = 1, LAMINA_REDUCE_INT8 = 2, LAMINA_REDUCE_INT8_PANELS = 3 };
+ * would multiply. Or a product in that precision itself (forward only): the states quantized to u8
+ * rows and multiplied by W_hh's int8 panels (LAMINA_REDUCE_INT8_PANELS, int8_panels.h), or rounded
+ * to bfloat16 and multiplied by its bfloat16 panels (LAMINA_REDUCE_BF16_PANELS, bf16_panels.h).
+ * Reduced precision is float32's: the double form only copies (never asked to reduce: the caller
+ * refuses it). */
+enum {
+    LAMINA_REDUCE_NONE = 0, LAMINA_REDUCE_BFLOAT16 = 1, LAMINA_REDUCE_INT8 = 2, LAMINA_REDUCE_INT8_PANELS = 3,
+    LAMINA_REDUCE_BF16_PANELS = 4
+};
 
 /* what reduces the recurrent product's left operand: kind (LAMINA_REDUCE_*), the u8 grid's steps,
  * and per thread of the team a scratch of `per_thread` values (a step's rows times the operand's
- * width: H forward, G·H backward). For LAMINA_REDUCE_INT8_PANELS: W_hh's int8 panels with their
- * channels' scales and integer sums, and per thread `per_thread` bytes of scratch: `rows` u8 rows
- * of ldu bytes, then their scales (float) and zero points (int32). */
+ * width: H forward, G·H backward). For the panels' kinds: W_hh's panels (int8: with their channels'
+ * scales and integer sums), and per thread `per_thread` bytes of scratch: `rows` rows of ldu bytes
+ * (u8, or bfloat16 values), then (int8) their scales (float) and zero points (int32). */
 typedef struct {
     int kind, levels;
     long per_thread;
     void *scratch;
-    const int8_t *int8_panels;
+    const void *panels;
     const float *col_scale;
     const int32_t *col_sum;
     long rows, ldu;
@@ -117,32 +126,41 @@ static void lamina_reduce_row_d(int reduce, int levels, const double *x, long n,
     memcpy(out, x, sizeof(double) * n);
 }
 
-/* c[rows of the share] (+ beta c) = the share's rows of a (float32 states, k = H wide) as u8 times
- * W_hh's int8 panels, for the share's units of each of G column blocks of H (by rows: every unit) */
-static void lamina_int8_share_product_f(const lamina_share *sh, long b, long H, long G, const float *a,
-                                        const lamina_reduction *rd, int t, float *c, long ldc, float beta) {
+/* c[rows of the share] (+ beta c) = the share's rows of a (float32 states, k = H wide), as u8 rows
+ * times W_hh's int8 panels or as bfloat16 times its bfloat16 panels (rd->kind), for the share's
+ * units of each of G column blocks of H (by rows: every unit) */
+static void lamina_panels_share_product_f(const lamina_share *sh, long b, long H, long G, const float *a,
+                                          const lamina_reduction *rd, int t, float *c, long ldc, float beta) {
     const long m = lamina_share_rows(sh, b), n = G * H;
     if (m == 0 || sh->width == 0)
         return;
+    const int int8 = rd->kind == LAMINA_REDUCE_INT8_PANELS;
     uint8_t *u = (uint8_t *)rd->scratch + t * rd->per_thread;
     float *row_scale = (float *)(u + rd->rows * rd->ldu);
     int32_t *zero = (int32_t *)(row_scale + rd->rows);
-    for (long i = 0; i < m; i++)
-        lamina_int8_quantize_row(a + (sh->first + i * sh->stride) * H, H, rd->levels, u + i * rd->ldu, rd->ldu,
-                                 &row_scale[i], &zero[i]);
-    lamina_int8_out o = {row_scale, zero, rd->col_scale, NULL, rd->col_sum, beta, c + sh->first * ldc,
-                         sh->stride * ldc};
-    if (sh->width == H)
-        lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->int8_panels, 0, lamina_int8_panels(n), &o);
-    else
-        for (long q = 0; q < G; q++)
-            lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->int8_panels, (q * H + sh->u0) / INT8_NR,
-                             (q * H + sh->u0 + sh->width) / INT8_NR, &o);
+    for (long i = 0; i < m; i++) {
+        const float *row = a + (sh->first + i * sh->stride) * H;
+        if (int8)
+            lamina_int8_quantize_row(row, H, rd->levels, u + i * rd->ldu, rd->ldu, &row_scale[i], &zero[i]);
+        else
+            lamina_bf16_row(row, H, (uint16_t *)(u + i * rd->ldu));
+    }
+    lamina_int8_out o8 = {row_scale, zero, rd->col_scale, NULL, rd->col_sum, beta, c + sh->first * ldc,
+                          sh->stride * ldc};
+    lamina_bf16_out o16 = {1.0f, beta, NULL, c + sh->first * ldc, sh->stride * ldc};
+    for (long q = 0; q < (sh->width == H ? 1 : G); q++) {  /* (every unit: all panels at once) */
+        const long p0 = sh->width == H ? 0 : (q * H + sh->u0) / INT8_NR;
+        const long p1 = sh->width == H ? lamina_int8_panels(n) : (q * H + sh->u0 + sh->width) / INT8_NR;
+        if (int8)
+            lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->panels, p0, p1, &o8);
+        else
+            lamina_bf16_gemm(0, m, H, n, (const uint16_t *)u, rd->ldu / 2, rd->panels, p0, p1, &o16);
+    }
 }
 
 /* (the double recurrence never reduces) */
-static void lamina_int8_share_product_d(const lamina_share *sh, long b, long H, long G, const double *a,
-                                        const lamina_reduction *rd, int t, double *c, long ldc, double beta) {
+static void lamina_panels_share_product_d(const lamina_share *sh, long b, long H, long G, const double *a,
+                                          const lamina_reduction *rd, int t, double *c, long ldc, double beta) {
     (void)sh, (void)b, (void)H, (void)G, (void)a, (void)rd, (void)t, (void)c, (void)ldc, (void)beta;
 }
 

@@ -59,14 +59,15 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
     lamina_share sh = lamina_share_of(by_rows, H, NR, t, nt);
     int sense = 0;
     long u0 = sh.u0, width = sh.width;
-    REAL *reduced = rd->kind && rd->kind != LAMINA_REDUCE_INT8_PANELS ? (REAL *)rd->scratch + t * rd->per_thread : NULL;
+    const int panels = rd->kind == LAMINA_REDUCE_INT8_PANELS || rd->kind == LAMINA_REDUCE_BF16_PANELS;
+    REAL *reduced = rd->kind && !panels ? (REAL *)rd->scratch + t * rd->per_thread : NULL;
     for (long s = 0; s < steps; s++) {
         long r0 = starts[s], b = starts[s + 1] - r0;
         const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
         const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
         REAL *prod = kind == LAMINA_GRU ? hh + r0 * GH : g + r0 * GH;  /* GRU keeps it apart */
-        if (prev_h && rd->kind == LAMINA_REDUCE_INT8_PANELS)
-            SUFFIXED(lamina_int8_share_product)(&sh, b, H, G, prev_h, rd, t, prod, GH, kind == LAMINA_GRU ? 0 : 1);
+        if (prev_h && panels)
+            SUFFIXED(lamina_panels_share_product)(&sh, b, H, G, prev_h, rd, t, prod, GH, kind == LAMINA_GRU ? 0 : 1);
         else if (prev_h && reduced) {  /* the rows this thread's product reads (by units: all of them) */
             for (long r = sh.first; r < b; r += sh.stride)
                 SUFFIXED(lamina_reduce_row)(rd->kind, rd->levels, prev_h + r * H, H, reduced + r * H);

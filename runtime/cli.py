@@ -475,6 +475,8 @@ def cmd_devices(args):
                                              " on VNNI" if sets & {"avx512_vnni", "avx_vnni"} else
                                              " (activations in 127 steps: no int8 dot product)")
     elif products == "lamina":
+        if compiled._kernels.bf16_kernel_runs():
+            bf16 = "lamina's bfloat16 panels, AVX512-BF16"
         kernel = ("AVX-512 VNNI" if compiled._kernels.int8_uses_vnni() else
                   "AVX2" if compiled._kernels.int8_uses_avx2() else "portable code")
         int8 = f"lamina's u8 x s8 panels, {kernel} (activations in 127 steps)"

@@ -71,6 +71,62 @@ def test_bfloat16_packed_product(reduced_backend, trans, m, k, n, alpha):
         assert np.abs(c - (full + bias)).max() > accumulation.max()
 
 
+def _bf16_kernel_expected():
+    from lamina.backends.cpu import compiled
+    from lamina.processor import instruction_sets
+    return compiled.PATH == "avx512" and {"avx512_bf16", "avx512vl"} <= set(instruction_sets())
+
+
+def test_bfloat16_products_run_lamina_panels_where_the_cpu_has_avx512_bf16():
+    """lamina's bfloat16 panels (vdpbf16ps) in the AVX-512 build on a CPU with AVX512-BF16, where
+    lamina's own products serve the reduced precisions; elsewhere float32 products of the rounded
+    operands (LAMINA_ISA=avx2 takes that path on the same CPU); `lamina devices` names the one taken."""
+    import subprocess
+    import sys
+    from lamina.backends.cpu import compiled
+    runs = _bf16_kernel_expected()
+    assert compiled._kernels.bf16_kernel_runs() == runs
+    be = lm.CPUBackend("openblas", "lamina")
+    packed = be.pack(np.ones((5, 3), np.float32), True, 1.0, 2, precision="bfloat16")
+    assert packed.provider == ("bf16-panels" if runs else "panels") and (packed.operands is None) == runs
+    if lm.CPUBackend().low_precision == "lamina":
+        out = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], capture_output=True, text=True)
+        line = ("lamina's bfloat16 panels, AVX512-BF16" if runs else
+                "float32 products of the operands rounded to bfloat16")
+        assert f"bfloat16 products: {line}" in out.stdout, out.stdout
+
+
+@pytest.mark.skipif(not _bf16_kernel_expected(), reason="lamina's bfloat16 panels need AVX512-BF16 and the AVX-512 "
+                    "build (elsewhere test_bfloat16_packed_product covers the float32 products that serve)")
+@pytest.mark.parametrize("k", [1, 2, 5, 64, 257])
+def test_lamina_bfloat16_panels_at_every_tile_edge(k):
+    """Every tile of rows (6, 4, 2 and 1), an odd depth's last pair, a panel of fewer than 16
+    channels, shared by panels and by rows on two threads, with alpha, bias or beta: the float64
+    product of the rounded operands within float32 accumulation."""
+    from lamina.backends.cpu.compiled import _kernels as K
+    rng = np.random.default_rng(k)
+    n = 37
+    for trans in (False, True):
+        b = rng.standard_normal((n, k) if trans else (k, n)).astype(np.float32)
+        op_b = b.T if trans else b
+        packed = np.empty(K.bf16_pack_size(k, n), np.uint16)
+        K.bf16_pack(b, trans, packed)
+        for m, threads, by_rows in ((13, 1, False), (11, 2, False), (23, 2, True), (1, 2, True)):
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            u = np.empty((m, K.bf16_row_values(k)), np.uint16)
+            exact = round_bfloat16(a).astype(np.float64) @ round_bfloat16(op_b).astype(np.float64)
+            bound = k * 2.0 ** -24 * (np.abs(a) @ np.abs(op_b)) * 1.01 + 1e-30
+            bias = rng.standard_normal(n).astype(np.float32)
+            c = rng.standard_normal((m, n)).astype(np.float32)
+            before = c.astype(np.float64)
+            K.bf16_product(a, packed, 0.5, c, 2.0, None, u, threads=threads, by_rows=by_rows)
+            assert np.all(np.abs(c - (0.5 * exact + 2.0 * before)) <= 0.5 * bound + 4 * 2.0 ** -24 * np.abs(c))
+            K.bf16_product(a, packed, 1.0, c, 0.0, bias, u, threads=threads, by_rows=by_rows)
+            assert np.all(np.abs(c - (exact + bias)) <= bound + 2 * 2.0 ** -24 * np.abs(c)), (trans, m, threads)
+    with pytest.raises(ValueError, match="take"):
+        K.bf16_product(a, packed[:-1], 1.0, c, 0.0, None, u)
+
+
 @pytest.mark.parametrize("kind", ["Linear", "RNN", "LSTM", "GRU"])
 def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind, low_precision):
     """One step from a zero state: each gate pre-activation is x W_ihᵀ + b, within
@@ -223,10 +279,13 @@ def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
     assert moved > 2 ** -20  # the products did run in bfloat16
 
 
+@pytest.mark.parametrize("products", ["float32", "lamina"])
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
-def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(monkeypatch, kind):
+def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(monkeypatch, kind, products):
     """Where float32 products serve bfloat16 (on lamina's panels), the fused recurrence rounds
-    the states before each forward product and dG's rows before each backward one, on one thread
+    the states before each forward product and dG's rows before each backward one (with lamina's
+    bfloat16 panels, where they run, the forward multiplies by those and the backward by float32
+    panels of W_hh's rounded values), on one thread
     and shared by sequences and by units: the gradients equal the layer's steps one at a time
     (the same rounded operands; the float32 sums' order may flip a rounding, so nearly all
     elements agree to float32 rounding and every one within a bfloat16 unit of the largest)."""
@@ -237,7 +296,7 @@ def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(
     lengths = (5, 9, 3, 7, 9, 2, 6, 8)  # (enough sequences for two threads to share them)
     feeds = {"x": lm.Sequences.from_list([rng.standard_normal((n, 32)).astype(np.float32) for n in lengths]),
              "t": lm.Sequences.from_list([rng.standard_normal((n, 8)).astype(np.float32) for n in lengths])}
-    backend = lm.CPUBackend("openblas", "float32")
+    backend = lm.CPUBackend("openblas", products)
     calls, original = [], fused_recurrence.backward
     monkeypatch.setattr(fused_recurrence, "backward", lambda *a: calls.append(1) or original(*a))
     fused = []

@@ -129,14 +129,14 @@ class _Recurrent(Layer):
         else:
             be.gemm(a, w.buffer, out, trans_b=transpose, beta=beta)
 
-    def _pack(self, ctx, w, transpose, rows=None):
-        """op(w) packed for the backend (Layer.packed_weight), for up to `rows` rows (default:
-        the batch's sequences)."""
-        return self.packed_weight(ctx.be, w, transpose, rows or ctx.order.num_sequences, ctx.precision)
+    def _pack(self, ctx, w, transpose, rows=None, method="pack"):
+        """op(w) packed for the backend (Layer.packed_weight, by the backend's `method`), for up to
+        `rows` rows (default: the batch's sequences)."""
+        return self.packed_weight(ctx.be, w, transpose, rows or ctx.order.num_sequences, ctx.precision, method)
 
-    def recurrent_pack(self, ctx, sfx, transpose):
+    def recurrent_pack(self, ctx, sfx, transpose, method="pack"):
         """W_hh of one direction packed (transposed for the forward's h W_hhᵀ)."""
-        return self._pack(ctx, self.params["weight_hh" + sfx], transpose)
+        return self._pack(ctx, self.params["weight_hh" + sfx], transpose, method=method)
 
     def _sorted_state(self, ctx, state, k, key):
         """Initial state k of every sequence, in the batch order's sorted order, or None."""

@@ -130,6 +130,9 @@ INT8_BLOCK = 1 << 22
 # lamina's int8 product of fewer multiply-adds runs on one thread (it runs 2.3-3.6x the float32
 # panels' speed, so twice PANEL_SPLIT_MIN)
 INT8_SPLIT_MIN = 1 << 22
+# lamina's bfloat16 product of fewer multiply-adds runs on one thread (it runs about 1.7x the
+# float32 panels' speed)
+BF16_SPLIT_MIN = 1 << 22
 PACK_MAX_DEPTH = 8192
 
 
@@ -246,11 +249,10 @@ class CPUBackend(HostStatistics, Backend):
         check_int8_pack(precision, b, trans)
         if precision == "int8" and self.low_precision == "lamina":
             return self._int8_pack(b, alpha, max_rows)
-        if precision != "float32" and self.low_precision != "mkl":  # float32 products of the reduced operands
-            values = round_to_precision(b, precision)
-            packed = self._float_pack(values, trans, alpha, max_rows)
-            packed.operands, packed.values, packed.trans, packed.alpha = precision, values, trans, alpha
-            return packed
+        if precision == "bfloat16" and b.dtype == np.float32 and self.bf16_panels:
+            return self._bf16_pack(b, trans, alpha, max_rows)
+        if precision != "float32" and self.low_precision != "mkl":
+            return self.pack_reduced(b, trans, alpha, max_rows, precision)
         if precision == "bfloat16":
             bits = np.empty(b.shape, np.uint16)
             K.to_bfloat16(_flat(b), _flat(bits))
@@ -274,6 +276,32 @@ class CPUBackend(HostStatistics, Backend):
         K.int8_pack(q, panels)
         return PackedMatrix("int8-panels", k, n, b.dtype, max(max_rows, 1), panels=panels,
                             scales=(scales * np.float32(alpha)).astype(np.float32), sums=q.sum(axis=1, dtype=np.int32))
+
+    def pack_reduced(self, b, trans=False, alpha=1.0, max_rows=1, precision="bfloat16"):
+        """A float32 pack of b's values in `precision` (rounded to bfloat16, or int8's per channel),
+        for float32 products of the reduced operands (`operands` names the precision); pack's
+        form where no product of that precision serves, and the backward's of the fused recurrence."""
+        _float("pack_reduced", "b", b, ndim=2)
+        check_precision(precision, "pack_reduced")
+        values = round_to_precision(b, precision)
+        packed = self._float_pack(values, trans, alpha, max_rows)
+        packed.operands, packed.values, packed.trans, packed.alpha = precision, values, trans, alpha
+        return packed
+
+    @property
+    def bf16_panels(self):
+        """Whether bfloat16 products run lamina's bfloat16 panels (bf16_panels.h: low_precision
+        'lamina' on a CPU with AVX512-BF16, in the AVX-512 build)."""
+        return self.low_precision == "lamina" and K.bf16_kernel_runs()
+
+    def _bf16_pack(self, b, trans, alpha, max_rows):
+        """lamina's bfloat16 panels of op(b), its values rounded to bfloat16."""
+        k, n = (b.shape[1], b.shape[0]) if trans else b.shape
+        panels = aligned_empty((K.bf16_pack_size(k, n),), np.uint16)
+        K.bf16_pack(np.ascontiguousarray(b), trans, panels)
+        packed = PackedMatrix("bf16-panels", k, n, b.dtype, max(max_rows, 1), panels=panels)
+        packed.alpha = alpha
+        return packed
 
     def _float_pack(self, b, trans, alpha, max_rows):
         if self.blas_name == "mkl":
@@ -307,7 +335,8 @@ class CPUBackend(HostStatistics, Backend):
 
     def _packed_product(self, a, packed, c, beta, bias):
         expected = {"float32": "mkl" if self.blas_name == "mkl" else "panels",
-                    "bfloat16": "mkl-bfloat16" if self.low_precision == "mkl" else None,
+                    "bfloat16": ("mkl-bfloat16" if self.low_precision == "mkl" else
+                                 "bf16-panels" if self.bf16_panels else None),
                     "int8": {"mkl": "mkl-int8", "lamina": "int8-panels"}.get(self.low_precision)}
         if not isinstance(packed, PackedMatrix) or packed.provider not in expected.values():
             raise ValueError(f"packed_gemm: {self} computes with {expected['float32']!r} packs, found "
@@ -329,6 +358,8 @@ class CPUBackend(HostStatistics, Backend):
             return self._int8_packed_product(a, packed, c, beta, bias)
         if packed.provider == "int8-panels":
             return self._int8_panel_product(a, packed, c, beta, bias)
+        if packed.provider == "bf16-panels":
+            return self._bf16_panel_product(a, packed, c, beta, bias)
         if packed.operands is not None:
             a = self.reduced_operand(a, packed.operands)
             if not self.packs_fixed_weights(m, packed.k, n):  # (the pack serves fewer rows faster)
@@ -384,6 +415,15 @@ class CPUBackend(HostStatistics, Backend):
         threads = free_threads() if m * n * packed.k >= INT8_SPLIT_MIN else 1
         K.int8_product(a, packed.panels, packed.scales, packed.sums, c, beta, bias, u, row_scales, zeros,
                        threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
+
+    def _bf16_panel_product(self, a, packed, c, beta, bias):
+        """lamina's bfloat16 product (bf16_panels.h): a's rows rounded to bfloat16 and multiplied by
+        the panels on a compiled team, summed in float32."""
+        m, n = c.shape
+        u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(packed.k)), np.uint16)
+        threads = free_threads() if m * n * packed.k >= BF16_SPLIT_MIN else 1
+        K.bf16_product(a, packed.panels, packed.alpha, c, beta, bias, u, threads=threads,
+                       by_rows=m >= PANEL_ROW_SPLIT * threads)
 
     def reduced_operand(self, a, precision):
         """a (C-contiguous float32 rows) as a float32 product computing a `precision` one

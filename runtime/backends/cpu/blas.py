@@ -3,8 +3,8 @@
 MKL is not the fastest BLAS everywhere: on AMD processors its sgemm runs behind OpenBLAS's. The
 provider is chosen from the CPU vendor (MKL on Intel, OpenBLAS elsewhere) and forced with
 LAMINA_BLAS=mkl|openblas. Likewise the products of bfloat16 and int8 networks: MKL's on Intel,
-lamina's own int8 products and float32 ones of the reduced operands elsewhere
-(low_precision_products).
+lamina's own elsewhere (its int8 panels, its bfloat16 panels on AVX512-BF16, else float32 products
+of the rounded operands: low_precision_products).
 
 OpenBLAS is always built. MKL is built where the build environment has mkl-devel (MKL has no
 wheel for Arm hosts) and LAMINA_WITHOUT_MKL is not set; without it lamina runs on OpenBLAS alone.
@@ -72,8 +72,9 @@ def low_precision_products():
     """Which products serve bfloat16 and int8 (lamina.precision):
     - 'mkl': MKL's packed bfloat16 and u8 x s8 GEMMs, which run MKL's own kernels on Intel CPUs
       (AMX, AVX512-BF16, VNNI);
-    - 'lamina': lamina's own u8 x s8 panels for int8 (pyx/int8_panels.h: AVX2, activations in 127
-      steps), float32 products of the operands rounded to bfloat16 for bfloat16;
+    - 'lamina': lamina's own u8 x s8 panels for int8 (pyx/int8_panels.h: AVX2 or AVX-512 VNNI,
+      activations in 127 steps), for bfloat16 its bfloat16 panels where the CPU has AVX512-BF16
+      (pyx/bf16_panels.h), else float32 products of the operands rounded to bfloat16;
     - 'float32': the float32 provider's products of the reduced operands for both (int8: the
       activations snapped to 255 steps; the same values as an int8 product, summed in float32).
     On Intel, MKL; elsewhere lamina's where its int8 kernel has vector code for the CPU (AVX2),

@@ -11,7 +11,10 @@ _mkl.product_functions) and the cells, with no Python between steps. Where float
 them, the fused recurrence above runs with W_hh's panels holding its reduced values, each step's
 states rounded to bfloat16 or snapped to their rows' u8 grids before the product. With lamina's
 int8 panels (CPUBackend.low_precision 'lamina'), each step quantizes the states its member reads
-to u8 rows and multiplies them by W_hh's int8 panels (recurrence.h LAMINA_REDUCE_INT8_PANELS).
+to u8 rows and multiplies them by W_hh's int8 panels (recurrence.h LAMINA_REDUCE_INT8_PANELS); with
+its bfloat16 panels (the same, on a CPU with AVX512-BF16), it rounds them to bfloat16 and multiplies
+them by W_hh's bfloat16 panels (LAMINA_REDUCE_BF16_PANELS). The backward of bfloat16 training
+multiplies by float32 panels of W_hh's rounded values.
 
 The threads share the batch by sequences (each runs its own sequences start to end, never
 waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
@@ -43,10 +46,10 @@ ROWS_PER_THREAD = 4
 UNITS_MIN_STEPS = 8
 FUSED_SHARE = "auto"  # or "rows", "units"
 # the compiled kernel's reductions of the recurrent product's left operand (recurrence.h), by the
-# precision a float32 pack's values are in (PackedMatrix.operands), and the int8 product of lamina's
-# int8 panels
+# precision a float32 pack's values are in (PackedMatrix.operands), and the products of lamina's
+# int8 and bfloat16 panels
 REDUCE = {"bfloat16": 1, "int8": 2}
-INT8_PANELS = 3
+INT8_PANELS, BF16_PANELS = 3, 4
 
 
 def fuses_in(cell, backend, precision):
@@ -142,19 +145,23 @@ def forward(cell, ctx, run):
     input projection; GRU's b_hh joins the recurrent product); the output rows are written as the
     cells finish."""
     pack = cell.recurrent_pack(ctx, run.sfx, transpose=True)
-    int8 = pack.provider == "int8-panels"
-    # (int8: a placeholder for the float panels; the int8 ones go apart)
-    panels = ctx.be.scratch("int8 placeholder", (1,), np.float32) if int8 else pack.panels
+    own = pack.provider in ("int8-panels", "bf16-panels")  # (a product of that precision itself)
+    # (int8 or bfloat16 panels: a placeholder for the float panels; theirs go apart)
+    panels = ctx.be.scratch("panels placeholder", (1,), np.float32) if own else pack.panels
     b_hh = cell.params["bias_hh" + run.sfx].buffer if cell.cell_name == "gru" and cell.has_bias else None
     args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run),
             *_given(b_hh, panels), panels, run.hs, *_given(run.cs, run.hs), *_given(run.init_h, run.hs),
             *_given(run.init_c, run.hs), *run.output)
     threads, by_rows = _share(cell, ctx, run.g)
-    if int8:  # each member quantizes the states its product reads into its own scratch
+    if pack.provider == "int8-panels":  # each member quantizes the states its product reads into its own scratch
         scratch = ctx.be.scratch("int8 states", (threads * _kernels.int8_state_bytes(_most(ctx), cell.hidden_size),),
                                  np.uint8)
         return _kernels.recurrence_forward(*args, threads, by_rows, INT8_PANELS, _kernels.INT8_LEVELS, None,
                                            (pack.panels, pack.scales, pack.sums, scratch))
+    if pack.provider == "bf16-panels":  # each member rounds the states its product reads into its own scratch
+        scratch = ctx.be.scratch("bfloat16 states",
+                                 (threads * _kernels.bf16_state_bytes(_most(ctx), cell.hidden_size),), np.uint8)
+        return _kernels.recurrence_forward(*args, threads, by_rows, BF16_PANELS, 0, None, (pack.panels, scratch))
     if pack.operands is None:
         return _kernels.recurrence_forward(*args, threads, by_rows)
     # bfloat16 or int8 in float32 products: each member reduces the previous states its product
@@ -164,7 +171,9 @@ def forward(cell, ctx, run):
 
 
 def backward(cell, ctx, run):
-    pack = cell.recurrent_pack(ctx, run.sfx, transpose=False)
+    # (bfloat16 training: float32 panels of W_hh's rounded values, whatever the forward multiplies by)
+    pack = cell.recurrent_pack(ctx, run.sfx, transpose=False,
+                               method="pack" if ctx.precision == "float32" else "pack_reduced")
     panels = pack.panels
     has_cell = run.cs is not None
     args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run), run.hs,

@@ -1,0 +1,183 @@
+/* lamina's own bfloat16 product for CPUs with AVX512-BF16 where MKL runs no bfloat16 kernel of its
+ * own (every non-Intel CPU: on an AMD EPYC of the Zen 4 family MKL's bfloat16 LSTM ran at 0.7x
+ * lamina's float32 one). c[m x n] = alpha · bf16(a) · bf16(op(B)) (+ bias, or + beta · c): both
+ * operands rounded to bfloat16 (round to nearest, ties to even: convert.h), their products summed
+ * in float32. op(B) (k x n) is rounded and packed once into panels of 16 output channels, in pairs
+ * of depths (k padded to whole pairs with zeros):
+ *
+ *     panel p, pair kp, channel j, depth r:  element ((p·pairs + kp)·16 + j)·2 + r = op(B)[2kp + r, 16p + j]
+ *
+ * the layout of int8_panels.h with pairs of 16-bit values where it has quads of bytes, so the
+ * same tile (dot_panel_impl.h) runs both. Per pair and row of a, the kernel broadcasts a's two
+ * bfloat16 values and adds both products to each channel's float32 sum with one vdpbf16ps; a's
+ * rows are rounded to bfloat16 in the same call. The kernel is compiled in the AVX-512 module alone
+ * and taken where the CPU has AVX512-BF16; elsewhere the caller multiplies the rounded operands in
+ * float32 (the same products, summed in another order). */
+#ifndef LAMINA_BF16_PANELS_H
+#define LAMINA_BF16_PANELS_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+#include "convert.h"
+#include "team.h"
+
+#define BF16_NR 16
+#define BF16_MR 6
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(LAMINA_TARGET_V4)
+#define LAMINA_BF16_KERNEL 1
+#endif
+
+static inline long lamina_bf16_pairs(long k) { return (k + 1) / 2; }
+static inline long lamina_bf16_panels(long n) { return (n + BF16_NR - 1) / BF16_NR; }
+/* 16-bit values in the panels of a k-deep, n-channel op(B) */
+static inline long lamina_bf16_pack_size(long k, long n) {
+    return lamina_bf16_panels(n) * lamina_bf16_pairs(k) * BF16_NR * 2;
+}
+
+/* Panels [p0, p1) of op(b) (trans: b is n x k, a row per output channel; else k x n) into out. */
+static void lamina_bf16_pack(const float *restrict b, long k, long n, int trans, long p0, long p1,
+                             uint16_t *restrict out) {
+    const long pairs = lamina_bf16_pairs(k);
+    for (long p = p0; p < p1; p++)
+        for (long kp = 0; kp < pairs; kp++) {
+            uint16_t *dst = out + (p * pairs + kp) * BF16_NR * 2;
+            for (long j = 0; j < BF16_NR; j++)
+                for (long r = 0; r < 2; r++) {
+                    long col = p * BF16_NR + j, kk = 2 * kp + r;
+                    float v = 0.0f;
+                    if (col < n && kk < k)
+                        v = trans ? b[col * k + kk] : b[kk * n + col];
+                    uint32_t bits;
+                    memcpy(&bits, &v, 4);
+                    dst[j * 2 + r] = lamina_bf16_bits(bits);
+                }
+        }
+}
+
+/* One row of a (k values) as bfloat16 into u, zero-padded to whole pairs. */
+static inline void lamina_bf16_row(const float *a, long k, uint16_t *u) {
+    lamina_to_bfloat16(a, u, k);
+    if (k % 2)
+        u[k] = 0;
+}
+
+/* Where a tile's sums go: c = alpha · sums + (bias[j], or beta · c); bias NULL for none. */
+typedef struct {
+    float alpha, beta;
+    const float *bias;
+    float *c;
+    long ldc;
+} lamina_bf16_out;
+
+#ifdef LAMINA_BF16_KERNEL
+/* Row r of a tile's float32 sums (two vectors of 8 channels) into c. */
+static inline __attribute__((always_inline, target("avx2,fma"))) void
+lamina_bf16_store_tile_row(const lamina_bf16_out *o, long r, long col, long nr, const __m256 acc[2]) {
+    float *c = o->c + r * o->ldc + col;
+    if (nr < BF16_NR) {
+        float sums[BF16_NR];
+        _mm256_storeu_ps(sums, acc[0]);
+        _mm256_storeu_ps(sums + 8, acc[1]);
+        for (long j = 0; j < nr; j++)
+            c[j] = o->alpha * sums[j] + (o->bias ? o->bias[col + j] : o->beta != 0.0f ? o->beta * c[j] : 0.0f);
+        return;
+    }
+    const __m256 alpha = _mm256_set1_ps(o->alpha);
+    for (int h = 0; h < 2; h++) {
+        __m256 v = _mm256_mul_ps(alpha, acc[h]);
+        if (o->bias)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(o->bias + col + 8 * h));
+        else if (o->beta != 0.0f)
+            v = _mm256_fmadd_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(c + 8 * h), v);
+        _mm256_storeu_ps(c + 8 * h, v);
+    }
+}
+
+#define DOT_ACC __m256
+#define DOT_ZERO() _mm256_setzero_ps()
+#define DOT_OUT lamina_bf16_out
+#define DOT_STORE lamina_bf16_store_tile_row
+#define DOT_KERNEL(name) lamina_bf16_##name##_avx512
+#define DOT_TARGET "avx2,fma,avx512vl,avx512bf16"
+/* six rows: twelve chains of vdpbf16ps */
+#define DOT_ROWS BF16_MR
+#define DOT(acc, x, b) _mm256_dpbf16_ps(acc, (__m256bh)(x), (__m256bh)(b))
+#include "dot_panel_impl.h"
+#undef DOT_KERNEL
+#undef DOT_TARGET
+#undef DOT_ROWS
+#undef DOT
+#undef DOT_ACC
+#undef DOT_ZERO
+#undef DOT_OUT
+#undef DOT_STORE
+#endif
+
+/* whether this module runs the bfloat16 kernel on this CPU (else lamina_bf16_gemm does nothing) */
+static inline int lamina_bf16_kernel_runs(void) {
+#ifdef LAMINA_BF16_KERNEL
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+/* Rows [i0, i1) of u (a's rows in bfloat16, whole pairs, ldu values apart) times panels [p0, p1):
+ * rows in blocks that stay in cache while the panels pass over them. */
+static void lamina_bf16_gemm(long i0, long i1, long k, long n, const uint16_t *u, long ldu, const uint16_t *packed,
+                             long p0, long p1, const lamina_bf16_out *o) {
+#ifdef LAMINA_BF16_KERNEL
+    const long pairs = lamina_bf16_pairs(k), panel_values = pairs * BF16_NR * 2;
+    long block = 128 * 1024 / (pairs * 4) / BF16_MR * BF16_MR;
+    block = block < BF16_MR ? BF16_MR : block;
+    for (long r0 = i0; r0 < i1; r0 += block) {
+        long r1 = i1 - r0 < block ? i1 : r0 + block;
+        for (long p = p0; p < p1; p++) {
+            long col = p * BF16_NR, nr = n - col < BF16_NR ? n - col : BF16_NR;
+            lamina_bf16_panel_avx512(r1 - r0, pairs, (const uint8_t *)(u + r0 * ldu), 2 * ldu,
+                                     packed + p * panel_values, o, r0, col, nr);
+        }
+    }
+#else
+    (void)i0, (void)i1, (void)k, (void)n, (void)u, (void)ldu, (void)packed, (void)p0, (void)p1, (void)o;
+#endif
+}
+
+/* The whole product on a team of `threads` (team.h): first each member rounds its block of a's
+ * rows (into u: m x ldu values, ldu = 2 · pairs), then each takes its share of the panels, or with
+ * by_rows its block of whole row tiles. */
+typedef struct {
+    long m, k, n, lda, ldu;
+    const float *a;
+    uint16_t *u;
+    const uint16_t *packed;
+    lamina_bf16_out out;
+    int by_rows;
+} lamina_bf16_job;
+
+static void lamina_bf16_round_member(void *job, int t, int nt) {
+    lamina_bf16_job *j = job;
+    for (long i = t * j->m / nt; i < (t + 1) * j->m / nt; i++)
+        lamina_bf16_row(j->a + i * j->lda, j->k, j->u + i * j->ldu);
+}
+
+static void lamina_bf16_product_member(void *job, int t, int nt) {
+    const lamina_bf16_job *j = job;
+    const lamina_product_share sh = lamina_product_share_of(j->by_rows, j->m, BF16_MR, 0, lamina_bf16_panels(j->n),
+                                                            t, nt);
+    if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
+        lamina_bf16_gemm(sh.r0, sh.r1, j->k, j->n, j->u, j->ldu, j->packed, sh.q0, sh.q1, &j->out);
+}
+
+static void lamina_bf16_product_team(long m, long k, long n, const float *a, long lda, uint16_t *u, long ldu,
+                                     const uint16_t *packed, lamina_bf16_out out, int threads, int by_rows) {
+    lamina_bf16_job job = {m, k, n, lda, ldu, a, u, packed, out, by_rows};
+    lamina_team_run(threads < m ? threads : (int)m, lamina_bf16_round_member, &job);
+    lamina_team_run(threads, lamina_bf16_product_member, &job);
+}
+
+#endif
