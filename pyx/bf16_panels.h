@@ -38,23 +38,41 @@ static inline long lamina_bf16_pack_size(long k, long n) {
     return lamina_bf16_panels(n) * lamina_bf16_pairs(k) * BF16_NR * 2;
 }
 
-/* Panels [p0, p1) of op(b) (trans: b is n x k, a row per output channel; else k x n) into out. */
-static void lamina_bf16_pack(const float *restrict b, long k, long n, int trans, long p0, long p1,
-                             uint16_t *restrict out) {
+/* The bfloat16 pair (x: depth 2kp, y: depth 2kp + 1) of one channel as the 32 bits the panels hold */
+static inline uint32_t lamina_bf16_pair(float x, float y) {
+    uint32_t lo, hi;
+    memcpy(&lo, &x, 4);
+    memcpy(&hi, &y, 4);
+    return (uint32_t)lamina_bf16_bits(lo) | (uint32_t)lamina_bf16_bits(hi) << 16;
+}
+
+/* Panels [p0, p1) of op(b) (trans: b is n x k, a row per output channel; else k x n) into out:
+ * a pair of depths of 16 channels at a time (a loop the compiler vectorises where op(b) is k x n),
+ * element by element only at the edges. */
+LAMINA_CLONES static void lamina_bf16_pack(const float *restrict b, long k, long n, int trans, long p0, long p1,
+                                           uint16_t *restrict out) {
     const long pairs = lamina_bf16_pairs(k);
     for (long p = p0; p < p1; p++)
         for (long kp = 0; kp < pairs; kp++) {
-            uint16_t *dst = out + (p * pairs + kp) * BF16_NR * 2;
-            for (long j = 0; j < BF16_NR; j++)
-                for (long r = 0; r < 2; r++) {
-                    long col = p * BF16_NR + j, kk = 2 * kp + r;
-                    float v = 0.0f;
-                    if (col < n && kk < k)
-                        v = trans ? b[col * k + kk] : b[kk * n + col];
-                    uint32_t bits;
-                    memcpy(&bits, &v, 4);
-                    dst[j * 2 + r] = lamina_bf16_bits(bits);
+            const long col0 = p * BF16_NR, k0 = 2 * kp;
+            uint32_t group[BF16_NR];
+            if (col0 + BF16_NR <= n && k0 + 2 <= k) {
+                if (trans)
+                    for (long j = 0; j < BF16_NR; j++)
+                        group[j] = lamina_bf16_pair(b[(col0 + j) * k + k0], b[(col0 + j) * k + k0 + 1]);
+                else
+                    for (long j = 0; j < BF16_NR; j++)
+                        group[j] = lamina_bf16_pair(b[k0 * n + col0 + j], b[(k0 + 1) * n + col0 + j]);
+            } else {
+                for (long j = 0; j < BF16_NR; j++) {
+                    float v[2] = {0.0f, 0.0f};
+                    for (long r = 0; r < 2; r++)
+                        if (col0 + j < n && k0 + r < k)
+                            v[r] = trans ? b[(col0 + j) * k + k0 + r] : b[(k0 + r) * n + col0 + j];
+                    group[j] = lamina_bf16_pair(v[0], v[1]);
                 }
+            }
+            memcpy(out + (p * pairs + kp) * BF16_NR * 2, group, sizeof group);
         }
 }
 

@@ -71,6 +71,27 @@ def test_bfloat16_packed_product(reduced_backend, trans, m, k, n, alpha):
         assert np.abs(c - (full + bias)).max() > accumulation.max()
 
 
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_bfloat16_gemm_in(reduced_backend, trans_a, trans_b):
+    """The products of autocast training (Backend.gemm_in in bfloat16): both operands rounded,
+    summed in float32, with alpha and beta, into a block of columns of a larger matrix too."""
+    backend = reduced_backend
+    rng = np.random.default_rng(int(trans_a) + 2 * int(trans_b))
+    m, k, n = 37, 131, 21
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
+    exact = round_bfloat16(op_a).astype(np.float64) @ round_bfloat16(op_b).astype(np.float64)
+    accumulation = k * 2.0 ** -24 * (np.abs(op_a) @ np.abs(op_b)) * 1.01
+    whole = rng.standard_normal((m, n + 5)).astype(np.float32)
+    # (a block of columns: the CPU's; the device adapters take whole arrays)
+    for c in (whole[:, :n].copy(),) + ((whole[:, 2:n + 2],) if isinstance(backend, lm.CPUBackend) else ()):
+        before = c.astype(np.float64)
+        backend.gemm_in("bfloat16", a, b, c, trans_a, trans_b, alpha=0.5, beta=2.0)
+        assert np.all(np.abs(c - (0.5 * exact + 2.0 * before)) <= 0.5 * accumulation + 4 * 2.0 ** -24 * np.abs(c))
+    assert np.abs(c - (0.5 * op_a.astype(np.float64) @ op_b + 2.0 * before)).max() > accumulation.max()
+
+
 def _bf16_kernel_expected():
     from lamina.backends.cpu import compiled
     from lamina.processor import instruction_sets

@@ -179,7 +179,10 @@ class CPUBackend(HostStatistics, Backend):
 
     def gemm_in(self, precision, a, b, c, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
         """bfloat16 through MKL's bfloat16 GEMM on the operands' bfloat16 bits (low_precision
-        'mkl'; else the rounded operands' float32 product)."""
+        'mkl'), or lamina's bfloat16 panels of op(b) made for this product (bf16_panels); else the
+        rounded operands' float32 product."""
+        if precision == "bfloat16" and self.bf16_panels and a.dtype == np.float32:
+            return self._bf16_gemm(a, b, c, trans_a, trans_b, alpha, beta)
         if precision != "bfloat16" or self.low_precision != "mkl":
             return super().gemm_in(precision, a, b, c, trans_a, trans_b, alpha, beta)
         check_matrix("gemm_in", "a", a, dtype=np.float32)
@@ -196,6 +199,50 @@ class CPUBackend(HostStatistics, Backend):
         if free_threads() > 1:
             K.team_rest()
         self._mkl.gemm_bf16(bits[0], bits[1], c, trans_a, trans_b, alpha, beta)
+
+    def _bf16_gemm(self, a, b, c, trans_a, trans_b, alpha, beta):
+        """c = alpha op(a) op(b) + beta c in bfloat16 on lamina's panels, made for this product:
+        the panels of op(b) and op(a)'s rows, or where op(a) is a's transpose and that copies
+        fewer values, cᵀ = op(b)ᵀ op(a)ᵀ (the panels of a itself, op(b)ᵀ's rows, then cᵀ's
+        transpose into c)."""
+        check_matrix("gemm_in", "a", a, dtype=np.float32)
+        check_matrix("gemm_in", "b", b, dtype=np.float32)
+        check_matrix("gemm_in", "c", c, dtype=np.float32)
+        m, n, k = gemm_sizes("gemm_in", a, b, c, trans_a, trans_b)
+        if k == 0 or m == 0 or n == 0:  # (an empty product: beta c)
+            return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
+        if trans_a and (0 if trans_b else n * k) + n * m < m * k:
+            t = self.scratch("gemm_in bfloat16 c", (n, m), np.float32)
+            self._bf16_product(self._rows("b", b, not trans_b), a, False, t, alpha, 0.0)
+            if beta == 0:
+                np.copyto(c, t.T)
+            else:
+                np.multiply(c, beta, out=c)
+                c += t.T
+            return
+        out = c if c.flags.c_contiguous else self.scratch("gemm_in bfloat16 c", (m, n), np.float32)
+        if out is not c and beta != 0:
+            np.copyto(out, c)
+        self._bf16_product(self._rows("a", a, trans_a), b, trans_b, out, alpha, beta)
+        if out is not c:
+            np.copyto(c, out)
+
+    def _rows(self, name, x, transpose):
+        """x's rows, or its transpose's (a copy in scratch), C-contiguous."""
+        if not transpose:
+            return np.ascontiguousarray(x)
+        rows = self.scratch(f"gemm_in bfloat16 {name}", x.shape[::-1], np.float32)
+        np.copyto(rows, x.T)
+        return rows
+
+    def _bf16_product(self, rows, b, trans_b, c, alpha, beta):
+        """c = alpha rows op(b) + beta c on lamina's bfloat16 panels of op(b), made in scratch."""
+        (m, k), n = rows.shape, c.shape[1]
+        panels = self.scratch("gemm_in bfloat16 panels", (K.bf16_pack_size(k, n),), np.uint16)
+        K.bf16_pack(np.ascontiguousarray(b), trans_b, panels)
+        u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(k)), np.uint16)
+        threads = free_threads() if m * n * k >= BF16_SPLIT_MIN else 1
+        K.bf16_product(rows, panels, alpha, c, beta, None, u, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not
