@@ -22,9 +22,10 @@
 #include <immintrin.h>
 #endif
 #include "convert.h"
+#include "dot_panels.h"
 #include "team.h"
 
-#define BF16_NR 16
+#define BF16_NR DOT_NR
 #define BF16_MR 6
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(LAMINA_TARGET_V4)
@@ -144,58 +145,44 @@ static inline int lamina_bf16_kernel_runs(void) {
 #endif
 }
 
-/* Rows [i0, i1) of u (a's rows in bfloat16, whole pairs, ldu values apart) times panels [p0, p1):
- * rows in blocks that stay in cache while the panels pass over them. */
+/* Rows [i0, i1) of u (a's rows in bfloat16, whole pairs, ldu values apart) times panels [p0, p1). */
 static void lamina_bf16_gemm(long i0, long i1, long k, long n, const uint16_t *u, long ldu, const uint16_t *packed,
                              long p0, long p1, const lamina_bf16_out *o) {
 #ifdef LAMINA_BF16_KERNEL
-    const long pairs = lamina_bf16_pairs(k), panel_values = pairs * BF16_NR * 2;
-    long block = 128 * 1024 / (pairs * 4) / BF16_MR * BF16_MR;
-    block = block < BF16_MR ? BF16_MR : block;
-    for (long r0 = i0; r0 < i1; r0 += block) {
-        long r1 = i1 - r0 < block ? i1 : r0 + block;
-        for (long p = p0; p < p1; p++) {
-            long col = p * BF16_NR, nr = n - col < BF16_NR ? n - col : BF16_NR;
-            lamina_bf16_panel_avx512(r1 - r0, pairs, (const uint8_t *)(u + r0 * ldu), 2 * ldu,
-                                     packed + p * panel_values, o, r0, col, nr);
-        }
-    }
+    lamina_dot_gemm(lamina_bf16_panel_avx512, i0, i1, lamina_bf16_pairs(k), n, (const uint8_t *)u, 2 * ldu, packed,
+                    p0, p1, o);
 #else
     (void)i0, (void)i1, (void)k, (void)n, (void)u, (void)ldu, (void)packed, (void)p0, (void)p1, (void)o;
 #endif
 }
 
-/* The whole product on a team of `threads` (team.h): first each member rounds its block of a's
- * rows (into u: m x ldu values, ldu = 2 · pairs), then each takes its share of the panels, or with
- * by_rows its block of whole row tiles. */
+/* The whole product on a team of `threads` (team.h lamina_panels_product): first each member
+ * rounds its block of a's rows (into u: m x ldu values, ldu = 2 · pairs), then each takes its share
+ * of the panels, or with by_rows its block of whole row tiles. */
 typedef struct {
     long m, k, n, lda, ldu;
     const float *a;
     uint16_t *u;
     const uint16_t *packed;
     lamina_bf16_out out;
-    int by_rows;
 } lamina_bf16_job;
 
-static void lamina_bf16_round_member(void *job, int t, int nt) {
-    lamina_bf16_job *j = job;
-    for (long i = t * j->m / nt; i < (t + 1) * j->m / nt; i++)
-        lamina_bf16_row(j->a + i * j->lda, j->k, j->u + i * j->ldu);
+static void lamina_bf16_job_row(void *job, long i) {
+    const lamina_bf16_job *j = job;
+    lamina_bf16_row(j->a + i * j->lda, j->k, j->u + i * j->ldu);
 }
 
-static void lamina_bf16_product_member(void *job, int t, int nt) {
+static void lamina_bf16_job_part(void *job, long r0, long r1, long q0, long q1) {
     const lamina_bf16_job *j = job;
-    const lamina_product_share sh = lamina_product_share_of(j->by_rows, j->m, BF16_MR, 0, lamina_bf16_panels(j->n),
-                                                            t, nt);
-    if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
-        lamina_bf16_gemm(sh.r0, sh.r1, j->k, j->n, j->u, j->ldu, j->packed, sh.q0, sh.q1, &j->out);
+    lamina_bf16_gemm(r0, r1, j->k, j->n, j->u, j->ldu, j->packed, q0, q1, &j->out);
 }
 
 static void lamina_bf16_product_team(long m, long k, long n, const float *a, long lda, uint16_t *u, long ldu,
                                      const uint16_t *packed, lamina_bf16_out out, int threads, int by_rows) {
-    lamina_bf16_job job = {m, k, n, lda, ldu, a, u, packed, out, by_rows};
-    lamina_team_run(threads < m ? threads : (int)m, lamina_bf16_round_member, &job);
-    lamina_team_run(threads, lamina_bf16_product_member, &job);
+    lamina_bf16_job job = {m, k, n, lda, ldu, a, u, packed, out};
+    lamina_panels_product product = {&job, m, BF16_MR, lamina_bf16_panels(n), by_rows, lamina_bf16_job_row,
+                                     lamina_bf16_job_part};
+    lamina_panels_product_team(product, threads);
 }
 
 #endif

@@ -1,5 +1,6 @@
-/* A vector kernel of panels of 16 output channels whose depths go in groups of 32 bits (int8_panels.h:
- * quads of u8 x s8; bf16_panels.h: pairs of bfloat16), once per number format and instruction set:
+/* A vector kernel of panels of 16 output channels whose depths go in groups of 32 bits (dot_panels.h;
+ * int8_panels.h: quads of u8 x s8; bf16_panels.h: pairs of bfloat16), once per number format and
+ * instruction set:
  * DOT_KERNEL(name) names its functions, DOT_TARGET is their target, DOT_ROWS the rows of its widest
  * tile (two accumulators of 8 channels a row in registers), DOT_ACC the accumulators' vector type
  * and DOT_ZERO() a zero one. DOT(acc, x, b) adds to each lane of acc the products of its group (x: a
@@ -30,10 +31,12 @@ DOT_KERNEL(tile)(const long ROWS, long groups, const uint8_t *u, long ldu, const
         DOT_STORE(o, i0 + i, col, nr, acc[i]);
 }
 
-/* Rows [0, m) of u times one panel, in tiles of DOT_ROWS rows and the smaller ones for the rest. */
+/* Rows [0, m) of u times one panel, in tiles of DOT_ROWS rows and the smaller ones for the rest
+ * (a lamina_dot_panel_fn: out is a DOT_OUT). */
 static __attribute__((target(DOT_TARGET))) void DOT_KERNEL(panel)(long m, long groups, const uint8_t *u, long ldu,
-                                                                  const void *panel, const DOT_OUT *o, long i0,
+                                                                  const void *panel, const void *out, long i0,
                                                                   long col, long nr) {
+    const DOT_OUT *o = out;
     long i = 0;
     for (; i + DOT_ROWS <= m; i += DOT_ROWS)
         DOT_KERNEL(tile)(DOT_ROWS, groups, u + i * ldu, ldu, panel, o, i0 + i, col, nr);

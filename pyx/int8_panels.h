@@ -28,10 +28,11 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
+#include "dot_panels.h"
 #include "quantize.h"
 #include "team.h"
 
-#define INT8_NR 16
+#define INT8_NR DOT_NR
 #define INT8_MR 4
 /* the activation rows' steps: no int16 pair sum of vpmaddubsw saturates (see above) */
 #define INT8_ACTIVATION_LEVELS 127
@@ -93,14 +94,15 @@ static inline void lamina_int8_quantize_row(const float *a, long k, int levels, 
     memset(u + k, 0, ldu - k);
 }
 
-/* Rows [0, mr) of a tile (u: u8 rows of stride ldu, whole quads) times one panel, any CPU. */
-static void lamina_int8_tile_portable(long mr, long quads, const uint8_t *u, long ldu, const int8_t *panel,
-                                      const lamina_int8_out *o, long i0, long col, long nr) {
+/* Rows [0, mr) of u (u8 rows of stride ldu, whole quads) times one panel, any CPU (a lamina_dot_panel_fn). */
+static void lamina_int8_panel_portable(long mr, long quads, const uint8_t *u, long ldu, const void *panel,
+                                       const void *out, long i0, long col, long nr) {
+    const lamina_int8_out *o = out;
     for (long i = 0; i < mr; i++) {
         int32_t sums[INT8_NR] = {0};
         const uint8_t *a = u + i * ldu;
         for (long kq = 0; kq < quads; kq++) {
-            const int8_t *b = panel + kq * INT8_NR * 4;
+            const int8_t *b = (const int8_t *)panel + kq * INT8_NR * 4;
             for (long j = 0; j < INT8_NR; j++)
                 for (long r = 0; r < 4; r++)
                     sums[j] += (int32_t)a[4 * kq + r] * (int32_t)b[j * 4 + r];
@@ -192,35 +194,20 @@ static inline int lamina_int8_uses_vnni(void) {
 #endif
 }
 
-/* Rows [i0, i1) of a (u: their u8 values, whole quads of stride ldu) times panels [p0, p1):
- * rows in blocks that stay in cache while the panels pass over them (as panel_gemm does). */
+/* Rows [i0, i1) of a (u: their u8 values, whole quads of stride ldu) times panels [p0, p1), by
+ * the widest kernel of the module and the CPU. */
 static void lamina_int8_gemm(long i0, long i1, long k, long n, const uint8_t *u, long ldu, const int8_t *packed,
                              long p0, long p1, const lamina_int8_out *o) {
-    const long quads = lamina_int8_quads(k), panel_bytes = quads * INT8_NR * 4;
-    long block = 128 * 1024 / (quads * 4) / INT8_MR * INT8_MR;
-    block = block < INT8_MR ? INT8_MR : block;
-    const int avx2 = lamina_int8_uses_avx2(), vnni = lamina_int8_uses_vnni();
-    (void)vnni;
-    for (long r0 = i0; r0 < i1; r0 += block) {
-        long r1 = i1 - r0 < block ? i1 : r0 + block;
-        for (long p = p0; p < p1; p++) {
-            long col = p * INT8_NR, nr = n - col < INT8_NR ? n - col : INT8_NR;
-#ifdef LAMINA_INT8_VNNI
-            if (vnni) {
-                lamina_int8_panel_vnni(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);
-                continue;
-            }
-#endif
+    lamina_dot_panel_fn panel = lamina_int8_panel_portable;
 #ifdef LAMINA_INT8_AVX2
-            if (avx2) {
-                lamina_int8_panel_avx2(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);
-                continue;
-            }
+    if (lamina_int8_uses_avx2())
+        panel = lamina_int8_panel_avx2;
 #endif
-            (void)avx2;
-            lamina_int8_tile_portable(r1 - r0, quads, u + r0 * ldu, ldu, packed + p * panel_bytes, o, r0, col, nr);
-        }
-    }
+#ifdef LAMINA_INT8_VNNI
+    if (lamina_int8_uses_vnni())
+        panel = lamina_int8_panel_vnni;
+#endif
+    lamina_dot_gemm(panel, i0, i1, lamina_int8_quads(k), n, u, ldu, packed, p0, p1, o);
 }
 
 /* The whole product on a team of `threads` (team.h): first each member quantizes its block of
@@ -233,30 +220,25 @@ typedef struct {
     uint8_t *u;
     const int8_t *packed;
     lamina_int8_out out;
-    int by_rows;
 } lamina_int8_job;
 
-static void lamina_int8_quantize_member(void *job, int t, int nt) {
+static void lamina_int8_job_row(void *job, long i) {
     lamina_int8_job *j = job;
-    for (long i = t * j->m / nt; i < (t + 1) * j->m / nt; i++) {
-        lamina_int8_quantize_row(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, j->u + i * j->ldu, j->ldu,
-                                 &j->out.row_scale[i], &j->out.zero[i]);
-    }
+    lamina_int8_quantize_row(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, j->u + i * j->ldu, j->ldu,
+                             &j->out.row_scale[i], &j->out.zero[i]);
 }
 
-static void lamina_int8_product_member(void *job, int t, int nt) {
+static void lamina_int8_job_part(void *job, long r0, long r1, long q0, long q1) {
     const lamina_int8_job *j = job;
-    const lamina_product_share sh = lamina_product_share_of(j->by_rows, j->m, INT8_MR, 0, lamina_int8_panels(j->n),
-                                                            t, nt);
-    if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
-        lamina_int8_gemm(sh.r0, sh.r1, j->k, j->n, j->u, j->ldu, j->packed, sh.q0, sh.q1, &j->out);
+    lamina_int8_gemm(r0, r1, j->k, j->n, j->u, j->ldu, j->packed, q0, q1, &j->out);
 }
 
 static void lamina_int8_product_team(long m, long k, long n, const float *a, long lda, uint8_t *u, long ldu,
                                      const int8_t *packed, lamina_int8_out out, int threads, int by_rows) {
-    lamina_int8_job job = {m, k, n, lda, ldu, a, u, packed, out, by_rows};
-    lamina_team_run(threads < m ? threads : (int)m, lamina_int8_quantize_member, &job);
-    lamina_team_run(threads, lamina_int8_product_member, &job);
+    lamina_int8_job job = {m, k, n, lda, ldu, a, u, packed, out};
+    lamina_panels_product product = {&job, m, INT8_MR, lamina_int8_panels(n), by_rows, lamina_int8_job_row,
+                                     lamina_int8_job_part};
+    lamina_panels_product_team(product, threads);
 }
 
 #endif

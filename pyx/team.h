@@ -250,6 +250,36 @@ static inline lamina_product_share lamina_product_share_of(int by_rows, long m, 
     return s;
 }
 
+/* A product of m rows of a by packed panels, on a team: first each member prepares its block of
+ * a's rows (row(job, i): rounded or quantized into the product's scratch), then each multiplies its
+ * share (lamina_product_share_of: whole tiles of `tile` rows, or a block of the `panels`) with
+ * part(job, r0, r1, q0, q1). */
+typedef struct {
+    void *job;
+    long m, tile, panels;
+    int by_rows;
+    void (*row)(void *job, long i);
+    void (*part)(void *job, long r0, long r1, long q0, long q1);
+} lamina_panels_product;
+
+static void lamina_panels_rows_member(void *product, int t, int nt) {
+    const lamina_panels_product *p = product;
+    for (long i = t * p->m / nt; i < (t + 1) * p->m / nt; i++)
+        p->row(p->job, i);
+}
+
+static void lamina_panels_part_member(void *product, int t, int nt) {
+    const lamina_panels_product *p = product;
+    const lamina_product_share sh = lamina_product_share_of(p->by_rows, p->m, p->tile, 0, p->panels, t, nt);
+    if (sh.r0 < sh.r1 && sh.q0 < sh.q1)
+        p->part(p->job, sh.r0, sh.r1, sh.q0, sh.q1);
+}
+
+static void lamina_panels_product_team(lamina_panels_product product, int threads) {
+    lamina_team_run(threads < product.m ? threads : (int)product.m, lamina_panels_rows_member, &product);
+    lamina_team_run(threads, lamina_panels_part_member, &product);
+}
+
 /* The workers stop watching for work and sleep (until the next team). */
 static void lamina_team_rest(void) { __atomic_store_n(&lamina_team.rest, 1, __ATOMIC_RELAXED); }
 

@@ -4,8 +4,9 @@
 - "bfloat16": both operands of every product with a weight rounded to bfloat16 (8 significant
   bits, float32's range), products accumulated in float32; activations, cell states, biases and
   everything else stay float32. The CPU backend multiplies with MKL's packed bfloat16 GEMM (AMX
-  or AVX512-BF16 where the CPU has them); a backend without one computes the same values as
-  float32 products of the rounded operands.
+  or AVX512-BF16 where the CPU has them) on Intel, with lamina's bfloat16 panels on other CPUs
+  with AVX512-BF16; a backend without either computes the same values as float32 products of
+  the rounded operands.
 - "int8": dynamic quantization. Each weight is held as int8 per output channel (symmetric: the
   channel's largest magnitude is 127 steps of its scale); each row of the activations is
   quantized when the product runs, asymmetrically with a zero point (the row's range, widened to

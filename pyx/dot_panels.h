@@ -1,0 +1,33 @@
+/* What the int8 panels (int8_panels.h) and the bfloat16 panels (bf16_panels.h) share: panels of 16
+ * output channels whose depths go in groups of 32 bits (quads of bytes; pairs of bfloat16), 64
+ * bytes a group of a panel, and the left operand's rows as runs of those groups (u, rows ldu bytes
+ * apart). dot_panel_impl.h is their vector kernel. */
+#ifndef LAMINA_DOT_PANELS_H
+#define LAMINA_DOT_PANELS_H
+
+#include <stdint.h>
+
+#define DOT_NR 16
+
+/* A panel kernel: rows [0, m) of u times one panel of `groups` groups, stored through `out` (the
+ * number format's own output description) as rows i0.. and channels col to col + nr. */
+typedef void (*lamina_dot_panel_fn)(long m, long groups, const uint8_t *u, long ldu, const void *panel,
+                                    const void *out, long i0, long col, long nr);
+
+/* Rows [i0, i1) of u times panels [p0, p1) of a product of n channels, by `panel`: the rows in
+ * blocks of 128 KiB, which stay in cache while the panels pass over them. */
+static void lamina_dot_gemm(lamina_dot_panel_fn panel, long i0, long i1, long groups, long n, const uint8_t *u,
+                            long ldu, const void *packed, long p0, long p1, const void *out) {
+    const long panel_bytes = groups * DOT_NR * 4;
+    long block = 128 * 1024 / (groups * 4) / 12 * 12;  /* (whole tiles of 4 and of 6 rows) */
+    block = block < 12 ? 12 : block;
+    for (long r0 = i0; r0 < i1; r0 += block) {
+        const long r1 = i1 - r0 < block ? i1 : r0 + block;
+        for (long p = p0; p < p1; p++) {
+            const long col = p * DOT_NR, nr = n - col < DOT_NR ? n - col : DOT_NR;
+            panel(r1 - r0, groups, u + r0 * ldu, ldu, (const char *)packed + p * panel_bytes, out, r0, col, nr);
+        }
+    }
+}
+
+#endif
