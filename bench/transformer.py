@@ -208,10 +208,12 @@ def run(bench, threads, rounds, have_torch, have_ort=False):
                  "onnxruntime": ("bench.transformer:ort_infer", [kind, threads])}
         rows += bench.time_case("transformer", f"minilm infer b{BATCH} {kind}", threads, impls,
                                 flops(LENGTHS[kind]), rounds)
-    impls = {"lamina": ("bench.transformer:lamina_infer", ["ragged", "bfloat16"]),
-             "pytorch-sdpa": ("bench.transformer:torch_infer", ["ragged", "bfloat16"])}
-    rows += bench.time_case("transformer", f"minilm infer b{BATCH} ragged bf16", threads, impls,
-                            flops(LENGTHS["ragged"]), rounds)
+    for kind in LENGTHS:
+        impls = {"lamina": ("bench.transformer:lamina_infer", [kind, "bfloat16"]),
+                 "lamina-float32": ("bench.transformer:lamina_infer", [kind]),
+                 "pytorch-sdpa": ("bench.transformer:torch_infer", [kind, "bfloat16"])}
+        rows += bench.time_case("transformer", f"minilm infer b{BATCH} {kind} bf16", threads, impls,
+                                flops(LENGTHS[kind]), rounds)
     impls = {"lamina": ("bench.transformer:lamina_train", ["ragged"]),
              "pytorch-sdpa": ("bench.transformer:torch_train", ["ragged"])}
     rows += bench.time_case("transformer", f"minilm train b{BATCH} ragged", threads, impls,

@@ -148,6 +148,18 @@ def test_lamina_bfloat16_panels_at_every_tile_edge(k):
         K.bf16_product(a, packed[:-1], 1.0, c, 0.0, None, u)
 
 
+def test_a_bfloat16_row_with_nan_or_infinity_gives_no_finite_number(reduced_backend):
+    """NaN stays NaN through the rounding and the products, and an infinite operand makes its
+    row's outputs infinite or NaN: never a finite number that looks right."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((5, 40)).astype(np.float32)
+    a[1, 7], a[2, 39], a[3, 0] = np.nan, np.inf, -np.inf
+    c = np.empty((5, 21), np.float32)
+    reduced_backend.packed_gemm(a, reduced_backend.pack(rng.standard_normal((21, 40)).astype(np.float32), True, 1.0,
+                                                        5, "bfloat16"), c)
+    assert np.isnan(c[1]).all() and not np.isfinite(c[2:4]).any() and np.isfinite(c[[0, 4]]).all()
+
+
 @pytest.mark.parametrize("kind", ["Linear", "RNN", "LSTM", "GRU"])
 def test_layers_in_bfloat16_are_within_the_precision_of_float32(kind, low_precision):
     """One step from a zero state: each gate pre-activation is x W_ihᵀ + b, within
