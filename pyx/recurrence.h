@@ -25,9 +25,6 @@
 #include "convert.h"
 #include "int8_panels.h"
 #include "bf16_panels.h"
-
-/* (a share by units takes whole panels of both kinds) */
-_Static_assert(INT8_NR == BF16_NR, "the int8 and bfloat16 panels hold as many channels");
 #include "panels.h"
 #include "quantize.h"
 #include "team.h"
@@ -127,8 +124,9 @@ static void lamina_reduce_row_d(int reduce, int levels, const double *x, long n,
 }
 
 /* c[rows of the share] (+ beta c) = the share's rows of a (float32 states, k = H wide), as u8 rows
- * times W_hh's int8 panels or as bfloat16 times its bfloat16 panels (rd->kind), for the share's
- * units of each of G column blocks of H (by rows: every unit) */
+ * times W_hh's int8 panels or as bfloat16 times its bfloat16 panels (rd->kind; both of DOT_NR
+ * channels, dot_panels.h), for the share's units of each of G column blocks of H (by rows: every
+ * unit) */
 static void lamina_panels_share_product_f(const lamina_share *sh, long b, long H, long G, const float *a,
                                           const lamina_reduction *rd, int t, float *c, long ldc, float beta) {
     const long m = lamina_share_rows(sh, b), n = G * H;
@@ -149,8 +147,8 @@ static void lamina_panels_share_product_f(const lamina_share *sh, long b, long H
                           sh->stride * ldc};
     lamina_bf16_out o16 = {1.0f, beta, NULL, c + sh->first * ldc, sh->stride * ldc};
     for (long q = 0; q < (sh->width == H ? 1 : G); q++) {  /* (every unit: all panels at once) */
-        const long p0 = sh->width == H ? 0 : (q * H + sh->u0) / INT8_NR;
-        const long p1 = sh->width == H ? lamina_int8_panels(n) : (q * H + sh->u0 + sh->width) / INT8_NR;
+        const long p0 = sh->width == H ? 0 : (q * H + sh->u0) / DOT_NR;
+        const long p1 = sh->width == H ? (n + DOT_NR - 1) / DOT_NR : (q * H + sh->u0 + sh->width) / DOT_NR;
         if (int8)
             lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->panels, p0, p1, &o8);
         else

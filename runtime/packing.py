@@ -17,7 +17,9 @@ class PackedWeight:
 
     def __init__(self, param, trans=False, alpha=1.0, precision="float32", method="pack"):
         self.param, self.trans, self.alpha, self.precision = param, trans, alpha, precision
-        self.method = method  # the backend's packing method: pack, pack_panels (the CPU's own panels), pack_reduced (a float32 pack of reduced values)
+        # the backend's packing method: pack, pack_panels (the CPU's own panels), or pack_reduced (a
+        # float32 pack of the values in a reduced precision)
+        self.method = method
         self._packed = None
         self._key = None
         self._lock = threading.Lock()

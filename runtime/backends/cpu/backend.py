@@ -237,12 +237,18 @@ class CPUBackend(HostStatistics, Backend):
 
     def _bf16_product(self, rows, b, trans_b, c, alpha, beta):
         """c = alpha rows op(b) + beta c on lamina's bfloat16 panels of op(b), made in scratch."""
-        (m, k), n = rows.shape, c.shape[1]
+        k, n = rows.shape[1], c.shape[1]
         panels = self.scratch("gemm_in bfloat16 panels", (K.bf16_pack_size(k, n),), np.uint16)
         K.bf16_pack(np.ascontiguousarray(b), trans_b, panels)
+        self._bf16_on_panels(rows, panels, alpha, c, beta, None)
+
+    def _bf16_on_panels(self, a, panels, alpha, c, beta, bias):
+        """c = alpha a·P + (bias, or beta c) for P's bfloat16 panels (K.bf16_pack), a's rows
+        rounded in scratch, on a compiled team of the free threads for a large product."""
+        (m, k), n = a.shape, c.shape[1]
         u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(k)), np.uint16)
         threads = free_threads() if m * n * k >= BF16_SPLIT_MIN else 1
-        K.bf16_product(rows, panels, alpha, c, beta, None, u, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
+        K.bf16_product(a, panels, alpha, c, beta, bias, u, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not
@@ -405,8 +411,8 @@ class CPUBackend(HostStatistics, Backend):
             return self._int8_packed_product(a, packed, c, beta, bias)
         if packed.provider == "int8-panels":
             return self._int8_panel_product(a, packed, c, beta, bias)
-        if packed.provider == "bf16-panels":
-            return self._bf16_panel_product(a, packed, c, beta, bias)
+        if packed.provider == "bf16-panels":  # (lamina's bfloat16 product: bf16_panels.h)
+            return self._bf16_on_panels(a, packed.panels, packed.alpha, c, beta, bias)
         if packed.operands is not None:
             a = self.reduced_operand(a, packed.operands)
             if not self.packs_fixed_weights(m, packed.k, n):  # (the pack serves fewer rows faster)
@@ -462,15 +468,6 @@ class CPUBackend(HostStatistics, Backend):
         threads = free_threads() if m * n * packed.k >= INT8_SPLIT_MIN else 1
         K.int8_product(a, packed.panels, packed.scales, packed.sums, c, beta, bias, u, row_scales, zeros,
                        threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
-
-    def _bf16_panel_product(self, a, packed, c, beta, bias):
-        """lamina's bfloat16 product (bf16_panels.h): a's rows rounded to bfloat16 and multiplied by
-        the panels on a compiled team, summed in float32."""
-        m, n = c.shape
-        u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(packed.k)), np.uint16)
-        threads = free_threads() if m * n * packed.k >= BF16_SPLIT_MIN else 1
-        K.bf16_product(a, packed.panels, packed.alpha, c, beta, bias, u, threads=threads,
-                       by_rows=m >= PANEL_ROW_SPLIT * threads)
 
     def reduced_operand(self, a, precision):
         """a (C-contiguous float32 rows) as a float32 product computing a `precision` one
