@@ -268,9 +268,10 @@ cdef extern from "bf16_panels.h" nogil:
     long lamina_bf16_panels(long n)
     long lamina_bf16_pack_size(long k, long n)
     int lamina_bf16_kernel_runs()
-    void lamina_bf16_pack(const float* b, long k, long n, int trans, long p0, long p1, unsigned short* out)
-    void lamina_bf16_product_team(long m, long k, long n, const float* a, long lda, unsigned short* u, long ldu,
-                                  const unsigned short* packed, lamina_bf16_out out, int threads, int by_rows)
+    void lamina_bf16_pack_team(const float* b, long k, long n, int trans, unsigned short* out, int threads)
+    void lamina_bf16_product_team(long m, long k, long n, const float* a, long lda, int trans_a, unsigned short* u,
+                                  long ldu, const unsigned short* packed, lamina_bf16_out out, int threads,
+                                  int by_rows)
 
 
 cdef extern from "recurrence.h" nogil:
@@ -1422,24 +1423,29 @@ def bf16_row_values(long k):
     return 2 * lamina_bf16_pairs(k)
 
 
-def bf16_pack(const float[:, ::1] b, bint trans, unsigned short[::1] out):
+def bf16_pack(const float[:, ::1] b, bint trans, unsigned short[::1] out, int threads=1):
     """out = the bfloat16 panels of op(b) (trans: b is n output channels x k; else k x n;
-    bf16_panels.h), its values rounded to the nearest bfloat16."""
+    bf16_panels.h), its values rounded to the nearest bfloat16; on a team of `threads`."""
     cdef long k = b.shape[1] if trans else b.shape[0], n = b.shape[0] if trans else b.shape[1]
     if out.shape[0] != bf16_pack_size(k, n):
         raise ValueError(f"bf16_pack: the panels of a {k} x {n} op(b) take {lamina_bf16_pack_size(k, n)} values, "
                          f"found {out.shape[0]}")
+    if threads < 1:
+        raise ValueError(f"bf16_pack: threads must be at least 1, found {threads}")
     with nogil:
-        lamina_bf16_pack(&b[0, 0], k, n, trans, 0, lamina_bf16_panels(n), &out[0])
+        lamina_bf16_pack_team(&b[0, 0], k, n, trans, &out[0], threads)
 
 
 def bf16_product(const float[:, ::1] a, const unsigned short[::1] packed, float alpha, float[:, ::1] c, float beta,
-                 const float[::1] bias, unsigned short[:, ::1] u, int threads=1, bint by_rows=False):
-    """c = alpha · (a's rows rounded to bfloat16) times the bfloat16 panels (bf16_pack) of a
-    k x c.shape[1] op(B), summed in float32, plus bias (or beta c). u: a's rows in bfloat16, whole
-    pairs (bf16_row_values(a.shape[1]) columns). On a team of `threads`, sharing the panels or
-    (by_rows) blocks of rows. Only where bf16_kernel_runs()."""
-    cdef long m = a.shape[0], k = a.shape[1], n = c.shape[1]
+                 const float[::1] bias, unsigned short[:, ::1] u, int threads=1, bint by_rows=False,
+                 bint trans_a=False):
+    """c = alpha · (op(a)'s rows rounded to bfloat16) times the bfloat16 panels (bf16_pack) of a
+    k x c.shape[1] op(B), summed in float32, plus bias (or beta c). op(a) = a, or with trans_a
+    aᵀ (its rows read from a's columns: no transposed copy). u: op(a)'s rows in bfloat16, whole
+    pairs (bf16_row_values(k) columns). On a team of `threads`, sharing the panels or (by_rows)
+    blocks of rows. Only where bf16_kernel_runs()."""
+    cdef long m = a.shape[1] if trans_a else a.shape[0], k = a.shape[0] if trans_a else a.shape[1]
+    cdef long n = c.shape[1]
     cdef lamina_bf16_out out
     if not lamina_bf16_kernel_runs():
         raise RuntimeError("bf16_product: this module has no bfloat16 kernel for this CPU (it needs the AVX-512 "
@@ -1448,8 +1454,9 @@ def bf16_product(const float[:, ::1] a, const unsigned short[::1] packed, float 
         raise ValueError(f"bf16_product: the panels of a {k} x {n} op(B) take "
                          f"{lamina_bf16_pack_size(k, n) if k > 0 and n > 0 else 0} values, found {packed.shape[0]}")
     if c.shape[0] != m or (bias is not None and bias.shape[0] != n):
-        raise ValueError(f"bf16_product: for a ({m}, {k}) times {n} channels: c ({c.shape[0]}, {n}), bias "
-                         f"{None if bias is None else bias.shape[0]}")
+        raise ValueError(f"bf16_product: for an op(a) of ({m}, {k}) times {n} channels: c ({c.shape[0]}, "
+                         f"{c.shape[1]}) must be ({m}, {n}), bias {None if bias is None else bias.shape[0]} "
+                         f"must be {n}")
     if u.shape[0] < m or u.shape[1] != 2 * lamina_bf16_pairs(k):
         raise ValueError(f"bf16_product: scratch for {m} rows of {2 * lamina_bf16_pairs(k)} values: u ({u.shape[0]}, "
                          f"{u.shape[1]})")
@@ -1460,7 +1467,7 @@ def bf16_product(const float[:, ::1] a, const unsigned short[::1] packed, float 
     out.alpha, out.beta, out.bias = alpha, beta, &bias[0] if bias is not None else NULL
     out.c, out.ldc = &c[0, 0], c.strides[0] // sizeof(float)
     with nogil:
-        lamina_bf16_product_team(m, k, n, &a[0, 0], a.strides[0] // sizeof(float), &u[0, 0], u.shape[1],
+        lamina_bf16_product_team(m, k, n, &a[0, 0], a.strides[0] // sizeof(float), trans_a, &u[0, 0], u.shape[1],
                                  &packed[0], out, threads, by_rows)
 
 
@@ -1631,7 +1638,7 @@ def recurrence_forward(int kind, const long[::1] starts, real[:, ::1] g, real[:,
     if reduce == 3:
         reduction = _int8_reduction(levels, panels, team, H, G, starts, real is float)
     elif reduce == 4:
-        reduction = _bf16_reduction(panels, team, H, G, starts, real is float)
+        reduction = _bf16_reduction("recurrence_forward", panels, team, H, G * H, starts, real is float)
     else:
         reduction = _reduction("recurrence_forward", reduce, levels, reduced, team, H, starts, real is float)
     with nogil:
@@ -1713,26 +1720,28 @@ def bf16_state_bytes(long rows, long H):
     return rows * 4 * lamina_bf16_pairs(H)
 
 
-cdef lamina_reduction _bf16_reduction(tuple given, int team, long H, long G, const long[::1] starts, bint single):
-    """The bfloat16 recurrence's products (recurrence.h LAMINA_REDUCE_BF16_PANELS), its arguments checked."""
+cdef lamina_reduction _bf16_reduction(str where, tuple given, int team, long k, long n, const long[::1] starts,
+                                      bint single):
+    """The bfloat16 recurrence's products (recurrence.h LAMINA_REDUCE_BF16_PANELS) of a step's rows
+    k wide by the panels of a k x n op(W_hh), its arguments checked."""
     cdef lamina_reduction r
     cdef const unsigned short[::1] panels
     cdef unsigned char[::1] scratch
     most = starts[1] - starts[0] if starts.shape[0] > 1 else 0
     if not single or given is None or len(given) != 2 or not lamina_bf16_kernel_runs():
-        raise ValueError(f"recurrence_forward: bfloat16 products (reduce 4) take float32, (panels, scratch) and a "
+        raise ValueError(f"{where}: bfloat16 products (reduce 4) take float32, (panels, scratch) and a "
                          f"module with a bfloat16 kernel for this CPU; found {'float32' if single else 'float64'}, "
                          f"{None if given is None else len(given)} arguments, kernel "
                          f"{'present' if lamina_bf16_kernel_runs() else 'absent'}")
     panels, scratch = given
-    if panels.shape[0] != lamina_bf16_pack_size(H, G * H) or scratch.shape[0] < team * bf16_state_bytes(most, H):
-        raise ValueError(f"recurrence_forward: bfloat16 panels of W_hh ({G * H} x {H}) take "
-                         f"{lamina_bf16_pack_size(H, G * H)} values, with {team * bf16_state_bytes(most, H)} bytes "
+    if panels.shape[0] != lamina_bf16_pack_size(k, n) or scratch.shape[0] < team * bf16_state_bytes(most, k):
+        raise ValueError(f"{where}: bfloat16 panels of a {k} x {n} op(W_hh) take "
+                         f"{lamina_bf16_pack_size(k, n)} values, with {team * bf16_state_bytes(most, k)} bytes "
                          f"of scratch; found {panels.shape[0]}, {scratch.shape[0]}")
-    r.kind, r.levels, r.per_thread = 4, 0, bf16_state_bytes(most, H)
+    r.kind, r.levels, r.per_thread = 4, 0, bf16_state_bytes(most, k)
     r.scratch = &scratch[0] if scratch.shape[0] else NULL
     r.panels, r.col_scale, r.col_sum = &panels[0], NULL, NULL
-    r.rows, r.ldu = most, 4 * lamina_bf16_pairs(H)
+    r.rows, r.ldu = most, 4 * lamina_bf16_pairs(k)
     if r.scratch == NULL:
         r.kind = 0  # (no rows: nothing to multiply)
     return r
@@ -1743,15 +1752,20 @@ def recurrence_backward(int kind, const long[::1] starts, real[:, ::1] g, real[:
                         real[:, ::1] dgh, real[::1] packed, real[:, ::1] init_h, bint has_init_h,
                         real[:, ::1] init_c, bint has_init_c, real[:, ::1] dh0, bint want_dh0,
                         real[:, ::1] dc0, bint want_dc0, int threads, bint by_rows, int reduce=0,
-                        real[:, :, ::1] reduced=None):
+                        real[:, :, ::1] reduced=None, panels=None):
     """Every step of one direction's backward recurrence, on a team as in recurrence_forward;
     packed: the panels of W_hh itself (G·H x H). Arguments not present are placeholders. reduce 1
     (float32 only): the product dG · W_hh multiplies dG's rows rounded to bfloat16, made in
-    `reduced` (a step's rows x G·H per team member)."""
+    `reduced` (a step's rows x G·H per team member); reduce 4 (where bf16_kernel_runs()): the
+    same rounded rows times W_hh's bfloat16 panels, panels = (bf16_pack panels of W_hh, not
+    transposed; bf16_state_bytes(rows, G·H) bytes per team member), packed a placeholder."""
     cdef long steps = starts.shape[0] - 1, H = hs.shape[1], G = g.shape[1] // hs.shape[1]
     cdef int team = _team_size(threads, by_rows, H, starts, sizeof(real), "recurrence_backward")
-    cdef lamina_reduction reduction = _reduction("recurrence_backward", reduce, 0, reduced, team, G * H, starts,
-                                                 real is float)
+    cdef lamina_reduction reduction
+    if reduce == 4:
+        reduction = _bf16_reduction("recurrence_backward", panels, team, G * H, H, starts, real is float)
+    else:
+        reduction = _reduction("recurrence_backward", reduce, 0, reduced, team, G * H, starts, real is float)
     with nogil:
         if real is float:
             recurrence_backward_team_f(kind, steps, &starts[0], H, G, &g[0, 0], _opt(hh, kind == 3), &hs[0, 0],

@@ -77,11 +77,56 @@ LAMINA_CLONES static void lamina_bf16_pack(const float *restrict b, long k, long
         }
 }
 
+/* The panels of op(b) on a team of `threads`, each member packing a run of panels. */
+typedef struct {
+    const float *b;
+    long k, n;
+    int trans;
+    uint16_t *out;
+} lamina_bf16_pack_job;
+
+static void lamina_bf16_pack_run(void *args, int t, long p0, long p1) {
+    const lamina_bf16_pack_job *j = args;
+    (void)t;
+    lamina_bf16_pack(j->b, j->k, j->n, j->trans, p0, p1, j->out);
+}
+
+static void lamina_bf16_pack_team(const float *b, long k, long n, int trans, uint16_t *out, int threads) {
+    lamina_bf16_pack_job job = {b, k, n, trans, out};
+    lamina_team_for(threads, lamina_bf16_panels(n), lamina_bf16_pack_run, &job);
+}
+
 /* One row of a (k values) as bfloat16 into u, zero-padded to whole pairs. */
 static inline void lamina_bf16_row(const float *a, long k, uint16_t *u) {
     lamina_to_bfloat16(a, u, k);
     if (k % 2)
         u[k] = 0;
+}
+
+/* Rows [i0, i1) of aᵀ, where a is k x m (lda values a row), as bfloat16 pairs into u (ldu values a
+ * row): 16 rows at a time, each pair of depths read as two runs of 16 adjacent values of a (the
+ * loop the compiler vectorises) and stored as one 32-bit pair in each of the 16 rows. Bands of 16
+ * pairs (one 64-byte line of each row of u) run across all the rows, so a's rows are read in
+ * order, not a line from each of k rows for every 16 rows of u. */
+LAMINA_CLONES static void lamina_bf16_rows_of_columns(const float *restrict a, long lda, long k, long i0, long i1,
+                                                      uint16_t *restrict u, long ldu) {
+    const long pairs = lamina_bf16_pairs(k), band = 16;
+    for (long kb = 0; kb < pairs; kb += band)
+    for (long i = i0; i < i1; i += BF16_NR) {
+        const long w = i1 - i < BF16_NR ? i1 - i : BF16_NR;
+        for (long kp = kb; kp < pairs && kp < kb + band; kp++) {
+            const float *x = a + 2 * kp * lda + i, *y = x + lda;
+            uint32_t group[BF16_NR];
+            if (w == BF16_NR && 2 * kp + 1 < k)
+                for (long j = 0; j < BF16_NR; j++)
+                    group[j] = lamina_bf16_pair(x[j], y[j]);
+            else
+                for (long j = 0; j < w; j++)
+                    group[j] = lamina_bf16_pair(x[j], 2 * kp + 1 < k ? y[j] : 0.0f);
+            for (long j = 0; j < w; j++)
+                memcpy(u + (i + j) * ldu + 2 * kp, &group[j], sizeof group[j]);
+        }
+    }
 }
 
 /* Where a tile's sums go: c = alpha · sums + (bias[j], or beta · c); bias NULL for none. */
@@ -157,19 +202,25 @@ static void lamina_bf16_gemm(long i0, long i1, long k, long n, const uint16_t *u
 }
 
 /* The whole product on a team of `threads` (team.h lamina_panels_product): first each member
- * rounds its block of a's rows (into u: m x ldu values, ldu = 2 · pairs), then each takes its share
- * of the panels, or with by_rows its block of whole row tiles. */
+ * rounds its block of the rows of op(a) (into u: m x ldu values, ldu = 2 · pairs), then each takes
+ * its share of the panels, or with by_rows its block of whole row tiles. op(a) is a (m x k), or
+ * with trans_a aᵀ (a: k x m), its rows read from a's columns. */
 typedef struct {
     long m, k, n, lda, ldu;
+    int trans_a;
     const float *a;
     uint16_t *u;
     const uint16_t *packed;
     lamina_bf16_out out;
 } lamina_bf16_job;
 
-static void lamina_bf16_job_row(void *job, long i) {
+static void lamina_bf16_job_rows(void *job, long i0, long i1) {
     const lamina_bf16_job *j = job;
-    lamina_bf16_row(j->a + i * j->lda, j->k, j->u + i * j->ldu);
+    if (j->trans_a)
+        lamina_bf16_rows_of_columns(j->a, j->lda, j->k, i0, i1, j->u, j->ldu);
+    else
+        for (long i = i0; i < i1; i++)
+            lamina_bf16_row(j->a + i * j->lda, j->k, j->u + i * j->ldu);
 }
 
 static void lamina_bf16_job_part(void *job, long r0, long r1, long q0, long q1) {
@@ -177,10 +228,11 @@ static void lamina_bf16_job_part(void *job, long r0, long r1, long q0, long q1) 
     lamina_bf16_gemm(r0, r1, j->k, j->n, j->u, j->ldu, j->packed, q0, q1, &j->out);
 }
 
-static void lamina_bf16_product_team(long m, long k, long n, const float *a, long lda, uint16_t *u, long ldu,
-                                     const uint16_t *packed, lamina_bf16_out out, int threads, int by_rows) {
-    lamina_bf16_job job = {m, k, n, lda, ldu, a, u, packed, out};
-    lamina_panels_product product = {&job, m, BF16_MR, lamina_bf16_panels(n), by_rows, lamina_bf16_job_row,
+static void lamina_bf16_product_team(long m, long k, long n, const float *a, long lda, int trans_a, uint16_t *u,
+                                     long ldu, const uint16_t *packed, lamina_bf16_out out, int threads,
+                                     int by_rows) {
+    lamina_bf16_job job = {m, k, n, lda, ldu, trans_a, a, u, packed, out};
+    lamina_panels_product product = {&job, m, BF16_MR, lamina_bf16_panels(n), by_rows, lamina_bf16_job_rows,
                                      lamina_bf16_job_part};
     lamina_panels_product_team(product, threads);
 }

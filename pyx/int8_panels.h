@@ -222,10 +222,11 @@ typedef struct {
     lamina_int8_out out;
 } lamina_int8_job;
 
-static void lamina_int8_job_row(void *job, long i) {
+static void lamina_int8_job_rows(void *job, long i0, long i1) {
     lamina_int8_job *j = job;
-    lamina_int8_quantize_row(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, j->u + i * j->ldu, j->ldu,
-                             &j->out.row_scale[i], &j->out.zero[i]);
+    for (long i = i0; i < i1; i++)
+        lamina_int8_quantize_row(j->a + i * j->lda, j->k, INT8_ACTIVATION_LEVELS, j->u + i * j->ldu, j->ldu,
+                                 &j->out.row_scale[i], &j->out.zero[i]);
 }
 
 static void lamina_int8_job_part(void *job, long r0, long r1, long q0, long q1) {
@@ -236,7 +237,7 @@ static void lamina_int8_job_part(void *job, long r0, long r1, long q0, long q1) 
 static void lamina_int8_product_team(long m, long k, long n, const float *a, long lda, uint8_t *u, long ldu,
                                      const int8_t *packed, lamina_int8_out out, int threads, int by_rows) {
     lamina_int8_job job = {m, k, n, lda, ldu, a, u, packed, out};
-    lamina_panels_product product = {&job, m, INT8_MR, lamina_int8_panels(n), by_rows, lamina_int8_job_row,
+    lamina_panels_product product = {&job, m, INT8_MR, lamina_int8_panels(n), by_rows, lamina_int8_job_rows,
                                      lamina_int8_job_part};
     lamina_panels_product_team(product, threads);
 }

@@ -84,9 +84,11 @@ static inline long lamina_share_rows(const lamina_share *sh, long b) {
 /* The left operand of the recurrent product in a reduced precision (lamina.precision), which a
  * float32 product then multiplies: each state rounded to bfloat16 (LAMINA_REDUCE_BFLOAT16), or a
  * row snapped to its u8 grid of `levels` steps (LAMINA_REDUCE_INT8), the values an int8 product
- * would multiply. Or a product in that precision itself (forward only): the states quantized to u8
- * rows and multiplied by W_hh's int8 panels (LAMINA_REDUCE_INT8_PANELS, int8_panels.h), or rounded
- * to bfloat16 and multiplied by its bfloat16 panels (LAMINA_REDUCE_BF16_PANELS, bf16_panels.h).
+ * would multiply. Or a product in that precision itself: the states quantized to u8 rows and
+ * multiplied by W_hh's int8 panels (LAMINA_REDUCE_INT8_PANELS, int8_panels.h; forward only), or
+ * rounded to bfloat16 and multiplied by its bfloat16 panels (LAMINA_REDUCE_BF16_PANELS,
+ * bf16_panels.h; forward, and backward, where dG's rows are rounded and W_hh's panels are W_hh's
+ * own, G·H deep).
  * Reduced precision is float32's: the double form only copies (never asked to reduce: the caller
  * refuses it). */
 enum {
@@ -123,13 +125,14 @@ static void lamina_reduce_row_d(int reduce, int levels, const double *x, long n,
     memcpy(out, x, sizeof(double) * n);
 }
 
-/* c[rows of the share] (+ beta c) = the share's rows of a (float32 states, k = H wide), as u8 rows
- * times W_hh's int8 panels or as bfloat16 times its bfloat16 panels (rd->kind; both of DOT_NR
- * channels, dot_panels.h), for the share's units of each of G column blocks of H (by rows: every
- * unit) */
-static void lamina_panels_share_product_f(const lamina_share *sh, long b, long H, long G, const float *a,
-                                          const lamina_reduction *rd, int t, float *c, long ldc, float beta) {
-    const long m = lamina_share_rows(sh, b), n = G * H;
+/* c[rows of the share] (+ beta c) = the share's rows of a (float32, k wide, lda apart: the states
+ * forward, dG backward), as u8 rows times W_hh's int8 panels or as bfloat16 times its bfloat16
+ * panels (rd->kind; both of DOT_NR channels, dot_panels.h), for the share's units of each of
+ * `blocks` column blocks of H (G gates forward, 1 for dh_prev; by rows: every unit) */
+static void lamina_panels_share_product_f(const lamina_share *sh, long b, long k, long H, long blocks, const float *a,
+                                          long lda, const lamina_reduction *rd, int t, float *c, long ldc,
+                                          float beta) {
+    const long m = lamina_share_rows(sh, b), n = blocks * H;
     if (m == 0 || sh->width == 0)
         return;
     const int int8 = rd->kind == LAMINA_REDUCE_INT8_PANELS;
@@ -137,29 +140,31 @@ static void lamina_panels_share_product_f(const lamina_share *sh, long b, long H
     float *row_scale = (float *)(u + rd->rows * rd->ldu);
     int32_t *zero = (int32_t *)(row_scale + rd->rows);
     for (long i = 0; i < m; i++) {
-        const float *row = a + (sh->first + i * sh->stride) * H;
+        const float *row = a + (sh->first + i * sh->stride) * lda;
         if (int8)
-            lamina_int8_quantize_row(row, H, rd->levels, u + i * rd->ldu, rd->ldu, &row_scale[i], &zero[i]);
+            lamina_int8_quantize_row(row, k, rd->levels, u + i * rd->ldu, rd->ldu, &row_scale[i], &zero[i]);
         else
-            lamina_bf16_row(row, H, (uint16_t *)(u + i * rd->ldu));
+            lamina_bf16_row(row, k, (uint16_t *)(u + i * rd->ldu));
     }
     lamina_int8_out o8 = {row_scale, zero, rd->col_scale, NULL, rd->col_sum, beta, c + sh->first * ldc,
                           sh->stride * ldc};
     lamina_bf16_out o16 = {1.0f, beta, NULL, c + sh->first * ldc, sh->stride * ldc};
-    for (long q = 0; q < (sh->width == H ? 1 : G); q++) {  /* (every unit: all panels at once) */
+    for (long q = 0; q < (sh->width == H ? 1 : blocks); q++) {  /* (every unit: all panels at once) */
         const long p0 = sh->width == H ? 0 : (q * H + sh->u0) / DOT_NR;
         const long p1 = sh->width == H ? (n + DOT_NR - 1) / DOT_NR : (q * H + sh->u0 + sh->width) / DOT_NR;
         if (int8)
-            lamina_int8_gemm(0, m, H, n, u, rd->ldu, rd->panels, p0, p1, &o8);
+            lamina_int8_gemm(0, m, k, n, u, rd->ldu, rd->panels, p0, p1, &o8);
         else
-            lamina_bf16_gemm(0, m, H, n, (const uint16_t *)u, rd->ldu / 2, rd->panels, p0, p1, &o16);
+            lamina_bf16_gemm(0, m, k, n, (const uint16_t *)u, rd->ldu / 2, rd->panels, p0, p1, &o16);
     }
 }
 
 /* (the double recurrence never reduces) */
-static void lamina_panels_share_product_d(const lamina_share *sh, long b, long H, long G, const double *a,
-                                          const lamina_reduction *rd, int t, double *c, long ldc, double beta) {
-    (void)sh, (void)b, (void)H, (void)G, (void)a, (void)rd, (void)t, (void)c, (void)ldc, (void)beta;
+static void lamina_panels_share_product_d(const lamina_share *sh, long b, long k, long H, long blocks, const double *a,
+                                          long lda, const lamina_reduction *rd, int t, double *c, long ldc,
+                                          double beta) {
+    (void)sh, (void)b, (void)k, (void)H, (void)blocks, (void)a, (void)lda, (void)rd, (void)t, (void)c, (void)ldc,
+        (void)beta;
 }
 
 #define LAMINA_IMPL "recurrence_impl.h"

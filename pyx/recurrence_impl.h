@@ -67,7 +67,8 @@ static void SUFFIXED(recurrence_forward)(int kind, long steps, const long *start
         const REAL *prev_c = SUFFIXED(previous)(s, starts, H, cs, init_c);
         REAL *prod = kind == LAMINA_GRU ? hh + r0 * GH : g + r0 * GH;  /* GRU keeps it apart */
         if (prev_h && panels)
-            SUFFIXED(lamina_panels_share_product)(&sh, b, H, G, prev_h, rd, t, prod, GH, kind == LAMINA_GRU ? 0 : 1);
+            SUFFIXED(lamina_panels_share_product)(&sh, b, H, H, G, prev_h, H, rd, t, prod, GH,
+                                                  kind == LAMINA_GRU ? 0 : 1);
         else if (prev_h && reduced) {  /* the rows this thread's product reads (by units: all of them) */
             for (long r = sh.first; r < b; r += sh.stride)
                 SUFFIXED(lamina_reduce_row)(rd->kind, rd->levels, prev_h + r * H, H, reduced + r * H);
@@ -118,7 +119,8 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
     lamina_share sh = lamina_share_of(by_rows, H, NR, t, nt);
     int sense = 0;
     long u0 = sh.u0, width = sh.width;
-    REAL *reduced = rd->kind ? (REAL *)rd->scratch + t * rd->per_thread : NULL;
+    const int panels = rd->kind == LAMINA_REDUCE_BF16_PANELS;
+    REAL *reduced = rd->kind && !panels ? (REAL *)rd->scratch + t * rd->per_thread : NULL;
     for (long s = steps - 1; s >= 0; s--) {
         long r0 = starts[s], b = starts[s + 1] - r0;
         const REAL *prev_h = SUFFIXED(previous)(s, starts, H, hs, init_h);
@@ -142,7 +144,9 @@ static void SUFFIXED(recurrence_backward)(int kind, long steps, const long *star
         }
         if (!sh.by_rows)
             lamina_spin_wait(barrier, nt, &sense);
-        if (dprev_h && reduced) {  /* dh_prev += dG_t W_hh, dG_t's rows that the share reads reduced */
+        if (dprev_h && panels)
+            SUFFIXED(lamina_panels_share_product)(&sh, b, GH, H, 1, dgh + r0 * GH, GH, rd, t, dprev_h, H, 1);
+        else if (dprev_h && reduced) {  /* dh_prev += dG_t W_hh, dG_t's rows that the share reads reduced */
             for (long r = sh.first; r < b; r += sh.stride)
                 SUFFIXED(lamina_reduce_row)(rd->kind, rd->levels, dgh + (r0 + r) * GH, GH, reduced + r * GH);
             SUFFIXED(share_product)(&sh, b, GH, H, 1, reduced, GH, packed, dprev_h, H, 1);

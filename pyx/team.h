@@ -251,21 +251,22 @@ static inline lamina_product_share lamina_product_share_of(int by_rows, long m, 
 }
 
 /* A product of m rows of a by packed panels, on a team: first each member prepares its block of
- * a's rows (row(job, i): rounded or quantized into the product's scratch), then each multiplies its
+ * a's rows (rows(job, i0, i1): rounded or quantized into the product's scratch), then each multiplies its
  * share (lamina_product_share_of: whole tiles of `tile` rows, or a block of the `panels`) with
  * part(job, r0, r1, q0, q1). */
 typedef struct {
     void *job;
     long m, tile, panels;
     int by_rows;
-    void (*row)(void *job, long i);
+    void (*rows)(void *job, long i0, long i1);
     void (*part)(void *job, long r0, long r1, long q0, long q1);
 } lamina_panels_product;
 
 static void lamina_panels_rows_member(void *product, int t, int nt) {
     const lamina_panels_product *p = product;
-    for (long i = t * p->m / nt; i < (t + 1) * p->m / nt; i++)
-        p->row(p->job, i);
+    const long i0 = t * p->m / nt, i1 = (t + 1) * p->m / nt;
+    if (i0 < i1)
+        p->rows(p->job, i0, i1);
 }
 
 static void lamina_panels_part_member(void *product, int t, int nt) {

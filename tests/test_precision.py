@@ -8,6 +8,8 @@ and a dot product within (2u + u²)·Σ|a||b|. The bfloat16 products themselves 
 float32 (8 x 8 bits), so against float64 products of the rounded operands the only error left
 is float32 accumulation: k·2^-24·Σ|a||b| for a depth of k."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -122,27 +124,33 @@ def test_bfloat16_products_run_lamina_panels_where_the_cpu_has_avx512_bf16():
 @pytest.mark.parametrize("k", [1, 2, 5, 64, 257])
 def test_lamina_bfloat16_panels_at_every_tile_edge(k):
     """Every tile of rows (6, 4, 2 and 1), an odd depth's last pair, a panel of fewer than 16
-    channels, shared by panels and by rows on two threads, with alpha, bias or beta: the float64
-    product of the rounded operands within float32 accumulation."""
+    channels, shared by panels and by rows on two threads, with alpha, bias or beta, op(a) given as
+    a or as the columns of its transpose (16 rows at a time and a shorter last block): the float64
+    product of the rounded operands within float32 accumulation. The pack on two threads equals
+    the pack on one."""
     from lamina.backends.cpu.compiled import _kernels as K
     rng = np.random.default_rng(k)
     n = 37
     for trans in (False, True):
         b = rng.standard_normal((n, k) if trans else (k, n)).astype(np.float32)
         op_b = b.T if trans else b
-        packed = np.empty(K.bf16_pack_size(k, n), np.uint16)
+        packed, on_two = (np.empty(K.bf16_pack_size(k, n), np.uint16) for _ in range(2))
         K.bf16_pack(b, trans, packed)
-        for m, threads, by_rows in ((13, 1, False), (11, 2, False), (23, 2, True), (1, 2, True)):
+        K.bf16_pack(b, trans, on_two, threads=2)
+        np.testing.assert_array_equal(on_two, packed)
+        for (m, threads, by_rows), trans_a in itertools.product(
+                ((13, 1, False), (11, 2, False), (23, 2, True), (1, 2, True), (40, 2, False)), (False, True)):
             a = rng.standard_normal((m, k)).astype(np.float32)
+            given = np.ascontiguousarray(a.T) if trans_a else a
             u = np.empty((m, K.bf16_row_values(k)), np.uint16)
             exact = round_bfloat16(a).astype(np.float64) @ round_bfloat16(op_b).astype(np.float64)
             bound = k * 2.0 ** -24 * (np.abs(a) @ np.abs(op_b)) * 1.01 + 1e-30
             bias = rng.standard_normal(n).astype(np.float32)
             c = rng.standard_normal((m, n)).astype(np.float32)
             before = c.astype(np.float64)
-            K.bf16_product(a, packed, 0.5, c, 2.0, None, u, threads=threads, by_rows=by_rows)
+            K.bf16_product(given, packed, 0.5, c, 2.0, None, u, threads=threads, by_rows=by_rows, trans_a=trans_a)
             assert np.all(np.abs(c - (0.5 * exact + 2.0 * before)) <= 0.5 * bound + 4 * 2.0 ** -24 * np.abs(c))
-            K.bf16_product(a, packed, 1.0, c, 0.0, bias, u, threads=threads, by_rows=by_rows)
+            K.bf16_product(given, packed, 1.0, c, 0.0, bias, u, threads=threads, by_rows=by_rows, trans_a=trans_a)
             assert np.all(np.abs(c - (exact + bias)) <= bound + 2 * 2.0 ** -24 * np.abs(c)), (trans, m, threads)
     with pytest.raises(ValueError, match="take"):
         K.bf16_product(a, packed[:-1], 1.0, c, 0.0, None, u)
@@ -317,8 +325,7 @@ def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
 def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(monkeypatch, kind, products):
     """Where float32 products serve bfloat16 (on lamina's panels), the fused recurrence rounds
     the states before each forward product and dG's rows before each backward one (with lamina's
-    bfloat16 panels, where they run, the forward multiplies by those and the backward by float32
-    panels of W_hh's rounded values), on one thread
+    bfloat16 panels, where they run, both multiply by W_hh's bfloat16 panels), on one thread
     and shared by sequences and by units: the gradients equal the layer's steps one at a time
     (the same rounded operands; the float32 sums' order may flip a rounding, so nearly all
     elements agree to float32 rounding and every one within a bfloat16 unit of the largest)."""
@@ -330,14 +337,15 @@ def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(
     feeds = {"x": lm.Sequences.from_list([rng.standard_normal((n, 32)).astype(np.float32) for n in lengths]),
              "t": lm.Sequences.from_list([rng.standard_normal((n, 8)).astype(np.float32) for n in lengths])}
     backend = lm.CPUBackend("openblas", products)
-    calls, original = [], fused_recurrence.backward
-    monkeypatch.setattr(fused_recurrence, "backward", lambda *a: calls.append(1) or original(*a))
+    calls, original = [], fused_recurrence._kernels.recurrence_backward
+    monkeypatch.setattr(fused_recurrence._kernels, "recurrence_backward",
+                        lambda *a, **k: calls.append(a[22] if len(a) > 22 else 0) or original(*a, **k))
     fused = []
     for share in ("auto", "rows", "units"):
         monkeypatch.setattr(fused_recurrence, "FUSED_SHARE", share)
         monkeypatch.setattr(fused_recurrence, "FUSED_PARALLEL_MIN", 0 if share != "auto" else 1 << 24)
         fused.append(_gradients(_sequence_regression(make).to(backend).autocast("bfloat16"), feeds)[1])
-    assert len(calls) == 3
+    assert calls == [fused_recurrence.BF16_PANELS if backend.bf16_panels else 1] * 3  # (reduce: the product's kind)
     monkeypatch.setattr(fused_recurrence, "fuses", lambda *a: False)
     _, stepwise = _gradients(_sequence_regression(make).to(backend).autocast("bfloat16"), feeds)
     _, float32 = _gradients(_sequence_regression(make).to(backend), feeds)

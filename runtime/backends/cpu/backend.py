@@ -133,7 +133,15 @@ INT8_SPLIT_MIN = 1 << 22
 # lamina's bfloat16 product of fewer multiply-adds runs on one thread (it runs about 1.7x the
 # float32 panels' speed)
 BF16_SPLIT_MIN = 1 << 22
+# The bfloat16 panels of an op(b) of fewer values are packed on one thread (a member's start costs
+# about as much as packing 16 K values)
+BF16_PACK_SPLIT_MIN = 1 << 16
 PACK_MAX_DEPTH = 8192
+
+
+def _pack_threads(k, n):
+    """Threads that pack the bfloat16 panels of a k x n op(b)."""
+    return free_threads() if k * n >= BF16_PACK_SPLIT_MIN else 1
 
 
 class CPUBackend(HostStatistics, Backend):
@@ -201,54 +209,32 @@ class CPUBackend(HostStatistics, Backend):
         self._mkl.gemm_bf16(bits[0], bits[1], c, trans_a, trans_b, alpha, beta)
 
     def _bf16_gemm(self, a, b, c, trans_a, trans_b, alpha, beta):
-        """c = alpha op(a) op(b) + beta c in bfloat16 on lamina's panels, made for this product:
-        the panels of op(b) and op(a)'s rows, or where op(a) is a's transpose and that copies
-        fewer values, cᵀ = op(b)ᵀ op(a)ᵀ (the panels of a itself, op(b)ᵀ's rows, then cᵀ's
-        transpose into c)."""
+        """c = alpha op(a) op(b) + beta c in bfloat16 on lamina's panels of op(b), made for this
+        product on the team; op(a)'s rows are rounded where they lie (a's columns where op(a) is
+        its transpose: no transposed copy of either operand)."""
         check_matrix("gemm_in", "a", a, dtype=np.float32)
         check_matrix("gemm_in", "b", b, dtype=np.float32)
         check_matrix("gemm_in", "c", c, dtype=np.float32)
         m, n, k = gemm_sizes("gemm_in", a, b, c, trans_a, trans_b)
         if k == 0 or m == 0 or n == 0:  # (an empty product: beta c)
             return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
-        if trans_a and (0 if trans_b else n * k) + n * m < m * k:
-            t = self.scratch("gemm_in bfloat16 c", (n, m), np.float32)
-            self._bf16_product(self._rows("b", b, not trans_b), a, False, t, alpha, 0.0)
-            if beta == 0:
-                np.copyto(c, t.T)
-            else:
-                np.multiply(c, beta, out=c)
-                c += t.T
-            return
+        panels = self.scratch("gemm_in bfloat16 panels", (K.bf16_pack_size(k, n),), np.uint16)
+        K.bf16_pack(np.ascontiguousarray(b), trans_b, panels, threads=_pack_threads(k, n))
         out = c if c.flags.c_contiguous else self.scratch("gemm_in bfloat16 c", (m, n), np.float32)
         if out is not c and beta != 0:
             np.copyto(out, c)
-        self._bf16_product(self._rows("a", a, trans_a), b, trans_b, out, alpha, beta)
+        self._bf16_on_panels(np.ascontiguousarray(a), panels, alpha, out, beta, None, trans_a)
         if out is not c:
             np.copyto(c, out)
 
-    def _rows(self, name, x, transpose):
-        """x's rows, or its transpose's (a copy in scratch), C-contiguous."""
-        if not transpose:
-            return np.ascontiguousarray(x)
-        rows = self.scratch(f"gemm_in bfloat16 {name}", x.shape[::-1], np.float32)
-        np.copyto(rows, x.T)
-        return rows
-
-    def _bf16_product(self, rows, b, trans_b, c, alpha, beta):
-        """c = alpha rows op(b) + beta c on lamina's bfloat16 panels of op(b), made in scratch."""
-        k, n = rows.shape[1], c.shape[1]
-        panels = self.scratch("gemm_in bfloat16 panels", (K.bf16_pack_size(k, n),), np.uint16)
-        K.bf16_pack(np.ascontiguousarray(b), trans_b, panels)
-        self._bf16_on_panels(rows, panels, alpha, c, beta, None)
-
-    def _bf16_on_panels(self, a, panels, alpha, c, beta, bias):
-        """c = alpha a·P + (bias, or beta c) for P's bfloat16 panels (K.bf16_pack), a's rows
-        rounded in scratch, on a compiled team of the free threads for a large product."""
-        (m, k), n = a.shape, c.shape[1]
+    def _bf16_on_panels(self, a, panels, alpha, c, beta, bias, trans_a=False):
+        """c = alpha op(a)·P + (bias, or beta c) for P's bfloat16 panels (K.bf16_pack), op(a)'s
+        rows rounded in scratch, on a compiled team of the free threads for a large product."""
+        (m, k), n = a.shape[::-1] if trans_a else a.shape, c.shape[1]
         u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(k)), np.uint16)
         threads = free_threads() if m * n * k >= BF16_SPLIT_MIN else 1
-        K.bf16_product(a, panels, alpha, c, beta, bias, u, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads)
+        K.bf16_product(a, panels, alpha, c, beta, bias, u, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads,
+                       trans_a=trans_a)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not
@@ -351,7 +337,7 @@ class CPUBackend(HostStatistics, Backend):
         """lamina's bfloat16 panels of op(b), its values rounded to bfloat16."""
         k, n = (b.shape[1], b.shape[0]) if trans else b.shape
         panels = aligned_empty((K.bf16_pack_size(k, n),), np.uint16)
-        K.bf16_pack(np.ascontiguousarray(b), trans, panels)
+        K.bf16_pack(np.ascontiguousarray(b), trans, panels, threads=_pack_threads(k, n))
         packed = PackedMatrix("bf16-panels", k, n, b.dtype, max(max_rows, 1), panels=panels)
         packed.alpha = alpha
         return packed

@@ -14,7 +14,8 @@ int8 panels (CPUBackend.low_precision 'lamina'), each step quantizes the states 
 to u8 rows and multiplies them by W_hh's int8 panels (recurrence.h LAMINA_REDUCE_INT8_PANELS); with
 its bfloat16 panels (the same, on a CPU with AVX512-BF16), it rounds them to bfloat16 and multiplies
 them by W_hh's bfloat16 panels (LAMINA_REDUCE_BF16_PANELS). The backward of bfloat16 training
-multiplies by float32 panels of W_hh's rounded values.
+rounds the rows of dG each member reads and multiplies them by W_hh's bfloat16 panels on such a
+CPU, else by float32 panels of W_hh's rounded values.
 
 The threads share the batch by sequences (each runs its own sequences start to end, never
 waiting) given at least ROWS_PER_THREAD sequences per thread. With fewer (a lone sequence) they
@@ -171,16 +172,22 @@ def forward(cell, ctx, run):
 
 
 def backward(cell, ctx, run):
-    # (bfloat16 training: float32 panels of W_hh's rounded values, whatever the forward multiplies by)
+    # (bfloat16 training: W_hh's bfloat16 panels where the CPU multiplies in bfloat16, else float32
+    # panels of its rounded values, whatever the forward multiplies by)
+    own = ctx.precision == "bfloat16" and ctx.be.bf16_panels
     pack = cell.recurrent_pack(ctx, run.sfx, transpose=False,
-                               method="pack" if ctx.precision == "float32" else "pack_reduced")
-    panels = pack.panels
+                               method="pack" if ctx.precision == "float32" or own else "pack_reduced")
+    panels = ctx.be.scratch("panels placeholder", (1,), np.float32) if own else pack.panels
     has_cell = run.cs is not None
     args = (FUSED_CELLS[cell.cell_name], ctx.order.step_starts, run.g, _hh(cell, ctx, run), run.hs,
             run.cs if has_cell else run.hs, run.dhs, run.dcs if has_cell else run.hs, has_cell, run.dg, run.dgh, panels,
             *_given(run.init_h, run.hs), *_given(run.init_c, run.hs), *_given(run.dh0, run.hs),
             *_given(run.dc0, run.hs))
     threads, by_rows = _share(cell, ctx, run.g)
+    if own:  # each member rounds the rows of dG its product reads into its own scratch
+        scratch = ctx.be.scratch("bfloat16 gradients",
+                                 (threads * _kernels.bf16_state_bytes(_most(ctx), run.g.shape[1]),), np.uint8)
+        return _kernels.recurrence_backward(*args, threads, by_rows, BF16_PANELS, None, (pack.panels, scratch))
     if pack.operands is None:
         return _kernels.recurrence_backward(*args, threads, by_rows)
     # (bfloat16 training: each member rounds the rows of dG its product reads)
