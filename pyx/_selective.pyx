@@ -22,6 +22,13 @@ cdef extern from "rows.h" nogil:
     void lamina_combine_rows_d(const double* rows, long ld, const int* index, const double* coef, long m,
                                double beta, double* y, long n)
     void lamina_prefetch(const void* p, long bytes)
+    void lamina_combine_rows_bf16(const unsigned short* rows, long ld, const int* index, const float* coef, long m,
+                                  float beta, float* y, long n)
+    float lamina_dot_bf16(const unsigned short* a, const unsigned short* b, long n, int native)
+    int lamina_dot_bf16_native()
+
+cdef extern from "convert.h" nogil:
+    void lamina_to_bfloat16(const float* x, unsigned short* out, long n)
 
 # selected rows of w are asked for this many columns ahead of their use (a selection skips
 # rows, which breaks the hardware prefetcher's streams)
@@ -80,7 +87,7 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1
     by rows, its listing regrouped by row first (a counting sort, one pass over the entries:
     within a row its columns stay in increasing order). Threads own output rows, so none adds
     into another's."""
-    cdef Py_ssize_t u, k, r, i, pos, n = x.shape[1], rows = x.shape[0], distinct = columns.shape[0]
+    cdef Py_ssize_t u, k, i, n = x.shape[1], rows = x.shape[0], distinct = columns.shape[0]
     cdef Py_ssize_t listed = entries.shape[0]
     cdef bint parallel = listed * n > PARALLEL_MIN
     cdef real* x_rows = &x[0, 0] if rows * n else NULL
@@ -90,7 +97,7 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1
     dtype = np.float32 if real is float else np.float64
     cdef real[::1] coef = np.empty(max(listed, 1), dtype)
     cdef real[::1] row_coef
-    cdef int[::1] row_cols, row_start, fill
+    cdef int[::1] row_cols, row_start
     for k in range(listed):
         coef[k] = g[entries[k]]
     if want_dw:
@@ -99,8 +106,21 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1
                      &dw[columns[u], 0], n)
     if not want_dx:
         return
-    row_coef, row_cols = np.empty(max(listed, 1), dtype), np.empty(max(listed, 1), np.int32)
-    row_start, fill = np.zeros(rows + 1, np.int32), np.zeros(rows, np.int32)
+    row_start, row_cols, row_coef = _by_row(columns, bucket, entry_rows, coef, rows, False)
+    for i in prange(rows, nogil=True, schedule="static", use_threads_if=parallel):
+        _combine(w_rows, n, &row_cols[row_start[i]], &row_coef[row_start[i]], row_start[i + 1] - row_start[i],
+                 dx_beta, &dx[i, 0], n)
+
+
+cdef tuple _by_row(const int[::1] columns, const int[::1] bucket, const int[::1] entry_rows, real[::1] coef,
+                   Py_ssize_t rows, bint compact):
+    """The by_column listing regrouped by row (a counting sort, one pass over the entries; within
+    a row its columns stay in increasing order): (row_start, each entry's column, or with compact
+    its place u in `columns`, each entry's coefficient)."""
+    cdef Py_ssize_t u, k, r, pos, listed = entry_rows.shape[0], distinct = columns.shape[0]
+    cdef int[::1] row_cols = np.empty(max(listed, 1), np.int32)
+    cdef int[::1] row_start = np.zeros(rows + 1, np.int32), fill = np.zeros(rows, np.int32)
+    cdef real[::1] row_coef = np.empty(max(listed, 1), np.float32 if real is float else np.float64)
     with nogil:
         for k in range(listed):
             row_start[entry_rows[k] + 1] += 1
@@ -111,10 +131,94 @@ def selected_backward(real[::1] g, real[:, ::1] x, real[:, ::1] w, const int[::1
             for k in range(bucket[u], bucket[u + 1]):
                 pos = fill[entry_rows[k]]
                 fill[entry_rows[k]] = pos + 1
-                row_cols[pos], row_coef[pos] = columns[u], coef[k]
+                row_cols[pos], row_coef[pos] = (u if compact else columns[u]), coef[k]
+    return row_start, row_cols, row_coef
+
+
+# ---------------------------------------------------------------- products in bfloat16
+# x and the selected rows of w rounded to bfloat16 (round_rows_bf16), their products summed in
+# float32: rows of half the bytes, multiplied by vdpbf16ps where the CPU has AVX512-BF16 (rows.h).
+
+def bf16_row_values(long n):
+    """16-bit values of a row of n values in bfloat16 (whole pairs: the last padded with zero)."""
+    return n + n % 2
+
+
+def round_rows_bf16(const float[:, ::1] x, const int[::1] rows, unsigned short[:, ::1] out):
+    """out[i] = x[rows[i]] (x[i] where rows is None) rounded to bfloat16 (ties to even, NaN stays
+    NaN: convert.h), zero-padded to out's width. rows' values were checked by the caller."""
+    cdef Py_ssize_t i, j, count = out.shape[0], n = x.shape[1], width = out.shape[1]
+    cdef const int* picked = &rows[0] if rows is not None and rows.shape[0] else NULL
+    if width != bf16_row_values(n) or (rows is None and count > x.shape[0]) or \
+            (rows is not None and rows.shape[0] != count):
+        raise ValueError(f"round_rows_bf16: out ({count}, {width}) must be {bf16_row_values(n)} wide and have a row "
+                         f"per {'listed row' if rows is not None else 'row of x'} "
+                         f"({rows.shape[0] if rows is not None else x.shape[0]})")
+    if n == 0:
+        return
+    for i in prange(count, nogil=True, schedule="static", use_threads_if=count * n > PARALLEL_MIN):
+        lamina_to_bfloat16(&x[picked[i] if picked != NULL else i, 0], &out[i, 0], n)
+        for j in range(n, width):
+            out[i, j] = 0
+
+
+def selected_dots_bf16(const unsigned short[:, ::1] x, const unsigned short[:, ::1] w, const int[::1] columns,
+                       const int[::1] bucket, const int[::1] entries, const int[::1] entry_rows, float[::1] out,
+                       double beta):
+    """out[e] = x[row(e)] · w[u(e)] + beta * out[e] over rows of bfloat16 values (round_rows_bf16),
+    summed in float32: w holds the selected columns' rows in the order of `columns` (w[u] is
+    column columns[u]'s), each read once while its entries' rows of x stream past."""
+    cdef Py_ssize_t u, k, e, n = x.shape[1], distinct = columns.shape[0]
+    cdef int native = lamina_dot_bf16_native()
+    cdef float v
+    if w.shape[0] != distinct or w.shape[1] != n:
+        raise ValueError(f"selected_dots_bf16: w ({w.shape[0]}, {w.shape[1]}) must hold the {distinct} selected "
+                         f"columns' rows of {n} values")
+    for u in prange(distinct, nogil=True, schedule="static",
+                    use_threads_if=entries.shape[0] * n > PARALLEL_MIN):
+        if u + PREFETCH_AHEAD < distinct:
+            lamina_prefetch(&w[u + PREFETCH_AHEAD, 0], n * sizeof(unsigned short))
+        for k in range(bucket[u], bucket[u + 1]):
+            e = entries[k]
+            v = lamina_dot_bf16(&x[entry_rows[k], 0], &w[u, 0], n, native)
+            if beta == 0:
+                out[e] = v
+            else:
+                out[e] = <float>(v + beta * out[e])
+
+
+def selected_backward_bf16(const float[::1] g, const unsigned short[:, ::1] x, const unsigned short[:, ::1] w,
+                           const int[::1] columns, const int[::1] bucket, const int[::1] entries,
+                           const int[::1] entry_rows, float[:, ::1] dx, double dx_beta, bint want_dx,
+                           float[:, ::1] dw, double dw_beta, bint want_dw):
+    """selected_backward with x and the selected rows of w in bfloat16 (as selected_dots_bf16): the
+    float32 gradient times their values, summed in float32. dx and dw have the layer's width (x
+    and w may hold one more, zero, value a row)."""
+    cdef Py_ssize_t u, i, k, n = dx.shape[1] if want_dx else dw.shape[1], rows = x.shape[0]
+    cdef Py_ssize_t distinct = columns.shape[0], listed = entries.shape[0]
+    cdef bint parallel = listed * n > PARALLEL_MIN
+    cdef int[::1] row_cols, row_start
+    cdef float[::1] row_coef
+    if w.shape[0] != distinct or w.shape[1] != x.shape[1] or x.shape[1] != bf16_row_values(n):
+        raise ValueError(f"selected_backward_bf16: x ({x.shape[0]}, {x.shape[1]}) and w ({w.shape[0]}, {w.shape[1]}) "
+                         f"must hold rows of {bf16_row_values(n)} values, w one per selected column ({distinct})")
+    if n == 0:
+        return
+    cdef float[::1] coef = np.empty(max(listed, 1), np.float32)
+    cdef const unsigned short* x_rows = &x[0, 0] if rows * x.shape[1] else NULL
+    cdef const unsigned short* w_rows = &w[0, 0] if distinct * w.shape[1] else NULL
+    for k in range(listed):
+        coef[k] = g[entries[k]]
+    if want_dw:
+        for u in prange(distinct, nogil=True, schedule="static", use_threads_if=parallel):
+            lamina_combine_rows_bf16(x_rows, x.shape[1], &entry_rows[bucket[u]], &coef[bucket[u]],
+                                     bucket[u + 1] - bucket[u], <float>dw_beta, &dw[columns[u], 0], n)
+    if not want_dx:
+        return
+    row_start, row_cols, row_coef = _by_row(columns, bucket, entry_rows, coef, rows, True)
     for i in prange(rows, nogil=True, schedule="static", use_threads_if=parallel):
-        _combine(w_rows, n, &row_cols[row_start[i]], &row_coef[row_start[i]], row_start[i + 1] - row_start[i],
-                 dx_beta, &dx[i, 0], n)
+        lamina_combine_rows_bf16(w_rows, w.shape[1], &row_cols[row_start[i]], &row_coef[row_start[i]],
+                                 row_start[i + 1] - row_start[i], <float>dx_beta, &dx[i, 0], n)
 
 
 def selected_bias_grad(real[::1] g, const int[::1] columns, const int[::1] bucket, const int[::1] entries,

@@ -146,4 +146,120 @@ LAMINA_CLONES static void lamina_combine_rows_d(const double* rows, long ld, con
     LAMINA_COMBINE_BODY(double, lamina_v4d, 4)
 }
 
+/* ---- rows of bfloat16 values (16-bit patterns: a float32's upper half, convert.h), summed in
+ * float32: the selective layer's products in bfloat16, which read half the bytes of float32 rows */
+static inline float lamina_from_bf16(unsigned short b) {
+    unsigned int u = (unsigned int)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef float lamina_v16f __attribute__((vector_size(64)));
+typedef unsigned int lamina_v16u32 __attribute__((vector_size(64)));
+
+/* 32 bfloat16 values from p as the float32 values of its even and of its odd columns: each
+ * 32-bit word holds a pair, the even column's value shifted left, the odd one's masked */
+static inline __attribute__((always_inline)) void lamina_load32_bf16(const unsigned short* p, lamina_v16f* even,
+                                                                     lamina_v16f* odd) {
+    lamina_v16u32 w;
+    memcpy(&w, p, sizeof w);
+    const lamina_v16u32 shifted = w << 16, masked = w & 0xffff0000u;
+    memcpy(even, &shifted, sizeof *even);
+    memcpy(odd, &masked, sizeof *odd);
+}
+
+/* y = Σ_k coef[k] · rows[index[k]] (+ beta y) over rows of bfloat16 values (as lamina_combine_rows_f,
+ * blocks of 128 columns): 32 columns take one load, a shift, a mask (lamina_load32_bf16) and two
+ * multiply-adds into the even and odd columns' sums, interleaved once per block when stored. */
+LAMINA_CLONES static void lamina_combine_rows_bf16(const unsigned short* rows, long ld, const int* index,
+                                                   const float* coef, long m, float beta, float* y, long n) {
+    const long B = 128;
+    long j0 = 0;
+    for (; j0 + B <= n; j0 += B) {
+        lamina_v16f even[4] = {{0}}, odd[4] = {{0}};
+        for (long k = 0; k < m; k++) {
+            if (j0 == 0 && k + LAMINA_COMBINE_AHEAD < m)
+                lamina_prefetch_kept(rows + (long)index[k + LAMINA_COMBINE_AHEAD] * ld, n * (long)sizeof(*rows));
+            const unsigned short *r = rows + (long)index[k] * ld + j0;
+            const float c = coef[k];
+            for (int q = 0; q < 4; q++) {
+                lamina_v16f lo, hi;
+                lamina_load32_bf16(r + 32 * q, &lo, &hi);
+                even[q] += c * lo;
+                odd[q] += c * hi;
+            }
+        }
+        for (int q = 0; q < 4; q++)
+            for (int l = 0; l < 16; l++) {
+                float *out = y + j0 + 32 * q + 2 * l;
+                out[0] = beta != 0 ? even[q][l] + beta * out[0] : even[q][l];
+                out[1] = beta != 0 ? odd[q][l] + beta * out[1] : odd[q][l];
+            }
+    }
+    for (long j = j0; j < n; j++) {
+        float acc = 0;
+        for (long k = 0; k < m; k++) acc += coef[k] * lamina_from_bf16(rows[(long)index[k] * ld + j]);
+        y[j] = beta != 0 ? acc + beta * y[j] : acc;
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(LAMINA_TARGET_V4)
+#include <immintrin.h>
+#define LAMINA_DOT_BF16_KERNEL 1
+/* Σ a[j] b[j] over n bfloat16 values, 32 a vdpbf16ps (products exact, summed in float32 in two
+ * chains), the last fewer under a mask. Only where the CPU has AVX512-BF16. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static float lamina_dot_bf16_avx512(
+        const unsigned short* a, const unsigned short* b, long n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    long j = 0;
+    for (; j + 64 <= n; j += 64) {
+        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(a + j), (__m512bh)_mm512_loadu_si512(b + j));
+        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(a + j + 32),
+                                (__m512bh)_mm512_loadu_si512(b + j + 32));
+    }
+    for (; j < n; j += 32) {
+        const __mmask32 keep = n - j >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (n - j)) - 1);
+        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_maskz_loadu_epi16(keep, a + j),
+                                (__m512bh)_mm512_maskz_loadu_epi16(keep, b + j));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+#endif
+
+LAMINA_CLONES static float lamina_dot_bf16_portable(const unsigned short* a, const unsigned short* b, long n) {
+    lamina_v16f acc0 = {0}, acc1 = {0}, a_even, a_odd, b_even, b_odd;
+    long j = 0;
+    for (; j + 32 <= n; j += 32) {
+        lamina_load32_bf16(a + j, &a_even, &a_odd);
+        lamina_load32_bf16(b + j, &b_even, &b_odd);
+        acc0 += a_even * b_even;
+        acc1 += a_odd * b_odd;
+    }
+    lamina_v16f acc = acc0 + acc1;
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += acc[l];
+    for (; j < n; j++) s += lamina_from_bf16(a[j]) * lamina_from_bf16(b[j]);
+    return s;
+}
+
+/* whether lamina_dot_bf16 runs vdpbf16ps here (the AVX-512 build on a CPU with AVX512-BF16) */
+static inline int lamina_dot_bf16_native(void) {
+#ifdef LAMINA_DOT_BF16_KERNEL
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}
+
+/* Σ a[j] b[j] over n bfloat16 values in float32 (native: lamina_dot_bf16_native()) */
+static inline float lamina_dot_bf16(const unsigned short* a, const unsigned short* b, long n, int native) {
+#ifdef LAMINA_DOT_BF16_KERNEL
+    if (native)
+        return lamina_dot_bf16_avx512(a, b, n);
+#endif
+    (void)native;
+    return lamina_dot_bf16_portable(a, b, n);
+}
+
 #endif

@@ -290,6 +290,53 @@ def test_autocast_trains_a_linear_layer_with_bfloat16_products():
     assert net.training_precision == "bfloat16" and net.precision == "float32"
 
 
+@pytest.mark.parametrize("path,shared", [("sparse", False), ("sparse", True), ("dense", False)])
+def test_selective_linear_multiplies_in_bfloat16_under_autocast_on_every_backend(path, shared):
+    """SelectiveLinear under autocast, on each of its paths: scores and gradients on the CPU and
+    each OpenCL device equal the core-only reference's (x and W rounded to bfloat16, float64 sums)
+    within float32 summation, and are not float32's."""
+    from conftest import OPENCL_DEVICES
+    from lamina.testing import core_only
+    rng = np.random.default_rng(8)
+    rows, width, out = 30, 70, 60
+    lists = [rng.choice(out, 9, replace=False).astype(np.int32) for _ in range(rows)]
+    sel = lm.Selection.shared(lists[0]) if shared else lm.Selection.from_lists(lists)
+    labels = (rng.choice(lists[0], rows) if shared else np.array([c[0] for c in lists])).astype(np.int32)
+    feeds = {"x": rng.standard_normal((rows, width)).astype(np.float32), "sel": sel, "y": labels}
+
+    def network():
+        lm.manual_seed(2)
+        net = lm.Network()
+        x, s, y = net.input("x", width), net.input("sel", dtype="selection"), net.input("y", dtype="int32")
+        x.requires_grad = True
+        scores = lm.layers.SelectiveLinear(width, out, path=path)(x, s)
+        net.outputs(scores=scores, loss=lm.layers.SelectedCrossEntropy()(scores, y, s))
+        return net
+
+    def run(backend, precision):
+        from lamina.parameter import host
+        net = (network() if backend is None else network().to(backend)).autocast(precision)
+        net.zero_grad()
+        out = net.forward(feeds)["scores"]
+        scores = np.array(host(out.values if isinstance(out, lm.Sequences) else out))
+        net.backward()
+        return {**{p.name: np.array(host(p.grad)) for p in net.parameters()}, "x": np.array(host(net.grad("x"))),
+                "scores": scores}
+
+    want, float32 = run(core_only(ReferenceBackend)(), "bfloat16"), run(None, "float32")
+    backends = [None] + ([__import__("lamina.backends.opencl", fromlist=["OpenCLBackend"]).OpenCLBackend(0)]
+                         if OPENCL_DEVICES else [])
+    chosen = np.unique(np.concatenate(lists[:1] if shared else lists))  # (a sparse gradient's rows)
+    for backend in backends:
+        got = run(backend, "bfloat16")
+        for key, value in want.items():
+            rows = slice(None) if key in ("x", "scores") else chosen
+            scale = np.abs(value[rows]).max()
+            np.testing.assert_allclose(got[key][rows], value[rows], rtol=0, atol=2 ** -16 * scale,
+                                       err_msg=f"{backend} {key}")
+            assert np.abs(float32[key][rows] - value[rows]).max() > 2 ** -12 * scale, key  # bfloat16's products
+
+
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
 def test_autocast_recurrent_gradients_are_bfloat16_close_on_every_backend(kind):
     """A recurrent layer's gradients under autocast: within a few bfloat16 roundings (relative

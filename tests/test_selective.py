@@ -127,6 +127,49 @@ def test_selective_kernels(backend, dtype, rows, n, out, most):
     np.testing.assert_allclose(got, want, **tol)
 
 
+# (odd widths pad their last pair; 200 and 330: whole blocks of vectors and a tail; 300 rows: threads share)
+@pytest.mark.parametrize("rows,n,out,most", [(9, 33, 40, 12), (300, 200, 500, 60), (40, 330, 90, 20)])
+def test_selective_products_in_bfloat16(backend, rows, n, out, most):
+    """selected_dots_in and selected_backward_in in bfloat16: the float64 products of x and w
+    rounded to bfloat16 (the gradient unrounded) within float32 summation of their terms, and not
+    float32's products."""
+    from lamina.precision import round_bfloat16
+    rng = np.random.default_rng(6)
+    lists = [rng.integers(0, out, rng.integers(1, most)).astype(np.int32) for _ in range(rows)]
+    by_column = lm.Selection.from_lists(lists).by_column(out)
+    nnz = len(by_column[2])
+    x, w = rng.standard_normal((rows, n)).astype(np.float32), rng.standard_normal((out, n)).astype(np.float32)
+    g = rng.standard_normal(nnz).astype(np.float32)
+    xr, wr = round_bfloat16(x), round_bfloat16(w)
+
+    def exact(g, x, w):  # (float64 dots, dx, dw of these operands)
+        dots, dx, dw = np.empty(nnz), np.zeros((rows, n)), np.zeros((out, n))
+        REF.selected_dots(x.astype(np.float64), w.astype(np.float64), by_column, dots)
+        REF.selected_backward(g.astype(np.float64), x.astype(np.float64), w.astype(np.float64), by_column, dx, 0.0,
+                              dw, 0.0)
+        return dots, dx, dw
+
+    want, size = exact(g, xr, wr), exact(np.abs(g), np.abs(xr), np.abs(wr))
+    terms = max(n, most, max(np.diff(by_column[1])))
+    for beta in (0.0, 0.5):
+        dots = np.full(nnz, np.nan, np.float32) if beta == 0 else np.ones(nnz, np.float32)
+        backend.selected_dots_in("bfloat16", x, w, by_column, dots, beta)
+        dx = np.full((rows, n), np.nan, np.float32) if beta == 0 else np.ones((rows, n), np.float32)
+        dw = np.full((out, n), 7.0, np.float32)
+        backend.selected_backward_in("bfloat16", g, x, w, by_column, dx, beta, dw, beta)
+        chosen = by_column[0]
+        for got, exact_value, scale in ((dots, want[0] + beta, size[0]), (dx, want[1] + beta, size[1]),
+                                        (dw[chosen], want[2][chosen] + 7 * beta, size[2][chosen])):
+            assert np.all(np.abs(got - exact_value) <= (terms + 2) * 2.0 ** -24 * (scale + beta * 7) + 1e-30)
+        untouched = np.setdiff1d(np.arange(out), chosen)
+        np.testing.assert_array_equal(dw[untouched], 7.0)
+    float32 = np.empty(nnz, np.float32)
+    backend.selected_dots(x, w, by_column, float32)
+    assert np.abs(dots - 0.5 - float32).max() > 1e-4 * np.abs(float32).max()  # (bfloat16's products, not these)
+    with pytest.raises(ValueError, match="precision must be float32 or bfloat16"):
+        backend.selected_dots_in("int8", x, w, by_column, dots)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("shifted", [False, True])

@@ -100,16 +100,7 @@ class Backend(ABC):
         """gemm with both operands in `precision` ('float32', or 'bfloat16': rounded to bfloat16,
         products summed in float32; lamina.precision). Here the rounded operands in scratch
         buffers and one float32 GEMM."""
-        if precision not in ("float32", "bfloat16"):
-            raise ValueError(f"gemm_in: precision must be float32 or bfloat16, found {precision!r} (int8 products "
-                             f"quantize a weight per output channel: pack it, Backend.pack)")
-        if precision == "bfloat16":
-            rounded = []
-            for name, x in (("a", a), ("b", b)):
-                r = self.scratch(f"gemm_in bfloat16 {name}", x.shape, x.dtype)
-                self.round_to_bfloat16(x, r)
-                rounded.append(r)
-            a, b = rounded
+        a, b = self._operands_in(precision, "gemm_in", a=a, b=b)
         self.gemm(a, b, c, trans_a, trans_b, alpha, beta)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
@@ -341,6 +332,34 @@ class Backend(ABC):
         """dx[i] = Σ_e g[e] w[col(e)] over row i's entries (with dx_beta), and
         dw[c] = Σ_e g[e] x[row(e)] over column c's entries for each selected column c (with
         dw_beta; other rows of dw untouched); either output may be None."""
+
+    def selected_dots_in(self, precision, x, w, by_column, out, beta=0.0):
+        """selected_dots with x and w in `precision` (as gemm_in: 'float32', or 'bfloat16': rounded
+        to bfloat16, products summed in float32). Here the rounded operands in scratch buffers
+        and selected_dots."""
+        x, w = self._operands_in(precision, "selected_dots_in", x=x, w=w)
+        self.selected_dots(x, w, by_column, out, beta)
+
+    def selected_backward_in(self, precision, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        """selected_backward with x and w in `precision` (as selected_dots_in): the gradient g, in
+        float32, times their rounded values."""
+        x, w = self._operands_in(precision, "selected_backward_in", x=x, w=w)
+        self.selected_backward(g, x, w, by_column, dx, dx_beta, dw, dw_beta)
+
+    def _operands_in(self, precision, where, **operands):
+        """The operands as a product in `precision` multiplies them: themselves in float32, rounded
+        to bfloat16 in scratch buffers (named by `where`) in bfloat16."""
+        if precision not in ("float32", "bfloat16"):
+            raise ValueError(f"{where}: precision must be float32 or bfloat16, found {precision!r} (int8 products "
+                             f"quantize a weight per output channel: pack it, Backend.pack)")
+        if precision == "float32":
+            return list(operands.values())
+        rounded = []
+        for name, x in operands.items():
+            r = self.scratch(f"{where} bfloat16 {name}", x.shape, x.dtype)
+            self.round_to_bfloat16(x, r)
+            rounded.append(r)
+        return rounded
 
     @abstractmethod
     def selected_bias_grad(self, g, by_column, db, beta=0.0):

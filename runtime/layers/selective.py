@@ -41,7 +41,9 @@ class SelectiveLinear(Linear):
     Weights as torch.nn.Linear ([out, in_i], bias [out]); act is linear, exponential, or softmax
     over each row's entries. The output is [rows, k] for a shared selection and one value per
     entry (the selection's row offsets) for a per-row one. Weight and bias gradients touch only
-    the selected rows (sparse: optimizers update just those rows where that is exact)."""
+    the selected rows (sparse: optimizers update just those rows where that is exact). In a
+    bfloat16 run (`astype`, `autocast`) every path multiplies x and W rounded to bfloat16, summed
+    in float32, as Linear does."""
 
     kind = "selective_linear"
 
@@ -93,11 +95,11 @@ class SelectiveLinear(Linear):
         sel.check(rows, self.out_features, ctx.node.describe())
         out = ctx.selected_output(sel, rows)
         starts, cols = sel.starts(rows), sel.columns
-        path = self._choose_path(sel, rows)
+        path, products = self._choose_path(sel, rows), _products(ctx)
         if path == "dense":
             full = ctx.workspace("full", (rows, self.out_features))
             for i, (x, w) in enumerate(self._weights(ctx)):
-                be.gemm(x, w.buffer, full, trans_b=True, beta=0.0 if i == 0 else 1.0)
+                be.gemm_in(products, x, w.buffer, full, trans_b=True, beta=0.0 if i == 0 else 1.0)
             if self.has_bias:
                 be.add_bias(full, self.bias.buffer)
             be.gather_entries(full, starts, cols, sel.is_shared, out)
@@ -106,7 +108,7 @@ class SelectiveLinear(Linear):
             for i, (x, w) in enumerate(self._weights(ctx)):
                 w_sel = ctx.workspace(f"w_sel{i}", (sel.width, x.shape[1]))
                 be.gather_rows(w.buffer, cols, w_sel)
-                be.gemm(x, w_sel, out2, trans_b=True, beta=0.0 if i == 0 else 1.0)
+                be.gemm_in(products, x, w_sel, out2, trans_b=True, beta=0.0 if i == 0 else 1.0)
             if self.has_bias:
                 b_sel = ctx.workspace("b_sel", (sel.width,))
                 be.gather_rows(self.bias.buffer, cols, b_sel)
@@ -114,7 +116,7 @@ class SelectiveLinear(Linear):
         else:
             by_column = sel.by_column(self.out_features)
             for i, (x, w) in enumerate(self._weights(ctx)):
-                be.selected_dots(x, w.buffer, by_column, out, beta=0.0 if i == 0 else 1.0)
+                be.selected_dots_in(products, x, w.buffer, by_column, out, beta=0.0 if i == 0 else 1.0)
             if self.has_bias:
                 be.add_selected_bias(out, self.bias.buffer, cols)
         if self.activation == "exponential":
@@ -143,9 +145,9 @@ class SelectiveLinear(Linear):
             dx = ctx.input_grad(i)
             dw = ctx.sparse_param_target(self.weight_names[i], by_column[0])
             if dx is not None or dw is not None:
-                be.selected_backward(dz, x, w.buffer, by_column,
-                                     *(dx.array, dx.beta) if dx else (None, 0.0),
-                                     *(dw.array, dw.beta) if dw else (None, 0.0))
+                be.selected_backward_in(_products(ctx), dz, x, w.buffer, by_column,
+                                        *(dx.array, dx.beta) if dx else (None, 0.0),
+                                        *(dw.array, dw.beta) if dw else (None, 0.0))
         if self.has_bias:
             db = ctx.sparse_param_target("bias", by_column[0])
             if db is not None:
@@ -170,10 +172,10 @@ class SelectiveLinear(Linear):
         for i, (x, w) in enumerate(self._weights(ctx)):
             dx = ctx.input_grad(i)
             if dx is not None:
-                be.gemm(g, w.buffer, dx.array, beta=dx.beta)
+                be.gemm_in(_products(ctx), g, w.buffer, dx.array, beta=dx.beta)
             dw = ctx.param_grad(self.weight_names[i])
             if dw is not None:
-                be.gemm(g, x, dw.array, trans_a=True, beta=dw.beta)
+                be.gemm_in(_products(ctx), g, x, dw.array, trans_a=True, beta=dw.beta)
         if self.has_bias:
             db = ctx.param_grad("bias")
             if db is not None:
@@ -187,11 +189,11 @@ class SelectiveLinear(Linear):
             w_sel = ctx.workspace(f"w_sel{i}", (sel.width, x.shape[1]))
             dx = ctx.input_grad(i)
             if dx is not None:
-                be.gemm(g, w_sel, dx.array, beta=dx.beta)
+                be.gemm_in(_products(ctx), g, w_sel, dx.array, beta=dx.beta)
             dw = ctx.sparse_param_target(self.weight_names[i], distinct)
             if dw is not None:
                 dw_sel = ctx.workspace(f"dw_sel{i}", w_sel.shape)
-                be.gemm(g, x, dw_sel, trans_a=True)
+                be.gemm_in(_products(ctx), g, x, dw_sel, trans_a=True)
                 self._scatter_selected(be, dw_sel, sel, distinct, dw)
         if self.has_bias:
             db = ctx.sparse_param_target("bias", distinct)
@@ -209,6 +211,13 @@ class SelectiveLinear(Linear):
             if target.beta == 0:
                 be.fill_rows(target.array, distinct, 0)
             be.scatter_add_rows(src, sel.columns, target.array)
+
+
+def _products(ctx):
+    """The precision the selection's products run in: bfloat16 in a bfloat16 run (x and W rounded,
+    sums in float32, as Linear's), else float32 (an int8 network's selection multiplies its
+    float32 values)."""
+    return "bfloat16" if ctx.precision == "bfloat16" else "float32"
 
 
 class _SelectedCost(Layer):

@@ -699,27 +699,64 @@ class CPUBackend(HostStatistics, Backend):
         check_by_column(where, by_column, entries, rows, columns)
 
     def selected_dots(self, x, w, by_column, out, beta=0.0):
-        check_array("selected_dots", "x", x, ndim=2)
-        _float("selected_dots", "x", x)
-        check_array("selected_dots", "w", w, dtype=x.dtype, ndim=2)
-        check_array("selected_dots", "out", out, dtype=x.dtype, ndim=1)
-        if w.shape[1] != x.shape[1]:
-            raise ValueError(f"selected_dots: w rows of {w.shape[1]} must match x rows of {x.shape[1]}")
-        self._by_column("selected_dots", by_column, len(out), x.shape[0], w.shape[0])
+        self._check_selected_dots(x, w, by_column, out)
         _selective.selected_dots(x, w, *by_column, out, beta)
 
+    def _check_selected_dots(self, x, w, by_column, out, where="selected_dots"):
+        check_array(where, "x", x, ndim=2)
+        _float(where, "x", x)
+        check_array(where, "w", w, dtype=x.dtype, ndim=2)
+        check_array(where, "out", out, dtype=x.dtype, ndim=1)
+        if w.shape[1] != x.shape[1]:
+            raise ValueError(f"{where}: w rows of {w.shape[1]} must match x rows of {x.shape[1]}")
+        self._by_column(where, by_column, len(out), x.shape[0], w.shape[0])
+
     def selected_backward(self, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
-        _float("selected_backward", "g", g, ndim=1)
-        check_array("selected_backward", "x", x, dtype=g.dtype, ndim=2)
-        check_array("selected_backward", "w", w, dtype=g.dtype, shape=(w.shape[0], x.shape[1]))
-        if dx is not None:
-            check_array("selected_backward", "dx", dx, dtype=g.dtype, shape=x.shape)
-        if dw is not None:
-            check_array("selected_backward", "dw", dw, dtype=g.dtype, shape=w.shape)
-        self._by_column("selected_backward", by_column, len(g), x.shape[0], w.shape[0])
+        self._check_selected_backward(g, x, w, by_column, dx, dw)
         unused = np.empty((1, 1), g.dtype)
         _selective.selected_backward(g, x, w, *by_column, unused if dx is None else dx, dx_beta, dx is not None,
                                      unused if dw is None else dw, dw_beta, dw is not None)
+
+    def selected_dots_in(self, precision, x, w, by_column, out, beta=0.0):
+        """In bfloat16: x and the selected rows of w rounded into rows of bfloat16 values (half the
+        bytes a dot reads), multiplied by vdpbf16ps where the CPU has AVX512-BF16."""
+        if precision != "bfloat16" or x.dtype != np.float32:
+            return super().selected_dots_in(precision, x, w, by_column, out, beta)
+        self._check_selected_dots(x, w, by_column, out, "selected_dots_in")
+        xb, wb = self._bf16_selected_operands("selected_dots_in", x, w, by_column[0])
+        _selective.selected_dots_bf16(xb, wb, *by_column, out, beta)
+
+    def selected_backward_in(self, precision, g, x, w, by_column, dx=None, dx_beta=0.0, dw=None, dw_beta=0.0):
+        """In bfloat16: the float32 gradient times x and the selected rows of w as rows of bfloat16
+        values (as selected_dots_in)."""
+        if precision != "bfloat16" or g.dtype != np.float32:
+            return super().selected_backward_in(precision, g, x, w, by_column, dx, dx_beta, dw, dw_beta)
+        self._check_selected_backward(g, x, w, by_column, dx, dw, "selected_backward_in")
+        if dx is None and dw is None:
+            return
+        xb, wb = self._bf16_selected_operands("selected_backward_in", x, w, by_column[0])
+        unused = np.empty((1, 1), g.dtype)
+        _selective.selected_backward_bf16(g, xb, wb, *by_column, unused if dx is None else dx, dx_beta,
+                                          dx is not None, unused if dw is None else dw, dw_beta, dw is not None)
+
+    def _bf16_selected_operands(self, where, x, w, columns):
+        """x's rows and w's rows `columns` (in that order) as rows of bfloat16 values in scratch."""
+        width = _selective.bf16_row_values(x.shape[1])
+        xb = self.scratch(f"{where} bfloat16 x", (x.shape[0], width), np.uint16)
+        wb = self.scratch(f"{where} bfloat16 w", (len(columns), width), np.uint16)
+        _selective.round_rows_bf16(np.ascontiguousarray(x), None, xb)
+        _selective.round_rows_bf16(np.ascontiguousarray(w), columns, wb)
+        return xb, wb
+
+    def _check_selected_backward(self, g, x, w, by_column, dx, dw, where="selected_backward"):
+        _float(where, "g", g, ndim=1)
+        check_array(where, "x", x, dtype=g.dtype, ndim=2)
+        check_array(where, "w", w, dtype=g.dtype, shape=(w.shape[0], x.shape[1]))
+        if dx is not None:
+            check_array(where, "dx", dx, dtype=g.dtype, shape=x.shape)
+        if dw is not None:
+            check_array(where, "dw", dw, dtype=g.dtype, shape=w.shape)
+        self._by_column(where, by_column, len(g), x.shape[0], w.shape[0])
 
     def selected_bias_grad(self, g, by_column, db, beta=0.0):
         _float("selected_bias_grad", "g", g, ndim=1)
