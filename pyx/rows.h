@@ -155,44 +155,53 @@ static inline float lamina_from_bf16(unsigned short b) {
     return f;
 }
 
-typedef float lamina_v16f __attribute__((vector_size(64)));
-typedef unsigned int lamina_v16u32 __attribute__((vector_size(64)));
+/* Vectors of the bfloat16 rows' float32 sums: 16 lanes in the AVX-512 build, else 8 (wider generic
+ * vectors in an AVX2 clone ran at less than half the speed) */
+#if defined(LAMINA_TARGET_V4)
+#define LAMINA_BF16_LANES 16
+#else
+#define LAMINA_BF16_LANES 8
+#endif
+typedef float lamina_vbf __attribute__((vector_size(4 * LAMINA_BF16_LANES)));
+typedef unsigned int lamina_vbf_bits __attribute__((vector_size(4 * LAMINA_BF16_LANES)));
 
-/* 32 bfloat16 values from p as the float32 values of its even and of its odd columns: each
- * 32-bit word holds a pair, the even column's value shifted left, the odd one's masked */
-static inline __attribute__((always_inline)) void lamina_load32_bf16(const unsigned short* p, lamina_v16f* even,
-                                                                     lamina_v16f* odd) {
-    lamina_v16u32 w;
+/* 2·LAMINA_BF16_LANES bfloat16 values from p as the float32 values of its even and of its odd
+ * columns: each 32-bit word holds a pair, the even column's value shifted left, the odd one's
+ * masked */
+static inline __attribute__((always_inline)) void lamina_load_bf16_pairs(const unsigned short* p, lamina_vbf* even,
+                                                                         lamina_vbf* odd) {
+    lamina_vbf_bits w;
     memcpy(&w, p, sizeof w);
-    const lamina_v16u32 shifted = w << 16, masked = w & 0xffff0000u;
+    const lamina_vbf_bits shifted = w << 16, masked = w & 0xffff0000u;
     memcpy(even, &shifted, sizeof *even);
     memcpy(odd, &masked, sizeof *odd);
 }
 
 /* y = Σ_k coef[k] · rows[index[k]] (+ beta y) over rows of bfloat16 values (as lamina_combine_rows_f,
- * blocks of 128 columns): 32 columns take one load, a shift, a mask (lamina_load32_bf16) and two
- * multiply-adds into the even and odd columns' sums, interleaved once per block when stored. */
+ * blocks of 8·LAMINA_BF16_LANES columns): each 2·LAMINA_BF16_LANES columns take one load, a
+ * shift, a mask (lamina_load_bf16_pairs) and two multiply-adds into the even and odd columns'
+ * sums, interleaved once per block when stored. */
 LAMINA_CLONES static void lamina_combine_rows_bf16(const unsigned short* rows, long ld, const int* index,
                                                    const float* coef, long m, float beta, float* y, long n) {
-    const long B = 128;
+    const long L = LAMINA_BF16_LANES, B = 8 * L;
     long j0 = 0;
     for (; j0 + B <= n; j0 += B) {
-        lamina_v16f even[4] = {{0}}, odd[4] = {{0}};
+        lamina_vbf even[4] = {{0}}, odd[4] = {{0}};
         for (long k = 0; k < m; k++) {
             if (j0 == 0 && k + LAMINA_COMBINE_AHEAD < m)
                 lamina_prefetch_kept(rows + (long)index[k + LAMINA_COMBINE_AHEAD] * ld, n * (long)sizeof(*rows));
             const unsigned short *r = rows + (long)index[k] * ld + j0;
             const float c = coef[k];
             for (int q = 0; q < 4; q++) {
-                lamina_v16f lo, hi;
-                lamina_load32_bf16(r + 32 * q, &lo, &hi);
+                lamina_vbf lo, hi;
+                lamina_load_bf16_pairs(r + 2 * L * q, &lo, &hi);
                 even[q] += c * lo;
                 odd[q] += c * hi;
             }
         }
         for (int q = 0; q < 4; q++)
-            for (int l = 0; l < 16; l++) {
-                float *out = y + j0 + 32 * q + 2 * l;
+            for (int l = 0; l < L; l++) {
+                float *out = y + j0 + 2 * L * q + 2 * l;
                 out[0] = beta != 0 ? even[q][l] + beta * out[0] : even[q][l];
                 out[1] = beta != 0 ? odd[q][l] + beta * out[1] : odd[q][l];
             }
@@ -228,17 +237,22 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static float lamina_dot_b
 #endif
 
 LAMINA_CLONES static float lamina_dot_bf16_portable(const unsigned short* a, const unsigned short* b, long n) {
-    lamina_v16f acc0 = {0}, acc1 = {0}, a_even, a_odd, b_even, b_odd;
+    const long L = LAMINA_BF16_LANES;
+    lamina_vbf acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, a_even, a_odd, b_even, b_odd;
     long j = 0;
-    for (; j + 32 <= n; j += 32) {
-        lamina_load32_bf16(a + j, &a_even, &a_odd);
-        lamina_load32_bf16(b + j, &b_even, &b_odd);
+    for (; j + 4 * L <= n; j += 4 * L) {
+        lamina_load_bf16_pairs(a + j, &a_even, &a_odd);
+        lamina_load_bf16_pairs(b + j, &b_even, &b_odd);
         acc0 += a_even * b_even;
         acc1 += a_odd * b_odd;
+        lamina_load_bf16_pairs(a + j + 2 * L, &a_even, &a_odd);
+        lamina_load_bf16_pairs(b + j + 2 * L, &b_even, &b_odd);
+        acc2 += a_even * b_even;
+        acc3 += a_odd * b_odd;
     }
-    lamina_v16f acc = acc0 + acc1;
+    lamina_vbf acc = (acc0 + acc1) + (acc2 + acc3);
     float s = 0;
-    for (int l = 0; l < 16; l++) s += acc[l];
+    for (int l = 0; l < L; l++) s += acc[l];
     for (; j < n; j++) s += lamina_from_bf16(a[j]) * lamina_from_bf16(b[j]);
     return s;
 }
