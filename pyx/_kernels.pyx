@@ -583,31 +583,61 @@ def add_bias(real[:, ::1] y, real[::1] b):
             y[i, j] += b[j]
 
 
+ctypedef struct _bias_grad_job:
+    bint single            # float32 arrays (else float64)
+    const void* dy
+    void* db
+    long rows, cols, ld    # ld: values from one row of dy to the next
+    double beta
+
+
+cdef inline void _column_sums(const real* dy, real* db, long rows, long ld, long j0, long j1,
+                              double beta) noexcept nogil:
+    """db[j0:j1] = Σ over rows of dy's columns j0..j1 (+ beta db), in a private accumulator, so the
+    inner loop is a plain vectorisable add."""
+    cdef real acc[BIAS_CHUNK]
+    cdef long i, j
+    for j in range(j1 - j0):
+        acc[j] = 0
+    for i in range(rows):
+        for j in range(j1 - j0):
+            acc[j] = acc[j] + dy[i * ld + j0 + j]
+    for j in range(j0, j1):
+        db[j] = acc[j - j0] if beta == 0 else <real>(acc[j - j0] + beta * db[j])
+
+
+cdef void _bias_grad_chunks(void* args, int t, long c0, long c1) noexcept nogil:
+    cdef _bias_grad_job* j = <_bias_grad_job*>args
+    cdef long c
+    for c in range(c0, c1):
+        if j.single:
+            _column_sums(<const float*>j.dy, <float*>j.db, j.rows, j.ld, c * BIAS_CHUNK,
+                         min((c + 1) * BIAS_CHUNK, j.cols), j.beta)
+        else:
+            _column_sums(<const double*>j.dy, <double*>j.db, j.rows, j.ld, c * BIAS_CHUNK,
+                         min((c + 1) * BIAS_CHUNK, j.cols), j.beta)
+
+
 def bias_grad(real[:, ::1] dy, real[::1] db, double beta):
-    """db = sum over rows of dy + beta * db (column sums). Each thread owns a block of columns
-    and sums it into a private buffer, so the inner loop is a plain vectorisable add."""
-    cdef Py_ssize_t i, j, j0, j1, c, rows = dy.shape[0], cols = dy.shape[1]
-    cdef Py_ssize_t nchunks = (cols + BIAS_CHUNK - 1) // BIAS_CHUNK
-    cdef real* acc
-    cdef const real* row
-    with nogil, parallel(use_threads_if=rows * cols > PARALLEL_MIN):
-        acc = <real*>malloc(BIAS_CHUNK * sizeof(real))
-        for c in prange(nchunks, schedule="static"):
-            j0 = c * BIAS_CHUNK
-            j1 = min(j0 + BIAS_CHUNK, cols)
-            for j in range(j1 - j0):
-                acc[j] = 0
-            for i in range(rows):
-                row = &dy[i, j0]
-                for j in range(j1 - j0):
-                    acc[j] = acc[j] + row[j]
-            if beta == 0:
-                for j in range(j0, j1):
-                    db[j] = acc[j - j0]
-            else:
-                for j in range(j0, j1):
-                    db[j] = <real>(acc[j - j0] + beta * db[j])
-        free(acc)
+    """db = sum over rows of dy + beta * db (column sums): blocks of BIAS_CHUNK columns shared by
+    the team from PARALLEL_MIN values (it runs between the team's products)."""
+    cdef _bias_grad_job j
+    cdef Py_ssize_t c
+    j.single, j.rows, j.cols, j.beta = real is float, dy.shape[0], dy.shape[1], beta
+    j.ld = dy.strides[0] // sizeof(real)
+    if db.shape[0] != j.cols:
+        raise ValueError(f"bias_grad: db must hold {j.cols} values, found {db.shape[0]}")
+    if j.cols == 0:
+        return
+    j.db = &db[0]
+    if j.rows == 0:
+        for c in range(j.cols):
+            db[c] = <real>(0 if beta == 0 else beta * db[c])
+        return
+    j.dy = &dy[0, 0]
+    with nogil:
+        lamina_team_for(_threads_for(j.rows * j.cols > PARALLEL_MIN), (j.cols + BIAS_CHUNK - 1) // BIAS_CHUNK,
+                        _bias_grad_chunks, &j)
 
 
 cdef inline void _axpby(double alpha, const real* x, double beta, real* y, long lo, long hi) noexcept nogil:

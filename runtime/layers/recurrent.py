@@ -259,6 +259,20 @@ class _Recurrent(Layer):
                            dh0, dc0)
         self._cell_grads(ctx, sfx, l, d, dg, cs, init_c)
 
+    @staticmethod
+    def _bias_grads(ctx, targets, key):
+        """Each (gradient target, dG) pair's column sums; where both biases read the same dG (every
+        cell but GRU's), the sums are taken once and added to each target."""
+        targets = [(grad, src) for grad, src in targets if grad is not None]
+        if len(targets) == 2 and targets[0][1] is targets[1][1]:
+            sums = ctx.workspace(("bias sums", *key), (targets[0][1].shape[1],))
+            ctx.be.bias_grad(targets[0][1], sums)
+            for grad, _ in targets:
+                ctx.be.axpby(1.0, sums, grad.beta, grad.array)
+            return
+        for grad, src in targets:
+            ctx.be.bias_grad(src, grad.array, grad.beta)
+
     def _cell_grads(self, ctx, sfx, l, d, dg, cs, init_c):
         """The gradients of the cell's own parameters, over every step (none here)."""
 
@@ -296,10 +310,8 @@ class _Recurrent(Layer):
             hprev, first = self._previous_states(ctx, l, d, "hprev", hs, init_h)
             self._recurrent_weight_grad(ctx, l, d, dgh[first:total], hprev[first:total], grad)
         if self.has_bias:
-            for name, src in (("bias_ih" + sfx, dg), ("bias_hh" + sfx, dgh)):
-                grad = ctx.param_grad(name)
-                if grad is not None:
-                    be.bias_grad(src, grad.array, grad.beta)
+            pairs = (("bias_ih", dg), ("bias_hh", dgh))
+            self._bias_grads(ctx, [(ctx.param_grad(name + sfx), src) for name, src in pairs], (l, d))
         if in_target is not None:
             dxs = self.workspace(ctx, "dx", l, d, layer_in.shape[1])
             be.gemm_in(ctx.precision, dg, self.params["weight_ih" + sfx].buffer, dxs)
