@@ -105,16 +105,13 @@ static inline void lamina_bf16_row(const float *a, long k, uint16_t *u) {
 
 /* Rows [i0, i1) of aᵀ, where a is k x m (lda values a row), as bfloat16 pairs into u (ldu values a
  * row): 16 rows at a time, each pair of depths read as two runs of 16 adjacent values of a (the
- * loop the compiler vectorises) and stored as one 32-bit pair in each of the 16 rows. Bands of 16
- * pairs (one 64-byte line of each row of u) run across all the rows, so a's rows are read in
- * order, not a line from each of k rows for every 16 rows of u. */
+ * loop the compiler vectorises) and stored as one 32-bit pair in each of the 16 rows. */
 LAMINA_CLONES static void lamina_bf16_rows_of_columns(const float *restrict a, long lda, long k, long i0, long i1,
                                                       uint16_t *restrict u, long ldu) {
-    const long pairs = lamina_bf16_pairs(k), band = 16;
-    for (long kb = 0; kb < pairs; kb += band)
+    const long pairs = lamina_bf16_pairs(k);
     for (long i = i0; i < i1; i += BF16_NR) {
         const long w = i1 - i < BF16_NR ? i1 - i : BF16_NR;
-        for (long kp = kb; kp < pairs && kp < kb + band; kp++) {
+        for (long kp = 0; kp < pairs; kp++) {
             const float *x = a + 2 * kp * lda + i, *y = x + lda;
             uint32_t group[BF16_NR];
             if (w == BF16_NR && 2 * kp + 1 < k)
