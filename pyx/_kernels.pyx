@@ -264,6 +264,8 @@ cdef extern from "bf16_panels.h" nogil:
         const float* bias
         float* c
         long ldc
+        int transposed, act
+        float cap
     long lamina_bf16_pairs(long k)
     long lamina_bf16_panels(long n)
     long lamina_bf16_pack_size(long k, long n)
@@ -1466,16 +1468,18 @@ def bf16_pack(const float[:, ::1] b, bint trans, unsigned short[::1] out, int th
         lamina_bf16_pack_team(&b[0, 0], k, n, trans, &out[0], threads)
 
 
-def bf16_product(const float[:, ::1] a, const unsigned short[::1] packed, float alpha, float[:, ::1] c, float beta,
+def bf16_product(const float[:, :] a, const unsigned short[::1] packed, float alpha, float[:, :] c, float beta,
                  const float[::1] bias, unsigned short[:, ::1] u, int threads=1, bint by_rows=False,
-                 bint trans_a=False):
-    """c = alpha · (op(a)'s rows rounded to bfloat16) times the bfloat16 panels (bf16_pack) of a
-    k x c.shape[1] op(B), summed in float32, plus bias (or beta c). op(a) = a, or with trans_a
-    aᵀ (its rows read from a's columns: no transposed copy). u: op(a)'s rows in bfloat16, whole
-    pairs (bf16_row_values(k) columns). On a team of `threads`, sharing the panels or (by_rows)
-    blocks of rows. Only where bf16_kernel_runs()."""
+                 bint trans_a=False, bint trans_c=False, int act=0, float cap=0.0):
+    """c = act(alpha · (op(a)'s rows rounded to bfloat16) times the bfloat16 panels (bf16_pack)
+    of a k x n op(B), summed in float32, plus bias (or beta c)). op(a) = a, or with trans_a aᵀ
+    (its rows read from a's columns: no transposed copy); c is m x n, or with trans_c n x m (the
+    product's transpose: a convolution's output [channels, positions]); act 0 none, 1 ReLU, 2
+    ReLU capped at cap. a and c may be blocks of columns of larger matrices (rows apart by a
+    stride). u: op(a)'s rows in bfloat16, whole pairs (bf16_row_values(k) columns). On a team of
+    `threads`, sharing the panels or (by_rows) blocks of rows. Only where bf16_kernel_runs()."""
     cdef long m = a.shape[1] if trans_a else a.shape[0], k = a.shape[0] if trans_a else a.shape[1]
-    cdef long n = c.shape[1]
+    cdef long n = c.shape[0] if trans_c else c.shape[1]
     cdef lamina_bf16_out out
     if not lamina_bf16_kernel_runs():
         raise RuntimeError("bf16_product: this module has no bfloat16 kernel for this CPU (it needs the AVX-512 "
@@ -1483,22 +1487,25 @@ def bf16_product(const float[:, ::1] a, const unsigned short[::1] packed, float 
     if k < 1 or n < 1 or packed.shape[0] != lamina_bf16_pack_size(k, n):
         raise ValueError(f"bf16_product: the panels of a {k} x {n} op(B) take "
                          f"{lamina_bf16_pack_size(k, n) if k > 0 and n > 0 else 0} values, found {packed.shape[0]}")
-    if c.shape[0] != m or (bias is not None and bias.shape[0] != n):
+    if (c.shape[1] if trans_c else c.shape[0]) != m or (bias is not None and bias.shape[0] != n):
         raise ValueError(f"bf16_product: for an op(a) of ({m}, {k}) times {n} channels: c ({c.shape[0]}, "
-                         f"{c.shape[1]}) must be ({m}, {n}), bias {None if bias is None else bias.shape[0]} "
-                         f"must be {n}")
+                         f"{c.shape[1]}) must be {(n, m) if trans_c else (m, n)}, bias "
+                         f"{None if bias is None else bias.shape[0]} must be {n}")
     if u.shape[0] < m or u.shape[1] != 2 * lamina_bf16_pairs(k):
         raise ValueError(f"bf16_product: scratch for {m} rows of {2 * lamina_bf16_pairs(k)} values: u ({u.shape[0]}, "
                          f"{u.shape[1]})")
     if threads < 1:
         raise ValueError(f"bf16_product: threads must be at least 1, found {threads}")
+    if act not in (0, 1, 2):
+        raise ValueError(f"bf16_product: act must be 0 (none), 1 (ReLU) or 2 (capped ReLU), found {act}")
+    cdef long lda = _row_stride("bf16_product", "a", a), ldc = _row_stride("bf16_product", "c", c)
     if m == 0:
         return
     out.alpha, out.beta, out.bias = alpha, beta, &bias[0] if bias is not None else NULL
-    out.c, out.ldc = &c[0, 0], c.strides[0] // sizeof(float)
+    out.c, out.ldc, out.transposed, out.act, out.cap = &c[0, 0], ldc, trans_c, act, cap
     with nogil:
-        lamina_bf16_product_team(m, k, n, &a[0, 0], a.strides[0] // sizeof(float), trans_a, &u[0, 0], u.shape[1],
-                                 &packed[0], out, threads, by_rows)
+        lamina_bf16_product_team(m, k, n, &a[0, 0], lda, trans_a, &u[0, 0], u.shape[1], &packed[0], out, threads,
+                                 by_rows)
 
 
 # ---------------------------------------------------------------- a BLAS product shared by the team

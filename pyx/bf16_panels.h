@@ -126,34 +126,56 @@ LAMINA_CLONES static void lamina_bf16_rows_of_columns(const float *restrict a, l
     }
 }
 
-/* Where a tile's sums go: c = alpha · sums + (bias[j], or beta · c); bias NULL for none. */
+/* Where a tile's sums go: v = alpha · sums + (bias[j], or beta · c), bias NULL for none, then
+ * act: 0 none, 1 a ReLU (0 where v < 0), 2 a ReLU capped at cap (ReLU6); NaN stays NaN and -0
+ * stays -0, as epilogue_impl.h's. Row r's channel j goes to c[r·ldc + j], or with transposed to
+ * c[j·ldc + r] (a convolution's output [channels, positions] from positions times the weight's
+ * panels). Members past ldc are zero in a brace initializer: plain rows, no activation. */
 typedef struct {
     float alpha, beta;
     const float *bias;
     float *c;
     long ldc;
+    int transposed, act;
+    float cap;
 } lamina_bf16_out;
+
+static inline float lamina_bf16_activate(const lamina_bf16_out *o, float v) {
+    if (o->act && v < 0.0f)
+        v = 0.0f;
+    if (o->act == 2 && v > o->cap)
+        v = o->cap;
+    return v;
+}
 
 #ifdef LAMINA_BF16_KERNEL
 /* Row r of a tile's float32 sums (two vectors of 8 channels) into c. */
 static inline __attribute__((always_inline, target("avx2,fma"))) void
 lamina_bf16_store_tile_row(const lamina_bf16_out *o, long r, long col, long nr, const __m256 acc[2]) {
-    float *c = o->c + r * o->ldc + col;
-    if (nr < BF16_NR) {
+    if (nr < BF16_NR || o->transposed) {
+        const long step = o->transposed ? o->ldc : 1;
+        float *c = o->transposed ? o->c + col * o->ldc + r : o->c + r * o->ldc + col;
         float sums[BF16_NR];
         _mm256_storeu_ps(sums, acc[0]);
         _mm256_storeu_ps(sums + 8, acc[1]);
         for (long j = 0; j < nr; j++)
-            c[j] = o->alpha * sums[j] + (o->bias ? o->bias[col + j] : o->beta != 0.0f ? o->beta * c[j] : 0.0f);
+            c[j * step] = lamina_bf16_activate(o, o->alpha * sums[j] + (o->bias ? o->bias[col + j]
+                                                                        : o->beta != 0.0f ? o->beta * c[j * step]
+                                                                                          : 0.0f));
         return;
     }
-    const __m256 alpha = _mm256_set1_ps(o->alpha);
+    float *c = o->c + r * o->ldc + col;
+    const __m256 alpha = _mm256_set1_ps(o->alpha), zero = _mm256_setzero_ps(), cap = _mm256_set1_ps(o->cap);
     for (int h = 0; h < 2; h++) {
         __m256 v = _mm256_mul_ps(alpha, acc[h]);
         if (o->bias)
             v = _mm256_add_ps(v, _mm256_loadu_ps(o->bias + col + 8 * h));
         else if (o->beta != 0.0f)
             v = _mm256_fmadd_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(c + 8 * h), v);
+        if (o->act)
+            v = _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);
+        if (o->act == 2)
+            v = _mm256_blendv_ps(v, cap, _mm256_cmp_ps(v, cap, _CMP_GT_OQ));
         _mm256_storeu_ps(c + 8 * h, v);
     }
 }

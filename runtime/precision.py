@@ -35,6 +35,14 @@ def check_precision(precision: str, where: str) -> str:
     return precision
 
 
+def product_precision(precision: str) -> str:
+    """The precision in which a run of `precision` multiplies where a product has no int8 form (a
+    selective layer's selected dots, a convolution's GEMMs, autocast's backward): bfloat16 in a
+    bfloat16 run, else float32 (an int8 network's convolutions multiply float32 activations by the
+    weights' dequantized values)."""
+    return "bfloat16" if precision == "bfloat16" else "float32"
+
+
 def check_int8_pack(precision: str, b, trans: bool) -> None:
     """An int8 pack quantizes per output channel, b's rows: it takes b as [n, k] with trans."""
     if precision == "int8" and not trans:

@@ -152,8 +152,20 @@ def test_lamina_bfloat16_panels_at_every_tile_edge(k):
             assert np.all(np.abs(c - (0.5 * exact + 2.0 * before)) <= 0.5 * bound + 4 * 2.0 ** -24 * np.abs(c))
             K.bf16_product(given, packed, 1.0, c, 0.0, bias, u, threads=threads, by_rows=by_rows, trans_a=trans_a)
             assert np.all(np.abs(c - (exact + bias)) <= bound + 2 * 2.0 ** -24 * np.abs(c)), (trans, m, threads)
+            # stored transposed into columns 3.. of a wider matrix (a convolution's output block), through
+            # a ReLU capped at 0.5 (NaN-free: the cap and the floor are exact)
+            wide = np.full((n, m + 5), 7.0, np.float32)
+            K.bf16_product(given, packed, 1.0, wide[:, 3:3 + m], 0.0, bias, u, threads=threads, by_rows=by_rows,
+                           trans_a=trans_a, trans_c=True, act=2, cap=0.5)
+            capped = np.clip(exact + bias, 0, 0.5).T
+            assert np.all(np.abs(wide[:, 3:3 + m] - capped) <= bound.T + 2 * 2.0 ** -24), (trans, m, threads)
+            assert (wide[:, :3] == 7).all() and (wide[:, 3 + m:] == 7).all()
     with pytest.raises(ValueError, match="take"):
         K.bf16_product(a, packed[:-1], 1.0, c, 0.0, None, u)
+    with pytest.raises(ValueError, match=r"must be \(37, 40\)"):
+        K.bf16_product(a, packed, 1.0, np.empty((n, 41), np.float32), 0.0, None, u, trans_c=True)
+    with pytest.raises(ValueError, match="act must be"):
+        K.bf16_product(a, packed, 1.0, c, 0.0, None, u, act=3)
 
 
 def test_a_bfloat16_row_with_nan_or_infinity_gives_no_finite_number(reduced_backend):
@@ -429,3 +441,92 @@ def test_astype_refuses_what_lamina_cannot_compute_in():
         with pytest.raises(ValueError, match="computes in float32 or float64, found"):
             net.astype(dtype)
     assert net.dtype == np.float32 and net.astype(np.float64).dtype == np.float64
+
+
+# (kind, layer, sample shape): products at least pointwise.BF16_MIN_DEPTH deep, so each forward multiplies in
+# bfloat16: a pointwise convolution of few positions (the CPU's W panels) and of many (bfloat16 GEMMs), a strided
+# 3x3 one (its column matrix; with a fused ReLU), a grouped pointwise one, and transposed ones (depth to space, and
+# columns with overlapping windows)
+_BF16_CONVS = {
+    "pointwise, few positions": (lambda: lm.layers.Conv2d(128, 40, 1), (128, 5, 7)),
+    "pointwise, many positions": (lambda: lm.layers.Conv2d(128, 24, 1), (128, 19, 17)),
+    "3x3 stride 2 + ReLU": (lambda: (lm.layers.Conv2d(16, 20, 3, stride=2, padding=1), lm.layers.Activation("relu")),
+                            (16, 15, 13)),
+    "grouped pointwise": (lambda: lm.layers.Conv2d(256, 40, 1, groups=2), (256, 4, 5)),
+    "transposed 3-D, kernel = stride": (lambda: lm.layers.ConvTranspose3d(16, 24, 2, stride=2), (16, 3, 4, 3)),
+    "transposed, stride 2": (lambda: lm.layers.ConvTranspose2d(16, 16, 3, stride=2, padding=1), (16, 7, 6)),
+}
+
+
+@pytest.mark.parametrize("case", list(_BF16_CONVS))
+def test_convolutions_multiply_in_bfloat16_on_every_backend(case):
+    """A convolution under autocast (forward, input and weight gradients) and in a bfloat16
+    network (forward) on the CPU and each OpenCL device equals the core-only reference's (input
+    and weight rounded to bfloat16, float64 sums) within float32 summation, and is not
+    float32's."""
+    from conftest import OPENCL_DEVICES
+    from lamina.parameter import host
+    from lamina.testing import core_only
+    make, shape = _BF16_CONVS[case]
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3,) + shape).astype(np.float32)
+
+    def network():
+        lm.manual_seed(4)
+        net = lm.Network()
+        y = net.input("x", shape)
+        y.requires_grad = True
+        for layer in (lambda made: made if isinstance(made, tuple) else (made,))(make()):
+            y = layer(y)
+        net.outputs(y=y)
+        return net
+
+    # the output's gradient given (a cost's would follow y, whose float32 sums differ by backend, and
+    # its rounding to bfloat16 could then differ)
+    dy = rng.standard_normal(network().run({"x": x})["y"].shape).astype(np.float32)
+
+    def run(backend, precision):
+        net = network() if backend is None else network().to(backend)
+        net.autocast(precision)
+        net.zero_grad()
+        out = {"y": np.array(host(net.forward({"x": x}, grad_outputs=["y"])["y"]))}
+        net.backward(grad_outputs={"y": dy})
+        out.update({"x grad": np.array(host(net.grad("x"))), **{p.name: np.array(host(p.grad))
+                                                                 for p in net.parameters()}})
+        inference = network() if backend is None else network().to(backend)
+        out["inference"] = np.asarray(inference.astype(precision).run({"x": x})["y"])
+        packs[backend] = {key[2] for key in inference.layers[0]._packs}
+        return out
+
+    packs = {}
+    want, float32 = run(core_only(ReferenceBackend)(), "bfloat16"), run(None, "float32")
+    backends = [None] + ([__import__("lamina.backends.opencl", fromlist=["OpenCLBackend"]).OpenCLBackend(0)]
+                         if OPENCL_DEVICES else [])
+    for backend in backends:
+        got = run(backend, "bfloat16")
+        for key, value in want.items():
+            scale = np.abs(value).max()
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=2 ** -16 * scale, err_msg=f"{backend} {key}")
+            if not key.endswith("bias"):  # (a bias gradient sums dy alone)
+                assert np.abs(float32[key] - value).max() > 2 ** -12 * scale, key  # bfloat16's products
+    if _bf16_kernel_expected() and lm.CPUBackend().low_precision == "lamina":
+        # W's bfloat16 panels serve a one-group convolution of few positions (pointwise.bfloat16_forward)
+        panels = case in ("pointwise, few positions", "3x3 stride 2 + ReLU")
+        assert ("bfloat16" in packs[None]) == panels, packs[None]
+
+
+def test_a_shallow_convolution_keeps_float32_products_in_a_bfloat16_run():
+    """Below pointwise.BF16_MIN_DEPTH a pointwise convolution's forward in a bfloat16 run is its
+    float32 forward over the weight's values (bfloat16 measured slower there)."""
+    from lamina.backends.cpu import pointwise
+    width = pointwise.BF16_MIN_DEPTH // 2
+    lm.manual_seed(5)
+    net = lm.Network()
+    net.outputs(y=lm.layers.Conv2d(width, 8, 1)(net.input("x", (width, 6, 6))))
+    x = np.random.default_rng(5).standard_normal((2, width, 6, 6)).astype(np.float32)
+    net.astype("bfloat16")
+    weight = net.layers[0].params["weight"].value.reshape(8, width)
+    want = np.einsum("oc,ncp->nop", weight.astype(np.float64), x.reshape(2, width, -1).astype(np.float64))
+    want += net.layers[0].params["bias"].value[:, None]
+    got = net.run({"x": x})["y"].reshape(2, 8, -1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=width * 2.0 ** -22 * np.abs(want).max())

@@ -7,6 +7,9 @@ Conv:       W [out, in/groups, *k]; per sample, col = vol2col(x) [in·K, P] and,
             y_g = W_g col_g. Backward recomputes col: dW_g += dy_g col_gᵀ; dx = col2vol(W_gᵀ dy_g).
 Transposed: W [in, out/groups, *k]; the mirror image: y = col2vol(W_gᵀ x_g); backward
             dcol = vol2col(dy), dx_g = W_g dcol_g, dW_g += x_g dcol_gᵀ.
+In a bfloat16 run every one of these GEMMs takes both operands rounded to bfloat16 and sums in
+float32 (Backend.gemm_in, as a Linear layer's products): the forward of inference and autocast
+training, and autocast's backward.
 A 2-D convolution is the 3-D one with depth 1. `geom` is its ConvGeometry
 (lamina.backends.geometry), `weight` its weight Parameter; the bias is the layer's own step.
 
@@ -16,10 +19,12 @@ its own column buffer and single-threaded kernels, instead of waking a team of t
 block. Weight gradients: the first thread adds into the parameter's gradient, the others into
 their own buffers, summed at the end.
 """
+import functools
 import math
 
 import numpy as np
 
+from ..precision import product_precision
 from ..threads import free_threads, get_num_threads, split_work
 
 # vol2col works on blocks of window rows so that a block of the column matrix (about this many
@@ -42,6 +47,13 @@ def by_groups(a, groups):
     """A weight or its gradient as [groups, rows, cols]: conv [out_g, in_g·K], transposed
     [in_g, out_g·K]."""
     return a.reshape(groups, a.shape[0] // groups, -1)
+
+
+def products(ctx):
+    """The GEMM a convolution's products run with, gemm's arguments: the backend's gemm, or in a
+    bfloat16 run its gemm_in in bfloat16 (lamina.precision.product_precision)."""
+    precision = product_precision(ctx.precision)
+    return ctx.be.gemm if precision == "float32" else functools.partial(ctx.be.gemm_in, precision)
 
 
 def threads(ctx):
@@ -147,7 +159,7 @@ def forward(geom, weight, ctx, bias=None, product=None):
     its columns of a sample's output [out channels, columns] (a view of rows apart by the sample's
     positions), writing them whole (bias included), on up to `team` threads (more than one where
     a lone sample's lone block would leave the others idle); None: the GEMMs of each group."""
-    be, x, y = ctx.be, ctx.inputs[0], ctx.output
+    be, x, y, gemm = ctx.be, ctx.inputs[0], ctx.output, products(ctx)
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
@@ -164,7 +176,7 @@ def forward(geom, weight, ctx, bias=None, product=None):
                 start(n)
                 xn, yn = x[n].reshape(geom.in_channels, -1), y[n].reshape(geom.out_channels, -1)
                 for g in range(geom.groups):
-                    be.gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g], beta=beta)
+                    gemm(w[g], xn[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g], beta=beta)
         split_work(x.shape[0], pointwise, threads(ctx))
         return
 
@@ -193,7 +205,7 @@ def forward(geom, weight, ctx, bias=None, product=None):
                     product(col, yn[:, cols], team)
                     continue
                 for g in range(geom.groups):
-                    be.gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols], beta=beta)
+                    gemm(w[g], col[g * k_rows:(g + 1) * k_rows], yn[g * out_g:(g + 1) * out_g, cols], beta=beta)
     if by_blocks:
         split_work(x.shape[0] * per_sample, work, sharing)
     else:
@@ -203,7 +215,7 @@ def forward(geom, weight, ctx, bias=None, product=None):
 def backward(geom, weight, ctx, dx):
     """The weight gradient (when not frozen) and the input gradient into dx (a GradTarget, or
     None when it is not wanted or was computed already)."""
-    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    be, x, dy, gemm = ctx.be, ctx.inputs[0], ctx.grad_output, products(ctx)
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     k_rows, out_g = w.shape[2], geom.out_channels // geom.groups
@@ -225,13 +237,13 @@ def backward(geom, weight, ctx, dx):
                 if dwg is not None:  # dW_g += dy_g col_gᵀ
                     be.vol2col(xn, col, geometry, rows)
                     for g in range(geom.groups):
-                        be.gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
-                                trans_b=True, beta=beta)
+                        gemm(dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows], dwg[g],
+                             trans_b=True, beta=beta)
                     beta = 1.0
                 if dx is not None:  # dx += col2vol(W_gᵀ dy_g)
                     for g in range(geom.groups):
-                        be.gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
-                                trans_a=True)
+                        gemm(w[g], dyn[g * out_g:(g + 1) * out_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                             trans_a=True)
                     be.col2vol(col, dxn, geometry, rows)
     split_work(x.shape[0], work, count)
     if dw is not None:
@@ -242,7 +254,7 @@ def _pointwise_backward(geom, weight, ctx, dx, dw):
     """dW_g += dy_g x_gᵀ and dx_g = W_gᵀ dy_g (with their betas), sample by sample, on the
     input itself (pointwise: the input is the column matrix); the samples shared between threads,
     each summing its own part of dW."""
-    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    x, dy, gemm = ctx.inputs[0], ctx.grad_output, products(ctx)
     w = by_groups(weight.buffer, geom.groups)
     in_g, out_g = w.shape[2], geom.out_channels // geom.groups
     count = threads(ctx)
@@ -256,10 +268,10 @@ def _pointwise_backward(geom, weight, ctx, dx, dw):
             for g in range(geom.groups):
                 dyg = dyn[g * out_g:(g + 1) * out_g]
                 if dwg is not None:
-                    be.gemm(dyg, xn[g * in_g:(g + 1) * in_g], dwg[g], trans_b=True, beta=beta)
+                    gemm(dyg, xn[g * in_g:(g + 1) * in_g], dwg[g], trans_b=True, beta=beta)
                 if dx is not None:
-                    be.gemm(w[g], dyg, dx.array[n].reshape(geom.in_channels, -1)[g * in_g:(g + 1) * in_g],
-                            trans_a=True, beta=dx.beta)
+                    gemm(w[g], dyg, dx.array[n].reshape(geom.in_channels, -1)[g * in_g:(g + 1) * in_g],
+                         trans_a=True, beta=dx.beta)
             beta = 1.0
     split_work(x.shape[0], work, count)
     if dw is not None:
@@ -271,7 +283,7 @@ def transposed_forward(geom, weight, ctx, place=None, bias=None):
     output without its being zeroed first (every output written once: the CPU's depth-to-space
     when the kernel equals the stride); else col2vol adds them into an output zeroed, or set to
     its channel's bias where one is given."""
-    be, x, y = ctx.be, ctx.inputs[0], ctx.output
+    be, x, y, gemm = ctx.be, ctx.inputs[0], ctx.output, products(ctx)
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)  # [groups, in_g, out_g·K]
     in_g, k_rows = w.shape[1], w.shape[2]
@@ -287,14 +299,14 @@ def transposed_forward(geom, weight, ctx, place=None, bias=None):
                 be.channel_bias(y[n:n + 1], bias, beta=0.0)
             for rows, cols, col in blocks:
                 for g in range(geom.groups):
-                    be.gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],
-                            trans_a=True)
+                    gemm(w[g], xn[g * in_g:(g + 1) * in_g, cols], col[g * k_rows:(g + 1) * k_rows],
+                         trans_a=True)
                 (place or be.col2vol)(col, yn, geometry, rows)
     split_work(x.shape[0], work, threads(ctx))
 
 
 def transposed_backward(geom, weight, ctx):
-    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    be, x, dy, gemm = ctx.be, ctx.inputs[0], ctx.grad_output, products(ctx)
     geometry = geom.windows
     w = by_groups(weight.buffer, geom.groups)
     in_g, k_rows = w.shape[1], w.shape[2]
@@ -312,9 +324,9 @@ def transposed_backward(geom, weight, ctx):
                 for g in range(geom.groups):
                     colg = col[g * k_rows:(g + 1) * k_rows]
                     if dxn is not None:  # dx_g = W_g dcol_g (blocks of columns are disjoint)
-                        be.gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)
+                        gemm(w[g], colg, dxn[g * in_g:(g + 1) * in_g, cols], beta=dx.beta)
                     if dwg is not None:  # dW_g += x_g dcol_gᵀ
-                        be.gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True, beta=beta)
+                        gemm(xn[g * in_g:(g + 1) * in_g, cols], colg, dwg[g], trans_b=True, beta=beta)
                 beta = 1.0
     split_work(x.shape[0], work, count)
     if dw is not None:

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 from ..backends.base import check_activation
 from ..errors import InputError
 from ..graph import Spec
+from ..precision import product_precision
 from .base import Layer, common_rows, register
 from .dense import Linear
 
@@ -217,7 +218,7 @@ def _products(ctx):
     """The precision the selection's products run in: bfloat16 in a bfloat16 run (x and W rounded,
     sums in float32, as Linear's), else float32 (an int8 network's selection multiplies its
     float32 values)."""
-    return "bfloat16" if ctx.precision == "bfloat16" else "float32"
+    return product_precision(ctx.precision)
 
 
 class _SelectedCost(Layer):

@@ -78,6 +78,15 @@ def _rows(a):
     return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
 
 
+def _strided_rows(a):
+    """a matrix as a compiled kernel with a row stride reads it: itself where its values along a
+    row are adjacent and its rows follow each other without overlap (a block of columns of a larger
+    matrix), else a contiguous copy."""
+    adjacent = a.shape[1] <= 1 or a.strides[1] == a.itemsize
+    apart = a.shape[0] <= 1 or a.strides[0] >= a.shape[1] * a.itemsize
+    return a if adjacent and apart else np.ascontiguousarray(a)
+
+
 def _last_axis(a):
     """View an array as 2-D rows along its last axis (softmax normalises each such row)."""
     return a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
@@ -211,7 +220,8 @@ class CPUBackend(HostStatistics, Backend):
     def _bf16_gemm(self, a, b, c, trans_a, trans_b, alpha, beta):
         """c = alpha op(a) op(b) + beta c in bfloat16 on lamina's panels of op(b), made for this
         product on the team; op(a)'s rows are rounded where they lie (a's columns where op(a) is
-        its transpose: no transposed copy of either operand)."""
+        its transpose: no transposed copy of either operand), and c written in place where its
+        rows are each contiguous (a block of columns of a convolution's output)."""
         check_matrix("gemm_in", "a", a, dtype=np.float32)
         check_matrix("gemm_in", "b", b, dtype=np.float32)
         check_matrix("gemm_in", "c", c, dtype=np.float32)
@@ -220,21 +230,45 @@ class CPUBackend(HostStatistics, Backend):
             return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
         panels = self.scratch("gemm_in bfloat16 panels", (K.bf16_pack_size(k, n),), np.uint16)
         K.bf16_pack(np.ascontiguousarray(b), trans_b, panels, threads=_pack_threads(k, n))
-        out = c if c.flags.c_contiguous else self.scratch("gemm_in bfloat16 c", (m, n), np.float32)
+        out = c if _strided_rows(c) is c else self.scratch("gemm_in bfloat16 c", (m, n), np.float32)
         if out is not c and beta != 0:
             np.copyto(out, c)
-        self._bf16_on_panels(np.ascontiguousarray(a), panels, alpha, out, beta, None, trans_a)
+        self._bf16_on_panels(_strided_rows(a), panels, alpha, out, beta, None, trans_a)
         if out is not c:
             np.copyto(c, out)
 
-    def _bf16_on_panels(self, a, panels, alpha, c, beta, bias, trans_a=False):
+    def _bf16_on_panels(self, a, panels, alpha, c, beta, bias, trans_a=False, threads=None, **store):
         """c = alpha op(a)·P + (bias, or beta c) for P's bfloat16 panels (K.bf16_pack), op(a)'s
-        rows rounded in scratch, on a compiled team of the free threads for a large product."""
-        (m, k), n = a.shape[::-1] if trans_a else a.shape, c.shape[1]
+        rows rounded in scratch, on a compiled team of the free threads (at most `threads`) for
+        a large product; `store`: K.bf16_product's trans_c, act and cap."""
+        (m, k), n = a.shape[::-1] if trans_a else a.shape, c.shape[0 if store.get("trans_c") else 1]
         u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(k)), np.uint16)
-        threads = free_threads() if m * n * k >= BF16_SPLIT_MIN else 1
-        K.bf16_product(a, panels, alpha, c, beta, bias, u, threads=threads, by_rows=m >= PANEL_ROW_SPLIT * threads,
-                       trans_a=trans_a)
+        team = min(free_threads(), threads or free_threads()) if m * n * k >= BF16_SPLIT_MIN else 1
+        K.bf16_product(a, panels, alpha, c, beta, bias, u, threads=team, by_rows=m >= PANEL_ROW_SPLIT * team,
+                       trans_a=trans_a, **store)
+
+    def bf16_positions(self, x, packed, y, bias=None, act=0, cap=0.0, threads=None):
+        """y = act(W x + bias[:, None]) in bfloat16 for a convolution's weight W [out, depth]
+        packed as a Linear's (pack(W, trans=True, precision='bfloat16') on lamina's panels), x
+        [depth, positions] and y [out, positions] (blocks of columns of larger matrices allowed):
+        x's columns rounded to bfloat16 where they lie and each tile of positions x channels
+        stored transposed, with its bias and act (0 none, 1 ReLU, 2 ReLU capped at cap); on up to
+        `threads` of the free threads. Only where bf16_panels."""
+        if packed.provider != "bf16-panels":
+            raise ValueError(f"bf16_positions: the weight must be packed on lamina's bfloat16 panels, found "
+                             f"{packed.provider!r}")
+        check_matrix("bf16_positions", "x", x, dtype=np.float32)
+        check_matrix("bf16_positions", "y", y, dtype=np.float32)
+        if x.shape[0] != packed.k or y.shape != (packed.n, x.shape[1]):
+            raise ValueError(f"bf16_positions: a weight of {packed.n} x {packed.k} takes x ({packed.k}, positions) "
+                             f"and y ({packed.n}, positions), found x {x.shape} and y {y.shape}")
+        if x.shape[1] == 0:
+            return
+        out = y if _strided_rows(y) is y else self.scratch("bf16_positions y", y.shape, np.float32)
+        self._bf16_on_panels(_strided_rows(x), packed.panels, packed.alpha, out, 0.0, bias, trans_a=True,
+                             threads=threads, trans_c=True, act=act, cap=cap)
+        if out is not y:
+            np.copyto(y, out)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not

@@ -22,6 +22,15 @@
 
 The Winograd and direct kernels add the bias and apply a ReLU as they store each output (no pass
 over the output of their own); other algorithms and activations take those passes after.
+
+In a bfloat16 run the algorithms made of GEMMs (columns, pointwise, depth taps, depth to space,
+and the backward's column paths) multiply both operands rounded to bfloat16 (columns.products:
+Backend.gemm_in); the pointwise and column forwards do where their products are at least
+pointwise.BF16_MIN_DEPTH deep (on W's bfloat16 panels, packed once, for samples of few
+positions where the CPU has AVX512-BF16: pointwise.bfloat16_forward) and run as in float32 where
+they are shallower (bfloat16 measured slower there). Winograd and the direct, depthwise and
+sub-pixel kernels multiply float32 activations by the weights' values (those of a bfloat16
+network rounded to bfloat16), as float32 networks do.
 """
 import logging
 import math
@@ -29,6 +38,7 @@ import time
 
 from .compiled import _kernels
 from .. import columns
+from ...precision import product_precision
 from ...threads import SettingError, get_num_threads
 from . import depth_taps, depthwise, direct, phases, pointwise, winograd
 
@@ -144,6 +154,9 @@ def forward(geom, weight, ctx, bias=None, activation=None):
     """A convolution's forward, plain or transposed: y = act(conv(x) + bias) (as
     Backend.conv_forward)."""
     name = _choose_forward(geom, weight, ctx)
+    if (name in ("pointwise", "columns") and product_precision(ctx.precision) == "bfloat16"
+            and pointwise.bfloat16_forward(geom, weight, ctx, bias, activation)):
+        return
     kind = "linear" if activation is None else activation[0]
     if name in _STORES_EPILOGUE:  # the bias as it stores, and the activation where it can
         stored = kind in _STORES_EPILOGUE[name]

@@ -62,7 +62,7 @@ def _plane_geometry(geom):
 
 
 def forward(geom, weight, ctx):
-    be, x, y = ctx.be, ctx.inputs[0], ctx.output
+    be, x, y, gemm = ctx.be, ctx.inputs[0], ctx.output, columns.products(ctx)
     geometry, out_h = _plane_geometry(geom), y.shape[3]
     wt = _tap_weights(geom, weight)
     rows, out_g = wt.shape[3], geom.out_channels // geom.groups
@@ -75,13 +75,13 @@ def forward(geom, weight, ctx):
                 be.vol2col(x[n], col, geometry, (i_lo * out_h, i_hi * out_h))
                 for a, out_cols, col_cols in taps:
                     for g in range(geom.groups):
-                        be.gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
-                                yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
+                        gemm(wt[a, g], col[g * rows:(g + 1) * rows, col_cols],
+                             yn[g * out_g:(g + 1) * out_g, out_cols], beta=1.0)
     split_work(x.shape[0], work, columns.threads(ctx))
 
 
 def backward(geom, weight, ctx, input_grad):
-    be, x, dy = ctx.be, ctx.inputs[0], ctx.grad_output
+    be, x, dy, gemm = ctx.be, ctx.inputs[0], ctx.grad_output, columns.products(ctx)
     geometry, out_h = _plane_geometry(geom), dy.shape[3]
     wt = _tap_weights(geom, weight)
     rows, out_g = wt.shape[3], geom.out_channels // geom.groups
@@ -104,14 +104,14 @@ def backward(geom, weight, ctx, input_grad):
                     be.vol2col(x[n], col, geometry, window)
                     for a, out_cols, col_cols in taps:
                         for g in range(geom.groups):
-                            be.gemm(dyn[g * out_g:(g + 1) * out_g, out_cols],
-                                    col[g * rows:(g + 1) * rows, col_cols], dwt[a, g], trans_b=True, beta=1.0)
+                            gemm(dyn[g * out_g:(g + 1) * out_g, out_cols],
+                                 col[g * rows:(g + 1) * rows, col_cols], dwt[a, g], trans_b=True, beta=1.0)
                 if dx is not None:  # dcol[input slices] += W_a,gᵀ dy_g[output slices]; dx += col2vol(dcol)
                     be.fill(col, 0)
                     for a, out_cols, col_cols in taps:
                         for g in range(geom.groups):
-                            be.gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, out_cols],
-                                    col[g * rows:(g + 1) * rows, col_cols], trans_a=True, beta=1.0)
+                            gemm(wt[a, g], dyn[g * out_g:(g + 1) * out_g, out_cols],
+                                 col[g * rows:(g + 1) * rows, col_cols], trans_a=True, beta=1.0)
                     be.col2vol(col, dx.array[n], geometry, window)
     split_work(x.shape[0], work, count)
     if dwts is not None:  # back to PyTorch's layout [out, in_g, kd, kh, kw] (a layout copy)
