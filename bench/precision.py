@@ -6,6 +6,9 @@
   (`torch.ao.quantization.quantize_dynamic`, qint8).
 - Linear 256 x 1024 -> 1024 inference: the same three precisions; PyTorch float32, with its weight
   and input in bfloat16, and dynamically quantized.
+- Convolutions in bfloat16 (inference, batch 16): MobileNet-V2's last pointwise layer (320 ->
+  1280 at 7x7) and a strided 3x3 layer (128 -> 256, stride 2, at 28x28); lamina float32 and
+  `net.astype("bfloat16")`, PyTorch float32 and under autocast bfloat16.
 
 - The shipped language model's fine-tuning step (batches of 32 chunks of 48 tokens of the
   standard library's sources, Adam): float32 against `net.autocast("bfloat16")`.
@@ -76,6 +79,37 @@ def torch_linear(precision):
     return infer
 
 
+CONVS = {"pointwise 320->1280 7x7": (320, 1280, 1, 1, 7), "3x3 stride 2 128->256 28x28": (128, 256, 3, 2, 28)}
+CONV_BATCH = 16
+
+
+def _conv_input(cin, size):
+    return np.random.default_rng(3).standard_normal((CONV_BATCH, cin, size, size)).astype(np.float32)
+
+
+def lamina_conv(case, precision):
+    import lamina as lm
+    cin, cout, k, stride, size = CONVS[case]
+    lm.manual_seed(0)
+    net = lm.Network()
+    net.outputs(y=lm.layers.Conv2d(cin, cout, k, stride=stride, padding=k // 2)(net.input("x", (cin, size, size))))
+    net.set_precision(precision)
+    feeds = {"x": _conv_input(cin, size)}
+    return lambda: net.run(feeds)
+
+
+def torch_conv(case, precision):
+    import torch
+    cin, cout, k, stride, size = CONVS[case]
+    module = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2).eval()
+    x = torch.from_numpy(_conv_input(cin, size))
+
+    def infer():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+            module(x)
+    return infer
+
+
 def lamina_lm_step(precision):
     import itertools
 
@@ -103,6 +137,14 @@ def run(bench, threads, rounds, have_torch):
                 impls.update({f"torch-{p}": (f"bench.precision:torch_{kind}", [p]) for p in (precision, "float32")})
             rows += bench.time_case("precision", f"{name} {precision}", threads, impls, flops, rounds,
                                     turn_seconds=0.2)
+    for case, (cin, cout, k, stride, size) in CONVS.items():
+        out = (size + 2 * (k // 2) - k) // stride + 1
+        impls = {"lamina": ("bench.precision:lamina_conv", [case, "bfloat16"]),
+                 "lamina-float32": ("bench.precision:lamina_conv", [case, "float32"])}
+        if have_torch:
+            impls.update({f"torch-{p}": ("bench.precision:torch_conv", [case, p]) for p in ("bfloat16", "float32")})
+        rows += bench.time_case("precision", f"conv infer {case} b{CONV_BATCH} bfloat16", threads, impls,
+                                2.0 * CONV_BATCH * cout * cin * k * k * out * out, rounds, turn_seconds=0.2)
     impls = {"lamina": ("bench.precision:lamina_lm_step", ["bfloat16"]),
              "lamina-float32": ("bench.precision:lamina_lm_step", ["float32"])}
     rows += bench.time_case("precision", "language model train step bfloat16", threads, impls, None, rounds,
