@@ -162,7 +162,15 @@ lamina_int8_store_tile_row(const lamina_int8_out *o, long r, long col, long nr, 
 #define DOT_TARGET "avx2,avx512vl,avx512vnni"
 /* six rows: twelve chains of vpdpbusd, enough to cover its latency at two a cycle */
 #define DOT_ROWS 6
-#define DOT(acc, x, b) _mm256_dpbusd_epi32(acc, x, b)
+/* acc += x (u8) · b (s8) in place. (GCC 12's _mm256_dpbusd_epi32 left the tile's loop copying its
+ * accumulators between registers, a vmovdqa for every vpdpbusd: Linear 256 -> 4096 over 1878 rows
+ * 11.8 ms; with the accumulator tied in place here, 6.3 ms on an AMD Zen 4, 2 threads.) */
+static inline __attribute__((always_inline, target("avx2,avx512vl,avx512vnni"))) __m256i
+lamina_int8_dot_vnni(__m256i acc, __m256i x, __m256i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(b));
+    return acc;
+}
+#define DOT(acc, x, b) lamina_int8_dot_vnni(acc, x, b)
 #include "dot_panel_impl.h"
 #undef DOT_KERNEL
 #undef DOT_TARGET
