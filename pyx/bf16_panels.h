@@ -47,14 +47,87 @@ static inline uint32_t lamina_bf16_pair(float x, float y) {
     return (uint32_t)lamina_bf16_bits(lo) | (uint32_t)lamina_bf16_bits(hi) << 16;
 }
 
+/* 16 lanes of 32 bits (GCC's vector extension: one AVX-512 register) */
+typedef uint32_t lamina_v16u __attribute__((vector_size(64)));
+
+/* r[i][l] <-> r[l][i]: 16 vectors of 16 lanes transposed in registers, by swapping the off-diagonal
+ * b x b blocks of every 2b x 2b block for b = 1, 2, 4, 8 (one two-source shuffle per vector and
+ * step: 64 in all). */
+static inline __attribute__((always_inline)) void lamina_transpose16(lamina_v16u *r) {
+    const lamina_v16u lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+                      hi1 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+    const lamina_v16u lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                      hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    const lamina_v16u lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                      hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+    const lamina_v16u lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                      hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+#define LAMINA_TRANSPOSE_STEP(b)                                              \
+    for (int i = 0; i < 16; i++)                                              \
+        if (!(i & (b))) {                                                     \
+            const lamina_v16u top = r[i], bottom = r[i + (b)];                \
+            r[i] = __builtin_shuffle(top, bottom, lo##b);                     \
+            r[i + (b)] = __builtin_shuffle(top, bottom, hi##b);               \
+        }
+    LAMINA_TRANSPOSE_STEP(1)
+    LAMINA_TRANSPOSE_STEP(2)
+    LAMINA_TRANSPOSE_STEP(4)
+    LAMINA_TRANSPOSE_STEP(8)
+#undef LAMINA_TRANSPOSE_STEP
+}
+
+/* 16 float32 values (their bits, in place) rounded to bfloat16 bits as lamina_bf16_bits does, each
+ * in its lane's low 16 bits. (The 64-byte vectors pass by pointer: returned by value, they would
+ * change the calling convention of the modules built without AVX-512.) */
+static inline __attribute__((always_inline)) void lamina_bf16_bits16(lamina_v16u *v) {
+    const lamina_v16u u = *v;
+    const lamina_v16u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const lamina_v16u nan = ((u >> 16) | 0x40u) & 0xffffu;
+    const lamina_v16u is_nan = (lamina_v16u)((u & 0x7fffffffu) > 0x7f800000u);
+    *v = (nan & is_nan) | (rounded & ~is_nan);
+}
+
+/* out = the pairs (x[l], y[l]) of 16 adjacent values of two depths, as lamina_bf16_pair's bits */
+static inline __attribute__((always_inline)) void lamina_bf16_pairs16(const float *x, const float *y,
+                                                                       lamina_v16u *out) {
+    lamina_v16u ux, uy;
+    memcpy(&ux, x, sizeof ux);
+    memcpy(&uy, y, sizeof uy);
+    lamina_bf16_bits16(&ux);
+    lamina_bf16_bits16(&uy);
+    *out = ux | uy << 16;
+}
+
+/* out = the pairs (v[2q], v[2q + 1]) of 32 adjacent values, q < 16, as lamina_bf16_pair's bits */
+static inline __attribute__((always_inline)) void lamina_bf16_adjacent_pairs16(const float *v, lamina_v16u *out) {
+    const lamina_v16u even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}, odd = even + 1;
+    lamina_v16u b0, b1;
+    memcpy(&b0, v, sizeof b0);
+    memcpy(&b1, v + 16, sizeof b1);
+    lamina_bf16_bits16(&b0);
+    lamina_bf16_bits16(&b1);
+    *out = __builtin_shuffle(b0, b1, even) | __builtin_shuffle(b0, b1, odd) << 16;
+}
+
 /* Panels [p0, p1) of op(b) (trans: b is n x k, a row per output channel; else k x n) into out:
- * a pair of depths of 16 channels at a time (a loop the compiler vectorises where op(b) is k x n),
- * element by element only at the edges. */
+ * a pair of depths of 16 channels at a time (a loop the compiler vectorises where op(b) is k x n;
+ * where b is n x k, 16 pairs of 16 channels transposed in registers), element by element only at
+ * the edges. */
 LAMINA_CLONES static void lamina_bf16_pack(const float *restrict b, long k, long n, int trans, long p0, long p1,
                                            uint16_t *restrict out) {
     const long pairs = lamina_bf16_pairs(k);
-    for (long p = p0; p < p1; p++)
-        for (long kp = 0; kp < pairs; kp++) {
+    for (long p = p0; p < p1; p++) {
+        long kp = 0;
+        if (trans && (p + 1) * BF16_NR <= n)  /* 16 channels' rows by 16 pairs, transposed in registers */
+            for (; 2 * (kp + 16) <= k; kp += 16) {
+                lamina_v16u r[16];
+                for (long j = 0; j < 16; j++)
+                    lamina_bf16_adjacent_pairs16(b + (p * BF16_NR + j) * k + 2 * kp, &r[j]);
+                lamina_transpose16(r);
+                for (long q = 0; q < 16; q++)
+                    memcpy(out + (p * pairs + kp + q) * BF16_NR * 2, &r[q], sizeof r[q]);
+            }
+        for (; kp < pairs; kp++) {
             const long col0 = p * BF16_NR, k0 = 2 * kp;
             uint32_t group[BF16_NR];
             if (col0 + BF16_NR <= n && k0 + 2 <= k) {
@@ -75,6 +148,7 @@ LAMINA_CLONES static void lamina_bf16_pack(const float *restrict b, long k, long
             }
             memcpy(out + (p * pairs + kp) * BF16_NR * 2, group, sizeof group);
         }
+    }
 }
 
 /* The panels of op(b) on a team of `threads`, each member packing a run of panels. */
@@ -104,14 +178,25 @@ static inline void lamina_bf16_row(const float *a, long k, uint16_t *u) {
 }
 
 /* Rows [i0, i1) of aᵀ, where a is k x m (lda values a row), as bfloat16 pairs into u (ldu values a
- * row): 16 rows at a time, each pair of depths read as two runs of 16 adjacent values of a (the
- * loop the compiler vectorises) and stored as one 32-bit pair in each of the 16 rows. */
+ * row): 16 rows at a time, each pair of depths read as two runs of 16 adjacent values of a; 16
+ * pairs of them transposed in registers and stored as a run of 16 pairs in each of the 16 rows
+ * (the last pairs and rows one 32-bit pair at a time). */
 LAMINA_CLONES static void lamina_bf16_rows_of_columns(const float *restrict a, long lda, long k, long i0, long i1,
                                                       uint16_t *restrict u, long ldu) {
     const long pairs = lamina_bf16_pairs(k);
     for (long i = i0; i < i1; i += BF16_NR) {
         const long w = i1 - i < BF16_NR ? i1 - i : BF16_NR;
-        for (long kp = 0; kp < pairs; kp++) {
+        long kp = 0;
+        if (w == BF16_NR)  /* 16 rows by 16 pairs, transposed in registers */
+            for (; 2 * (kp + 16) <= k; kp += 16) {
+                lamina_v16u r[16];
+                for (long q = 0; q < 16; q++)
+                    lamina_bf16_pairs16(a + 2 * (kp + q) * lda + i, a + (2 * (kp + q) + 1) * lda + i, &r[q]);
+                lamina_transpose16(r);
+                for (long j = 0; j < 16; j++)
+                    memcpy(u + (i + j) * ldu + 2 * kp, &r[j], sizeof r[j]);
+            }
+        for (; kp < pairs; kp++) {
             const float *x = a + 2 * kp * lda + i, *y = x + lda;
             uint32_t group[BF16_NR];
             if (w == BF16_NR && 2 * kp + 1 < k)
