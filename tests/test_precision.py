@@ -454,7 +454,7 @@ _BF16_CONVS = {
                             (16, 15, 13)),
     "grouped pointwise": (lambda: lm.layers.Conv2d(256, 40, 1, groups=2), (256, 4, 5)),
     "transposed 3-D, kernel = stride": (lambda: lm.layers.ConvTranspose3d(16, 24, 2, stride=2), (16, 3, 4, 3)),
-    "transposed, stride 2": (lambda: lm.layers.ConvTranspose2d(16, 16, 3, stride=2, padding=1), (16, 7, 6)),
+    "transposed, stride 2": (lambda: lm.layers.ConvTranspose2d(128, 8, 3, stride=2, padding=1), (128, 5, 4)),
 }
 
 
@@ -517,7 +517,8 @@ def test_convolutions_multiply_in_bfloat16_on_every_backend(case):
 
 def test_a_shallow_convolution_keeps_float32_products_in_a_bfloat16_run():
     """Below pointwise.BF16_MIN_DEPTH a pointwise convolution's forward in a bfloat16 run is its
-    float32 forward over the weight's values (bfloat16 measured slower there)."""
+    float32 forward over the weight's values (bfloat16 measured slower there); so is a transposed
+    one over as few input channels, however large its kernel."""
     from lamina.backends.cpu import pointwise
     width = pointwise.BF16_MIN_DEPTH // 2
     lm.manual_seed(5)
@@ -530,3 +531,9 @@ def test_a_shallow_convolution_keeps_float32_products_in_a_bfloat16_run():
     want += net.layers[0].params["bias"].value[:, None]
     got = net.run({"x": x})["y"].reshape(2, 8, -1)
     np.testing.assert_allclose(got, want, rtol=0, atol=width * 2.0 ** -22 * np.abs(want).max())
+    lm.manual_seed(5)
+    up = lm.Network()
+    up.outputs(y=lm.layers.ConvTranspose2d(16, 16, 3, stride=2, padding=1)(up.input("x", (16, 7, 6))))
+    x = np.random.default_rng(6).standard_normal((2, 16, 7, 6)).astype(np.float32)
+    got = up.astype("bfloat16").run({"x": x})["y"]
+    np.testing.assert_array_equal(got, up.set_precision("float32").run({"x": x})["y"])  # (its weights stay rounded)

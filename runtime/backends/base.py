@@ -436,7 +436,7 @@ class Backend(ABC):
         workspace of its own shape (ctx.unpooled_shape()) and is pooled from there."""
         if pool is not None:
             full = ctx.workspace("unpooled", ctx.unpooled_shape())
-            self.conv_forward(geom, weight, columns.WithOutput(ctx, full), bias, activation)
+            self.conv_forward(geom, weight, columns.Replaced(ctx, output=full), bias, activation)
             self.max_pool(full, ctx.output, None, pool)
             return
         columns.any_forward(geom, weight, ctx, bias, activation)

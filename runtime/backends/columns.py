@@ -87,12 +87,14 @@ class Blocks:
         return (r0, r1), slice(r0 * width, r1 * width), self.buffer[:self.rows * cols].reshape(self.rows, cols)
 
 
-class WithOutput:
-    """A layer's context as an algorithm sees it, writing `output` instead of the node's own
-    (the full convolution that a fused max pool reads)."""
+class Replaced:
+    """A layer's context as an algorithm sees it, with some of its attributes replaced: `output`
+    (the full convolution that a fused max pool reads, instead of the node's own), `precision`
+    (float32 products for a product too shallow to gain from bfloat16)."""
 
-    def __init__(self, ctx, output):
-        self._ctx, self.output = ctx, output
+    def __init__(self, ctx, **replaced):
+        self._ctx = ctx
+        self.__dict__.update(replaced)
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)

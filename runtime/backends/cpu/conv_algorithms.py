@@ -154,9 +154,10 @@ def forward(geom, weight, ctx, bias=None, activation=None):
     """A convolution's forward, plain or transposed: y = act(conv(x) + bias) (as
     Backend.conv_forward)."""
     name = _choose_forward(geom, weight, ctx)
-    if (name in ("pointwise", "columns") and product_precision(ctx.precision) == "bfloat16"
-            and pointwise.bfloat16_forward(geom, weight, ctx, bias, activation)):
-        return
+    if name in ("pointwise", "columns") and product_precision(ctx.precision) == "bfloat16":
+        if pointwise.bfloat16_forward(geom, weight, ctx, bias, activation):
+            return
+        ctx = columns.Replaced(ctx, precision="float32")  # (too shallow: float32 products)
     kind = "linear" if activation is None else activation[0]
     if name in _STORES_EPILOGUE:  # the bias as it stores, and the activation where it can
         stored = kind in _STORES_EPILOGUE[name]

@@ -149,7 +149,8 @@ def bfloat16_forward(geom, weight, ctx, bias=None, activation=None):
     algorithm's GEMMs in bfloat16 (columns.products) with passes for the bias and activation. A
     shallower one runs as in float32 (float32 activations times the weight's values): False,
     and the caller runs it."""
-    depth = (geom.out_channels if geom.transposed else geom.in_channels) // geom.groups * math.prod(geom.kernel_size)
+    # (a transposed convolution's product is Wᵀ times the input's own channels, its columns scattered after)
+    depth = geom.in_channels // geom.groups * (1 if geom.transposed else math.prod(geom.kernel_size))
     if depth < BF16_MIN_DEPTH:
         return False
     kind = "linear" if activation is None else activation[0]
