@@ -589,11 +589,11 @@ ctypedef struct _bias_grad_job:
     bint single            # float32 arrays (else float64)
     const void* dy
     void* db
-    long rows, cols, ld    # ld: values from one row of dy to the next
+    long rows, cols
     double beta
 
 
-cdef inline void _column_sums(const real* dy, real* db, long rows, long ld, long j0, long j1,
+cdef inline void _column_sums(const real* dy, real* db, long rows, long cols, long j0, long j1,
                               double beta) noexcept nogil:
     """db[j0:j1] = Σ over rows of dy's columns j0..j1 (+ beta db), in a private accumulator, so the
     inner loop is a plain vectorisable add."""
@@ -603,7 +603,7 @@ cdef inline void _column_sums(const real* dy, real* db, long rows, long ld, long
         acc[j] = 0
     for i in range(rows):
         for j in range(j1 - j0):
-            acc[j] = acc[j] + dy[i * ld + j0 + j]
+            acc[j] = acc[j] + dy[i * cols + j0 + j]
     for j in range(j0, j1):
         db[j] = acc[j - j0] if beta == 0 else <real>(acc[j - j0] + beta * db[j])
 
@@ -613,10 +613,10 @@ cdef void _bias_grad_chunks(void* args, int t, long c0, long c1) noexcept nogil:
     cdef long c
     for c in range(c0, c1):
         if j.single:
-            _column_sums(<const float*>j.dy, <float*>j.db, j.rows, j.ld, c * BIAS_CHUNK,
+            _column_sums(<const float*>j.dy, <float*>j.db, j.rows, j.cols, c * BIAS_CHUNK,
                          min((c + 1) * BIAS_CHUNK, j.cols), j.beta)
         else:
-            _column_sums(<const double*>j.dy, <double*>j.db, j.rows, j.ld, c * BIAS_CHUNK,
+            _column_sums(<const double*>j.dy, <double*>j.db, j.rows, j.cols, c * BIAS_CHUNK,
                          min((c + 1) * BIAS_CHUNK, j.cols), j.beta)
 
 
@@ -626,7 +626,6 @@ def bias_grad(real[:, ::1] dy, real[::1] db, double beta):
     cdef _bias_grad_job j
     cdef Py_ssize_t c
     j.single, j.rows, j.cols, j.beta = real is float, dy.shape[0], dy.shape[1], beta
-    j.ld = dy.strides[0] // sizeof(real)
     if db.shape[0] != j.cols:
         raise ValueError(f"bias_grad: db must hold {j.cols} values, found {db.shape[0]}")
     if j.cols == 0:

@@ -78,13 +78,12 @@ def _rows(a):
     return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
 
 
-def _strided_rows(a):
-    """a matrix as a compiled kernel with a row stride reads it: itself where its values along a
-    row are adjacent and its rows follow each other without overlap (a block of columns of a larger
-    matrix), else a contiguous copy."""
+def _row_strided(a):
+    """Whether a compiled kernel with a row stride reads matrix a as it lies: its values along a
+    row adjacent and its rows following each other without overlap (a block of columns of a
+    larger matrix, or the matrix)."""
     adjacent = a.shape[1] <= 1 or a.strides[1] == a.itemsize
-    apart = a.shape[0] <= 1 or a.strides[0] >= a.shape[1] * a.itemsize
-    return a if adjacent and apart else np.ascontiguousarray(a)
+    return adjacent and (a.shape[0] <= 1 or a.strides[0] >= a.shape[1] * a.itemsize)
 
 
 def _last_axis(a):
@@ -220,8 +219,7 @@ class CPUBackend(HostStatistics, Backend):
     def _bf16_gemm(self, a, b, c, trans_a, trans_b, alpha, beta):
         """c = alpha op(a) op(b) + beta c in bfloat16 on lamina's panels of op(b), made for this
         product on the team; op(a)'s rows are rounded where they lie (a's columns where op(a) is
-        its transpose: no transposed copy of either operand), and c written in place where its
-        rows are each contiguous (a block of columns of a convolution's output)."""
+        its transpose: no transposed copy of either operand)."""
         check_matrix("gemm_in", "a", a, dtype=np.float32)
         check_matrix("gemm_in", "b", b, dtype=np.float32)
         check_matrix("gemm_in", "c", c, dtype=np.float32)
@@ -230,22 +228,25 @@ class CPUBackend(HostStatistics, Backend):
             return super().gemm_in("float32", a, b, c, trans_a, trans_b, alpha, beta)
         panels = self.scratch("gemm_in bfloat16 panels", (K.bf16_pack_size(k, n),), np.uint16)
         K.bf16_pack(np.ascontiguousarray(b), trans_b, panels, threads=_pack_threads(k, n))
-        out = c if _strided_rows(c) is c else self.scratch("gemm_in bfloat16 c", (m, n), np.float32)
-        if out is not c and beta != 0:
-            np.copyto(out, c)
-        self._bf16_on_panels(_strided_rows(a), panels, alpha, out, beta, None, trans_a)
-        if out is not c:
-            np.copyto(c, out)
+        self._bf16_on_panels(a, panels, alpha, c, beta, None, trans_a)
 
     def _bf16_on_panels(self, a, panels, alpha, c, beta, bias, trans_a=False, threads=None, **store):
         """c = alpha op(a)·P + (bias, or beta c) for P's bfloat16 panels (K.bf16_pack), op(a)'s
         rows rounded in scratch, on a compiled team of the free threads (at most `threads`) for
-        a large product; `store`: K.bf16_product's trans_c, act and cap."""
+        a large product; `store`: K.bf16_product's trans_c, act and cap. a is read and c written
+        where they lie when their rows are each contiguous (blocks of columns of larger
+        matrices), else by way of contiguous copies."""
         (m, k), n = a.shape[::-1] if trans_a else a.shape, c.shape[0 if store.get("trans_c") else 1]
+        a = a if _row_strided(a) else np.ascontiguousarray(a)
+        out = c if _row_strided(c) else self.scratch("bfloat16 c", c.shape, np.float32)
+        if out is not c and bias is None and beta != 0:
+            np.copyto(out, c)
         u = self.scratch("bfloat16 rows", (m, K.bf16_row_values(k)), np.uint16)
         team = min(free_threads(), threads or free_threads()) if m * n * k >= BF16_SPLIT_MIN else 1
-        K.bf16_product(a, panels, alpha, c, beta, bias, u, threads=team, by_rows=m >= PANEL_ROW_SPLIT * team,
+        K.bf16_product(a, panels, alpha, out, beta, bias, u, threads=team, by_rows=m >= PANEL_ROW_SPLIT * team,
                        trans_a=trans_a, **store)
+        if out is not c:
+            np.copyto(c, out)
 
     def bf16_positions(self, x, packed, y, bias=None, act=0, cap=0.0, threads=None):
         """y = act(W x + bias[:, None]) in bfloat16 for a convolution's weight W [out, depth]
@@ -264,11 +265,8 @@ class CPUBackend(HostStatistics, Backend):
                              f"and y ({packed.n}, positions), found x {x.shape} and y {y.shape}")
         if x.shape[1] == 0:
             return
-        out = y if _strided_rows(y) is y else self.scratch("bf16_positions y", y.shape, np.float32)
-        self._bf16_on_panels(_strided_rows(x), packed.panels, packed.alpha, out, 0.0, bias, trans_a=True,
-                             threads=threads, trans_c=True, act=act, cap=cap)
-        if out is not y:
-            np.copyto(y, out)
+        self._bf16_on_panels(x, packed.panels, packed.alpha, y, 0.0, bias, trans_a=True, threads=threads,
+                             trans_c=True, act=act, cap=cap)
 
     def gemm_bias(self, a, b, c, bias, trans_a=False, trans_b=False):
         """Each block of c takes its bias rows just before its product adds to them (beta 1), not

@@ -68,8 +68,7 @@ def product(weight, ctx, depth, bias=None, relu=False, cap=math.inf):
     positions] and y [out, positions] (blocks of columns of larger matrices allowed), on a team
     of up to `team` threads: by panels of positions where `kernel` says so, else by tiles of
     positions (the caller asks `kernel` whether either applies)."""
-    act = _act(relu, cap)
-    cap = cap if act == 2 else 0.0
+    act, cap = _activation_code(relu, cap)
     w = weight.buffer.reshape(-1, depth)
 
     def run(x, y, team=1):
@@ -81,9 +80,10 @@ def product(weight, ctx, depth, bias=None, relu=False, cap=math.inf):
     return run
 
 
-def _act(relu, cap):
-    """The kernels' activation code: 0 none, 1 ReLU, 2 ReLU capped at cap."""
-    return 0 if not relu else 1 if cap == math.inf else 2
+def _activation_code(relu, cap):
+    """(act, cap) as the kernels take them: act 0 none, 1 ReLU, 2 ReLU capped at cap (0 unless 2)."""
+    act = 0 if not relu else 1 if cap == math.inf else 2
+    return act, cap if act == 2 else 0.0
 
 
 def bf16_product(weight, ctx, depth, bias=None, relu=False, cap=math.inf):
@@ -91,11 +91,10 @@ def bf16_product(weight, ctx, depth, bias=None, relu=False, cap=math.inf):
     lamina's bfloat16 panels): W's bfloat16 panels, packed once as a Linear's weight (until W
     changes), times x's columns rounded where they lie, each tile of positions x channels stored
     transposed into y with its bias and activation (CPUBackend.bf16_positions)."""
-    act = _act(relu, cap)
-    cap = cap if act == 2 else 0.0
+    act, cap = _activation_code(relu, cap)
+    packed = ctx.layer.packed_weight(ctx.be, weight, True, 1, "bfloat16")  # (once a forward, not per sample)
 
     def run(x, y, team=1):
-        packed = ctx.layer.packed_weight(ctx.be, weight, True, 1, "bfloat16")
         ctx.be.bf16_positions(x, packed, y, bias, act, cap, team)
     return run
 
