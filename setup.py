@@ -75,7 +75,7 @@ KERNEL_HEADERS = ["cells.h", "cells_impl.h", "clones.h", "panels.h", "panels_imp
                   "pools.h", "pools_impl.h", "softmax.h", "softmax_impl.h", "epilogue.h", "epilogue_impl.h",
                   "instantiate.h", "team.h", "convert.h", "quantize.h", "depthwise.h", "depthwise_impl.h", "attention.h",
                   "attention_impl.h", "norms.h", "norms_impl.h", "activations.h", "optimizers.h", "optimizers_impl.h",
-                  "int8_panels.h", "dot_panel_impl.h", "dot_panels.h", "bf16_panels.h"]
+                  "int8_panels.h", "dot_panel_impl.h", "dot_panels.h", "bf16_panels.h", "amx_tiles.h", "amx_panel_impl.h"]
 # (module suffix, macros, compiler flags): the build with the AVX2 clones, the baseline alone, and
 # on x86-64 one whose hot loops are compiled for the AVX-512 target (x86-64-v4) alone (clones.h:
 # by function attributes, so the rest of the module, its set-up at import included, stays

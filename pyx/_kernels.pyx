@@ -237,6 +237,11 @@ cdef extern from "panels.h" nogil:
                                     double* y, long ldy, const double* bias, int act, double cap, int threads)
 
 
+cdef extern from "amx_tiles.h" nogil:
+    int lamina_amx_enable()
+    int lamina_amx_on
+
+
 cdef extern from "int8_panels.h" nogil:
     ctypedef struct lamina_int8_out:
         float* row_scale
@@ -1382,6 +1387,19 @@ def int8_pack(const signed char[:, ::1] q, signed char[::1] out):
                          f"found {out.shape[0]}")
     with nogil:
         lamina_int8_pack(&q[0, 0], k, n, 0, lamina_int8_panels(n), &out[0])
+
+
+def amx_enable():
+    """Turns on the AMX tiles for the int8 and bfloat16 panel products, where this module (the
+    AVX-512 one, on Linux), the CPU (AMX-TILE, AMX-BF16, AMX-INT8) and the OS allow: True if on.
+    Once on they stay on: the panels' depth is padded to whole tiles, so it must be called before
+    the first pack (lamina.backends.cpu.compiled calls it when it chooses the path 'amx')."""
+    return bool(lamina_amx_enable())
+
+
+def amx_runs():
+    """Whether the int8 and bfloat16 panel products run on AMX tiles in this process."""
+    return bool(lamina_amx_on)
 
 
 def int8_uses_avx2():

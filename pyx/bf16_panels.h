@@ -7,6 +7,8 @@
  *
  *     panel p, pair kp, channel j, depth r:  element ((p·pairs + kp)·16 + j)·2 + r = op(B)[2kp + r, 16p + j]
  *
+ * (where AMX runs, k is padded to whole tiles of 16 pairs: amx_tiles.h, which multiplies whole
+ * tiles of 16 rows of a on the same panels)
  * the layout of int8_panels.h with pairs of 16-bit values where it has quads of bytes, so the
  * same tile (dot_panel_impl.h) runs both. Per pair and row of a, the kernel broadcasts a's two
  * bfloat16 values and adds both products to each channel's float32 sum with one vdpbf16ps; a's
@@ -32,7 +34,8 @@
 #define LAMINA_BF16_KERNEL 1
 #endif
 
-static inline long lamina_bf16_pairs(long k) { return (k + 1) / 2; }
+/* pairs of depths in a row of bfloat16 values and in a panel (whole tiles where AMX runs) */
+static inline long lamina_bf16_pairs(long k) { return lamina_dot_groups((k + 1) / 2); }
 static inline long lamina_bf16_panels(long n) { return (n + BF16_NR - 1) / BF16_NR; }
 /* 16-bit values in the panels of a k-deep, n-channel op(B) */
 static inline long lamina_bf16_pack_size(long k, long n) {
@@ -170,11 +173,10 @@ static void lamina_bf16_pack_team(const float *b, long k, long n, int trans, uin
     lamina_team_for(threads, lamina_bf16_panels(n), lamina_bf16_pack_run, &job);
 }
 
-/* One row of a (k values) as bfloat16 into u, zero-padded to whole pairs. */
+/* One row of a (k values) as bfloat16 into u, zero-padded to whole pairs (lamina_bf16_pairs). */
 static inline void lamina_bf16_row(const float *a, long k, uint16_t *u) {
     lamina_to_bfloat16(a, u, k);
-    if (k % 2)
-        u[k] = 0;
+    memset(u + k, 0, sizeof *u * (2 * lamina_bf16_pairs(k) - k));
 }
 
 /* Rows [i0, i1) of aᵀ, where a is k x m (lda values a row), as bfloat16 pairs into u (ldu values a
@@ -199,7 +201,9 @@ LAMINA_CLONES static void lamina_bf16_rows_of_columns(const float *restrict a, l
         for (; kp < pairs; kp++) {
             const float *x = a + 2 * kp * lda + i, *y = x + lda;
             uint32_t group[BF16_NR];
-            if (w == BF16_NR && 2 * kp + 1 < k)
+            if (2 * kp >= k)  /* (the padding to whole tiles) */
+                memset(group, 0, sizeof group);
+            else if (w == BF16_NR && 2 * kp + 1 < k)
                 for (long j = 0; j < BF16_NR; j++)
                     group[j] = lamina_bf16_pair(x[j], y[j]);
             else
@@ -275,6 +279,20 @@ lamina_bf16_store_tile_row(const lamina_bf16_out *o, long r, long col, long nr, 
 #define DOT_ROWS BF16_MR
 #define DOT(acc, x, b) _mm256_dpbf16_ps(acc, (__m256bh)(x), (__m256bh)(b))
 #include "dot_panel_impl.h"
+#ifdef LAMINA_AMX
+/* AMX: tdpbf16ps adds a row tile's pairs times a panel tile's to 16 x 16 float32 sums */
+#define AMX_KERNEL(name) lamina_bf16_##name##_amx
+#define AMX_TARGET DOT_TARGET
+#define AMX_DOT(c, a, b) _tile_dpbf16ps(c, a, b)
+#define AMX_SUM float
+#define AMX_REST lamina_bf16_panel_avx512
+#include "amx_panel_impl.h"
+#undef AMX_KERNEL
+#undef AMX_TARGET
+#undef AMX_DOT
+#undef AMX_SUM
+#undef AMX_REST
+#endif
 #undef DOT_KERNEL
 #undef DOT_TARGET
 #undef DOT_ROWS
@@ -298,6 +316,12 @@ static inline int lamina_bf16_kernel_runs(void) {
 static void lamina_bf16_gemm(long i0, long i1, long k, long n, const uint16_t *u, long ldu, const uint16_t *packed,
                              long p0, long p1, const lamina_bf16_out *o) {
 #ifdef LAMINA_BF16_KERNEL
+#ifdef LAMINA_AMX
+    if (lamina_amx_on) {
+        lamina_bf16_gemm_amx(i0, i1, lamina_bf16_pairs(k), n, (const uint8_t *)u, 2 * ldu, packed, p0, p1, o);
+        return;
+    }
+#endif
     lamina_dot_gemm(lamina_bf16_panel_avx512, i0, i1, lamina_bf16_pairs(k), n, (const uint8_t *)u, 2 * ldu, packed,
                     p0, p1, o);
 #else
@@ -336,7 +360,7 @@ static void lamina_bf16_product_team(long m, long k, long n, const float *a, lon
                                      long ldu, const uint16_t *packed, lamina_bf16_out out, int threads,
                                      int by_rows) {
     lamina_bf16_job job = {m, k, n, lda, ldu, trans_a, a, u, packed, out};
-    lamina_panels_product product = {&job, m, BF16_MR, lamina_bf16_panels(n), by_rows, lamina_bf16_job_rows,
+    lamina_panels_product product = {&job, m, lamina_amx_on ? 16 : BF16_MR, lamina_bf16_panels(n), by_rows, lamina_bf16_job_rows,
                                      lamina_bf16_job_part};
     lamina_panels_product_team(product, threads);
 }

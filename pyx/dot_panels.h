@@ -7,7 +7,16 @@
 
 #include <stdint.h>
 
+#include "amx_tiles.h"
+
 #define DOT_NR 16
+
+/* The groups of a row of the left operand, and of a panel: the depth's groups, zero-padded where
+ * AMX runs to whole tile rows (16 groups, 64 bytes), the depth one tile multiplies. */
+#define DOT_TILE_GROUPS 16
+static inline long lamina_dot_groups(long groups) {
+    return lamina_amx_on ? (groups + DOT_TILE_GROUPS - 1) / DOT_TILE_GROUPS * DOT_TILE_GROUPS : groups;
+}
 
 /* A panel kernel: rows [0, m) of u times one panel of `groups` groups, stored through `out` (the
  * number format's own output description) as rows i0.. and channels col to col + nr. */

@@ -8,6 +8,8 @@
  *
  *     panel p, quad kq, channel j, depth r:  byte ((p·quads + kq)·16 + j)·4 + r = W[16p + j, 4kq + r]
  *
+ * (where AMX runs, k is padded to whole tiles of 16 quads: amx_tiles.h, whose tdpbusd sums the
+ * same integers as vpdpbusd, a tile of 16 rows of a at a time)
  * so one 32-byte vector holds 4 depths of 8 channels. Per quad and row of a, the AVX2 kernel
  * broadcasts a's 4 bytes, multiplies them with vpmaddubsw (u8 x s8, pairs summed to int16),
  * adds the pairs with vpmaddwd by ones (int32) and those to the row's sums: 4 rows x 16 channels
@@ -48,7 +50,8 @@
 #define LAMINA_INT8_VNNI 1
 #endif
 
-static inline long lamina_int8_quads(long k) { return (k + 3) / 4; }
+/* quads of depths in a row of u8 values and in a panel (whole tiles where AMX runs) */
+static inline long lamina_int8_quads(long k) { return lamina_dot_groups((k + 3) / 4); }
 static inline long lamina_int8_panels(long n) { return (n + INT8_NR - 1) / INT8_NR; }
 /* bytes of the panels of a k-deep, n-channel weight */
 static inline long lamina_int8_pack_size(long k, long n) {
@@ -172,6 +175,19 @@ lamina_int8_dot_vnni(__m256i acc, __m256i x, __m256i b) {
 }
 #define DOT(acc, x, b) lamina_int8_dot_vnni(acc, x, b)
 #include "dot_panel_impl.h"
+#ifdef LAMINA_AMX
+#define AMX_KERNEL(name) lamina_int8_##name##_amx
+#define AMX_TARGET DOT_TARGET
+#define AMX_DOT(c, a, b) _tile_dpbusd(c, a, b)
+#define AMX_SUM int32_t
+#define AMX_REST lamina_int8_panel_vnni
+#include "amx_panel_impl.h"
+#undef AMX_KERNEL
+#undef AMX_TARGET
+#undef AMX_DOT
+#undef AMX_SUM
+#undef AMX_REST
+#endif
 #undef DOT_KERNEL
 #undef DOT_TARGET
 #undef DOT_ROWS
@@ -215,6 +231,12 @@ static void lamina_int8_gemm(long i0, long i1, long k, long n, const uint8_t *u,
     if (lamina_int8_uses_vnni())
         panel = lamina_int8_panel_vnni;
 #endif
+#ifdef LAMINA_AMX
+    if (lamina_amx_on) {
+        lamina_int8_gemm_amx(i0, i1, lamina_int8_quads(k), n, u, ldu, packed, p0, p1, o);
+        return;
+    }
+#endif
     lamina_dot_gemm(panel, i0, i1, lamina_int8_quads(k), n, u, ldu, packed, p0, p1, o);
 }
 
@@ -245,7 +267,7 @@ static void lamina_int8_job_part(void *job, long r0, long r1, long q0, long q1) 
 static void lamina_int8_product_team(long m, long k, long n, const float *a, long lda, uint8_t *u, long ldu,
                                      const int8_t *packed, lamina_int8_out out, int threads, int by_rows) {
     lamina_int8_job job = {m, k, n, lda, ldu, a, u, packed, out};
-    lamina_panels_product product = {&job, m, INT8_MR, lamina_int8_panels(n), by_rows, lamina_int8_job_rows,
+    lamina_panels_product product = {&job, m, lamina_amx_on ? 16 : INT8_MR, lamina_int8_panels(n), by_rows, lamina_int8_job_rows,
                                      lamina_int8_job_part};
     lamina_panels_product_team(product, threads);
 }

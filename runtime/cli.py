@@ -475,9 +475,10 @@ def cmd_devices(args):
                                              " on VNNI" if sets & {"avx512_vnni", "avx_vnni"} else
                                              " (activations in 127 steps: no int8 dot product)")
     elif products == "lamina":
+        amx = compiled._kernels.amx_runs()
         if compiled._kernels.bf16_kernel_runs():
-            bf16 = "lamina's bfloat16 panels, AVX512-BF16"
-        kernel = ("AVX-512 VNNI" if compiled._kernels.int8_uses_vnni() else
+            bf16 = "lamina's bfloat16 panels, " + ("AMX tiles" if amx else "AVX512-BF16")
+        kernel = ("AMX tiles" if amx else "AVX-512 VNNI" if compiled._kernels.int8_uses_vnni() else
                   "AVX2" if compiled._kernels.int8_uses_avx2() else "portable code")
         int8 = f"lamina's u8 x s8 panels, {kernel} (activations in 127 steps)"
     forced = " (forced)" if os.environ.get("LAMINA_LOW_PRECISION") else ""

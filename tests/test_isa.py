@@ -36,7 +36,8 @@ def test_lamina_isa_picks_the_build(asked):
         assert proc.returncode != 0 and f"LAMINA_ISA={asked}: this CPU lacks" in proc.stderr
         return
     path = next(p for p in PATHS[1:] if runnable(p)) if asked == "auto" else asked
-    module = {"avx512": "_kernels_avx512", "avx2": "_kernels", "baseline": "_kernels_baseline"}[path]
+    module = {"amx": "_kernels_avx512", "avx512": "_kernels_avx512", "avx2": "_kernels",
+              "baseline": "_kernels_baseline"}[path]
     proc = run_python("from lamina.backends.cpu import compiled; "
                       "print(compiled.PATH, compiled._kernels.__name__.rsplit('.', 1)[1])", LAMINA_ISA=asked)
     assert proc.returncode == 0, proc.stderr
@@ -46,7 +47,7 @@ def test_lamina_isa_picks_the_build(asked):
 def test_a_bad_lamina_isa_is_one_clear_error():
     proc = run_python("import lamina; print('imported'); lamina.Network()", LAMINA_ISA="avx9000")
     assert proc.stdout.startswith("imported")
-    assert proc.returncode != 0 and "LAMINA_ISA: expected one of auto, avx512, avx2, baseline, found 'avx9000'" \
+    assert proc.returncode != 0 and "LAMINA_ISA: expected one of auto, amx, avx512, avx2, baseline, found 'avx9000'" \
         in proc.stderr
 
 

@@ -97,7 +97,7 @@ def test_bfloat16_gemm_in(reduced_backend, trans_a, trans_b):
 def _bf16_kernel_expected():
     from lamina.backends.cpu import compiled
     from lamina.processor import instruction_sets
-    return compiled.PATH == "avx512" and {"avx512_bf16", "avx512vl"} <= set(instruction_sets())
+    return compiled.PATH in ("amx", "avx512") and {"avx512_bf16", "avx512vl"} <= set(instruction_sets())
 
 
 def test_bfloat16_products_run_lamina_panels_where_the_cpu_has_avx512_bf16():
@@ -114,8 +114,9 @@ def test_bfloat16_products_run_lamina_panels_where_the_cpu_has_avx512_bf16():
     assert packed.provider == ("bf16-panels" if runs else "panels") and (packed.operands is None) == runs
     if lm.CPUBackend().low_precision == "lamina":
         out = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], capture_output=True, text=True)
-        line = ("lamina's bfloat16 panels, AVX512-BF16" if runs else
-                "float32 products of the operands rounded to bfloat16")
+        line = ("float32 products of the operands rounded to bfloat16" if not runs else
+                "lamina's bfloat16 panels, AMX tiles" if compiled.PATH == "amx" else
+                "lamina's bfloat16 panels, AVX512-BF16")
         assert f"bfloat16 products: {line}" in out.stdout, out.stdout
 
 
@@ -123,9 +124,11 @@ def test_bfloat16_products_run_lamina_panels_where_the_cpu_has_avx512_bf16():
                     "build (elsewhere test_bfloat16_packed_product covers the float32 products that serve)")
 @pytest.mark.parametrize("k", [1, 2, 5, 64, 257])
 def test_lamina_bfloat16_panels_at_every_tile_edge(k):
-    """Every tile of rows (6, 4, 2 and 1), an odd depth's last pair, a panel of fewer than 16
-    channels, shared by panels and by rows on two threads, with alpha, bias or beta, op(a) given as
-    a or as the columns of its transpose (16 rows at a time and a shorter last block): the float64
+    """Every tile of rows (6, 4, 2 and 1; on AMX tiles, 2 x 2, 1 x 2, 2 x 1 and 1 x 1 tiles of 16
+    rows x 16 channels over several blocks of rows, and the rows short of a tile), an odd depth's
+    last pair, a panel of fewer than 16 channels, shared by panels and by rows on two threads, with
+    alpha, bias or beta, op(a) given as a or as the columns of its transpose (16 rows at a time and
+    a shorter last block): the float64
     product of the rounded operands within float32 accumulation. The pack on two threads equals
     the pack on one."""
     from lamina.backends.cpu.compiled import _kernels as K
@@ -139,7 +142,8 @@ def test_lamina_bfloat16_panels_at_every_tile_edge(k):
         K.bf16_pack(b, trans, on_two, threads=2)
         np.testing.assert_array_equal(on_two, packed)
         for (m, threads, by_rows), trans_a in itertools.product(
-                ((13, 1, False), (11, 2, False), (23, 2, True), (1, 2, True), (40, 2, False)), (False, True)):
+                ((13, 1, False), (11, 2, False), (23, 2, True), (1, 2, True), (40, 2, False), (150, 2, True),
+                 (150, 1, False)), (False, True)):
             a = rng.standard_normal((m, k)).astype(np.float32)
             given = np.ascontiguousarray(a.T) if trans_a else a
             u = np.empty((m, K.bf16_row_values(k)), np.uint16)
@@ -162,8 +166,8 @@ def test_lamina_bfloat16_panels_at_every_tile_edge(k):
             assert (wide[:, :3] == 7).all() and (wide[:, 3 + m:] == 7).all()
     with pytest.raises(ValueError, match="take"):
         K.bf16_product(a, packed[:-1], 1.0, c, 0.0, None, u)
-    with pytest.raises(ValueError, match=r"must be \(37, 40\)"):
-        K.bf16_product(a, packed, 1.0, np.empty((n, 41), np.float32), 0.0, None, u, trans_c=True)
+    with pytest.raises(ValueError, match=rf"must be \(37, {len(a)}\)"):
+        K.bf16_product(a, packed, 1.0, np.empty((n, len(a) + 1), np.float32), 0.0, None, u, trans_c=True)
     with pytest.raises(ValueError, match="act must be"):
         K.bf16_product(a, packed, 1.0, c, 0.0, None, u, act=3)
 
@@ -405,7 +409,7 @@ def test_autocast_gradients_of_the_fused_recurrence_equal_the_step_by_step_ones(
         monkeypatch.setattr(fused_recurrence, "FUSED_PARALLEL_MIN", 0 if share != "auto" else 1 << 24)
         fused.append(_gradients(_sequence_regression(make).to(backend).autocast("bfloat16"), feeds)[1])
     assert calls == [fused_recurrence.BF16_PANELS if backend.bf16_panels else 1] * 3  # (reduce: the product's kind)
-    monkeypatch.setattr(fused_recurrence, "fuses", lambda *a: False)
+    monkeypatch.setattr(fused_recurrence, "fuses_in", lambda *a: False)
     _, stepwise = _gradients(_sequence_regression(make).to(backend).autocast("bfloat16"), feeds)
     _, float32 = _gradients(_sequence_regression(make).to(backend), feeds)
     for grads in fused:

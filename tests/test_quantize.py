@@ -53,15 +53,17 @@ def test_the_numpy_definition_quantizes_within_half_a_step():
 
 
 def test_the_low_precision_products_follow_the_cpu_vendor_unless_forced(monkeypatch):
-    """MKL's bfloat16 and int8 GEMMs on Intel CPUs, lamina's own products elsewhere (where MKL's
-    ran slower than float32) where its int8 kernel runs vector code (AVX2; else float32 products);
-    LAMINA_LOW_PRECISION forces any, and a wrong name is refused with the choices."""
-    from lamina.backends.cpu import blas
+    """lamina's own products where they run on AMX tiles; else MKL's bfloat16 and int8 GEMMs on
+    Intel CPUs, lamina's own products elsewhere (where MKL's ran slower than float32) where its int8
+    kernel runs vector code (AVX2; else float32 products); LAMINA_LOW_PRECISION forces any, and a
+    wrong name is refused with the choices."""
+    from lamina.backends.cpu import blas, compiled
     from lamina.backends.cpu.compiled import _kernels
     from lamina.errors import SettingError
     monkeypatch.delenv("LAMINA_LOW_PRECISION", raising=False)
     own = "lamina" if _kernels.int8_uses_avx2() else "float32"
-    for vendor, path in (("GenuineIntel", "mkl" if blas.built("mkl") else own), ("AuthenticAMD", own)):
+    intel = "lamina" if compiled.PATH == "amx" else "mkl" if blas.built("mkl") else own
+    for vendor, path in (("GenuineIntel", intel), ("AuthenticAMD", "lamina" if compiled.PATH == "amx" else own)):
         monkeypatch.setattr(blas, "cpu_vendor", lambda vendor=vendor: vendor)
         assert blas.low_precision_products() == path
         assert lm.CPUBackend().low_precision == path
@@ -159,12 +161,13 @@ def test_the_int8_panels_run_the_widest_kernel_of_the_build_and_the_cpu():
     from lamina.backends.cpu import compiled
     from lamina.processor import instruction_sets
     sets = set(instruction_sets())
-    vnni = compiled.PATH == "avx512" and {"avx512_vnni", "avx512vl"} <= sets
+    vnni = compiled.PATH in ("amx", "avx512") and {"avx512_vnni", "avx512vl"} <= sets
     assert compiled._kernels.int8_uses_vnni() == vnni
     assert compiled._kernels.int8_uses_avx2() == (compiled.PATH != "baseline" and "avx2" in sets)
+    assert compiled._kernels.amx_runs() == (compiled.PATH == "amx")
     if lm.CPUBackend().low_precision == "lamina":
         out = subprocess.run([sys.executable, "-m", "lamina.cli", "devices"], capture_output=True, text=True)
-        kernel = "AVX-512 VNNI" if vnni else "AVX2"
+        kernel = "AMX tiles" if compiled.PATH == "amx" else "AVX-512 VNNI" if vnni else "AVX2"
         assert f"int8 products: lamina's u8 x s8 panels, {kernel} (activations in 127 steps)" in out.stdout, out.stdout
 
 
@@ -407,7 +410,7 @@ def test_the_compiled_reduced_recurrence_equals_the_step_by_step_one(monkeypatch
     if low_precision != "mkl" and lm.get_num_threads() > 1:  # shared by sequences, and by units
         assert {by_rows for threads, by_rows in teams if threads > 1} == {True, False}
     monkeypatch.setattr(fused_recurrence, "fuses_reduced", lambda *a: False)
-    monkeypatch.setattr(fused_recurrence, "fuses", lambda *a: False)
+    monkeypatch.setattr(fused_recurrence, "fuses_in", lambda *a: False)
     stepwise = net.run(feeds)["y"].values
     for got in fused:
         np.testing.assert_allclose(got, stepwise, rtol=0, atol=1e-6)

@@ -54,15 +54,15 @@ INT8_PANELS, BF16_PANELS = 3, 4
 
 
 def fuses_in(cell, backend, precision):
-    """Whether the fused recurrence runs this layer in `precision` on `backend`: in float32, and in
-    bfloat16 or int8 where its packs are float32 panels of reduced values or lamina's int8 panels
-    (never MKL's low-precision packs: reduced_forward runs those)."""
-    return fuses(cell, backend) and (precision == "float32" or backend.low_precision != "mkl")
-
-
-def fuses(cell, backend):
-    """Whether the fused recurrence runs this layer on `backend`."""
-    return cell.cell_name in FUSED_CELLS and cell.uses_packed(backend) and backend.blas_name != "mkl"
+    """Whether the fused recurrence runs this layer in `precision` on `backend`: where W_hh's pack
+    is lamina's panels, whatever the BLAS: its int8 or bfloat16 panels, or (every BLAS but MKL)
+    float32 panels, of W_hh or of its reduced values. Never MKL's packs: in float32 the step-by-step
+    path runs those, in bfloat16 and int8 reduced_forward."""
+    if cell.cell_name not in FUSED_CELLS or not cell.uses_packed(backend):
+        return False
+    own = (precision == "int8" and backend.low_precision == "lamina") or \
+        (precision == "bfloat16" and backend.bf16_panels)
+    return own or (backend.blas_name != "mkl" and (precision == "float32" or backend.low_precision != "mkl"))
 
 
 def fuses_reduced(cell, backend, ctx):
