@@ -1,11 +1,12 @@
 /* AMX tiles for the panel products (dot_panels.h): whether this process may use them, and their
- * one shape. An AMX tile is a register of up to 16 rows of 64 bytes; one tile instruction adds to a
+ * shapes. An AMX tile is a register of up to 16 rows of 64 bytes; one tile instruction adds to a
  * tile of 16 x 16 sums (float32 or int32) the products of a tile of 16 rows of the left operand
  * (each 16 groups of 32 bits: pairs of bfloat16, quads of u8) and a tile of 16 groups of 16
  * channels (each row 64 bytes: one group of every channel). The panels hold exactly that: a panel's
  * 16 groups in a row are 1 KiB, a tile, and a row of the left operand is a run of groups, so a tile
- * of u is 16 rows of 64 bytes, ldu bytes apart. Every tile here is 16 x 64 bytes: the depth is
- * padded to whole tiles (lamina_dot_groups), rows short of a whole tile go to the vector kernel.
+ * of u is 16 rows of 64 bytes, ldu bytes apart. Every tile here is 64 bytes wide: the depth is
+ * padded to whole tiles (lamina_dot_groups); the rows short of a whole tile are one tile of fewer
+ * rows (the tiles reconfigured).
  *
  * Linux hands a process the tiles' state only once asked (arch_prctl ARCH_REQ_XCOMP_PERM, Linux
  * 5.16 and later); the permission holds for every thread of the process. */
@@ -59,7 +60,8 @@ static int lamina_amx_enable(void) {
 #define AMX_BLOCK_BYTES (32 * 1024)
 
 #ifdef LAMINA_AMX
-/* The tiles' configuration (palette 1): every tile 16 rows of 64 bytes. */
+/* The tiles' configuration (palette 1): every tile rows of 64 bytes, 16 of them but in the tiles
+ * of sums and of the left operand's rows (tmm0-5: `rows`, 1 to 16). */
 typedef struct __attribute__((aligned(64))) {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -67,13 +69,13 @@ typedef struct __attribute__((aligned(64))) {
 } lamina_amx_config;
 
 /* Configures the calling thread's tiles (ldtilecfg reads the whole 64 bytes). */
-static inline void lamina_amx_begin(void) {
+static inline void lamina_amx_begin(long rows) {
     lamina_amx_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) {
         cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
+        cfg.rows[t] = t < 6 ? (uint8_t)rows : 16;
     }
     __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }

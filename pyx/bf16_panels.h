@@ -285,13 +285,11 @@ lamina_bf16_store_tile_row(const lamina_bf16_out *o, long r, long col, long nr, 
 #define AMX_TARGET DOT_TARGET
 #define AMX_DOT(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_SUM float
-#define AMX_REST lamina_bf16_panel_avx512
 #include "amx_panel_impl.h"
 #undef AMX_KERNEL
 #undef AMX_TARGET
 #undef AMX_DOT
 #undef AMX_SUM
-#undef AMX_REST
 #endif
 #undef DOT_KERNEL
 #undef DOT_TARGET

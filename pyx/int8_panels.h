@@ -176,17 +176,16 @@ lamina_int8_dot_vnni(__m256i acc, __m256i x, __m256i b) {
 #define DOT(acc, x, b) lamina_int8_dot_vnni(acc, x, b)
 #include "dot_panel_impl.h"
 #ifdef LAMINA_AMX
+/* AMX: tdpbusd adds a row tile's quads times a panel tile's to 16 x 16 int32 sums */
 #define AMX_KERNEL(name) lamina_int8_##name##_amx
 #define AMX_TARGET DOT_TARGET
 #define AMX_DOT(c, a, b) _tile_dpbusd(c, a, b)
 #define AMX_SUM int32_t
-#define AMX_REST lamina_int8_panel_vnni
 #include "amx_panel_impl.h"
 #undef AMX_KERNEL
 #undef AMX_TARGET
 #undef AMX_DOT
 #undef AMX_SUM
-#undef AMX_REST
 #endif
 #undef DOT_KERNEL
 #undef DOT_TARGET
