@@ -1,7 +1,8 @@
-"""The CPU backend's fused recurrence (pyx/recurrence.h): with lamina's panel-packed W_hh (every
-BLAS provider but MKL, whose packed GEMM runs step by step instead), a whole layer direction runs
-as one compiled call on a team of threads (team.h) instead of a team of threads woken for every
-step's GEMM and a cell pass on one thread.
+"""The CPU backend's fused recurrence (pyx/recurrence.h): with lamina's panel-packed W_hh (in
+float32 every BLAS provider but MKL, whose packed GEMM runs step by step instead; lamina's int8 and
+bfloat16 panels whatever the BLAS), a whole layer direction runs as one compiled call on a team of
+threads (team.h) instead of a team of threads woken for every step's GEMM and a cell pass on one
+thread.
 
 In bfloat16 or int8 (lamina.precision: inference, or bfloat16 training under Network.autocast) a
 layer direction's forward runs as one compiled call too. Where MKL's products serve those
