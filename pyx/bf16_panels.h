@@ -280,16 +280,43 @@ lamina_bf16_store_tile_row(const lamina_bf16_out *o, long r, long col, long nr, 
 #define DOT(acc, x, b) _mm256_dpbf16_ps(acc, (__m256bh)(x), (__m256bh)(b))
 #include "dot_panel_impl.h"
 #ifdef LAMINA_AMX
+/* A tile's sums (16 x 16, row-major: rows of positions row.., channels col..) stored transposed:
+ * channel j's `rows` positions a run at c[(col + j)·ldc + row], lamina_bf16_store_tile_row's
+ * numbers, the tile transposed in registers (a convolution's output [channels, positions]).
+ * Against a row of 16 sums at a time element by element, alternating builds on an Intel Xeon with
+ * AMX, 2 threads, batch 16 in bfloat16: MobileNet-V2's 320 -> 1280 pointwise layer at 7x7
+ * 0.98-1.16 ms against 1.13-1.16, a 3x3 stride-2 layer 3.22-3.57 against 3.43-3.53. */
+static inline __attribute__((always_inline)) void
+lamina_bf16_store_transposed_amx(const lamina_bf16_out *o, const float *sums, long rows, long row, long col,
+                                 long nr) {
+    lamina_v16u t[16];
+    memcpy(t, sums, sizeof t);
+    lamina_transpose16(t);
+    for (long j = 0; j < nr; j++) {
+        float v[16], *c = o->c + (col + j) * o->ldc + row;
+        memcpy(v, &t[j], sizeof v);
+        const float bias = o->bias ? o->bias[col + j] : 0.0f;
+        if (o->bias || o->beta == 0.0f)
+            for (long i = 0; i < rows; i++)
+                c[i] = lamina_bf16_activate(o, o->alpha * v[i] + bias);
+        else
+            for (long i = 0; i < rows; i++)
+                c[i] = lamina_bf16_activate(o, o->alpha * v[i] + o->beta * c[i]);
+    }
+}
+
 /* AMX: tdpbf16ps adds a row tile's pairs times a panel tile's to 16 x 16 float32 sums */
 #define AMX_KERNEL(name) lamina_bf16_##name##_amx
 #define AMX_TARGET DOT_TARGET
 #define AMX_DOT(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMX_SUM float
+#define AMX_STORE_TRANSPOSED lamina_bf16_store_transposed_amx
 #include "amx_panel_impl.h"
 #undef AMX_KERNEL
 #undef AMX_TARGET
 #undef AMX_DOT
 #undef AMX_SUM
+#undef AMX_STORE_TRANSPOSED
 #endif
 #undef DOT_KERNEL
 #undef DOT_TARGET
