@@ -56,6 +56,25 @@ def test_lamina_blas_forces_the_provider():
 
 
 @needs_mkl
+def test_the_openmp_and_openblas_spins_follow_the_provider():
+    """Set before libgomp loads, unless the user set them: with OpenBLAS, libgomp's workers sleep
+    at once and OpenBLAS's spin briefly; with MKL, libgomp's workers spin 10,000 turns."""
+    names = ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")
+    code = f"import os, lamina; print(*(os.environ.get(k, '-') for k in {names}))"
+
+    def settings(**env):
+        clean = {k: v for k, v in os.environ.items() if k not in names}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+    assert settings(LAMINA_BLAS="openblas") == ["PASSIVE", "12", "-"]
+    assert settings(LAMINA_BLAS="mkl") == ["-", "-", "10000"]
+    assert settings(LAMINA_BLAS="mkl", OMP_WAIT_POLICY="ACTIVE") == ["ACTIVE", "-", "-"]
+    assert settings(LAMINA_BLAS="mkl", GOMP_SPINCOUNT="5") == ["-", "-", "5"]
+
+
+@needs_mkl
 def test_mkl_uses_the_gnu_openmp_layer():
     """MKL threads through gcc's libgomp, the runtime the Cython kernels use (code 3 = GNU)."""
     assert _mkl.threading_layer == 3

@@ -30,9 +30,9 @@ except ValueError:  # a bad LAMINA_BLAS: raised again, clearly, by the first CPU
     _provider = None
 if _provider == "openblas":
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 elif _provider == "mkl" and "OMP_WAIT_POLICY" not in _os.environ:
     _os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "12")
 
 from ... import threads as _threads  # noqa: E402  (after the environment above is set)
 from .. import checks as _checks  # noqa: E402
