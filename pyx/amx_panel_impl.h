@@ -7,10 +7,10 @@
  * two panels' tiles; each step of 16 groups loads up to four tiles and runs up to four products. */
 
 /* The first `rows` rows of a tile's 16 x 16 sums (row-major in `sums`) stored as rows row.. and
- * channels col.. by the format's DOT_STORE (where the format defines AMX_STORE_TRANSPOSED, an
- * output stored transposed goes through it: the whole tile at once). (A store of a row in one AVX-512 vector measured no
- * faster in bfloat16 and 1.7x slower in int8, its vpmulld on 512 bits: 1920 x 256 x 1024 on an
- * Intel Xeon with AMX, 2 threads, 0.61-0.64 ms against 1.02-1.08.) */
+ * channels col.. by the format's DOT_STORE; where the format defines AMX_STORE_TRANSPOSED, an
+ * output stored transposed goes through it, the whole tile at once. (A store of a row in one
+ * AVX-512 vector measured no faster in bfloat16 and 1.7x slower in int8, its vpmulld on 512 bits:
+ * 1920 x 256 x 1024 on an Intel Xeon with AMX, 2 threads, 0.61-0.64 ms against 1.02-1.08.) */
 static inline __attribute__((always_inline, target(AMX_TARGET))) void
 AMX_KERNEL(store)(const DOT_OUT *o, const AMX_SUM *sums, long rows, long row, long col, long n) {
     const long nr = n - col < DOT_NR ? n - col : DOT_NR;

@@ -28,8 +28,8 @@
 static int lamina_amx_on;
 
 /* Turns the tiles on where this module, the CPU (AMX-TILE, AMX-BF16 and AMX-INT8, with the
- * AVX-512 sets of the vector kernels that take the rows short of a tile) and the OS allow: 1 if
- * on. */
+ * AVX-512 sets the AMX kernels' stores and the vector kernels beside them are compiled for) and the
+ * OS allow: 1 if on. */
 static int lamina_amx_enable(void) {
 #ifdef LAMINA_AMX
     unsigned a, b, c, d;

@@ -7,8 +7,8 @@
  *
  *     panel p, pair kp, channel j, depth r:  element ((p·pairs + kp)·16 + j)·2 + r = op(B)[2kp + r, 16p + j]
  *
- * (where AMX runs, k is padded to whole tiles of 16 pairs: amx_tiles.h, which multiplies whole
- * tiles of 16 rows of a on the same panels)
+ * (where AMX runs, k is padded to whole tiles of 16 pairs: amx_tiles.h, which multiplies tiles of
+ * up to 16 rows of a on the same panels)
  * the layout of int8_panels.h with pairs of 16-bit values where it has quads of bytes, so the
  * same tile (dot_panel_impl.h) runs both. Per pair and row of a, the kernel broadcasts a's two
  * bfloat16 values and adds both products to each channel's float32 sum with one vdpbf16ps; a's
@@ -385,8 +385,8 @@ static void lamina_bf16_product_team(long m, long k, long n, const float *a, lon
                                      long ldu, const uint16_t *packed, lamina_bf16_out out, int threads,
                                      int by_rows) {
     lamina_bf16_job job = {m, k, n, lda, ldu, trans_a, a, u, packed, out};
-    lamina_panels_product product = {&job, m, lamina_amx_on ? 16 : BF16_MR, lamina_bf16_panels(n), by_rows, lamina_bf16_job_rows,
-                                     lamina_bf16_job_part};
+    lamina_panels_product product = {&job, m, lamina_dot_tile_rows(BF16_MR), lamina_bf16_panels(n), by_rows,
+                                     lamina_bf16_job_rows, lamina_bf16_job_part};
     lamina_panels_product_team(product, threads);
 }
 

@@ -18,6 +18,10 @@ static inline long lamina_dot_groups(long groups) {
     return lamina_amx_on ? (groups + DOT_TILE_GROUPS - 1) / DOT_TILE_GROUPS * DOT_TILE_GROUPS : groups;
 }
 
+/* The rows a team's member takes at a time when sharing a product by rows: an AMX tile's 16 where
+ * AMX runs, else the vector kernel's widest tile (`vector_rows`). */
+static inline long lamina_dot_tile_rows(long vector_rows) { return lamina_amx_on ? 16 : vector_rows; }
+
 /* A panel kernel: rows [0, m) of u times one panel of `groups` groups, stored through `out` (the
  * number format's own output description) as rows i0.. and channels col to col + nr. */
 typedef void (*lamina_dot_panel_fn)(long m, long groups, const uint8_t *u, long ldu, const void *panel,

@@ -221,6 +221,12 @@ static inline int lamina_int8_uses_vnni(void) {
  * the widest kernel of the module and the CPU. */
 static void lamina_int8_gemm(long i0, long i1, long k, long n, const uint8_t *u, long ldu, const int8_t *packed,
                              long p0, long p1, const lamina_int8_out *o) {
+#ifdef LAMINA_AMX
+    if (lamina_amx_on) {
+        lamina_int8_gemm_amx(i0, i1, lamina_int8_quads(k), n, u, ldu, packed, p0, p1, o);
+        return;
+    }
+#endif
     lamina_dot_panel_fn panel = lamina_int8_panel_portable;
 #ifdef LAMINA_INT8_AVX2
     if (lamina_int8_uses_avx2())
@@ -229,12 +235,6 @@ static void lamina_int8_gemm(long i0, long i1, long k, long n, const uint8_t *u,
 #ifdef LAMINA_INT8_VNNI
     if (lamina_int8_uses_vnni())
         panel = lamina_int8_panel_vnni;
-#endif
-#ifdef LAMINA_AMX
-    if (lamina_amx_on) {
-        lamina_int8_gemm_amx(i0, i1, lamina_int8_quads(k), n, u, ldu, packed, p0, p1, o);
-        return;
-    }
 #endif
     lamina_dot_gemm(panel, i0, i1, lamina_int8_quads(k), n, u, ldu, packed, p0, p1, o);
 }
@@ -266,8 +266,8 @@ static void lamina_int8_job_part(void *job, long r0, long r1, long q0, long q1) 
 static void lamina_int8_product_team(long m, long k, long n, const float *a, long lda, uint8_t *u, long ldu,
                                      const int8_t *packed, lamina_int8_out out, int threads, int by_rows) {
     lamina_int8_job job = {m, k, n, lda, ldu, a, u, packed, out};
-    lamina_panels_product product = {&job, m, lamina_amx_on ? 16 : INT8_MR, lamina_int8_panels(n), by_rows, lamina_int8_job_rows,
-                                     lamina_int8_job_part};
+    lamina_panels_product product = {&job, m, lamina_dot_tile_rows(INT8_MR), lamina_int8_panels(n), by_rows,
+                                     lamina_int8_job_rows, lamina_int8_job_part};
     lamina_panels_product_team(product, threads);
 }
 

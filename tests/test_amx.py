@@ -34,6 +34,7 @@ for m, k, n in %(shapes)r:
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
+    out.update({f"a {m} {k} {n}": a, f"w {m} {k} {n}": w, f"bias {m} {k} {n}": bias})
     for precision in ("int8", "bfloat16"):
         c = np.empty((m, n), np.float32)
         be.packed_gemm_bias(a, be.pack(w, True, 1.0, m, precision=precision), c, bias)
@@ -94,13 +95,8 @@ def test_bfloat16_products_on_amx_tiles_within_float32_accumulation(on_both, m, 
     from a's columns, alpha and beta."""
     from lamina.precision import round_bfloat16
     amx, vectors = on_both
-    rng = np.random.default_rng(3)
-    for shape in SHAPES:  # (the script's operands, drawn in its order)
-        a = rng.standard_normal(shape[:2]).astype(np.float32)
-        w = rng.standard_normal(shape[2:0:-1]).astype(np.float32)
-        bias = rng.standard_normal(shape[2]).astype(np.float32)
-        if shape == (m, k, n):
-            break
+    a, w, bias = (amx[f"{name} {m} {k} {n}"] for name in ("a", "w", "bias"))
+    np.testing.assert_array_equal(a, vectors[f"a {m} {k} {n}"])
     ra, rw = round_bfloat16(a).astype(np.float64), round_bfloat16(w).astype(np.float64)
     exact = ra @ rw.T
     bound = k * 2.0 ** -24 * (np.abs(ra) @ np.abs(rw.T)) * 1.01
