@@ -71,7 +71,8 @@ common_link = ["-fopenmp"]
 np_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 
 KERNEL_HEADERS = ["cells.h", "cells_impl.h", "clones.h", "panels.h", "panels_impl.h", "recurrence.h", "recurrence_impl.h",
-                  "volumes.h", "volumes_impl.h", "direct_conv.h", "direct_conv_impl.h", "winograd.h", "winograd_impl.h",
+                  "volumes.h", "volumes_impl.h", "direct_conv.h", "direct_conv_impl.h", "direct_dw_impl.h", "winograd.h",
+                  "winograd_impl.h",
                   "pools.h", "pools_impl.h", "softmax.h", "softmax_impl.h", "epilogue.h", "epilogue_impl.h",
                   "instantiate.h", "team.h", "convert.h", "quantize.h", "depthwise.h", "depthwise_impl.h", "attention.h",
                   "attention_impl.h", "norms.h", "norms_impl.h", "activations.h", "optimizers.h", "optimizers_impl.h",

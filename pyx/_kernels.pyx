@@ -2596,8 +2596,11 @@ cdef extern from "direct_conv.h" nogil:
     enum: CO_BLOCK "LAMINA_CO_BLOCK"
     enum: DW_MAX_KW "LAMINA_DW_MAX_KW"
     enum: DW_CO_BLOCK "LAMINA_DW_CO_BLOCK"
+    enum: DW_WIDE_LANES "LAMINA_DW_WIDE_LANES"
     void direct_conv_dw_f(const float* xp, long cin, long Dp, long Hp, long Wp, const float* dyp, long cout,
                           long oD, long oH, long oWp, const long* geo, float* partials, float* dw)
+    void direct_conv_dw_f16(const float* xp, long cin, long Dp, long Hp, long Wp, const float* dyp, long cout,
+                            long oD, long oH, long oWp, const long* geo, float* partials, float* dw)
     void direct_conv_dw_d(const double* xp, long cin, long Dp, long Hp, long Wp, const double* dyp, long cout,
                           long oD, long oH, long oWp, const long* geo, double* partials, double* dw)
     void direct_pad_f(const float* src, long C, long D, long H, long W, float* dst, long Dp, long Hp, long Wp,
@@ -2937,9 +2940,18 @@ def direct_conv_dw_max_width():
     return DW_MAX_KW
 
 
-def direct_conv_dw_workspace(int cin_g, int cout_g, int kd, int kh, int kw, bint is_float):
-    """Values of scratch direct_conv_dw needs for its partial sums (per group)."""
-    lanes = 8 if is_float else 4
+def direct_conv_dw_lanes(bint is_float, long out_width):
+    """The widths of the vectors direct_conv_dw reads dy's rows in, for rows of out_width outputs
+    (the caller pads them to a multiple): 16 in the AVX-512 build for float rows wider than 8
+    (narrower ones would be half padding), else 8 for float and 4 for double."""
+    if not is_float:
+        return 4
+    return DW_WIDE_LANES if DW_WIDE_LANES and out_width > 8 else 8
+
+
+def direct_conv_dw_workspace(int cin_g, int cout_g, int kd, int kh, int kw, int lanes):
+    """Values of scratch direct_conv_dw needs for its partial sums (per group), on vectors of
+    `lanes` (direct_conv_dw_lanes)."""
     return ((cout_g + DW_CO_BLOCK - 1) // DW_CO_BLOCK) * cin_g * kd * kh * DW_CO_BLOCK * kw * lanes
 
 
@@ -2949,7 +2961,8 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
     """dw [Cout, C/groups, kd, kh, kw] += the weight gradient of the unit-width-stride convolution
     of one sample x [C, D, H, W] given dy [Cout, oD, oH, oW], by direct_conv.h (kw at most
     DW_MAX_KW). xp: x padded as for direct_conv; dyp [Cout, oD, oH, oWp]: dy with rows padded
-    by zeros to whole vectors; partials: direct_conv_dw_workspace values."""
+    by zeros to a multiple of direct_conv_dw_lanes(float?, oW); partials: direct_conv_dw_workspace
+    values for those lanes."""
     cdef Py_ssize_t C = x.shape[0]
     cdef Py_ssize_t Dp = xp.shape[1], Hp = xp.shape[2], Wp = xp.shape[3]
     cdef Py_ssize_t cout = dy.shape[0], oD = dy.shape[1], oH = dy.shape[2], oWp = dyp.shape[3]
@@ -2964,7 +2977,7 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
     geo[:] = [kd, kh, kw, sd, sh, dd, dh, dw_]
     _check_padded("direct_conv_dw (x)", _dims(x), _dims(xp), pd, ph, pw, 1)
     _check_padded("direct_conv_dw (dy)", _dims(dy), _dims(dyp), 0, 0, 0, 1)
-    lanes = 8 if real is float else 4
+    cdef long lanes = direct_conv_dw_lanes(real is float, dy.shape[3])
     if groups < 1 or C % groups or cout % groups or min(kd, kh, kw, sd, sh, dd, dh, dw_) < 1 or oWp % lanes:
         raise ValueError(f"direct_conv_dw: {C} input and {cout} output channels in {groups} groups, geometry "
                          f"{[geo[i] for i in range(8)]}, padded dy rows of {oWp} (a multiple of {lanes})")
@@ -2972,7 +2985,7 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
     if last[0] >= Dp or last[1] >= Hp or last[2] >= Wp:
         raise ValueError(f"direct_conv_dw: dy {_dims(dy)[1:]} reads the padded input up to {last}, outside "
                          f"its {(Dp, Hp, Wp)}")
-    scratch = direct_conv_dw_workspace(in_g, out_g, kd, kh, kw, lanes == 8)
+    scratch = direct_conv_dw_workspace(in_g, out_g, kd, kh, kw, lanes)
     if dw.shape[0] != cout * in_g * taps or partials.shape[0] < scratch:
         raise ValueError(f"direct_conv_dw: dw must hold {cout * in_g * taps} values and partials {scratch}, found "
                          f"{dw.shape[0]} and {partials.shape[0]}")
@@ -2980,7 +2993,10 @@ def direct_conv_dw(real[:, :, :, ::1] x, real[:, :, :, ::1] dy, real[::1] dw, re
         _padded_copy(x, xp, pd, ph, pw)
         _padded_copy(dy, dyp, 0, 0, 0)
         for g in range(groups):
-            if real is float:
+            if real is float and lanes == 16:
+                direct_conv_dw_f16(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &dyp[g * out_g, 0, 0, 0], out_g, oD,
+                                   oH, oWp, geo, &partials[0], &dw[g * out_g * in_g * taps])
+            elif real is float:
                 direct_conv_dw_f(&xp[g * in_g, 0, 0, 0], in_g, Dp, Hp, Wp, &dyp[g * out_g, 0, 0, 0], out_g, oD, oH,
                                  oWp, geo, &partials[0], &dw[g * out_g * in_g * taps])
             else:

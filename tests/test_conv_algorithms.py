@@ -9,6 +9,7 @@ import pytest
 
 import lamina as lm
 from lamina.backends.cpu import _kernels
+from lamina.backends.cpu import compiled as cpu_compiled
 from lamina.backends.cpu import conv_algorithms as cpu_conv
 from lamina.backends.cpu import pointwise as cpu_pointwise
 from lamina.layers import Conv2d, Conv3d, ConvTranspose2d, ConvTranspose3d
@@ -168,6 +169,50 @@ def test_gradients_with_each_algorithm(case, name, algorithm):
         assert layer.algorithms(net.backend)["input grad"] == "winograd"
     feeds = {"x": np.random.default_rng(1).standard_normal((2,) + x.spec.shape), probe: probe_feed(net, probe, 2)}
     check_gradients(net, feeds)
+
+
+# the direct kernel's weight gradient on rows of dy wider than 8 (vectors of 16 widths in the AVX-512
+# build, 8 elsewhere): a row of one whole vector, rows past whole vectors (21, 37), groups, a
+# width dilation, depth and height strides, a kernel narrower than 3, more output channels than one
+# tile of sums (8 in the AVX-512 build, 3 elsewhere) and not a multiple of it; and rows of 8 or less
+DIRECT_WEIGHT_GRAD = [
+    (Conv2d, 3, 11, (5, 16), dict(kernel_size=3, padding=1)),
+    (Conv2d, 2, 9, (4, 21), dict(kernel_size=(3, 2), dilation=(1, 2), padding=(1, 1))),
+    (Conv3d, 4, 6, (3, 5, 37), dict(kernel_size=(1, 2, 3), stride=(2, 2, 1), groups=2, padding=1)),
+    (Conv3d, 2, 17, (4, 4, 7), dict(kernel_size=3, padding=1, bias=False)),
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_WEIGHT_GRAD, ids=[f"{c[0].__name__}-{c[3]}" for c in DIRECT_WEIGHT_GRAD])
+def test_direct_weight_gradient_in_float32_is_within_its_rounding(case, monkeypatch):
+    """dW in float32 against the float64 run on the same values, within the rounding of sums of n
+    products in float32 (|error| <= n·u/(1 - n·u) · sum of |dy|·|x|, n the outputs a weight
+    sums over), on the vectors the kernel takes for the row width."""
+    net, x, layer = conv_net(case)
+    y = layer(x)
+    net.outputs(y=y)  # (no input gradient: the strided case's weight gradient runs direct without one)
+    ran = []
+    monkeypatch.setattr(cpu_conv.direct, "backward", lambda *args, backward=cpu_conv.direct.backward:
+                        ran.append(1) or backward(*args))
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((3,) + x.spec.shape).astype(np.float32)
+    G = rng.standard_normal((3,) + y.spec.shape).astype(np.float32)
+    lanes = _kernels.direct_conv_dw_lanes(True, y.spec.shape[-1])
+    assert lanes == (8 if y.spec.shape[-1] <= 8 or cpu_compiled.PATH not in ("avx512", "amx") else 16)
+
+    def weight_grad(dtype, xs, gs):
+        net.astype(dtype)
+        net.zero_grad()
+        net.forward({"x": xs.astype(dtype)}, grad_outputs=["y"])
+        net.backward(grad_outputs={"y": gs.astype(dtype)})
+        return layer.weight.dense_grad(net.backend).astype(np.float64)
+    got, want = weight_grad("float32", X, G), weight_grad("float64", X, G)
+    assert len(ran) == 2
+    magnitude = weight_grad("float64", np.abs(X), np.abs(G))  # sum of |dy|·|x| per weight (zero padding: 0)
+    n = 3 * int(np.prod(y.spec.shape[1:]))
+    u = np.finfo(np.float32).eps / 2
+    assert np.abs(want).max() > 1
+    assert np.all(np.abs(got - want) <= n * u / (1 - n * u) * magnitude)
 
 
 def test_winograd_input_gradient_adds_to_another_consumers(algorithm):

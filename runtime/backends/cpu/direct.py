@@ -14,10 +14,10 @@ from .aligned import aligned_copy
 from ...threads import split_work
 
 # direct_conv.h reads up to two float vectors past the end of each output row's input (one register
-# tile of widths: 16 floats, or 8 doubles), and the weight gradient reads dy in whole vectors: the
-# padded copies leave that much room
+# tile of widths: 16 floats, or 8 doubles), and the weight gradient reads its rows of dy in whole
+# vectors (direct_conv_dw_lanes: up to 16 floats), so the input up to a vector less one past the
+# row: the padded copies leave that much room
 ROW_SLACK = 16
-DY_ROW_MULTIPLE = 8
 
 
 def applies(geom):
@@ -156,9 +156,10 @@ def backward(geom, weight, ctx, input_grad):
     input_grad(geom, weight, ctx)
     xp_shape = _padded_shape(x, padding)
     out = as_volume(dy[0]).shape
-    dyp_shape = out[:3] + (-(-out[3] // DY_ROW_MULTIPLE) * DY_ROW_MULTIPLE,)
+    lanes = _kernels.direct_conv_dw_lanes(dy.dtype == np.float32, out[3])
+    dyp_shape = out[:3] + (-(-out[3] // lanes) * lanes,)
     partials = _kernels.direct_conv_dw_workspace(geom.in_channels // geom.groups, geom.out_channels // geom.groups,
-                                                 *kernel, dy.dtype == np.float32)
+                                                 *kernel, lanes)
 
     def work(t, samples):
         part, beta = parts[t]
