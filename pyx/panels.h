@@ -24,7 +24,11 @@
 #include "epilogue.h"
 #include "team.h"
 
+#if defined(LAMINA_TARGET_V4)
+#define PANEL_MR 8
+#else
 #define PANEL_MR 6
+#endif
 /* Rows of a are taken in blocks of about this many bytes, every panel passing over one block
  * before the next: a block stays in the L2 cache while the panels stream through, where the
  * whole of a large a was read again from L3 for every panel. */

@@ -1,5 +1,11 @@
 /* The panel GEMM for the REAL type panels.h sets (VEC: a vector of LANES REALs; NR = 2·LANES). */
 
+#if defined(LAMINA_TARGET_V4)
+/* a panel's row (NR = 2·LANES values, 64 bytes) as one AVX-512 vector */
+typedef REAL SUFFIXED(panel_row) __attribute__((vector_size(2 * sizeof(VEC))));
+#define PANEL_ROW SUFFIXED(panel_row)
+#endif
+
 /* panels needed for n columns */
 static inline long SUFFIXED(panel_count)(long n) { return (n + 2 * LANES - 1) / (2 * LANES); }
 
@@ -101,16 +107,36 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
                                                                        const REAL *panel, long ldp, REAL *c,
                                                                        long ldc, long cstep, long nr, REAL beta,
                                                                        const SUFFIXED(panel_epilogue) *epi) {
-    const long NR = 2 * LANES;
     const REAL *ar[PANEL_MR];
-    VEC lo[PANEL_MR], hi[PANEL_MR];
     for (long i = 0; i < ROWS; i++) {
         ar[i] = a + (i < mr ? i : 0) * lda;
-        lo[i] = (VEC){0};
-        hi[i] = (VEC){0};
         if (i < mr) SUFFIXED(panel_prefetch)(c + i * ldc);
     }
     const REAL *bp = panel;
+#if defined(LAMINA_TARGET_V4)
+    /* a row of the panel is one 64-byte vector: one load and one multiply-add a row of a, where two
+     * 32-byte halves took two (512-bit FMAs do twice the work at the same rate on CPUs with two
+     * 512-bit FMA units) */
+    PANEL_ROW sums[PANEL_MR];
+    for (long i = 0; i < ROWS; i++) sums[i] = (PANEL_ROW){0};
+    for (long kk = 0; kk < k; kk++, bp += ldp) {
+        PANEL_ROW b;
+        memcpy(&b, bp, sizeof b);
+        for (long i = 0; i < ROWS; i++) sums[i] += (ar[i][kk * astep] - (PANEL_ROW){0}) * b;
+    }
+    for (long i = 0; i < ROWS; i++)
+        if (i < mr) {
+            VEC lo, hi;
+            memcpy(&lo, &sums[i], sizeof lo);
+            memcpy(&hi, (const char *)&sums[i] + sizeof lo, sizeof hi);
+            SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo, hi, beta, epi, i);
+        }
+#else
+    VEC lo[PANEL_MR], hi[PANEL_MR];
+    for (long i = 0; i < ROWS; i++) {
+        lo[i] = (VEC){0};
+        hi[i] = (VEC){0};
+    }
     for (long kk = 0; kk < k; kk++, bp += ldp) {
         VEC b0, b1;
         memcpy(&b0, bp, sizeof b0);
@@ -123,6 +149,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
     }
     for (long i = 0; i < ROWS; i++)
         if (i < mr) SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo[i], hi[i], beta, epi, i);
+#endif
 }
 
 /* One or two rows (a lone sequence's step, the tail of a batch): the sums above would be two or
@@ -182,6 +209,11 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_rows)(long mr, 
                                                                        REAL *c, long ldc, long cstep, long nr,
                                                                        REAL beta,
                                                                        const SUFFIXED(panel_epilogue) *epi) {
+#if PANEL_MR > 6
+    if (mr > 6)
+        SUFFIXED(panel_tile)(PANEL_MR, mr, k, a, lda, astep, panel, ldp, c, ldc, cstep, nr, beta, epi);
+    else
+#endif
     if (mr > 4)
         SUFFIXED(panel_tile)(6, mr, k, a, lda, astep, panel, ldp, c, ldc, cstep, nr, beta, epi);
     else if (mr > 2)
@@ -362,3 +394,5 @@ static void SUFFIXED(pointwise_positions_team)(long cout, long cin, long S, cons
     SUFFIXED(positions_job) job = {cout, cin, S, ldx, ldy, packed, x, y, {NULL, bias, act, cap}, by_rows};
     lamina_team_run(threads < shares ? threads : (int)shares, SUFFIXED(positions_member), &job);
 }
+
+#undef PANEL_ROW
