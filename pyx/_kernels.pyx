@@ -213,6 +213,7 @@ cdef extern from "cells.h" nogil:
 
 
 cdef extern from "panels.h" nogil:
+    enum: PANEL_MR "PANEL_MR"
     long panel_count_f(long n)
     long panel_count_d(long n)
     void panel_pack_f(const float* b, long ldb, int trans, long k, long n, float alpha, long p0, long p1,
@@ -1237,6 +1238,12 @@ def gru_step_backward(real[:, ::1] g, real[:, ::1] hh, real[:, ::1] h_prev, bint
 # Products with a weight packed once per version: the recurrent step's, and at inference a
 # Linear's.
 
+def panel_tile_rows():
+    """The rows of a's tile in panel_gemm (PANEL_MR: 8 in the AVX-512 build, else 6): products
+    over whole tiles of rows sum each row the same way whatever the blocks of rows."""
+    return PANEL_MR
+
+
 def panel_size(real[:, ::1] b, bint trans):
     """How many values the panels of op(b) take."""
     cdef long k = b.shape[1] if trans else b.shape[0]
@@ -1266,7 +1273,7 @@ def panel_gemm(real[:, ::1] a, real[::1] packed, long n, real[:, ::1] c, double 
                int threads=1, bint by_rows=False, real[::1] bias=None):
     """c = a @ P + beta * c, P (a.shape[1] x n) packed by panel_pack; only the columns of panels
     p0 .. p1 (p1 -1: the last), the rest of c untouched. On a team of `threads` (team.h), each
-    member taking a share of the panels, or with by_rows a block of whole 6-row tiles. With a
+    member taking a share of the panels, or with by_rows a block of whole row tiles. With a
     bias (n values), c = bias + a @ P in those columns (beta unused)."""
     cdef long m = a.shape[0], k = a.shape[1], panels, width = 64 // sizeof(real)  # (a panel row: 64 bytes)
     cdef long lda = a.strides[0] // sizeof(real), ldc = c.strides[0] // sizeof(real)

@@ -9,13 +9,16 @@
  *
  *     panel p, row kk:  alpha · op(B)[kk, p·NR .. p·NR + NR)
  *
- * and computes MR x NR tiles of c in registers (MR = 6 rows; NR = two vectors: 16 floats or 8
- * doubles): per kk, two vector loads of the panel, six broadcasts of a, twelve fused
- * multiply-adds. A panel (k·NR values, 32 KB for k = 512) stays in cache while every row tile
- * of a passes over it. panel_gemm_team shares a product between a team of threads (team.h), by
- * runs of panels or by blocks of whole row tiles.
+ * and computes MR x NR tiles of c in registers (NR = 64 bytes: 16 floats or 8 doubles): per kk,
+ * two 32-byte loads of the panel, six broadcasts of a and twelve fused multiply-adds (MR = 6);
+ * in the AVX-512 build one 64-byte load, eight broadcasts and eight multiply-adds on 64-byte
+ * vectors (MR = 8: eight independent sums cover the FMA latency, and 512-bit FMAs do twice the
+ * work of 256-bit ones at the same rate on CPUs with two 512-bit FMA units). A panel (k·NR
+ * values, 32 KB for k = 512) stays in cache while every row tile of a passes over it.
+ * panel_gemm_team shares a product between a team of threads (team.h), by runs of panels or by
+ * blocks of whole row tiles.
  *
- * Compiled for AVX2 + FMA and for the baseline (clones.h). */
+ * Compiled for AVX2 + FMA, for AVX-512 and for the baseline (clones.h). */
 #ifndef LAMINA_PANELS_H
 #define LAMINA_PANELS_H
 

@@ -202,7 +202,8 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
         SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta, epi, i);
 }
 
-/* Rows [0, mr) of c from the same rows of a and one panel, the tile for mr rows (6, 4, 2, 1);
+/* Rows [0, mr) of c from the same rows of a and one panel, the tile for mr rows (PANEL_MR, 6, 4,
+ * 2, 1);
  * astep and cstep as panel_tile's. */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_rows)(long mr, long k, const REAL *a, long lda,
                                                                        long astep, const REAL *panel, long ldp,
@@ -225,8 +226,8 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_rows)(long mr, 
 }
 
 /* c[m x n] = a[m x k] · P + beta·c over panels [p0, p1) of P (their columns of c only). Rows go
- * in tiles of 6; the last tile of a remainder takes 4 rows when that covers it, and 1 or 2 rows
- * the narrow tile, so a step's odd row count wastes at most one row of multiply-adds. */
+ * in tiles of PANEL_MR; the last tile of a remainder takes 6 or 4 rows when that covers it, and 1
+ * or 2 rows the narrow tile, so a step's odd row count wastes at most one row of multiply-adds. */
 LAMINA_CLONES static void SUFFIXED(panel_gemm)(long m, long k, long n, const REAL *a, long lda,
                                                const REAL *packed, long p0, long p1, REAL *c, long ldc,
                                                REAL beta) {
@@ -338,7 +339,7 @@ static void SUFFIXED(pointwise_conv_team)(long cout, long cin, long S, const REA
 }
 
 /* A pointwise convolution of one sample by positions: y[cout x S] = act(w · x + bias), as
- * pointwise_conv but with the roles turned: c = xᵀ · wᵀ, tiles of 6 positions x one panel of 16
+ * pointwise_conv but with the roles turned: c = xᵀ · wᵀ, tiles of PANEL_MR positions x one panel of 16
  * (8 double) output channels, wᵀ packed once into panels (panel_pack of w transposed: a pack
  * whose panels stream contiguously), x read in place as its transpose (position i, depth kk at
  * x[kk·ldx + i]) and each tile stored transposed into y (channel j, position i at y[j·ldy + i]) with

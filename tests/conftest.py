@@ -63,11 +63,31 @@ class OnDevice:
         return call
 
 
+def compiler_refuses_the_cpu(device):
+    """The build log where the device's compiler cannot generate code for this machine's CPU at
+    all (PoCL 3.0's LLVM 14, the PoCL wheel's, names CPUs newer than it, such as AMD's family 26
+    (Zen 5), 'generic', then refuses that name for every program), else None."""
+    import pyopencl as cl
+    program = cl.Program(cl.Context([device]), "__kernel void probe(__global float *a) { a[0] = 1.0f; }")
+    try:
+        program.build()
+    except cl.Error as error:
+        if "unknown target CPU" in str(error):
+            return str(error).strip().splitlines()[-2:]
+        raise
+    return None
+
+
+_REFUSED: dict = {}  # device name -> its compiler's refusal of this CPU (reported in the header)
+
+
 def opencl_devices():
     """The OpenCL devices the tests run on (PYOPENCL_TEST filters them by name, as pyopencl's own
     tests do). Without pyopencl there are none and the OpenCL cases skip; but where PoCL is
     installed (`make test` always installs it) an OpenCL backend that fails to import or finds no
-    device is an error, so OpenCL coverage can never vanish into skips."""
+    device is an error, so OpenCL coverage can never vanish into skips. The one exception: a
+    device whose compiler cannot target this machine's CPU at all (compiler_refuses_the_cpu) runs
+    no program, lamina's or any other; it is left out, and the session's header says so."""
     pocl = importlib.util.find_spec("pocl_binary_distribution") is not None
     if importlib.util.find_spec("pyopencl") is None and not pocl:
         return []
@@ -75,10 +95,20 @@ def opencl_devices():
     found = devices()
     if os.environ.get("PYOPENCL_TEST"):
         found = [d for d in found if os.environ["PYOPENCL_TEST"].lower() in d.name.lower()]
+    for device in found:
+        refusal = compiler_refuses_the_cpu(device)
+        if refusal:
+            _REFUSED[device.name.strip()] = " ".join(refusal)
+    usable = [d for d in found if d.name.strip() not in _REFUSED]
     if pocl and not found:
         raise RuntimeError("PoCL is installed but lamina finds no OpenCL device"
                            f"{' matching PYOPENCL_TEST' if os.environ.get('PYOPENCL_TEST') else ''}")
-    return found
+    return usable
+
+
+def pytest_report_header(config):
+    return [f"OpenCL device {name} left out: its compiler cannot target this CPU ({why})"
+            for name, why in _REFUSED.items()]
 
 
 OPENCL_DEVICES = opencl_devices()

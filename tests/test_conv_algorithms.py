@@ -566,16 +566,18 @@ def test_winograd_shares_a_samples_tiles_when_the_batch_is_smaller_than_the_team
 
 
 def test_winograd_outputs_do_not_depend_on_the_block_of_tiles():
-    """Blocks of 6 tiles (the smallest), of 12, and of every tile of a sample (what the rule takes
-    where the transformed weights are too large for the cache) give the same outputs to the bit:
-    a tile's products are the same sums in any block."""
+    """Blocks of one row tile of the panel GEMM (the smallest), of two, and of every tile of a
+    sample (what the rule takes where the transformed weights are too large for the cache) give
+    the same outputs to the bit: a tile's products are the same sums in any block of whole row
+    tiles."""
     rng = np.random.default_rng(8)
     f = np.float32
     shape = (2, 10, 1, 13, 11)  # 7 x 6 tiles a sample
     x = rng.standard_normal(shape).astype(f)
     bias = rng.standard_normal(12).astype(f)
     outputs = []
-    for block in (6, 12, 42):
+    rows = _kernels.panel_tile_rows()
+    for block in (rows, 2 * rows, 42):
         sizes = _kernels.winograd_workspace(10, 12, *shape[2:], 0, 1, 1, False, block, True)
         packed = np.random.default_rng(9).standard_normal(sizes[3]).astype(f)
         y = np.zeros((2, 12) + shape[2:], f)

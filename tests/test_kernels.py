@@ -151,7 +151,7 @@ def test_panel_gemm_over_runs_of_panels_and_blocks_of_rows(dtype):
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("by_rows", [False, True])
 def test_panel_gemm_on_a_team(dtype, threads, by_rows):
-    """A team of threads shares the product by runs of panels or by blocks of 6-row tiles (members
+    """A team of threads shares the product by runs of panels or by blocks of row tiles (members
     without a share included: 3 threads, 8 rows); the result is the one-thread product, with or
     without a bias, and columns outside panels p0 .. p1 stay untouched."""
     from lamina.backends.cpu import _kernels
@@ -174,6 +174,29 @@ def test_panel_gemm_on_a_team(dtype, threads, by_rows):
         inside = slice(width, min(n, 4 * width))
         np.testing.assert_allclose(with_bias[:, inside], (bias + a.astype(np.float64) @ b)[:, inside], **TOL[dtype])
         assert np.isnan(np.delete(with_bias, np.r_[inside], axis=1)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panel_gemm_at_every_row_count(dtype):
+    """Rows 1 .. 19: every remainder of a row tile (8 rows on 64-byte vectors in the AVX-512 build,
+    6 elsewhere) and every smaller tile it leaves to (6, 4, 2, 1 rows), with beta and with a bias;
+    a partial last panel."""
+    from lamina.backends.cpu import _kernels
+    rng = rng_for("panel rows", dtype)
+    k, n = 37, 40
+    b = rng.standard_normal((k, n)).astype(dtype)
+    packed = np.empty(_kernels.panel_size(b, False), dtype)
+    _kernels.panel_pack(b, False, 1.0, packed)
+    bias = rng.standard_normal(n).astype(dtype)
+    for m in range(1, 20):
+        a = rng.standard_normal((m, k)).astype(dtype)
+        product = a.astype(np.float64) @ b
+        c = np.full((m, n), 2.0, dtype)
+        _kernels.panel_gemm(a, packed, n, c, 0.5)
+        np.testing.assert_allclose(c, 1.0 + product, **TOL[dtype], err_msg=f"{m} rows")
+        c = np.full((m, n), np.nan, dtype)
+        _kernels.panel_gemm(a, packed, n, c, 0.0, bias=bias)
+        np.testing.assert_allclose(c, bias + product, **TOL[dtype], err_msg=f"{m} rows, bias")
 
 
 def test_panel_gemm_checks_its_arguments():

@@ -2,9 +2,9 @@
 per sample, W [out, in] times the sample's input [in, positions] as panel tiles read from the
 input itself, each tile stored with its bias and ReLU (or ReLU capped, as ReLU6) applied, so y is
 written once. Two kernels (pyx/panels_impl.h):
-- by panels of positions (pointwise_conv): tiles of 6 output channels x 16 positions, W's rows
-  broadcast in place and the input's rows read as the panels;
-- by tiles of positions (pointwise_positions): tiles of 6 positions x 16 output channels, the
+- by panels of positions (pointwise_conv): tiles of 6 output channels (8 in the AVX-512 build) x
+  16 positions, W's rows broadcast in place and the input's rows read as the panels;
+- by tiles of positions (pointwise_positions): tiles of 6 positions (8) x 16 output channels, the
   panels of Wᵀ packed once (kept until W changes, as a Linear's pack is) and the input read as
   its transpose, each tile stored transposed; for samples of few positions, which fill panels of
   16 poorly, and deep inputs, whose rows of W broadcast from far apart.

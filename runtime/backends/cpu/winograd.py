@@ -74,9 +74,11 @@ def run(geom, weight, ctx, which, src, dst, padding, beta=0.0, bias=None, relu=F
     cout = dst.shape[1]
     lanes = _kernels.winograd_lanes(src.dtype == np.float32)
     xi = 64 if depth3 else 16
-    # tiles per block: whole row tiles of the panel GEMM (6 rows), at least one
+    # tiles per block: whole row tiles of the panel GEMM, at least one (the outputs then do not
+    # depend on the block)
     values = LARGE_BLOCK_VALUES if packed.nbytes > STREAMED_WEIGHTS else BLOCK_VALUES
-    block = max(6, values // (xi * (-(-c // lanes) + -(-cout // lanes)) * lanes) // 6 * 6)
+    rows = _kernels.panel_tile_rows()
+    block = max(rows, values // (xi * (-(-c // lanes) + -(-cout // lanes)) * lanes) // rows * rows)
     pd = padding[0] if depth3 else 0
     sizes = _kernels.winograd_workspace(c, cout, d, h, w, pd, padding[1], padding[2], depth3, block,
                                         src.dtype == np.float32)
