@@ -106,9 +106,18 @@ def opencl_devices():
     return usable
 
 
-def pytest_report_header(config):
+def _refusals():
     return [f"OpenCL device {name} left out: its compiler cannot target this CPU ({why})"
             for name, why in _REFUSED.items()]
+
+
+def pytest_report_header(config):
+    return _refusals()
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _refusals():
+        terminalreporter.write_line(line, yellow=True)
 
 
 OPENCL_DEVICES = opencl_devices()
