@@ -2,10 +2,11 @@
  * LANES widths (instantiated by direct_conv.h), added into dw [cout][cin][kd][kh][kw] (one group):
  * dw[co, ci, a, b, e] += sum over outputs of dy[co, o] · xp[ci, window(o) + tap].
  * Tiles of LAMINA_DW_CO_BLOCK output channels x kw taps (kw <= LAMINA_DW_MAX_KW = 3) hold vector
- * partial sums over adjacent widths; the outputs are walked one output plane at a time for every (channel block,
- * ci, a, b), the tiles' partial sums living in `partials` between planes (ceil(cout / CB) · cin · kd · kh
- * · CB · kw vectors, zeroed here) and summed into dw at the end. dy rows are read as widths
- * [0, oW) padded by the caller to whole vectors (dyp [cout][oD][oH][oWp], zeros past oW). */
+ * partial sums over adjacent widths; the outputs are walked one output plane at a time for every
+ * (channel block, ci, a, b), the tiles' partial sums living in `partials` between planes
+ * (ceil(cout / CB) · cin · kd · kh · CB · kw vectors, zeroed here) and summed into dw at the end.
+ * dy rows are read as widths [0, oW) padded by the caller to whole vectors (dyp [cout][oD][oH][oWp],
+ * zeros past oW). */
 LAMINA_CLONES static void SUFFIXED(direct_conv_dw)(const REAL *xp, long cin, long Dp, long Hp, long Wp,
                                                    const REAL *dyp, long cout, long oD, long oH, long oWp,
                                                    const long *geo, REAL *partials, REAL *dw) {

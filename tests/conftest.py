@@ -72,8 +72,9 @@ def compiler_refuses_the_cpu(device):
     try:
         program.build()
     except cl.Error as error:
-        if "unknown target CPU" in str(error):
-            return str(error).strip().splitlines()[-2:]
+        refusal = [line.strip() for line in str(error).splitlines() if "unknown target CPU" in line]
+        if refusal:
+            return refusal[0]
         raise
     return None
 
@@ -98,7 +99,7 @@ def opencl_devices():
     for device in found:
         refusal = compiler_refuses_the_cpu(device)
         if refusal:
-            _REFUSED[device.name.strip()] = " ".join(refusal)
+            _REFUSED[device.name.strip()] = refusal
     usable = [d for d in found if d.name.strip() not in _REFUSED]
     if pocl and not found:
         raise RuntimeError("PoCL is installed but lamina finds no OpenCL device"
