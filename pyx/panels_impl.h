@@ -163,6 +163,35 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
                                                                               long ldc, long cstep, long nr,
                                                                               REAL beta,
                                                                               const SUFFIXED(panel_epilogue) *epi) {
+#if defined(LAMINA_TARGET_V4)
+    /* 64-byte rows of the panel, four sets of sums (kk mod 4): as many chains as the two halves'
+     * two sets, each a whole row */
+    PANEL_ROW sums[4][2];
+    for (long s = 0; s < 4; s++)
+        for (long i = 0; i < ROWS; i++) sums[s][i] = (PANEL_ROW){0};
+    for (long i = 0; i < ROWS; i++)
+        SUFFIXED(panel_prefetch)(c + i * ldc);
+    const REAL *bp = panel;
+    long kk = 0;
+    for (; kk + 3 < k; kk += 4, bp += 4 * ldp)
+        for (long s = 0; s < 4; s++) {
+            PANEL_ROW b;
+            memcpy(&b, bp + s * ldp, sizeof b);
+            for (long i = 0; i < ROWS; i++) sums[s][i] += (a[i * lda + (kk + s) * astep] - (PANEL_ROW){0}) * b;
+        }
+    for (; kk < k; kk++, bp += ldp) {
+        PANEL_ROW b;
+        memcpy(&b, bp, sizeof b);
+        for (long i = 0; i < ROWS; i++) sums[0][i] += (a[i * lda + kk * astep] - (PANEL_ROW){0}) * b;
+    }
+    for (long i = 0; i < ROWS; i++) {
+        PANEL_ROW sum = (sums[0][i] + sums[1][i]) + (sums[2][i] + sums[3][i]);
+        VEC lo, hi;
+        memcpy(&lo, &sum, sizeof lo);
+        memcpy(&hi, (const char *)&sum + sizeof lo, sizeof hi);
+        SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo, hi, beta, epi, i);
+    }
+#else
     const long NR = 2 * LANES;
     VEC lo[2][2], hi[2][2];
     for (long s = 0; s < 2; s++)
@@ -200,11 +229,11 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
     }
     for (long i = 0; i < ROWS; i++)
         SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo[0][i] + lo[1][i], hi[0][i] + hi[1][i], beta, epi, i);
+#endif
 }
 
 /* Rows [0, mr) of c from the same rows of a and one panel, the tile for mr rows (PANEL_MR, 6, 4,
- * 2, 1);
- * astep and cstep as panel_tile's. */
+ * 2, 1); astep and cstep as panel_tile's. */
 static inline __attribute__((always_inline)) void SUFFIXED(panel_rows)(long mr, long k, const REAL *a, long lda,
                                                                        long astep, const REAL *panel, long ldp,
                                                                        REAL *c, long ldc, long cstep, long nr,
