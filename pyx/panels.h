@@ -14,10 +14,9 @@
  * in the AVX-512 build one 64-byte load, eight broadcasts and eight multiply-adds on 64-byte
  * vectors (MR = 8: eight independent sums cover the FMA latency, and 512-bit FMAs do twice the
  * work of 256-bit ones at the same rate on CPUs with two 512-bit FMA units; the 1- and 2-row
- * tile sums four depths apart in four sets). A panel (k·NR
- * values, 32 KB for k = 512) stays in cache while every row tile of a passes over it.
- * panel_gemm_team shares a product between a team of threads (team.h), by runs of panels or by
- * blocks of whole row tiles.
+ * tile sums four depths apart in four sets). A panel (k·NR values, 32 KB for k = 512) stays in
+ * cache while every row tile of a passes over it. panel_gemm_team shares a product between a
+ * team of threads (team.h), by runs of panels or by blocks of whole row tiles.
  *
  * Compiled for AVX2 + FMA, for AVX-512 and for the baseline (clones.h). */
 #ifndef LAMINA_PANELS_H

@@ -122,6 +122,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 OPENCL_DEVICES = opencl_devices()
+NO_OPENCL = ("no OpenCL device that runs programs here (pyopencl[pocl] not installed, or its compiler refuses "
+             "this CPU: the session's summary names it)")
 _OPENCL = None
 if OPENCL_DEVICES:
     from lamina.backends.opencl import OpenCLBackend, devices

@@ -16,7 +16,7 @@ from lamina.layers import Linear, SoftmaxCrossEntropy
 from lamina.text import PythonTokenizer
 from lamina.zoo import language
 
-from conftest import OPENCL_DEVICES
+from conftest import NO_OPENCL, OPENCL_DEVICES
 
 SOURCE = '''import os
 
@@ -198,7 +198,7 @@ def test_train_in_bfloat16_follows_float32_and_writes_float32_weights(tmp_path, 
     assert np.any(weights.view(np.uint32) & 0xFFFF)
 
 
-@pytest.mark.skipif(not OPENCL_DEVICES, reason="no pyopencl (pip install 'pyopencl[pocl]')")
+@pytest.mark.skipif(not OPENCL_DEVICES, reason=NO_OPENCL)
 def test_infer_and_train_on_opencl(tmp_path, capsys):
     net = classifier(tmp_path / "m.lamina")
     data(tmp_path / "d.npz")

@@ -10,7 +10,7 @@ import pytest
 import lamina as lm
 from lamina.layers import LSTM, Embedding, Linear, SoftmaxCrossEntropy
 
-from conftest import BLAS_PROVIDERS, OPENCL_DEVICES, stable_rng
+from conftest import BLAS_PROVIDERS, NO_OPENCL, OPENCL_DEVICES, stable_rng
 
 
 def rss_bytes():
@@ -61,7 +61,7 @@ def test_varying_shapes_stay_within_a_fixed_bound_on_the_cpu():
     assert growth < 8 << 20, f"RSS grew by {growth / 2**20:.1f} MiB after the warm-up"
 
 
-@pytest.mark.skipif(not OPENCL_DEVICES, reason="no OpenCL device")
+@pytest.mark.skipif(not OPENCL_DEVICES, reason=NO_OPENCL)
 @pytest.mark.slow
 def test_varying_shapes_stay_within_a_fixed_bound_on_opencl():
     growth = growth_after_warmup(language_model().to("opencl"), steps=2000, warmup=400)

@@ -13,13 +13,13 @@ from lamina.parameter import host
 from lamina.layers import (BCEWithLogits, Activation, Add, Concat, Dropout, Linear, Scale,
                            SoftmaxCrossEntropy, SquareError)
 
-from conftest import OPENCL_DEVICES as FOUND
+from conftest import NO_OPENCL, OPENCL_DEVICES as FOUND
 from lamina.backends.opencl import TILE_CHOICES
 
 if FOUND:
     from lamina.backends.opencl import OpenCLBackend
 
-pytestmark = pytest.mark.skipif(not FOUND, reason="no pyopencl (pip install 'pyopencl[pocl]')")
+pytestmark = pytest.mark.skipif(not FOUND, reason=NO_OPENCL)
 REF = ReferenceBackend()
 SIZES = [1, 7, 33, 129]
 

@@ -211,9 +211,9 @@ def test_bad_model_file_dynamic_axes_are_refused(tmp_path):
 
 
 def test_dynamic_sample_axes_on_opencl():
-    from conftest import OPENCL_DEVICES
+    from conftest import NO_OPENCL, OPENCL_DEVICES
     if not OPENCL_DEVICES:
-        pytest.skip("no OpenCL device")
+        pytest.skip(NO_OPENCL)
     model = build("segmentation")
     blob = export(model, torch.randn(2, 3, 32, 32), (2, 3), dynamo=True)
     net = lm.onnx.load(blob).to("opencl")
