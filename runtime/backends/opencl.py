@@ -134,8 +134,11 @@ class OpenCLBackend(Backend):
                     log = program.get_build_info(self.device, self.cl.program_build_info.LOG)
                 except self.cl.Error:
                     log = ""
+                hint = ("\n(the device's compiler does not know this CPU: its LLVM is older than the processor; "
+                        "a newer PoCL, or another OpenCL driver, is needed here)"
+                        if "unknown target CPU" in f"{log}{e}" else "")
                 raise OpenCLError(f"building {path} ({' '.join(options)}) for {self.device.name.strip()} "
-                                  f"failed:\n{log or e}") from None
+                                  f"failed:\n{log or e}{hint}") from None
             kernels = {k.function_name: k for k in program.all_kernels()}
             self._built[key] = program
             if not kernels:
