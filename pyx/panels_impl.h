@@ -94,6 +94,19 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_store)(REAL *c,
     }
 }
 
+#if defined(LAMINA_TARGET_V4)
+/* panel_store of a row of sums held as one 64-byte vector (its two 32-byte halves) */
+static inline __attribute__((always_inline)) void SUFFIXED(panel_store_row)(REAL *c, long cstep, long nr,
+                                                                            PANEL_ROW sums, REAL beta,
+                                                                            const SUFFIXED(panel_epilogue) *epi,
+                                                                            long row) {
+    VEC lo, hi;
+    memcpy(&lo, &sums, sizeof lo);
+    memcpy(&hi, (const char *)&sums + sizeof lo, sizeof hi);
+    SUFFIXED(panel_store)(c, cstep, nr, lo, hi, beta, epi, row);
+}
+#endif
+
 /* One tile: rows [0, mr) of c (mr <= ROWS <= PANEL_MR) from the same rows of a and one panel
  * (its rows ldp values apart: NR in a pack, a row of the matrix itself in a pointwise
  * convolution). a's row i holds its depth kk at a[i·lda + kk·astep], c's row i its column j at
@@ -125,12 +138,7 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile)(const lon
         for (long i = 0; i < ROWS; i++) sums[i] += (ar[i][kk * astep] - (PANEL_ROW){0}) * b;
     }
     for (long i = 0; i < ROWS; i++)
-        if (i < mr) {
-            VEC lo, hi;
-            memcpy(&lo, &sums[i], sizeof lo);
-            memcpy(&hi, (const char *)&sums[i] + sizeof lo, sizeof hi);
-            SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo, hi, beta, epi, i);
-        }
+        if (i < mr) SUFFIXED(panel_store_row)(c + i * ldc, cstep, nr, sums[i], beta, epi, i);
 #else
     VEC lo[PANEL_MR], hi[PANEL_MR];
     for (long i = 0; i < ROWS; i++) {
@@ -184,15 +192,10 @@ static inline __attribute__((always_inline)) void SUFFIXED(panel_tile_narrow)(co
         memcpy(&b, bp, sizeof b);
         for (long i = 0; i < ROWS; i++) sums[0][i] += (a[i * lda + kk * astep] - (PANEL_ROW){0}) * b;
     }
-    for (long i = 0; i < ROWS; i++) {
-        PANEL_ROW sum = (sums[0][i] + sums[1][i]) + (sums[2][i] + sums[3][i]);
-        VEC lo, hi;
-        memcpy(&lo, &sum, sizeof lo);
-        memcpy(&hi, (const char *)&sum + sizeof lo, sizeof hi);
-        SUFFIXED(panel_store)(c + i * ldc, cstep, nr, lo, hi, beta, epi, i);
-    }
+    for (long i = 0; i < ROWS; i++)
+        SUFFIXED(panel_store_row)(c + i * ldc, cstep, nr, (sums[0][i] + sums[1][i]) + (sums[2][i] + sums[3][i]),
+                                  beta, epi, i);
 #else
-    const long NR = 2 * LANES;
     VEC lo[2][2], hi[2][2];
     for (long s = 0; s < 2; s++)
         for (long i = 0; i < ROWS; i++) {

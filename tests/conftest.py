@@ -64,9 +64,9 @@ class OnDevice:
 
 
 def compiler_refuses_the_cpu(device):
-    """The build log where the device's compiler cannot generate code for this machine's CPU at
-    all (PoCL 3.0's LLVM 14, the PoCL wheel's, names CPUs newer than it, such as AMD's family 26
-    (Zen 5), 'generic', then refuses that name for every program), else None."""
+    """The line of the build log that says the device's compiler cannot generate code for this
+    machine's CPU at all (PoCL 3.0's LLVM 14, the PoCL wheel's, names CPUs newer than it, such as
+    AMD's family 26 (Zen 5), 'generic', then refuses that name for every program), else None."""
     import pyopencl as cl
     program = cl.Program(cl.Context([device]), "__kernel void probe(__global float *a) { a[0] = 1.0f; }")
     try:
@@ -79,7 +79,7 @@ def compiler_refuses_the_cpu(device):
     return None
 
 
-_REFUSED: dict = {}  # device name -> its compiler's refusal of this CPU (reported in the header)
+_REFUSED: dict = {}  # device name -> its compiler's refusal of this CPU (the session's header and summary name it)
 
 
 def opencl_devices():
@@ -88,7 +88,7 @@ def opencl_devices():
     installed (`make test` always installs it) an OpenCL backend that fails to import or finds no
     device is an error, so OpenCL coverage can never vanish into skips. The one exception: a
     device whose compiler cannot target this machine's CPU at all (compiler_refuses_the_cpu) runs
-    no program, lamina's or any other; it is left out, and the session's header says so."""
+    no program, lamina's or any other; it is left out, and the session's header and summary say so."""
     pocl = importlib.util.find_spec("pocl_binary_distribution") is not None
     if importlib.util.find_spec("pyopencl") is None and not pocl:
         return []
